@@ -1,0 +1,175 @@
+"""Shared machinery for backends driven through a ``torch.<x>`` device module.
+
+``torch.cuda`` (CUDA and ROCm/HIP builds), ``torch.npu`` (torch_npu) and ``torch.mlu``
+(torch_mlu) expose the same function names, so one class delegates to whichever module the
+subclass loads. Subclasses supply identity, how to load the module (lazily, importing the vendor
+package only there), and the vendor-specific switches (reduced-precision matmul, determinism,
+probed dtype facts).
+"""
+from __future__ import annotations
+
+import abc
+import os
+from types import ModuleType
+from typing import Any, ContextManager
+
+import torch
+
+from hal.backend import Availability, Backend
+from hal.capabilities import DeviceCapabilities, ProbedFacts, lookup, merge
+from hal.errors import BackendUnavailable
+
+
+class RuntimeMissing(Exception):
+    """Raised by ``_load_module`` with the human reason the vendor runtime cannot be used."""
+
+
+class DeviceModuleBackend(Backend):
+    """A backend whose device API is a ``torch.cuda``-shaped module."""
+
+    def __init__(self) -> None:
+        self._availability: Availability | None = None
+        self._module: ModuleType | None = None
+
+    # --- what subclasses provide --------------------------------------------------------------
+    @abc.abstractmethod
+    def _load_module(self) -> ModuleType:
+        """Import the vendor runtime (lazily) and return its device module, or raise RuntimeMissing."""
+
+    def _probe_facts(self, index: int) -> ProbedFacts:
+        """Facts measured on the device; subclasses add dtype facts they can read off the device."""
+        mod = self._mod()
+        total = None
+        try:
+            total = int(mod.get_device_properties(index).total_memory)
+        except Exception:  # some vendor modules lack get_device_properties; catalog memory then applies
+            total = None
+        return ProbedFacts(name=self.device_name(index), total_memory_bytes=total, how=f"probed via torch.{self.device_type}")
+
+    # --- discovery ----------------------------------------------------------------------------
+    def availability(self) -> Availability:
+        if self._availability is None:
+            self._availability = self._probe()
+        return self._availability
+
+    def _probe(self) -> Availability:
+        try:
+            mod = self._load_module()
+        except RuntimeMissing as exc:
+            return Availability(False, str(exc))
+        try:
+            count = int(mod.device_count())
+        except Exception as exc:  # driver missing, runtime init failure
+            return Availability(False, f"torch.{self.device_type}.device_count() failed: {_one_line(exc)}")
+        if count == 0:
+            env = self.visible_devices_env
+            shown = f"{env}={os.environ[env]!r}" if env and env in os.environ else f"{env} unset"
+            return Availability(False, f"the {self.vendor} runtime loaded but sees no device ({shown})")
+        try:  # a real probe: allocate, compute, synchronize on device 0
+            probe = torch.ones(4, device=torch.device(self.device_type, 0))
+            ok = float((probe * 2).sum().item()) == 8.0
+            mod.synchronize()
+        except Exception as exc:
+            return Availability(False, f"device probe on {self.device_type}:0 failed: {_one_line(exc)}")
+        if not ok:
+            return Availability(False, f"device probe on {self.device_type}:0 computed a wrong result")
+        self._module = mod
+        names = sorted({self._safe_name(mod, i) for i in range(count)})
+        return Availability(True, f"{count} device(s): {', '.join(names)}")
+
+    @staticmethod
+    def _safe_name(mod: ModuleType, index: int) -> str:
+        try:
+            return str(mod.get_device_name(index))
+        except Exception:
+            return f"device {index}"
+
+    def _mod(self) -> ModuleType:
+        self.require_available()
+        assert self._module is not None
+        return self._module
+
+    def device_count(self) -> int:
+        return int(self._module.device_count()) if self.is_available() and self._module else 0
+
+    def set_device(self, index: int) -> None:
+        self._check_index(index)
+        self._mod().set_device(index)
+
+    def current_device(self) -> int:
+        return int(self._mod().current_device())
+
+    def device_name(self, index: int = 0) -> str:
+        self._check_index(index)
+        return str(self._mod().get_device_name(index))
+
+    def synchronize(self, index: int | None = None) -> None:
+        self._mod().synchronize(index)
+
+    def _check_index(self, index: int) -> None:
+        count = self.device_count()
+        if not self.is_available():
+            self.require_available()
+        if not isinstance(index, int) or not 0 <= index < count:
+            raise BackendUnavailable(
+                f"device index {index!r} is out of range for backend '{self.name}' with {count} device(s); "
+                f"use 0..{count - 1}"
+            )
+
+    # --- streams and events ----------------------------------------------------------------------
+    def Stream(self, index: int | None = None) -> Any:  # noqa: N802
+        mod = self._mod()
+        return mod.Stream() if index is None else mod.Stream(device=index)
+
+    def Event(self, enable_timing: bool = False) -> Any:  # noqa: N802
+        return self._mod().Event(enable_timing=enable_timing)
+
+    def current_stream(self, index: int | None = None) -> Any:
+        return self._mod().current_stream(index)
+
+    def stream(self, stream: Any) -> ContextManager[Any]:
+        return self._mod().stream(stream)
+
+    # --- memory ----------------------------------------------------------------------------------
+    def memory_allocated(self, index: int | None = None) -> int:
+        return int(self._mod().memory_allocated(index))
+
+    def memory_reserved(self, index: int | None = None) -> int:
+        return int(self._mod().memory_reserved(index))
+
+    def max_memory_allocated(self, index: int | None = None) -> int:
+        return int(self._mod().max_memory_allocated(index))
+
+    def reset_peak_memory_stats(self, index: int | None = None) -> None:
+        self._mod().reset_peak_memory_stats(index)
+
+    def mem_get_info(self, index: int | None = None) -> tuple[int, int]:
+        free, total = self._mod().mem_get_info(index)
+        return int(free), int(total)
+
+    def empty_cache(self) -> None:
+        self._mod().empty_cache()
+
+    # --- RNG ---------------------------------------------------------------------------------------
+    def manual_seed(self, seed: int) -> None:
+        self._mod().manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        self._mod().manual_seed_all(seed)
+
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        return self._mod().get_rng_state(self.current_device() if index is None else index)
+
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        self._mod().set_rng_state(state, self.current_device() if index is None else index)
+
+    # --- capabilities --------------------------------------------------------------------------
+    def capabilities(self, index: int = 0) -> DeviceCapabilities:
+        self._check_index(index)
+        probe = self._probe_facts(index)
+        return merge(self.name, lookup(self.name, probe.name), probe)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -1,0 +1,104 @@
+"""NVIDIA GPUs through torch.cuda on a CUDA build of PyTorch; NCCL for collectives.
+
+Availability is decided by a probe (allocate and compute on cuda:0), not by the build flag
+alone. TF32 is the reduced-precision fp32 matmul mode; fp8 is native from compute capability 8.9.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+
+from hal.capabilities import DtypeSupport, ProbedFacts
+from hal.errors import UnsupportedError
+
+from ._device_module import DeviceModuleBackend, RuntimeMissing, _one_line
+
+CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+
+
+class CudaBackend(DeviceModuleBackend):
+    name = "cuda"
+    device_type = "cuda"
+    vendor = "NVIDIA"
+    ccl = "nccl"
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    reduced_precision_matmul_format = "tf32"
+    hardware_verification = None
+
+    def _load_module(self) -> ModuleType:
+        if torch.version.hip is not None:
+            raise RuntimeMissing(f"this torch is a ROCm/HIP build (torch {torch.__version__}); use backend 'rocm'")
+        if torch.version.cuda is None:
+            raise RuntimeMissing(
+                f"this torch build has no CUDA support (torch {torch.__version__}); install a CUDA build of PyTorch"
+            )
+        return _init_torch_cuda("CUDA")
+
+    def _probe_facts(self, index: int) -> ProbedFacts:
+        props = torch.cuda.get_device_properties(index)
+        cc = (props.major, props.minor)
+        has_fp8 = cc >= (8, 9) and hasattr(torch, "float8_e4m3fn")
+        native = DtypeSupport.NATIVE
+        return ProbedFacts(
+            name=props.name,
+            total_memory_bytes=int(props.total_memory),
+            dtypes={
+                "tf32": native if cc >= (8, 0) else DtypeSupport.ABSENT,
+                "bf16": native if cc >= (8, 0) else DtypeSupport.EMULATED,
+                "fp8_e4m3": native if has_fp8 else DtypeSupport.ABSENT,
+                "fp8_e5m2": native if has_fp8 else DtypeSupport.ABSENT,
+            },
+            extra={"compute_capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count},
+            how="probed via torch.cuda.get_device_properties",
+        )
+
+    # --- precision switches ----------------------------------------------------------------------
+    def set_reduced_precision_matmul(self, enabled: bool) -> None:
+        self.require_available()
+        if enabled and not self.capabilities(self.current_device()).is_native("tf32"):
+            raise UnsupportedError(
+                f"{self.device_name(self.current_device())} has no TF32 (needs compute capability 8.0+); use precision fp32"
+            )
+        _set_tf32(enabled)
+
+    def reduced_precision_matmul_enabled(self) -> bool:
+        return _tf32_enabled()
+
+    def set_deterministic(self, enabled: bool) -> None:
+        _set_deterministic(enabled)
+
+
+def _init_torch_cuda(runtime: str) -> ModuleType:
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        raise RuntimeMissing(f"the {runtime} runtime failed to initialise: {_one_line(exc)}") from None
+    return torch.cuda
+
+
+def _set_tf32(enabled: bool) -> None:
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch ≥ 2.9: the allow_tf32 flags are deprecated
+        matmul.fp32_precision = "tf32" if enabled else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if enabled else "ieee"
+    else:
+        matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def _tf32_enabled() -> bool:
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
+def _set_deterministic(enabled: bool) -> None:
+    if enabled:
+        # cuBLAS reads this when a handle is created; set it early (hal does, before first use).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC_WORKSPACE)
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.deterministic = enabled
+    torch.backends.cudnn.benchmark = False if enabled else torch.backends.cudnn.benchmark

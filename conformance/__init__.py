@@ -1,0 +1,1 @@
+"""Filled by a later issue (see the issues list): conformance."""

@@ -1,0 +1,200 @@
+"""The backend contract: the one abstract class every vendor implements.
+
+Names follow PyTorch (``torch.accelerator`` / ``torch.cuda``) so that a reader who knows
+``torch.cuda.max_memory_allocated`` knows ``backend.max_memory_allocated``. Discovery is a real
+device probe (``availability()``), never "the vendor package imports". Instantiating a backend
+must not import its vendor package or touch a device: that happens lazily, inside methods.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator
+
+import torch
+
+from .capabilities import DeviceCapabilities
+from .errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from .op_registry import OpRegistry
+
+NOT_VERIFIED = "not verified on hardware"
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, and the human reason either way."""
+
+    available: bool
+    reason: str
+
+
+class Backend(abc.ABC):
+    """One vendor's way to run PyTorch work: devices, streams, memory, RNG, precision, CCL."""
+
+    # --- identity (class attributes; every backend sets them) ---------------------------------
+    name: ClassVar[str]  # hal's name, used in configs: "cuda", "ascend", ...
+    device_type: ClassVar[str]  # torch device type: "cuda", "npu", "mlu", "cpu"
+    vendor: ClassVar[str]  # "NVIDIA", "AMD / Hygon", "Huawei", "Cambricon", "host"
+    ccl: ClassVar[str]  # torch.distributed backend name for device tensors: "nccl", "hccl", ...
+    visible_devices_env: ClassVar[str | None]  # "CUDA_VISIBLE_DEVICES", ... (None for cpu)
+    reduced_precision_matmul_format: ClassVar[str | None] = None  # "tf32" | "hf32" | None
+    # What real hardware this backend was verified on, and how; None = not verified.
+    hardware_verification: ClassVar[str | None] = None
+
+    # --- discovery ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def availability(self) -> Availability:
+        """Probe the runtime and a device; say why not when unavailable. Cheap after the first call."""
+
+    def is_available(self) -> bool:
+        return self.availability().available
+
+    def require_available(self) -> None:
+        """Raise ``BackendUnavailable`` (with the probe's reason) unless this backend can run."""
+        status = self.availability()
+        if not status.available:
+            raise BackendUnavailable(f"backend '{self.name}' is not available: {status.reason}")
+
+    @property
+    def verification(self) -> str:
+        return self.hardware_verification or NOT_VERIFIED
+
+    @abc.abstractmethod
+    def device_count(self) -> int:
+        """Number of visible devices (0 when unavailable; never raises)."""
+
+    @abc.abstractmethod
+    def set_device(self, index: int) -> None: ...
+
+    @abc.abstractmethod
+    def current_device(self) -> int: ...
+
+    @abc.abstractmethod
+    def device_name(self, index: int = 0) -> str: ...
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch device for ``index`` (the current device when None)."""
+        if index is None:
+            index = self.current_device()
+        return torch.device(self.device_type, index)
+
+    @abc.abstractmethod
+    def synchronize(self, index: int | None = None) -> None:
+        """Wait for all queued work on the device."""
+
+    # --- streams and events ----------------------------------------------------------------
+    @abc.abstractmethod
+    def Stream(self, index: int | None = None) -> Any:  # noqa: N802 - mirrors torch.cuda.Stream
+        """A new stream on the device."""
+
+    @abc.abstractmethod
+    def Event(self, enable_timing: bool = False) -> Any:  # noqa: N802 - mirrors torch.cuda.Event
+        """A new event; with timing, ``a.elapsed_time(b)`` is in milliseconds."""
+
+    @abc.abstractmethod
+    def current_stream(self, index: int | None = None) -> Any: ...
+
+    @abc.abstractmethod
+    def stream(self, stream: Any) -> ContextManager[Any]:
+        """Context manager that makes ``stream`` current."""
+
+    # --- memory (bytes) ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def memory_allocated(self, index: int | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def memory_reserved(self, index: int | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def max_memory_allocated(self, index: int | None = None) -> int: ...
+
+    @abc.abstractmethod
+    def reset_peak_memory_stats(self, index: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def mem_get_info(self, index: int | None = None) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+
+    def total_memory(self, index: int | None = None) -> int:
+        return self.mem_get_info(index)[1]
+
+    @abc.abstractmethod
+    def empty_cache(self) -> None: ...
+
+    # --- RNG --------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def manual_seed(self, seed: int) -> None:
+        """Seed the current device's generator."""
+
+    @abc.abstractmethod
+    def manual_seed_all(self, seed: int) -> None:
+        """Seed every device's generator."""
+
+    @abc.abstractmethod
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None: ...
+
+    # --- precision ------------------------------------------------------------------------------
+    def autocast(self, dtype: torch.dtype, enabled: bool = True) -> ContextManager[Any]:
+        """``torch.autocast`` for this device type with an explicit dtype (never a silent default)."""
+        return torch.autocast(self.device_type, dtype=dtype, enabled=enabled)
+
+    def grad_scaler(
+        self,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+    ) -> Any:
+        """A dynamic loss scaler for this device type (``torch.amp.GradScaler``)."""
+        return torch.amp.GradScaler(
+            self.device_type,
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            enabled=enabled,
+        )
+
+    @abc.abstractmethod
+    def set_reduced_precision_matmul(self, enabled: bool) -> None:
+        """Allow TF32 (CUDA) / HF32 (Ascend) for fp32 matmuls; raises UnsupportedError where none exists."""
+
+    @abc.abstractmethod
+    def reduced_precision_matmul_enabled(self) -> bool: ...
+
+    @abc.abstractmethod
+    def set_deterministic(self, enabled: bool) -> None:
+        """Make kernels deterministic (``torch.use_deterministic_algorithms`` plus vendor switches)."""
+
+    # --- capabilities -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def capabilities(self, index: int = 0) -> DeviceCapabilities:
+        """Catalog facts for the device at ``index`` merged with a run-time probe."""
+
+    # --- distributed --------------------------------------------------------------------------
+    def process_group_backend(self) -> str:
+        """torch.distributed backend string: device tensors on our CCL, CPU tensors on gloo."""
+        if self.device_type == "cpu":
+            return "gloo"
+        return f"cpu:gloo,{self.device_type}:{self.ccl}"
+
+    # --- operators ---------------------------------------------------------------------------
+    def register_ops(self, registry: "OpRegistry") -> None:
+        """Add this backend's own operator implementations (fused vendor ops). Default: none."""
+
+    # --- helpers for subclasses ----------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"
+
+
+@contextlib.contextmanager
+def null_stream_context(stream: Any) -> Iterator[Any]:
+    """For devices whose streams are a no-op (CPU)."""
+    yield stream

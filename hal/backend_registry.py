@@ -1,0 +1,106 @@
+"""Which backends exist: the built-in five plus third-party ones from the ``hal.backends`` entry points.
+
+A third-party vendor ships a distribution whose metadata declares, e.g.::
+
+    [project.entry-points."hal.backends"]
+    myvendor = "myvendor_hal:MyVendorBackend"
+
+and ``hal devices`` lists it, ``backend: myvendor`` selects it — no change to this repository.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+
+from .backend import Backend
+from .errors import ConfigError
+
+ENTRY_POINT_GROUP = "hal.backends"
+
+
+@dataclass(frozen=True)
+class LoadProblem:
+    """A backend that could not be loaded; shown by ``hal devices`` instead of crashing it."""
+
+    name: str
+    origin: str
+    reason: str
+
+
+def _load_class(target: str) -> type[Backend]:
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise TypeError(f"{target} is not a hal.backend.Backend subclass")
+    return cls
+
+
+@functools.lru_cache(maxsize=1)
+def _discover() -> tuple[dict[str, Backend], tuple[LoadProblem, ...]]:
+    from backends import BUILTIN_BACKENDS
+
+    found: dict[str, Backend] = {}
+    problems: list[LoadProblem] = []
+    for name, target in BUILTIN_BACKENDS.items():
+        found[name] = _load_class(target)()
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        origin = f"entry point {ep.name} = {ep.value}" + (f" ({ep.dist.name})" if ep.dist else "")
+        if ep.name in BUILTIN_BACKENDS:
+            if ep.value != BUILTIN_BACKENDS[ep.name]:
+                problems.append(LoadProblem(ep.name, origin, f"ignored: '{ep.name}' is a built-in backend name"))
+            continue
+        try:
+            instance = _load_class(ep.value)()
+        except Exception as exc:  # a broken plug-in must not break hal for everyone else
+            problems.append(LoadProblem(ep.name, origin, f"failed to load: {type(exc).__name__}: {exc}"))
+            continue
+        if instance.name != ep.name:
+            problems.append(LoadProblem(ep.name, origin, f"ignored: class declares name {instance.name!r}"))
+            continue
+        found[ep.name] = instance
+    return found, tuple(problems)
+
+
+def all_backends() -> dict[str, Backend]:
+    """Every registered backend by name, built-ins first (a shared instance per name)."""
+    return dict(_discover()[0])
+
+
+def load_problems() -> tuple[LoadProblem, ...]:
+    return _discover()[1]
+
+
+def backend_names() -> list[str]:
+    return list(_discover()[0])
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; a ConfigError lists the known names otherwise."""
+    backends = _discover()[0]
+    if name not in backends:
+        raise ConfigError(f"unknown backend {name!r}; use one of: auto, {', '.join(backends)}")
+    return backends[name]
+
+
+@functools.lru_cache(maxsize=None)
+def backend_for_device_type(device_type: str) -> Backend:
+    """The backend that owns tensors of ``device_type`` in this process.
+
+    Several backends may share a torch device type (``cuda`` on CUDA and on ROCm builds): the
+    available one wins; with none available, the first registered.
+    """
+    candidates = [b for b in _discover()[0].values() if b.device_type == device_type]
+    if not candidates:
+        raise ConfigError(f"no hal backend handles torch device type {device_type!r}")
+    for backend in candidates:
+        if backend.is_available():
+            return backend
+    return candidates[0]
+
+
+def reset_for_tests() -> None:
+    """Forget discovered backends (tests that install a plug-in distribution call this)."""
+    _discover.cache_clear()
+    backend_for_device_type.cache_clear()

@@ -1,0 +1,228 @@
+"""The operator registry: named ops with a reference implementation and per-backend ones.
+
+Callers write ``ops.rms_norm(x, w, eps)``; the registry picks the implementation for the
+tensor's backend and dtype by priority (vendor fused op, Triton kernel, reference). The choice is
+cached per (device type, dtype, fallback policy), so a call costs a dict lookup. When a better
+implementation is registered but cannot run here (vendor op missing, Triton absent), the
+registry falls back to the next one and records the downgrade under the user's fallback policy.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .downgrades import Downgrade, _state as _fallback_state, record_downgrade
+from .errors import ConfigError
+
+REFERENCE = "reference"
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+Requirement = Callable[[], "str | None"]  # returns why it cannot run here, or None
+
+
+@dataclass(frozen=True)
+class OpImpl:
+    op: str
+    name: str
+    fn: Callable[..., Any]
+    backends: frozenset[str] | None  # None: every backend (the reference)
+    dtypes: frozenset[torch.dtype] | None  # None: every dtype the op is defined for
+    priority: int
+    requires: Requirement | None = None
+    source: str = ""
+
+    def serves(self, backend: str, dtype: torch.dtype) -> bool:
+        return (self.backends is None or backend in self.backends) and (self.dtypes is None or dtype in self.dtypes)
+
+    def missing(self) -> str | None:
+        return None if self.requires is None else self.requires()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The implementation an op resolves to, and what was passed over on the way."""
+
+    impl: OpImpl
+    skipped: tuple[tuple[str, str], ...] = ()  # (impl name, why it cannot run)
+
+    @property
+    def is_fallback(self) -> bool:
+        return bool(self.skipped)
+
+
+@dataclass
+class OpDef:
+    name: str
+    doc: str
+    dispatch_arg: int  # which positional argument's device/dtype picks the implementation
+    dtypes: tuple[torch.dtype, ...]
+    impls: list[OpImpl] = field(default_factory=list)
+
+
+class Op:
+    """A callable handle for one named op; dispatches on its dispatch argument's device and dtype."""
+
+    __slots__ = ("name", "doc", "_registry", "_arg", "_cache")
+
+    def __init__(self, registry: "OpRegistry", definition: OpDef) -> None:
+        self.name = definition.name
+        self._registry = registry
+        self._arg = definition.dispatch_arg
+        self._cache: dict[tuple[str, torch.dtype, str], Callable[..., Any]] = {}
+        self.doc = definition.doc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tensor = args[self._arg]
+        key = (tensor.device.type, tensor.dtype, _fallback_state.mode)
+        fn = self._cache.get(key)
+        if fn is None:
+            fn = self._registry._dispatch_target(self.name, key[0], key[1])
+            self._cache[key] = fn
+        return fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<hal op {self.name}>"
+
+
+class OpRegistry:
+    """Named ops → implementations, chosen by backend, dtype and priority."""
+
+    def __init__(self) -> None:
+        self._defs: dict[str, OpDef] = {}
+        self._handles: dict[str, Op] = {}
+        self._lock = threading.RLock()
+        self._backend_ops_loaded = False
+
+    # --- building the registry -----------------------------------------------------------------
+    def define(
+        self,
+        name: str,
+        reference: Callable[..., Any],
+        *,
+        dispatch_arg: int = 0,
+        dtypes: Iterable[torch.dtype] = FLOAT_DTYPES,
+    ) -> Op:
+        """Declare an op with its reference (plain PyTorch) implementation."""
+        with self._lock:
+            if name in self._defs:
+                raise ValueError(f"op {name!r} is already defined")
+            definition = OpDef(name, (reference.__doc__ or "").strip(), dispatch_arg, tuple(dtypes))
+            definition.impls.append(OpImpl(name, REFERENCE, reference, None, None, priority=0, source="PyTorch"))
+            self._defs[name] = definition
+            self._handles[name] = Op(self, definition)
+            return self._handles[name]
+
+    def register(
+        self,
+        op: str,
+        name: str,
+        *,
+        backends: Iterable[str],
+        dtypes: Iterable[torch.dtype] | None = None,
+        priority: int = 10,
+        requires: Requirement | None = None,
+        source: str = "",
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: add ``fn`` as implementation ``name`` of ``op`` for ``backends`` (and ``dtypes``)."""
+
+        def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+            with self._lock:
+                definition = self._definition(op)
+                if any(i.name == name for i in definition.impls):
+                    raise ValueError(f"op {op!r} already has an implementation named {name!r}")
+                if priority <= 0:
+                    raise ValueError("priority must be > 0 (0 is the reference)")
+                impl = OpImpl(
+                    op, name, fn, frozenset(backends), None if dtypes is None else frozenset(dtypes),
+                    priority, requires, source,
+                )
+                definition.impls.append(impl)
+                definition.impls.sort(key=lambda i: -i.priority)
+                self._handles[op]._cache.clear()
+            return fn
+
+        return add
+
+    def unregister(self, op: str, name: str) -> None:
+        """Remove an implementation (used by tests that plant deliberately wrong ones)."""
+        with self._lock:
+            definition = self._definition(op)
+            if name == REFERENCE:
+                raise ValueError("the reference implementation cannot be removed")
+            definition.impls = [i for i in definition.impls if i.name != name]
+            self._handles[op]._cache.clear()
+
+    # --- asking it ------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        self._load_backend_ops()
+        return list(self._defs)
+
+    def op(self, name: str) -> Op:
+        self._definition(name)
+        return self._handles[name]
+
+    def definition(self, name: str) -> OpDef:
+        self._load_backend_ops()
+        return self._definition(name)
+
+    def implementations(self, op: str) -> list[OpImpl]:
+        return list(self.definition(op).impls)
+
+    def choose(self, op: str, backend: str, dtype: torch.dtype) -> Choice:
+        """The implementation ``op`` uses on ``backend`` for ``dtype`` — no policy applied."""
+        definition = self.definition(op)
+        skipped: list[tuple[str, str]] = []
+        for impl in definition.impls:
+            if not impl.serves(backend, dtype):
+                continue
+            why_not = impl.missing()
+            if why_not is None:
+                return Choice(impl, tuple(skipped))
+            skipped.append((impl.name, why_not))
+        raise AssertionError("the reference serves every backend and dtype")  # pragma: no cover
+
+    def select(self, op: str, backend: str, dtype: torch.dtype) -> OpImpl:
+        """Like ``choose``, but a fallback goes through the fallback policy (error/warn/allow)."""
+        choice = self.choose(op, backend, dtype)
+        if choice.is_fallback:
+            wanted, why = choice.skipped[0]
+            record_downgrade(
+                Downgrade("op", f"{op} on {backend}/{_dtype_name(dtype)}", wanted, choice.impl.name, why)
+            )
+        return choice.impl
+
+    def _dispatch_target(self, op: str, device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
+        from .backend_registry import backend_for_device_type
+
+        return self.select(op, backend_for_device_type(device_type).name, dtype).fn
+
+    def clear_caches(self) -> None:
+        for handle in self._handles.values():
+            handle._cache.clear()
+
+    # --- internals --------------------------------------------------------------------------
+    def _definition(self, op: str) -> OpDef:
+        try:
+            return self._defs[op]
+        except KeyError:
+            raise ConfigError(f"unknown op {op!r}; known ops: {', '.join(self._defs)}") from None
+
+    def _load_backend_ops(self) -> None:
+        """Let every registered backend add its own implementations, once, on first use."""
+        if self._backend_ops_loaded:
+            return
+        with self._lock:
+            if self._backend_ops_loaded:
+                return
+            self._backend_ops_loaded = True
+            from .backend_registry import all_backends
+
+            for backend in all_backends().values():
+                backend.register_ops(self)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
