@@ -1,7 +1,7 @@
 """The backend contract: the one abstract class every vendor implements.
 
-Names follow PyTorch (``torch.accelerator`` / ``torch.cuda``) so that a reader who knows
-``torch.cuda.max_memory_allocated`` knows ``backend.max_memory_allocated``. Discovery is a real
+Names follow PyTorch (``torch.accelerator`` and the CUDA device module) so that a reader who
+knows ``max_memory_allocated`` there knows ``backend.max_memory_allocated``. Discovery is a real
 device probe (``availability()``), never "the vendor package imports". Instantiating a backend
 must not import its vendor package or touch a device: that happens lazily, inside methods.
 """
@@ -87,11 +87,11 @@ class Backend(abc.ABC):
 
     # --- streams and events ----------------------------------------------------------------
     @abc.abstractmethod
-    def Stream(self, index: int | None = None) -> Any:  # noqa: N802 - mirrors torch.cuda.Stream
+    def Stream(self, index: int | None = None) -> Any:  # noqa: N802 - mirrors the device modules' Stream
         """A new stream on the device."""
 
     @abc.abstractmethod
-    def Event(self, enable_timing: bool = False) -> Any:  # noqa: N802 - mirrors torch.cuda.Event
+    def Event(self, enable_timing: bool = False) -> Any:  # noqa: N802 - mirrors the device modules' Event
         """A new event; with timing, ``a.elapsed_time(b)`` is in milliseconds."""
 
     @abc.abstractmethod

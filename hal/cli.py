@@ -1,0 +1,236 @@
+"""The ``hal`` command: ``hal devices``, ``hal ops``, ``hal run``.
+
+Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
+scripts and people get the same short, fixable message and never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+import torch
+
+from .errors import HalError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line and exit 2."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+        raise HalError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+# --- hal devices -------------------------------------------------------------------------------------
+
+
+def _device_rows(backend: Any) -> list[dict[str, Any]]:
+    rows = []
+    for index in range(backend.device_count()):
+        caps = backend.capabilities(index).to_dict()
+        try:
+            free, total = backend.mem_get_info(index)
+        except Exception as exc:  # shown, not fatal: the rest of the listing still helps
+            free, total = None, caps["memory_bytes"]
+            caps["memory_error"] = str(exc)
+        rows.append({"index": index, **caps, "memory_free_bytes": free, "memory_total_bytes": total})
+    return rows
+
+
+def devices_report() -> dict[str, Any]:
+    """Every registered backend: availability and why, devices, CCL, hardware verification."""
+    from .backend_registry import all_backends, load_problems
+    from .selection import choose_backend
+
+    entries = []
+    for name, backend in all_backends().items():
+        try:
+            status = backend.availability()
+            available, reason = status.available, status.reason
+            devices = _device_rows(backend) if available else []
+        except Exception as exc:  # a third-party backend's broken probe is reported, not raised
+            available, reason, devices = False, f"probe raised {type(exc).__name__}: {exc}", []
+        entries.append(
+            {
+                "name": name,
+                "vendor": backend.vendor,
+                "device_type": backend.device_type,
+                "ccl": backend.ccl,
+                "process_group_backend": backend.process_group_backend(),
+                "visible_devices_env": backend.visible_devices_env,
+                "available": available,
+                "reason": reason,
+                "device_count": len(devices),
+                "devices": devices,
+                "verified_on_hardware": backend.hardware_verification is not None,
+                "verification": backend.verification,
+            }
+        )
+    chosen, why = choose_backend("auto")
+    return {
+        "torch": torch.__version__,
+        "backends": entries,
+        "auto": {"backend": chosen.name, "reason": why},
+        "load_problems": [p.__dict__ for p in load_problems()],
+    }
+
+
+def _print_devices(report: dict[str, Any]) -> None:
+    print(f"hal devices (torch {report['torch']})")
+    for b in report["backends"]:
+        state = "available" if b["available"] else "unavailable"
+        print(f"\n{b['name']:<10} {state:<12} vendor {b['vendor']}, device type '{b['device_type']}', ccl {b['ccl']}")
+        print(f"  {'why':<9} {b['reason']}")
+        print(f"  {'verified':<9} {b['verification']}")
+        for d in b["devices"]:
+            native = " ".join(k for k, v in d["dtypes"].items() if v == "native")
+            catalog = d["catalog_id"] or "not in catalog (probed facts only)"
+            print(f"  {b['device_type']}:{d['index']:<6} {d['name']}  memory {_gib(d['memory_total_bytes'])} "
+                  f"(free {_gib(d['memory_free_bytes'])})  catalog {catalog}")
+            print(f"  {'':<9} native dtypes: {native or 'none'}")
+    for p in report["load_problems"]:
+        print(f"\nplug-in {p['name']}: {p['reason']} [{p['origin']}]")
+    print(f"\nauto -> {report['auto']['backend']}: {report['auto']['reason']}")
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    report = devices_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_devices(report)
+    return 0
+
+
+# --- hal ops ---------------------------------------------------------------------------------------
+
+
+def ops_report(backend_name: str) -> dict[str, Any]:
+    """Coverage: op × dtype → implementation the registry picks on ``backend_name`` (no policy applied)."""
+    from .ops import STANDARD_DTYPES, registry
+
+    table: dict[str, dict[str, Any]] = {}
+    for op in registry.names():
+        row = {}
+        for dtype in STANDARD_DTYPES:
+            choice = registry.choose(op, backend_name, dtype)
+            row[str(dtype).replace("torch.", "")] = {
+                "impl": choice.impl.name,
+                "source": choice.impl.source,
+                "fallback_from": [{"impl": n, "reason": r} for n, r in choice.skipped],
+            }
+        table[op] = row
+    return {"backend": backend_name, "ops": table}
+
+
+def _print_ops(report: dict[str, Any]) -> None:
+    dtypes = list(next(iter(report["ops"].values())))
+    width = max(len(op) for op in report["ops"]) + 2
+    col = max(14, *(len(c["impl"]) + 2 for row in report["ops"].values() for c in row.values()))
+    print(f"ops on backend '{report['backend']}' (op × dtype → implementation; * = fallback, see below)")
+    print("op".ljust(width) + "".join(d.ljust(col) for d in dtypes))
+    notes: dict[str, str] = {}
+    for op, row in report["ops"].items():
+        cells = []
+        for dtype, cell in row.items():
+            mark = "*" if cell["fallback_from"] else ""
+            cells.append((cell["impl"] + mark).ljust(col))
+            for skipped in cell["fallback_from"]:
+                notes[f"{op}: {skipped['impl']}"] = skipped["reason"]
+        print(op.ljust(width) + "".join(cells))
+    for what, why in notes.items():
+        print(f"* {what} not used: {why}")
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from .backend_registry import get_backend
+    from .config import load_config
+    from .selection import choose_backend
+
+    config = load_config(args.config, overrides={"backend": args.backend})
+    if config.backend == "auto":
+        name = choose_backend("auto")[0].name
+    else:
+        name = get_backend(config.backend).name  # coverage is data: shown even where unavailable
+    report = ops_report(name)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_ops(report)
+    return 0
+
+
+# --- hal run -----------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .config import load_config
+    from .migration import run_script
+    from .selection import select_backend
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise HalError(f"hal run: script {args.script!r} not found; give the path of a Python file")
+    config = load_config(args.config, overrides={"backend": args.backend})
+    selection = select_backend(config)
+    selection.activate()
+    print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
+          f"devices {list(selection.devices)}, precision {selection.precision.describe()}", file=sys.stderr)
+    return run_script(selection.backend, str(script), list(args.script_args))
+
+
+# --- wiring --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
+    sub = parser.add_subparsers(dest="command", metavar="{devices,ops,run}", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("ops", help="operator coverage: op × dtype → implementation")
+    p.add_argument("--backend", help="backend to show (default: the configured or auto-selected one)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser(
+        "run",
+        help="run an unmodified CUDA-written script on another backend",
+        description="Run SCRIPT with its CUDA calls mapped to the chosen backend; arguments after SCRIPT go to it.",
+    )
+    p.add_argument("--backend", help="target backend (overrides HAL_BACKEND and the config file)")
+    p.add_argument("--config", help="YAML config file (backend, devices, precision, fallback)")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except HalError as exc:
+        print(f"hal: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The user's settings: YAML file, then environment, then CLI flags (later wins).
+
+Precedence, lowest to highest: built-in defaults < config file (``--config F``) <
+environment (``HAL_BACKEND``, ``HAL_PRECISION``, ``HAL_FALLBACK``) < CLI flags. Every problem is
+one ``ConfigError`` line naming where the value came from, the key, the value and what is
+allowed. YAML is read with ``yaml.safe_load`` only; duplicate keys are refused (safe_load would
+silently keep the last one).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .downgrades import FALLBACK_MODES
+from .errors import ConfigError
+
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "fp8-mixed")
+ENV_VARS: dict[str, str] = {"backend": "HAL_BACKEND", "precision": "HAL_PRECISION", "fallback": "HAL_FALLBACK"}
+KEYS: tuple[str, ...] = ("backend", "devices", "precision", "fallback")
+MAX_CONFIG_BYTES = 1 << 20
+
+Devices = "str | tuple[int, ...]"  # "all" or explicit indices
+
+
+@dataclass(frozen=True)
+class HalConfig:
+    backend: str = "auto"
+    devices: str | tuple[int, ...] = "all"
+    precision: str = "fp32"
+    fallback: str = "warn"
+    origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "devices": self.devices if isinstance(self.devices, str) else list(self.devices),
+            "precision": self.precision,
+            "fallback": self.fallback,
+            "origins": dict(self.origins),
+        }
+
+
+# --- validation of single values (shared by file, env and CLI) --------------------------------------
+
+
+def _allowed(values: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(values)
+
+
+def _check_choice(origin: str, key: str, value: Any, choices: tuple[str, ...] | list[str]) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{origin}: key '{key}' must be a string, got {type(value).__name__} {value!r}; use one of {_allowed(choices)}")
+    if value not in choices:
+        hint = difflib.get_close_matches(value, choices, n=1)
+        maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise ConfigError(f"{origin}: key '{key}': {value!r} is not allowed{maybe}; use one of {_allowed(choices)}")
+    return value
+
+
+def _check_backend(origin: str, value: Any) -> str:
+    from .backend_registry import backend_names
+
+    return _check_choice(origin, "backend", value, ["auto", *backend_names()])
+
+
+def _check_devices(origin: str, value: Any) -> str | tuple[int, ...]:
+    fix = "use 'all', one index like 0, or a list like [0, 1]"
+    if value == "all":
+        return "all"
+    if isinstance(value, bool):
+        raise ConfigError(f"{origin}: key 'devices' must be 'all', an index or a list of indices, got {value!r}; {fix}")
+    if isinstance(value, int):
+        value = [value]
+    if isinstance(value, str):
+        raise ConfigError(f"{origin}: key 'devices': {value!r} is not allowed; {fix}")
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{origin}: key 'devices' must be 'all', an index or a non-empty list, got {value!r}; {fix}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ConfigError(f"{origin}: key 'devices': {item!r} is not a device index (an integer ≥ 0); {fix}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{origin}: key 'devices': {value!r} lists a device twice; list each index once")
+    return tuple(value)
+
+
+_CHECKS = {
+    "backend": _check_backend,
+    "devices": _check_devices,
+    "precision": lambda origin, v: _check_choice(origin, "precision", v, PRECISIONS),
+    "fallback": lambda origin, v: _check_choice(origin, "fallback", v, FALLBACK_MODES),
+}
+
+
+# --- reading a file -----------------------------------------------------------------------------------
+
+
+def _reject_duplicate_keys(text: str, origin: str) -> None:
+    """Walk the composed YAML tree (no construction) and refuse a mapping that repeats a key."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise ConfigError(f"{origin}: key '{key}' appears twice (line {line}); keep one")
+                seen.add(key)
+                stack.append(value_node)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a config file into a plain dict, or raise one ConfigError line saying what is wrong."""
+    origin = str(path)
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{origin}: config file not found; check the path given to --config")
+    if not p.is_file():
+        raise ConfigError(f"{origin}: is not a file; give --config a YAML file")
+    raw = p.read_bytes()
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{origin}: {len(raw)} bytes is too large for a config file (limit {MAX_CONFIG_BYTES}); check the path")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{origin}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save the file as UTF-8"
+        ) from None
+    try:
+        _reject_duplicate_keys(text, origin)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{origin}: not valid YAML{where}: {exc.problem or exc.context}; fix the syntax there") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: not valid YAML: {' '.join(str(exc).split())}; fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping of keys (backend, devices, precision, fallback), got a {type(data).__name__}")
+    for key in data:
+        if not isinstance(key, str) or key not in KEYS:
+            hint = difflib.get_close_matches(str(key), KEYS, n=1)
+            maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"{origin}: unknown key {key!r}{maybe}; allowed keys: {_allowed(KEYS)}")
+    return data
+
+
+# --- putting the layers together ----------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> HalConfig:
+    """Defaults < file < environment < overrides (CLI flags); each value validated where it enters."""
+    env = os.environ if env is None else env
+    config = HalConfig()
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if path is not None:
+        layers.append((str(path), read_config_file(path)))
+    env_layer = {key: env[var] for key, var in ENV_VARS.items() if env.get(var)}
+    for key, value in env_layer.items():
+        layers.append((f"environment {ENV_VARS[key]}", {key: value}))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            layers.append((f"--{key}", {key: value}))
+    for origin, values in layers:
+        for key, value in values.items():
+            checked = _CHECKS[key](origin, value)
+            config = replace(config, **{key: checked}, origins={**config.origins, key: origin})
+    return config

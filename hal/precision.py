@@ -1,0 +1,120 @@
+"""Precision policy: turn the requested mode into what this device can really do.
+
+Rules (each change goes through ``record_downgrade`` and the user's fallback policy):
+
+=============  =====================================================================================
+fp32           plain fp32; reduced-precision matmul off
+tf32           TF32 matmul where the device has it; HF32 where that is the backend's format (recorded);
+               otherwise plain fp32 (recorded)
+bf16-mixed     autocast bf16; without native bf16 it becomes fp16-mixed with dynamic loss scaling
+               (recorded); bf16 that is only emulated everywhere stays bf16 (recorded)
+fp16-mixed     autocast fp16 + dynamic loss scaling (GradScaler); emulated fp16 is recorded
+fp8-mixed      fp8 (e4m3) matmuls via torch._scaled_mm plus bf16 autocast, only where fp8 is native;
+               otherwise an error (no fallback)
+=============  =====================================================================================
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+
+from .backend import Backend
+from .capabilities import DeviceCapabilities, DtypeSupport
+from .config import PRECISIONS
+from .downgrades import Downgrade, FallbackMode, record_downgrade
+from .errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    requested: str
+    mode: str  # the mode actually used
+    autocast_dtype: torch.dtype | None
+    loss_scaling: bool  # dynamic loss scaling (GradScaler) on
+    reduced_precision_matmul: str | None  # "tf32" | "hf32" | None
+    fp8_dtype: torch.dtype | None
+    downgrades: tuple[Downgrade, ...] = ()
+
+    def autocast(self, backend: Backend) -> ContextManager[Any]:
+        """The autocast region for forward passes (a no-op context for fp32/tf32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return backend.autocast(self.autocast_dtype)
+
+    def grad_scaler(self, backend: Backend) -> Any:
+        """A GradScaler that is enabled exactly when the plan uses dynamic loss scaling."""
+        return backend.grad_scaler(enabled=self.loss_scaling)
+
+    def apply(self, backend: Backend) -> None:
+        """Set the backend's process-wide switches (reduced-precision matmul) to match the plan."""
+        backend.set_reduced_precision_matmul(self.reduced_precision_matmul is not None)
+
+    def describe(self) -> str:
+        parts = [self.mode]
+        if self.mode != self.requested:
+            parts.append(f"(requested {self.requested})")
+        if self.autocast_dtype is not None:
+            parts.append(f"autocast {str(self.autocast_dtype).replace('torch.', '')}")
+        if self.loss_scaling:
+            parts.append("dynamic loss scaling")
+        if self.reduced_precision_matmul:
+            parts.append(f"{self.reduced_precision_matmul} matmul")
+        if self.fp8_dtype is not None:
+            parts.append(f"fp8 matmul {str(self.fp8_dtype).replace('torch.', '')}")
+        return ", ".join(parts)
+
+
+def resolve_precision(
+    requested: str, backend: Backend, caps: DeviceCapabilities, fallback: FallbackMode | None = None
+) -> PrecisionPlan:
+    """Resolve ``requested`` against ``caps``; every change is recorded (or refused) per ``fallback``."""
+    if requested not in PRECISIONS:
+        raise UnsupportedError(f"precision {requested!r} is unknown; use one of {', '.join(PRECISIONS)}")
+    downgrades: list[Downgrade] = []
+
+    def downgrade(used: str, reason: str, requested_as: str = requested) -> None:
+        item = Downgrade("precision", f"precision on {caps.name}", requested_as, used, reason)
+        downgrades.append(record_downgrade(item, fallback))
+
+    device = caps.name
+    if requested == "fp32":
+        return PrecisionPlan(requested, "fp32", None, False, None, None)
+    if requested == "tf32":
+        if caps.is_native("tf32") and backend.reduced_precision_matmul_format == "tf32":
+            return PrecisionPlan(requested, "tf32", None, False, "tf32", None)
+        fmt = backend.reduced_precision_matmul_format
+        if fmt is not None and fmt != "tf32":
+            downgrade(fmt, f"{device}'s reduced-precision fp32 matmul format is {fmt.upper()}, not TF32")
+            return PrecisionPlan(requested, fmt, None, False, fmt, None, tuple(downgrades))
+        downgrade("fp32", f"{device} has no TF32 matmul")
+        return PrecisionPlan(requested, "fp32", None, False, None, None, tuple(downgrades))
+    if requested == "bf16-mixed":
+        if caps.is_native("bf16"):
+            return PrecisionPlan(requested, "bf16-mixed", torch.bfloat16, False, None, None)
+        if caps.is_native("fp16"):
+            downgrade("fp16-mixed", f"{device} has no native bf16; fp16 with dynamic loss scaling instead")
+            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None, tuple(downgrades))
+        if caps.support("bf16") is DtypeSupport.EMULATED:
+            downgrade("bf16-mixed (emulated)", f"{device} has neither native bf16 nor native fp16; bf16 runs emulated")
+            return PrecisionPlan(requested, "bf16-mixed", torch.bfloat16, False, None, None, tuple(downgrades))
+        raise UnsupportedError(f"precision bf16-mixed: {device} supports neither bf16 nor fp16; use precision fp32")
+    if requested == "fp16-mixed":
+        support = caps.support("fp16")
+        if support is DtypeSupport.NATIVE:
+            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None)
+        if support is DtypeSupport.EMULATED:
+            downgrade("fp16-mixed (emulated)", f"{device} has no native fp16; fp16 runs emulated")
+            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None, tuple(downgrades))
+        raise UnsupportedError(f"precision fp16-mixed: {device} has no fp16 ({support}); use fp32 or bf16-mixed")
+    # fp8-mixed: no fallback by design — an fp8 run that silently is not fp8 would mislead.
+    if not caps.is_native("fp8_e4m3"):
+        raise UnsupportedError(
+            f"precision fp8-mixed needs native fp8 (e.g. NVIDIA H100/H200, compute capability 8.9+); "
+            f"{device} has fp8 {caps.support('fp8_e4m3')}; use bf16-mixed"
+        )
+    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        raise UnsupportedError(f"precision fp8-mixed needs torch.float8_e4m3fn and torch._scaled_mm; torch {torch.__version__} lacks them; upgrade PyTorch")
+    return PrecisionPlan(requested, "fp8-mixed", torch.bfloat16, False, None, torch.float8_e4m3fn)
