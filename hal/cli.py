@@ -1,4 +1,4 @@
-"""The ``hal`` command: ``hal devices``, ``hal ops``, ``hal run``.
+"""The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``.
 
 Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
 scripts and people get the same short, fixable message and never a traceback.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -188,17 +189,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_script(selection.backend, str(script), list(args.script_args))
 
 
+# --- hal config ---------------------------------------------------------------------------------------
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .selection import select_backend
+
+    config = load_config(args.config, overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
+    selection = select_backend(config)
+    report = {
+        "config": config.to_dict(),
+        "backend": selection.backend.name,
+        "reason": selection.reason,
+        "devices": list(selection.devices),
+        "precision": selection.precision.describe(),
+        "downgrades": [d.to_dict() for d in selection.precision.downgrades],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for key, value in report["config"].items():
+        if key != "origins":
+            print(f"{key:<10} {value!s:<14} from {config.origins[key]}")
+    print(f"-> backend {report['backend']} ({report['reason']})")
+    print(f"-> devices {report['devices']}, precision {report['precision']}")
+    for d in selection.precision.downgrades:
+        print(f"-> {d.describe()}")
+    return 0
+
+
 # --- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
-    sub = parser.add_subparsers(dest="command", metavar="{devices,ops,run}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("config", help="check a config and show what it resolves to (backend, devices, precision)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--backend", help="override the backend")
+    p.add_argument("--precision", help="override the precision mode")
+    p.add_argument("--fallback", help="override the fallback policy (error, warn, allow)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("ops", help="operator coverage: op × dtype → implementation")
     p.add_argument("--backend", help="backend to show (default: the configured or auto-selected one)")
@@ -219,7 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+    """hal's own warnings (downgrades, migration gaps) as one 'hal: warning:' line; others as usual."""
+    if category.__module__.split(".")[0] == "hal":
+        return f"hal: warning: {message}\n"
+    return _default_format(message, category, filename, lineno, line)
+
+
+_default_format = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -76,7 +76,7 @@ def resolve_precision(
     downgrades: list[Downgrade] = []
 
     def downgrade(used: str, reason: str, requested_as: str = requested) -> None:
-        item = Downgrade("precision", f"precision on {caps.name}", requested_as, used, reason)
+        item = Downgrade("precision", caps.name, requested_as, used, reason)
         downgrades.append(record_downgrade(item, fallback))
 
     device = caps.name

@@ -1,0 +1,80 @@
+"""The ``hal`` command as a new user meets it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO, has_cuda, run_hal
+
+UNAVAILABLE_REASONS = {
+    "cuda": "no CUDA support",
+    "rocm": "no ROCm/HIP support",
+    "ascend": "torch_npu is not installed",
+    "cambricon": "torch_mlu is not installed",
+}
+
+
+@pytest.mark.skipif(has_cuda(), reason="this machine has a GPU")
+def test_devices_lists_cpu_available_and_vendors_unavailable_with_reasons() -> None:
+    result = run_hal("devices")
+    assert result.returncode == 0, result.stderr
+    blocks = {b.split()[0]: b for b in result.stdout.split("\n\n")[1:] if b.strip()}
+    assert "available" in blocks["cpu"].split("\n")[0] and "unavailable" not in blocks["cpu"].split("\n")[0]
+    for name, reason in UNAVAILABLE_REASONS.items():
+        assert "unavailable" in blocks[name].split("\n")[0], blocks[name]
+        assert reason in blocks[name]
+        assert "not verified on hardware" in blocks[name]
+
+
+def test_devices_json_is_valid_and_complete() -> None:
+    result = run_hal("devices", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_name = {b["name"]: b for b in report["backends"]}
+    assert set(UNAVAILABLE_REASONS) | {"cpu"} <= set(by_name)
+    cpu = by_name["cpu"]
+    assert cpu["available"] and cpu["device_count"] == 1 and cpu["ccl"] == "gloo"
+    device = cpu["devices"][0]
+    assert device["memory_total_bytes"] > 0 and device["dtypes"]["fp32"] == "native"
+    for name in ("ascend", "cambricon", "rocm"):
+        assert by_name[name]["verified_on_hardware"] is False
+        assert by_name[name]["verification"] == "not verified on hardware"
+    if not has_cuda():
+        for name, reason in UNAVAILABLE_REASONS.items():
+            assert not by_name[name]["available"] and reason in by_name[name]["reason"]
+    assert report["auto"]["backend"] in by_name
+
+
+@pytest.mark.parametrize("command", [[], ["devices"], ["config"], ["ops"], ["run"]])
+def test_help_on_every_command(command) -> None:
+    result = run_hal(*command, "--help")
+    assert result.returncode == 0 and "usage: hal" in result.stdout
+
+
+def test_console_script_and_module_agree() -> None:
+    """``python -m hal`` exists for people without the console script on PATH."""
+    result = subprocess.run([sys.executable, "-m", "hal", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0 and "devices" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["devices", "--jsn"], "unrecognized arguments: --jsn"),
+        (["ops", "--backend", "cdua"], "did you mean 'cuda'"),
+        (["run", "--backend", "cpu", "missing_script.py"], "script 'missing_script.py' not found"),
+        (["run", "--backend", "cuda", "examples/cuda_train.py"], "backend 'cuda' is not available"),
+        ([], "required: {devices,config,ops,run}"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
+    if "cuda" in args and has_cuda():
+        pytest.skip("cuda is available here")
+    result = run_hal(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error:") and needle in lines[0], result.stderr
