@@ -230,12 +230,10 @@ def npu_fusion_attention(
     an integer) are native. The op's scale defaults to 1.0, so torch's 1/sqrt(D) is passed
     explicitly. torch's is_causal is the top-left aligned triangle = sparse_mode 2 (leftUpCausal)
     with the compressed 2048x2048 mask. A boolean attn_mask means True = attend in torch but
-    True = masked out for atten_mask, so it is inverted; it goes as SS, B1SS, 11SS or BNSS.
-    Returns output [0] of the op's 7-tuple.
+    True = masked out for atten_mask, so it is inverted; it goes as SS, B1SS, 11SS or BNSS, and
+    query rows with every key masked come out 0 as in torch. Returns output [0] of the op's 7-tuple.
     """
-    if is_causal and attn_mask is not None:
-        return _sdpa(q, k, v, attn_mask, is_causal, scale)  # invalid for torch too: raise its own error
-    why = _sdpa_unsupported(q, k, v, attn_mask)
+    why = _sdpa_unsupported(q, k, v, attn_mask, is_causal)
     if why:
         _to_reference("scaled_dot_product_attention", "npu_fusion_attention", q.dtype, why)
         return _sdpa(q, k, v, attn_mask, is_causal, scale)
@@ -245,23 +243,33 @@ def npu_fusion_attention(
         "scale": 1.0 / math.sqrt(head_dim) if scale is None else float(scale),
         "keep_prob": 1.0,  # no dropout: the reference has none
     }
+    masked: torch.Tensor | None = None
     if is_causal:
         kwargs["atten_mask"] = _left_up_causal_mask(q.device)
         kwargs["sparse_mode"] = 2
     elif attn_mask is not None:
-        kwargs["atten_mask"] = _ascend_mask(attn_mask, batch, heads, s_q, s_kv)
+        masked = _ascend_mask(attn_mask, batch, heads, s_q, s_kv)
+        kwargs["atten_mask"] = masked
         kwargs["sparse_mode"] = 0  # defaultMask; default pre/next_tockens keep the whole mask in force
     # torch_npu.npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
     #   atten_mask=None, scale=1., keep_prob=1., pre_tockens=2147483647, next_tockens=2147483647, ...,
     #   sparse_mode=0, ...) -> (attention_out, softmax_max, softmax_sum, reserved, seed, offset, mask_len):
     # https://gitcode.com/Ascend/op-plugin/blob/master/docs/context/torch_npu-npu_fusion_attention.md
     # https://hiascend.com/document/detail/zh/Pytorch/60RC2/apiref/apilist/ptaoplist_000142.html
-    return _torch_npu().npu_fusion_attention(q, k, v, heads, "BNSD", **kwargs)[0]
+    out = _torch_npu().npu_fusion_attention(q, k, v, heads, "BNSD", **kwargs)[0]
+    if masked is not None:
+        # torch returns 0 for a query row whose keys are all masked out; the op's value there is not
+        # documented, so set it on the device (no host sync).
+        out = out.masked_fill(masked.all(dim=-1, keepdim=True), 0)
+    return out
 
 
 def _sdpa_unsupported(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
 ) -> str | None:
+    if is_causal and attn_mask is not None:
+        # torch's answer depends on its SDPA backend (math raises, the CPU kernel intersects both).
+        return "attn_mask with is_causal=True has no single torch meaning to reproduce"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "npu_fusion_attention here takes 4-D (batch, heads, seq, head_dim) q/k/v"
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in NPU_DTYPES:

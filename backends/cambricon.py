@@ -30,8 +30,8 @@ FIRST_TF32_MAJOR = 5  # MLU500 series
 def _install_hint() -> str:
     major_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     return (
-        f"install Cambricon's torch_mlu wheel built for torch {major_minor} (not on PyPI: "
-        "https://github.com/Cambricon/torch_mlu); it needs Cambricon's CNToolkit/CNNL/CNCL (NEUWARE_HOME)"
+        f"install the torch_mlu wheel Cambricon ships for torch {major_minor}, not on PyPI, see "
+        "https://github.com/Cambricon/torch_mlu; it needs Cambricon's CNToolkit/CNNL/CNCL under NEUWARE_HOME"
     )
 
 

@@ -71,15 +71,16 @@ class Op:
         self.name = definition.name
         self._registry = registry
         self._arg = definition.dispatch_arg
-        self._cache: dict[tuple[str, torch.dtype, str], Callable[..., Any]] = {}
+        self._cache: dict[tuple[torch.device, torch.dtype, str], Callable[..., Any]] = {}
         self.doc = definition.doc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tensor = args[self._arg]
-        key = (tensor.device.type, tensor.dtype, _fallback_state.mode)
+        # torch.device objects hash cheaply; reading .type would build a new string each call.
+        key = (tensor.device, tensor.dtype, _fallback_state.mode)
         fn = self._cache.get(key)
         if fn is None:
-            fn = self._registry._dispatch_target(self.name, key[0], key[1])
+            fn = self._registry._dispatch_target(self.name, key[0].type, key[1])
             self._cache[key] = fn
         return fn(*args, **kwargs)
 
