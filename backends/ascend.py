@@ -286,7 +286,7 @@ def _sdpa_unsupported(
             return f"npu_fusion_attention's atten_mask is boolean; an additive {attn_mask.dtype} mask cannot be expressed"
         full = (q.shape[0], n_q, q.shape[2], k.shape[2])
         try:
-            fits = attn_mask.dim() <= 4 and tuple(torch.broadcast_shapes(attn_mask.shape, full)) == full
+            fits = 2 <= attn_mask.dim() <= 4 and tuple(torch.broadcast_shapes(attn_mask.shape, full)) == full
         except RuntimeError:
             fits = False
         if not fits:
@@ -297,7 +297,7 @@ def _sdpa_unsupported(
 def _ascend_mask(attn_mask: torch.Tensor, batch: int, heads: int, s_q: int, s_kv: int) -> torch.Tensor:
     """torch's keep-mask as Ascend's masked-out mask, in a documented shape (SS, B1SS, 11SS, BNSS)."""
     masked = torch.logical_not(attn_mask)
-    if masked.dim() <= 2:
+    if masked.dim() == 2:
         return masked.expand(s_q, s_kv).contiguous()
     while masked.dim() < 4:
         masked = masked.unsqueeze(0)

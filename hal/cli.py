@@ -175,7 +175,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .config import load_config
-    from .migration import run_script
     from .selection import select_backend
 
     script = Path(args.script)
@@ -184,6 +183,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides={"backend": args.backend})
     selection = select_backend(config)
     selection.activate()
+    from .migration import run_script  # after validation: the shim is only loaded to run something
+
     print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
           f"devices {list(selection.devices)}, precision {selection.precision.describe()}", file=sys.stderr)
     return run_script(selection.backend, str(script), list(args.script_args))
