@@ -170,6 +170,18 @@ class DeviceModuleBackend(Backend):
         return merge(self.name, lookup(self.name, probe.name), probe)
 
 
+def registered_device_module(package: ModuleType, device_type: str) -> ModuleType:
+    """The ``torch.<device_type>`` module a vendor package registers on import, or RuntimeMissing."""
+    module = getattr(torch, device_type, None) or getattr(package, device_type, None)
+    if module is None or not callable(getattr(module, "device_count", None)):
+        version = getattr(package, "__version__", "?")
+        raise RuntimeMissing(
+            f"{package.__name__} {version} imported but torch.{device_type} is missing; "
+            f"install the {package.__name__} build made for torch {torch.__version__}"
+        )
+    return module
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."

@@ -27,7 +27,7 @@ from hal.capabilities import DtypeSupport, ProbedFacts
 from hal.downgrades import Downgrade, record_downgrade
 from hal.ops import _rms_norm, _rotary_embedding, _sdpa, _swiglu
 
-from ._device_module import DeviceModuleBackend, RuntimeMissing
+from ._device_module import DeviceModuleBackend, RuntimeMissing, registered_device_module
 
 if TYPE_CHECKING:
     from hal.op_registry import OpRegistry
@@ -84,15 +84,7 @@ class AscendBackend(DeviceModuleBackend):
         package, why = _find_torch_npu()
         if package is None:
             raise RuntimeMissing(f"{why} ({_install_hint()})" if why == NOT_INSTALLED else why)
-        # torch_npu registers its device module as torch.npu on import.
-        npu = getattr(torch, "npu", None) or getattr(package, "npu", None)
-        if npu is None or not callable(getattr(npu, "device_count", None)):
-            version = getattr(package, "__version__", "?")
-            raise RuntimeMissing(
-                f"torch_npu {version} imported but torch.npu is missing; "
-                f"install the torch-npu build made for torch {torch.__version__}"
-            )
-        return npu
+        return registered_device_module(package, "npu")  # torch_npu registers torch.npu on import
 
     def _probe_facts(self, index: int) -> ProbedFacts:
         """Name and memory from torch.npu; fp64 is absent on every NPU, whatever the catalog says."""

@@ -20,7 +20,7 @@ import torch
 from hal.capabilities import DtypeSupport, ProbedFacts
 from hal.errors import UnsupportedError
 
-from ._device_module import DeviceModuleBackend, RuntimeMissing
+from ._device_module import DeviceModuleBackend, RuntimeMissing, registered_device_module
 
 PACKAGE = "torch_mlu"
 NOT_INSTALLED = "torch_mlu is not installed"
@@ -78,14 +78,7 @@ class CambriconBackend(DeviceModuleBackend):
 
     def _load_module(self) -> ModuleType:
         package = _import_torch_mlu()
-        mlu = getattr(torch, "mlu", None) or getattr(package, "mlu", None)
-        if mlu is None or not callable(getattr(mlu, "device_count", None)):
-            version = getattr(package, "__version__", "?")
-            raise RuntimeMissing(
-                f"torch_mlu {version} imported but torch.mlu is missing; "
-                f"install the torch_mlu build made for torch {torch.__version__}"
-            )
-        return mlu
+        return registered_device_module(package, "mlu")
 
     def _probe_facts(self, index: int) -> ProbedFacts:
         """Name, memory and generation from torch.mlu.get_device_properties (name/major/minor/total_memory).

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 import warnings
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import torch
 
@@ -21,7 +21,7 @@ EXIT_USAGE = 2
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad arguments as one line and exit 2."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         raise HalError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
 
