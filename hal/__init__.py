@@ -1,7 +1,7 @@
 """hetero-hal: one PyTorch training code base on CUDA, ROCm/DCU, Ascend, Cambricon and CPU.
 
 Start here: ``hal.get_backend("cpu")``, ``hal.select_backend(config)``, ``hal.ops.rms_norm(...)``,
-``hal.migrate(backend)``. The ``hal`` command line (``hal devices``, ``hal ops``, ``hal run``)
+``hal.migration.migrate(backend)``. The ``hal`` command line (``hal devices``, ``hal ops``, ``hal run``)
 is built on the same functions.
 """
 from __future__ import annotations

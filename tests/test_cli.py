@@ -26,7 +26,8 @@ def test_devices_lists_cpu_available_and_vendors_unavailable_with_reasons() -> N
     for name, reason in UNAVAILABLE_REASONS.items():
         assert "unavailable" in blocks[name].split("\n")[0], blocks[name]
         assert reason in blocks[name]
-        assert "not verified on hardware" in blocks[name]
+        verified = "H100" if name == "cuda" else "not verified on hardware"
+        assert verified in blocks[name].split("verified")[1].split("\n")[0]
 
 
 def test_devices_json_is_valid_and_complete() -> None:
@@ -78,3 +79,15 @@ def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hal: error:") and needle in lines[0], result.stderr
+
+
+def test_readme_main_job_matches_the_cpu_twin() -> None:
+    """`hal run --backend cpu examples/cuda_train.py` (the README's main job) equals the CPU twin."""
+    migrated = run_hal("run", "--backend", "cpu", "examples/cuda_train.py", "--steps", "4")
+    assert migrated.returncode == 0, migrated.stderr
+    twin = subprocess.run([sys.executable, "examples/cpu_train_twin.py", "--steps", "4"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert twin.returncode == 0, twin.stderr
+    losses = lambda out: [json.loads(l)["loss"] for l in out.splitlines() if l.startswith('{"step"')]  # noqa: E731
+    assert len(losses(migrated.stdout)) == 4 and losses(migrated.stdout) == losses(twin.stdout)
+    assert "hal run: backend cpu" in migrated.stderr
