@@ -25,6 +25,7 @@ class CudaBackend(DeviceModuleBackend):
     ccl = "nccl"
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     reduced_precision_matmul_format = "tf32"
+    ccl_reduce_ops = frozenset({"sum", "avg", "max", "min", "product"})  # ncclAvg since NCCL 2.10
     hardware_verification = (
         "NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11.0+cu130), 2026-11-26: "
         "CUDA-marked tests and the full suite passed"

@@ -1,1 +1,15 @@
-"""Filled by a later issue (see the issues list): collectives."""
+"""Collectives: one API over every vendor CCL, and a bridge between vendor islands.
+
+    from collectives import init_distributed, world_communicator
+    init_distributed("cpu")            # under hal launch / torchrun
+    comm = world_communicator()
+    comm.all_reduce(t, "sum")
+"""
+from .communicator import P2P, Communicator, Handle, world_communicator
+from .process_groups import Island, Layout, World, current_world, init_distributed, shutdown
+from .validation import CollectiveError, CollectiveTimeout
+
+__all__ = [
+    "P2P", "CollectiveError", "CollectiveTimeout", "Communicator", "Handle", "Island", "Layout", "World",
+    "current_world", "init_distributed", "shutdown", "world_communicator",
+]

@@ -24,6 +24,20 @@ NOT_VERIFIED = "not verified on hardware"
 
 
 @dataclass(frozen=True)
+class CclGap:
+    """Something a vendor CCL cannot do, and how hal handles it (capability data, not code paths).
+
+    ``handling``: ``"host"`` — stage through host memory and run the op on gloo, then copy back
+    (lossless, slower, recorded as a downgrade); ``"refuse"`` — a clear error.
+    """
+
+    dtype: str | None  # torch dtype name ("float64"), or None for every dtype
+    op: str | None  # hal collective name ("all_reduce") or reduce op ("product"), or None for all
+    handling: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Availability:
     """Whether a backend can run here, and the human reason either way."""
 
@@ -41,6 +55,10 @@ class Backend(abc.ABC):
     ccl: ClassVar[str]  # torch.distributed backend name for device tensors: "nccl", "hccl", ...
     visible_devices_env: ClassVar[str | None]  # "CUDA_VISIBLE_DEVICES", ... (None for cpu)
     reduced_precision_matmul_format: ClassVar[str | None] = None  # "tf32" | "hf32" | None
+    # Reduce ops the CCL runs natively; others (avg) are composed from sum by hal collectives.
+    ccl_reduce_ops: ClassVar[frozenset[str]] = frozenset({"sum", "max", "min", "product"})
+    # Known CCL gaps (dtypes or ops the vendor library cannot do) and their handling.
+    ccl_gaps: ClassVar[tuple[CclGap, ...]] = ()
     # What real hardware this backend was verified on, and how; None = not verified.
     hardware_verification: ClassVar[str | None] = None
 

@@ -28,7 +28,7 @@ CONTRACT_METHODS = {
     "register_ops",
 }
 IDENTITY = ("name", "device_type", "vendor", "ccl", "visible_devices_env", "reduced_precision_matmul_format",
-            "hardware_verification")
+            "hardware_verification", "ccl_reduce_ops", "ccl_gaps")
 
 
 def _public_methods(cls: type) -> dict[str, inspect.Signature]:

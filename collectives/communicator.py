@@ -1,0 +1,449 @@
+"""One collective API for every backend and for groups that span vendor islands.
+
+``Communicator`` is what callers use: ``all_reduce``, ``all_gather`` (one tensor, a list, uneven
+dim 0), ``reduce_scatter``, ``all_to_all`` (equal or uneven splits), ``broadcast``, ``reduce``,
+``gather``, ``scatter``, ``send``/``recv``, ``batch_p2p`` and ``barrier`` — each with
+``async_op`` (a ``Handle``) and a per-call ``timeout``. Inside one island the calls go straight
+to the backend's CCL; a group spanning islands goes through ``collectives.bridge`` behind the
+same methods, so callers never ask which path they are on. Ranks (``src``, ``dst``, ``peer``)
+are global ranks, as in torch.distributed.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hal.backend import Backend
+from hal.backend_registry import get_backend
+from hal.downgrades import Downgrade, record_downgrade
+
+from .process_groups import Layout, World, current_world, make_layout
+from .validation import (
+    REDUCE_OPS, CallSignature, CollectiveError, CollectiveTimeout, all_gather_single, check, exchange,
+    reduce_scatter_single,
+)
+
+_TORCH_OPS = {
+    "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT,
+}  # fmt: skip
+
+
+class Handle:
+    """The result of an ``async_op=True`` call: ``wait()`` returns what the sync call returns."""
+
+    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], timeout: datetime.timedelta, what: str) -> None:
+        self._works = list(works)
+        self._finish = finish
+        self._timeout = timeout
+        self._what = what
+        self._done = False
+        self._result: Any = None
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> Any:
+        if not self._done:
+            limit = timeout or self._timeout
+            for work in self._works:
+                try:
+                    work.wait(timeout=limit)
+                except RuntimeError as exc:
+                    raise CollectiveTimeout(
+                        f"{self._what}: did not complete within {limit.total_seconds():g} s ({str(exc).splitlines()[0][:200]}); "
+                        "a peer crashed, hung or skipped this call"
+                    ) from None
+            self._result = self._finish()
+            self._done = True
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self._works)
+
+
+@dataclass(frozen=True)
+class P2P:
+    """One point-to-point operation for ``batch_p2p``: ``kind`` is "send" or "recv"."""
+
+    kind: str
+    tensor: torch.Tensor
+    peer: int
+
+
+class Communicator:
+    """Collectives over a set of ranks; native inside an island, bridged across islands."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        world: World | None = None,
+        *,
+        validate: bool = True,
+        timeout: datetime.timedelta | None = None,
+    ) -> None:
+        self.world = world or current_world()
+        self.layout = layout
+        self.validate = validate
+        self.timeout = timeout or self.world.timeout
+        self._seq = 0
+        self._bridge: Any = None
+        if layout.is_heterogeneous and self.is_member:
+            from .bridge import Bridge
+
+            self._bridge = Bridge(self)
+
+    # --- who and where ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return self.layout.ranks
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+    @property
+    def group_rank(self) -> int:
+        return self.layout.ranks.index(self.rank)
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank in self.layout.ranks
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    @property
+    def backend(self) -> Backend:
+        return self.world.backend
+
+    @property
+    def native_group(self) -> dist.ProcessGroup | None:
+        """The CCL group of this rank's island (the whole group when it is homogeneous)."""
+        return self.layout.island_of(self.rank).group
+
+    @property
+    def path(self) -> str:
+        return "bridge" if self.layout.is_heterogeneous else f"native {self.backend.ccl}"
+
+    def subgroup(self, ranks: Sequence[int], *, validate: bool | None = None) -> "Communicator":
+        """A communicator over ``ranks``. Every rank of the world must call it (torch's rule)."""
+        layout = make_layout(self.world, ranks)
+        return Communicator(layout, self.world, validate=self.validate if validate is None else validate, timeout=self.timeout)
+
+    # --- the checks every call makes --------------------------------------------------------------
+    def _begin(
+        self,
+        op: str,
+        tensor: torch.Tensor | None,
+        *,
+        reduce_op: str | None = None,
+        root: int = -1,
+        timeout: datetime.timedelta | None = None,
+    ) -> list[CallSignature] | None:
+        if not self.is_member:
+            raise CollectiveError(f"{op}: rank {self.rank} is not in this group ({list(self.ranks)}); call it only on member ranks")
+        if reduce_op is not None and reduce_op not in REDUCE_OPS:
+            raise CollectiveError(f"{op}: reduce op {reduce_op!r} is unknown; use one of {', '.join(REDUCE_OPS)}")
+        if root != -1 and root not in self.ranks:
+            raise CollectiveError(f"{op}: root rank {root} is not in this group ({list(self.ranks)}); pass a member's global rank")
+        if reduce_op == "avg" and tensor is not None and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise CollectiveError(f"{op}: avg of {str(tensor.dtype).replace('torch.', '')} tensors is not exact; use sum and divide, or a float dtype")
+        self._seq += 1
+        device_ok = tensor is None or self._on_my_device(tensor)
+        mine = CallSignature(
+            op, self._seq, None if tensor is None else tensor.dtype, () if tensor is None else tuple(tensor.shape),
+            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root,
+        )
+        if not self.validate:
+            if not device_ok:
+                raise CollectiveError(f"{op}: tensor is on {tensor.device}, this rank's device is {self.device}; move it with .to(device)")
+            return None
+        signatures = exchange(mine, self.layout.host_group, self.ranks, timeout or self.timeout)
+        check(signatures, self.ranks, self.device.type)
+        return signatures
+
+    def _on_my_device(self, tensor: torch.Tensor) -> bool:
+        if tensor.device.type != self.device.type:
+            return False
+        return self.device.type == "cpu" or tensor.device.index in (None, self.device.index)
+
+    def _gap(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> bool:
+        """True when the backend's CCL cannot do this op/dtype and the call must go through the host."""
+        dtype = str(tensor.dtype).replace("torch.", "")
+        for gap in get_backend(self.layout.island_of(self.rank).backend).ccl_gaps:
+            if gap.dtype not in (None, dtype) or gap.op not in (None, op, reduce_op):
+                continue
+            if gap.handling == "refuse":
+                raise CollectiveError(f"{op}: {self.backend.ccl} cannot do {gap.op or op} on {dtype} ({gap.source}); use another dtype")
+            record_downgrade(Downgrade("ccl", f"{op} on {self.backend.ccl}/{dtype}", self.backend.ccl, "host gloo", gap.source))
+            return True
+        return False
+
+    def _reduce_with(self, op: str, group: dist.ProcessGroup | None) -> str:
+        """The reduce op the CCL runs: ``op`` itself, or sum for an avg it lacks (divided after)."""
+        runs_on = get_backend("cpu") if group is self.layout.host_group else get_backend(self.layout.island_of(self.rank).backend)
+        if op in runs_on.ccl_reduce_ops:
+            return op
+        if op == "avg":
+            return "sum"
+        raise CollectiveError(f"{runs_on.ccl} has no {op} reduction; use one of {', '.join(sorted(runs_on.ccl_reduce_ops))}")
+
+    def _run(self, works: Sequence[Any], finish: Callable[[], Any], async_op: bool, what: str, timeout: datetime.timedelta | None) -> Any:
+        handle = Handle(works, finish, timeout or self.timeout, what)
+        return handle if async_op else handle.wait()
+
+    def _group_for(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> tuple[dist.ProcessGroup | None, torch.Tensor]:
+        """(group, tensor to communicate): the island's CCL, or the host group with a host copy."""
+        if self._gap(op, tensor, reduce_op):
+            return self.layout.host_group, tensor.detach().cpu()
+        return self.native_group, tensor
+
+    # --- collectives ----------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Reduce ``tensor`` across ranks, in place; returns it."""
+        self._begin("all_reduce", tensor, reduce_op=op, timeout=timeout)
+        if self._bridge is not None:
+            return self._done(self._bridge.all_reduce(tensor, op), async_op)
+        group, buf = self._group_for("all_reduce", tensor, op)
+        native = self._reduce_with(op, group)
+        work = dist.all_reduce(buf, op=_TORCH_OPS[native], group=group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            if native != op:
+                buf.div_(self.size)
+            return _copy_back(tensor, buf)
+
+        return self._run([work], finish, async_op, "all_reduce", timeout)
+
+    def all_gather(
+        self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None, async_op: bool = False,
+        timeout: datetime.timedelta | None = None,
+    ) -> Any:
+        """Every rank's tensor concatenated along dim 0 (dim 0 may differ between ranks).
+
+        With validation on, each rank's dim 0 is known from the check; with it off, pass
+        ``sizes`` for uneven inputs (equal sizes are assumed otherwise).
+        """
+        return self._all_gather(tensor, sizes, async_op, timeout)[0]
+
+    def _all_gather(
+        self, tensor: torch.Tensor, sizes: Sequence[int] | None, async_op: bool, timeout: datetime.timedelta | None
+    ) -> tuple[Any, list[int]]:
+        signatures = self._begin("all_gather", tensor, timeout=timeout)
+        known = self._dim0_sizes(tensor, signatures, sizes)
+        if self._bridge is not None:
+            return self._done(self._bridge.all_gather(tensor, known), async_op), known
+        group, buf = self._group_for("all_gather", tensor, None)
+        longest = max(known)
+        padded = buf if buf.shape[0] == longest else _pad_dim0(buf, longest)
+        out = padded.new_empty((longest * self.size, *buf.shape[1:]))
+        work = all_gather_single(out, padded.contiguous(), group=group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            even = longest * self.size == sum(known)
+            result = out if even else torch.cat([p[:n] for p, n in zip(out.split(longest), known)])
+            return result.to(tensor.device) if buf is not tensor else result
+
+        return self._run([work], finish, async_op, "all_gather", timeout), known
+
+    def all_gather_list(self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None, timeout: datetime.timedelta | None = None) -> list[torch.Tensor]:
+        """Every rank's tensor, in rank order (dim 0 may differ)."""
+        gathered, known = self._all_gather(tensor, sizes, False, timeout)
+        return list(gathered.split(known))
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Reduce across ranks, then return this rank's equal slice of dim 0."""
+        self._begin("reduce_scatter", tensor, reduce_op=op, timeout=timeout)
+        if tensor.shape[0] % self.size:
+            raise CollectiveError(f"reduce_scatter: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pad it")
+        if self._bridge is not None:
+            return self._done(self._bridge.reduce_scatter(tensor, op), async_op)
+        group, buf = self._group_for("reduce_scatter", tensor, op)
+        native = self._reduce_with(op, group)
+        out = buf.new_empty((buf.shape[0] // self.size, *buf.shape[1:]))
+        work = reduce_scatter_single(out, buf.contiguous(), op=_TORCH_OPS[native], group=group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            if native != op:
+                out.div_(self.size)
+            return out.to(tensor.device) if buf is not tensor else out
+
+        return self._run([work], finish, async_op, "reduce_scatter", timeout)
+
+    def all_to_all(
+        self,
+        tensor: torch.Tensor,
+        input_splits: Sequence[int] | None = None,
+        output_splits: Sequence[int] | None = None,
+        *,
+        async_op: bool = False,
+        timeout: datetime.timedelta | None = None,
+    ) -> Any:
+        """Send dim-0 slice i of ``tensor`` to rank i; returns what every rank sent here, in rank order."""
+        self._begin("all_to_all", tensor, timeout=timeout)
+        if input_splits is None and tensor.shape[0] % self.size:
+            raise CollectiveError(f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pass input_splits")
+        if input_splits is not None:
+            if len(input_splits) != self.size or sum(input_splits) != tensor.shape[0] or min(input_splits) < 0:
+                raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes summing to dim 0 ({tensor.shape[0]})")
+            if output_splits is None:
+                output_splits = self._exchange_splits(list(input_splits))
+        if self._bridge is not None:
+            return self._done(self._bridge.all_to_all(tensor, input_splits, output_splits), async_op)
+        group, buf = self._group_for("all_to_all", tensor, None)
+        rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
+        out = buf.new_empty((rows, *buf.shape[1:]))
+        work = dist.all_to_all_single(
+            out, buf.contiguous(), output_split_sizes=None if output_splits is None else list(output_splits),
+            input_split_sizes=None if input_splits is None else list(input_splits), group=group, async_op=True,
+        )
+        return self._run([work], lambda: out.to(tensor.device) if buf is not tensor else out, async_op, "all_to_all", timeout)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Copy ``src``'s tensor into every rank's ``tensor``; returns it."""
+        self._begin("broadcast", tensor, root=src, timeout=timeout)
+        if self._bridge is not None:
+            return self._done(self._bridge.broadcast(tensor, src), async_op)
+        group, buf = self._group_for("broadcast", tensor, None)
+        work = dist.broadcast(buf, src=src, group=group, async_op=True)
+        return self._run([work], lambda: _copy_back(tensor, buf), async_op, "broadcast", timeout)
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Reduce into ``dst``'s ``tensor`` (other ranks' tensors are left unspecified, as in torch)."""
+        self._begin("reduce", tensor, reduce_op=op, root=dst, timeout=timeout)
+        if self._bridge is not None:
+            return self._done(self._bridge.reduce(tensor, dst, op), async_op)
+        group, buf = self._group_for("reduce", tensor, op)
+        native = self._reduce_with(op, group)
+        work = dist.reduce(buf, dst=dst, op=_TORCH_OPS[native], group=group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            if self.rank == dst and native != op:
+                buf.div_(self.size)
+            return _copy_back(tensor, buf)
+
+        return self._run([work], finish, async_op, "reduce", timeout)
+
+    def gather(self, tensor: torch.Tensor, dst: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Every rank's tensor, as a list on ``dst`` (None elsewhere)."""
+        self._begin("gather", tensor, root=dst, timeout=timeout)
+        if self._bridge is not None:
+            return self._done(self._bridge.gather(tensor, dst), async_op)
+        group, buf = self._group_for("gather", tensor, None)
+        out = [torch.empty_like(buf) for _ in range(self.size)] if self.rank == dst else None
+        work = dist.gather(buf.contiguous(), out, dst=dst, group=group, async_op=True)
+
+        def finish() -> list[torch.Tensor] | None:
+            return None if out is None else [o.to(tensor.device) for o in out]
+
+        return self._run([work], finish, async_op, "gather", timeout)
+
+    def scatter(
+        self, out: torch.Tensor, chunks: Sequence[torch.Tensor] | None = None, src: int = 0, *,
+        async_op: bool = False, timeout: datetime.timedelta | None = None,
+    ) -> Any:
+        """``src`` sends ``chunks[i]`` to rank i, received into ``out``; returns ``out``."""
+        self._begin("scatter", out, root=src, timeout=timeout)
+        if self.rank == src and (
+            chunks is None or len(chunks) != self.size or any(c.shape != out.shape or c.dtype != out.dtype for c in chunks)
+        ):
+            raise CollectiveError(f"scatter: src needs {self.size} chunks with out's shape {tuple(out.shape)} and dtype {out.dtype}")
+        if self._bridge is not None:
+            return self._done(self._bridge.scatter(out, chunks, src), async_op)
+        group, buf = self._group_for("scatter", out, None)
+        send = None if self.rank != src else [c.to(buf.device).contiguous() for c in chunks]  # type: ignore[union-attr]
+        work = dist.scatter(buf, send, src=src, group=group, async_op=True)
+        return self._run([work], lambda: _copy_back(out, buf), async_op, "scatter", timeout)
+
+    def barrier(self, *, timeout: datetime.timedelta | None = None) -> None:
+        """Wait until every rank arrives (bounded by the timeout) — over the host group, any backend."""
+        self._begin("barrier", None, timeout=timeout)
+        if not self.validate:
+            exchange(CallSignature("barrier", self._seq, None, (), "none", True), self.layout.host_group, self.ranks, timeout or self.timeout)
+
+    # --- point to point ---------------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        return self.batch_p2p([P2P("send", tensor, dst)], async_op=async_op, timeout=timeout)
+
+    def recv(self, tensor: torch.Tensor, src: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        return self.batch_p2p([P2P("recv", tensor, src)], async_op=async_op, timeout=timeout)
+
+    def batch_p2p(self, ops: Sequence[P2P], *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
+        """Post sends and receives together (no ordering deadlocks); returns the received tensors."""
+        for p in ops:
+            if p.kind not in ("send", "recv"):
+                raise CollectiveError(f"batch_p2p: kind {p.kind!r} is unknown; use 'send' or 'recv'")
+            if p.peer not in self.ranks or p.peer == self.rank:
+                raise CollectiveError(f"{p.kind}: peer {p.peer} must be another rank of this group ({list(self.ranks)})")
+            if not self._on_my_device(p.tensor):
+                raise CollectiveError(f"{p.kind}: tensor is on {p.tensor.device}, this rank's device is {self.device}; move it with .to(device)")
+        if self.validate:
+            from .p2p_check import check_peers
+
+            check_peers(self, ops, timeout or self.timeout)
+        if self._bridge is not None:
+            return self._done(self._bridge.batch_p2p(ops), async_op)
+        buffers = [(p, self._group_for(p.kind, p.tensor, None)) for p in ops]
+        torch_ops = [
+            dist.P2POp(dist.isend if p.kind == "send" else dist.irecv, buf, p.peer, group=group)
+            for p, (group, buf) in buffers
+        ]
+        works = dist.batch_isend_irecv(torch_ops) if torch_ops else []
+
+        def finish() -> list[torch.Tensor]:
+            received = []
+            for p, (_, buf) in buffers:
+                if p.kind == "recv":
+                    received.append(_copy_back(p.tensor, buf))
+            return received
+
+        return self._run(works, finish, async_op, "batch_p2p", timeout)
+
+    # --- helpers ------------------------------------------------------------------------------------
+    def _dim0_sizes(self, tensor: torch.Tensor, signatures: list[CallSignature] | None, sizes: Sequence[int] | None) -> list[int]:
+        if signatures is not None:
+            known = [s.shape[0] if s.shape else 1 for s in signatures]
+            if sizes is not None and list(sizes) != known:
+                raise CollectiveError(f"all_gather: sizes {list(sizes)} disagree with what the ranks passed {known}")
+        elif sizes is not None:
+            known = list(sizes)
+        else:
+            known = [tensor.shape[0]] * self.size  # without validation, equal sizes unless told
+        if len(known) != self.size:
+            raise CollectiveError(f"all_gather: sizes names {len(known)} ranks, the group has {self.size}")
+        return known
+
+    def _exchange_splits(self, input_splits: list[int]) -> list[int]:
+        """Tell every rank how much it will receive from each (all_to_all of the split sizes, on the host)."""
+        send = torch.tensor(input_splits, dtype=torch.int64)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.layout.host_group)
+        return recv.tolist()
+
+    def _done(self, result: Any, async_op: bool) -> Any:
+        """Bridge calls complete before they return; async callers still get a Handle."""
+        return Handle([], lambda: result, self.timeout, "bridge") if async_op else result
+
+
+def _pad_dim0(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    pad = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
+    return torch.cat([tensor, pad])
+
+
+def _copy_back(target: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    if buf is not target:
+        target.copy_(buf)
+    return target
+
+
+def world_communicator(*, validate: bool = True, timeout: datetime.timedelta | None = None) -> Communicator:
+    """A communicator over every rank (collective: every rank calls it)."""
+    world = current_world()
+    return Communicator(make_layout(world, range(world.size)), world, validate=validate, timeout=timeout)

@@ -1,0 +1,67 @@
+"""Checks for point-to-point calls: each sender and receiver compare notes before data moves.
+
+Round 1: every send posts its signature (dtype, shape) to its peer over the host group while
+every receive collects the peer's. Round 2: each receiver answers with its own signature. Both
+sides then judge the same pair of signatures, so a mismatch raises the same error on the sender
+and on the receiver. Sends and receives are posted as one batch, so the check cannot deadlock
+where the data transfer itself would not.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .validation import CallSignature, CollectiveError, CollectiveTimeout
+
+if TYPE_CHECKING:
+    from .communicator import Communicator, P2P
+
+
+def _signature(op: "P2P") -> CallSignature:
+    return CallSignature(op.kind, 0, op.tensor.dtype, tuple(op.tensor.shape), op.tensor.device.type, True)
+
+
+def _post(group: dist.ProcessGroup | None, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]], timeout: datetime.timedelta, what: str) -> None:
+    ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
+    ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
+    try:
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait(timeout=timeout)
+    except RuntimeError as exc:
+        raise CollectiveTimeout(
+            f"{what}: the peer did not answer within {timeout.total_seconds():g} s ({str(exc).splitlines()[0][:200]}); "
+            "it crashed, hung or did not post the matching call"
+        ) from None
+
+
+def _verdict(send: CallSignature, recv: CallSignature, sender: int, receiver: int) -> str | None:
+    if send.dtype != recv.dtype:
+        return (f"send/recv dtype mismatch: rank {sender} sends {str(send.dtype).replace('torch.', '')}, "
+                f"rank {receiver} receives into {str(recv.dtype).replace('torch.', '')}; use one dtype")
+    if send.shape != recv.shape:
+        return (f"send/recv shape mismatch: rank {sender} sends {tuple(send.shape)}, rank {receiver} receives into "
+                f"{tuple(recv.shape)}; allocate the receive buffer with the sent shape")
+    return None
+
+
+def check_peers(comm: "Communicator", ops: Sequence["P2P"], timeout: datetime.timedelta) -> None:
+    """Exchange signatures with every peer in ``ops`` and raise the same error on both sides."""
+    group = comm.layout.host_group
+    mine = [_signature(op).encode() for op in ops]
+    theirs = [torch.empty_like(m) for m in mine]
+    # Round 1: senders tell receivers what is coming.
+    _post(group, [(m, op.peer) for m, op in zip(mine, ops) if op.kind == "send"],
+          [(t, op.peer) for t, op in zip(theirs, ops) if op.kind == "recv"], timeout, "send/recv check")
+    # Round 2: receivers answer with what they expect.
+    _post(group, [(m, op.peer) for m, op in zip(mine, ops) if op.kind == "recv"],
+          [(t, op.peer) for t, op in zip(theirs, ops) if op.kind == "send"], timeout, "send/recv check")
+    for m, t, op in zip(mine, theirs, ops):
+        me, peer = CallSignature.decode(m.tolist()), CallSignature.decode(t.tolist())
+        send, recv = (me, peer) if op.kind == "send" else (peer, me)
+        sender, receiver = (comm.rank, op.peer) if op.kind == "send" else (op.peer, comm.rank)
+        problem = _verdict(send, recv, sender, receiver)
+        if problem:
+            raise CollectiveError(problem)

@@ -1,0 +1,191 @@
+"""Process groups built from a hal backend: who is where, and which CCL serves which tensors.
+
+One process per device. ``init_distributed`` starts torch.distributed with the backend's
+``"cpu:gloo,<device>:<ccl>"`` string (plain ``gloo`` on the CPU), pins the rank to its device
+(``LOCAL_RANK`` under torchrun / ``hal launch``), and records each rank's *island*: ranks of one
+backend on one CCL. A world with several islands (CUDA ranks + CPU ranks, or CPU islands
+declared for tests) starts on gloo everywhere and gets one native sub-group per island; the
+collectives bridge joins them.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hal.backend import Backend
+from hal.backend_registry import get_backend
+from hal.errors import ConfigError
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+ISLANDS_ENV = "HAL_ISLANDS"  # e.g. "0,0,1,1": declare islands on a homogeneous (test) world
+
+
+@dataclass(frozen=True)
+class Island:
+    """Ranks that share a backend and can use its CCL among themselves."""
+
+    index: int
+    backend: str  # hal backend name of every rank in it
+    ranks: tuple[int, ...]  # global ranks, ascending
+    group: dist.ProcessGroup | None  # native CCL group of exactly these ranks (None on non-members)
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A set of ranks as the collectives see it: its islands, a host (gloo) group, the leaders."""
+
+    ranks: tuple[int, ...]  # global ranks, ascending
+    islands: tuple[Island, ...]
+    host_group: dist.ProcessGroup | None  # gloo over every rank here (metadata, validation, bridge)
+    leaders_group: dist.ProcessGroup | None  # gloo over island leaders (None on non-leaders / one island)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def island_of(self, rank: int) -> Island:
+        return next(i for i in self.islands if rank in i.ranks)
+
+    @property
+    def is_heterogeneous(self) -> bool:
+        return len(self.islands) > 1
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's view of the job: its rank, backend and device, and every rank's island key."""
+
+    rank: int
+    size: int
+    backend: Backend
+    device: torch.device
+    backends: tuple[str, ...]  # backend name of every rank
+    island_keys: tuple[str, ...]  # island key of every rank (backend name unless declared)
+    timeout: datetime.timedelta
+
+_WORLD: World | None = None
+
+
+def device_for_rank(backend: Backend) -> torch.device:
+    """The device this process drives: LOCAL_RANK (torchrun) modulo the visible device count."""
+    if backend.device_type == "cpu":
+        return torch.device("cpu")
+    count = backend.device_count()
+    if count == 0:
+        backend.require_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    index = local_rank % count
+    backend.set_device(index)
+    return backend.device(index)
+
+
+def _parse_islands(text: str, world_size: int) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{ISLANDS_ENV}={text!r}: use comma-separated island numbers, one per rank, e.g. 0,0,1,1") from None
+    if len(ids) != world_size:
+        raise ConfigError(f"{ISLANDS_ENV}={text!r} names {len(ids)} ranks but the world has {world_size}; give one island per rank")
+    return ids
+
+
+def _gather_strings(value: str, world_size: int, group: dist.ProcessGroup | None = None) -> list[str]:
+    out: list[object] = [None] * world_size
+    dist.all_gather_object(out, value, group=group)
+    return [str(v) for v in out]
+
+
+def init_distributed(
+    backend: Backend | str | None = None,
+    *,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    islands: Sequence[int] | None = None,
+) -> World:
+    """Start torch.distributed for this rank on ``backend`` and record every rank's island.
+
+    Without ``init_method`` the torchrun environment (``env://``) is used. ``islands`` (or the
+    ``HAL_ISLANDS`` variable) declares islands explicitly; by default ranks are grouped by the
+    backend each one runs.
+    """
+    global _WORLD
+    if _WORLD is not None:
+        raise ConfigError("hal collectives are already initialised in this process; call shutdown() first")
+    if backend is None:
+        backend = os.environ.get("HAL_BACKEND", "cpu")
+    if isinstance(backend, str):
+        backend = get_backend(backend)
+    backend.require_available()
+    device = device_for_rank(backend)
+    rank = int(os.environ["RANK"]) if rank is None and "RANK" in os.environ else rank
+    world_size = int(os.environ["WORLD_SIZE"]) if world_size is None and "WORLD_SIZE" in os.environ else world_size
+    if rank is None or world_size is None:
+        raise ConfigError("rank and world size are unknown: start under 'hal launch' / torchrun, or pass rank= and world_size=")
+
+    # Start on gloo everywhere: every rank can join it, whatever its device. A homogeneous world
+    # then uses the device CCL through its own group (below).
+    dist.init_process_group(
+        "gloo", init_method=init_method or "env://", rank=rank, world_size=world_size, timeout=timeout
+    )
+    names = _gather_strings(backend.name, world_size)
+    declared = list(islands) if islands is not None else None
+    if declared is None and os.environ.get(ISLANDS_ENV):
+        declared = _parse_islands(os.environ[ISLANDS_ENV], world_size)
+    if declared is not None and len(declared) != world_size:
+        raise ConfigError(f"islands names {len(declared)} ranks but the world has {world_size}; give one island per rank")
+    keys = tuple(f"island {d}" for d in declared) if declared is not None else tuple(names)
+    _WORLD = World(rank, world_size, backend, device, tuple(names), keys, timeout)
+    return _WORLD
+
+
+def make_layout(world: World, ranks: Sequence[int]) -> Layout:
+    """Groups for ``ranks``: one native group per island, a gloo host group, a gloo leaders group.
+
+    Collective: every rank of the world must call it with the same ``ranks`` (torch's rule for
+    creating groups), members or not.
+    """
+    members = tuple(sorted(set(ranks)))
+    if not members or members[0] < 0 or members[-1] >= world.size:
+        raise ConfigError(f"ranks {list(ranks)} are not a subset of the world 0..{world.size - 1}")
+    order = list(dict.fromkeys(world.island_keys[r] for r in members))
+    islands: list[Island] = []
+    for index, key in enumerate(order):
+        island_ranks = tuple(r for r in members if world.island_keys[r] == key)
+        kinds = {world.backends[r] for r in island_ranks}
+        if len(kinds) != 1:
+            raise ConfigError(f"{key} mixes backends {sorted(kinds)}; an island runs one backend")
+        island_backend = get_backend(world.backends[island_ranks[0]])
+        group = dist.new_group(list(island_ranks), backend=island_backend.process_group_backend(), timeout=world.timeout)
+        islands.append(Island(index, island_backend.name, island_ranks, group if world.rank in island_ranks else None))
+    host = dist.new_group(list(members), backend="gloo", timeout=world.timeout)
+    leaders = [i.leader for i in islands]
+    leaders_group = dist.new_group(leaders, backend="gloo", timeout=world.timeout) if len(islands) > 1 else None
+    return Layout(
+        members, tuple(islands), host if world.rank in members else None,
+        leaders_group if world.rank in leaders else None,
+    )
+
+
+def current_world() -> World:
+    if _WORLD is None:
+        raise ConfigError("hal collectives are not initialised: call collectives.init_distributed() first")
+    return _WORLD
+
+
+def shutdown() -> None:
+    """Destroy every group this module made (safe to call twice)."""
+    global _WORLD
+    _WORLD = None
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,157 @@
+"""Cross-rank checks before a collective: every rank learns what every other rank passed.
+
+Each rank packs its call (op, sequence number, dtype, shape, device, reduce op, root) into a
+small int64 vector and all-gathers it over the host (gloo) group, with the call's timeout. All
+ranks then run the same pure check on the same data, so a mismatch raises the *same* error on
+every rank instead of a hang or a wrong answer — and a rank that never arrives turns into a
+timeout error on the ranks that did. Turn it off (``validate=False``) on hot paths once a job
+is known to be right; it costs one small host all-gather per call.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hal.errors import HalError
+
+# torch ≥ 2.13 names the single-tensor forms *_single; older releases only have the long names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+MAX_DIMS = 8
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+    torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+)  # fmt: skip
+_DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda", "npu", "mlu", "xpu", "meta", "other")
+OPS: tuple[str, ...] = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather", "scatter",
+    "barrier", "send", "recv",
+)  # fmt: skip
+REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min", "product")
+
+# Which part of the shape must agree across ranks: all of it, or all but dim 0 (uneven splits).
+_SAME_SHAPE = {"all_reduce", "reduce_scatter", "broadcast", "reduce", "gather", "scatter"}
+_TRAILING_SHAPE = {"all_gather", "all_to_all"}
+
+
+class CollectiveError(HalError):
+    """A collective call the ranks disagree on, or one that cannot run as asked."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """Not every rank arrived at a collective within its timeout."""
+
+
+@dataclass(frozen=True)
+class CallSignature:
+    """What one rank passed to a collective, as every rank will see it."""
+
+    op: str
+    seq: int
+    dtype: torch.dtype | None
+    shape: tuple[int, ...]
+    device_type: str
+    device_ok: bool
+    reduce_op: str | None = None
+    root: int = -1
+
+    def encode(self) -> torch.Tensor:
+        if len(self.shape) > MAX_DIMS:
+            raise CollectiveError(f"{self.op}: tensors with more than {MAX_DIMS} dims are not supported; reshape first")
+        dims = list(self.shape) + [-1] * (MAX_DIMS - len(self.shape))
+        dtype_code = -1 if self.dtype is None else _code(_DTYPES, self.dtype)
+        device_code = _code(_DEVICE_TYPES, self.device_type if self.device_type in _DEVICE_TYPES else "other")
+        values = [
+            OPS.index(self.op), self.seq, dtype_code, len(self.shape), *dims, device_code, int(self.device_ok),
+            -1 if self.reduce_op is None else REDUCE_OPS.index(self.reduce_op), self.root,
+        ]
+        return torch.tensor(values, dtype=torch.int64)
+
+    @staticmethod
+    def decode(row: Sequence[int]) -> "CallSignature":
+        ndim = row[3]
+        dims = tuple(int(d) for d in row[4 : 4 + ndim])
+        rest = row[4 + MAX_DIMS :]
+        return CallSignature(
+            op=OPS[row[0]], seq=int(row[1]), dtype=None if row[2] < 0 else _DTYPES[row[2]], shape=dims,
+            device_type=_DEVICE_TYPES[rest[0]], device_ok=bool(rest[1]),
+            reduce_op=None if rest[2] < 0 else REDUCE_OPS[rest[2]], root=int(rest[3]),
+        )
+
+
+def _code(table: tuple, value: object) -> int:
+    try:
+        return table.index(value)
+    except ValueError:
+        raise CollectiveError(f"{value} is not supported by hal collectives; use one of {', '.join(map(str, table))}") from None
+
+
+def _fmt(dtype: torch.dtype | None) -> str:
+    return "none" if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _ranks_where(signatures: Sequence[CallSignature], ranks: Sequence[int], pred) -> str:
+    return ", ".join(f"rank {r}" for r, s in zip(ranks, signatures) if pred(s))
+
+
+def check(signatures: Sequence[CallSignature], ranks: Sequence[int], expected_device: str) -> None:
+    """Raise the one error every rank agrees on, or return when the call is consistent."""
+    first = signatures[0]
+    op = first.op
+    if any(s.op != op for s in signatures):
+        calls = "; ".join(f"rank {r}: {s.op}" for r, s in zip(ranks, signatures))
+        raise CollectiveError(f"ranks called different collectives ({calls}); every rank must make the same calls in the same order")
+    if any(s.seq != first.seq for s in signatures):
+        calls = "; ".join(f"rank {r}: call #{s.seq}" for r, s in zip(ranks, signatures))
+        raise CollectiveError(f"{op}: ranks are at different calls ({calls}); a rank skipped or repeated a collective")
+    bad = _ranks_where(signatures, ranks, lambda s: not s.device_ok)
+    if bad:
+        where = "; ".join(f"rank {r}: {s.device_type}" for r, s in zip(ranks, signatures) if not s.device_ok)
+        raise CollectiveError(f"{op}: {bad} passed a tensor on the wrong device ({where}); each rank must pass tensors on its own device (backend.device()) — move them with .to(device)")
+    if any(s.dtype != first.dtype for s in signatures):
+        seen = "; ".join(f"rank {r}: {_fmt(s.dtype)}" for r, s in zip(ranks, signatures))
+        raise CollectiveError(f"{op}: dtype mismatch across ranks ({seen}); cast every rank's tensor to one dtype")
+    shapes = "; ".join(f"rank {r}: {tuple(s.shape)}" for r, s in zip(ranks, signatures))
+    if op in _SAME_SHAPE and any(s.shape != first.shape for s in signatures):
+        raise CollectiveError(f"{op}: shape mismatch across ranks ({shapes}); every rank must pass the same shape")
+    if op in _TRAILING_SHAPE and any(s.shape[1:] != first.shape[1:] or len(s.shape) != len(first.shape) for s in signatures):
+        raise CollectiveError(f"{op}: shapes differ beyond dim 0 ({shapes}); only dim 0 may differ between ranks")
+    if any(s.reduce_op != first.reduce_op for s in signatures):
+        seen = "; ".join(f"rank {r}: {s.reduce_op}" for r, s in zip(ranks, signatures))
+        raise CollectiveError(f"{op}: reduce op mismatch ({seen}); pass the same op on every rank")
+    if any(s.root != first.root for s in signatures):
+        seen = "; ".join(f"rank {r}: {s.root}" for r, s in zip(ranks, signatures))
+        raise CollectiveError(f"{op}: root rank mismatch ({seen}); pass the same src/dst on every rank")
+    if op == "reduce_scatter" and first.shape and first.shape[0] % len(ranks):
+        raise CollectiveError(f"reduce_scatter: dim 0 ({first.shape[0]}) is not divisible by the group size {len(ranks)}; pad it")
+
+
+def exchange(
+    mine: CallSignature,
+    group: dist.ProcessGroup | None,
+    ranks: Sequence[int],
+    timeout: datetime.timedelta,
+) -> list[CallSignature]:
+    """All-gather every rank's signature over the host group, bounded by ``timeout``."""
+    encoded = mine.encode()
+    out = torch.empty(len(ranks) * encoded.numel(), dtype=torch.int64)
+    try:
+        work = all_gather_single(out, encoded, group=group, async_op=True)
+        work.wait(timeout=timeout)
+    except RuntimeError as exc:
+        raise CollectiveTimeout(
+            f"{mine.op} (call #{mine.seq}): not every rank arrived within {timeout.total_seconds():g} s "
+            f"({_first_line(exc)}); a rank crashed, hung or skipped this call — check the other ranks' logs"
+        ) from None
+    rows = out.view(len(ranks), -1).tolist()
+    return [CallSignature.decode(row) for row in rows]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]
