@@ -1,0 +1,58 @@
+"""Collectives on real processes (CPU, gloo): every op correct, bad input refused the same way on every rank."""
+from __future__ import annotations
+
+import pytest
+
+from .dist_harness import run_world
+
+CASES = "tests.collective_cases"
+
+
+def _ok(results: dict[int, tuple], world: int) -> dict[int, object]:
+    assert sorted(results) == list(range(world)), results
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    return {rank: outcome[1] for rank, outcome in results.items()}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_op_correct_in_fp32_bf16_int64(world: int) -> None:
+    values = _ok(run_world(CASES, "op_matrix", world), world)
+    failures = [(rank, name, detail) for rank, rows in values.items() for name, ok, detail in rows if not ok]
+    assert not failures, failures
+    names = {name for rows in values.values() for name, _, _ in rows}
+    for dtype in ("float32", "bfloat16", "int64"):
+        assert {f"{dtype} all_gather uneven", f"{dtype} all_to_all uneven", f"{dtype} reduce_scatter sum"} <= names
+
+
+def test_bad_input_gives_the_same_clear_error_on_every_rank() -> None:
+    world = 3
+    values = _ok(run_world(CASES, "bad_inputs", world), world)
+    expected = {
+        "shape": "shape mismatch across ranks",
+        "dtype": "dtype mismatch across ranks",
+        "device": "rank 1 passed a tensor on the wrong device",
+        "op order": "ranks called different collectives",
+        "reduce op": "reduce op mismatch",
+        "indivisible": "not divisible by the group size 3",
+        "int avg": "avg of int64 tensors is not exact",
+        "trailing": "shapes differ beyond dim 0",
+        "p2p shape": "send/recv shape mismatch: rank 0 sends (3,), rank 1 receives into (4,)",
+    }
+    for scenario, words in expected.items():
+        seen = {rank: errors[scenario] for rank, errors in values.items() if scenario in errors}
+        assert len(set(seen.values())) == 1, f"{scenario}: ranks disagree: {seen}"
+        message = next(iter(seen.values()))
+        assert message.startswith("CollectiveError") and words in message, f"{scenario}: {message}"
+    assert all(errors["after"] == "[3.0, 3.0]" for errors in values.values())
+
+
+def test_a_rank_that_never_arrives_times_out_everywhere() -> None:
+    world, timeout_s = 3, 2.0
+    results = run_world(CASES, "late_rank", world, deadline_s=90, late=2, timeout_s=timeout_s, sleep_s=3 * timeout_s)
+    values = _ok(results, world)
+    for rank in (0, 1):
+        assert values[rank]["error"].startswith("CollectiveTimeout"), values[rank]
+        assert "not every rank arrived within 2 s" in values[rank]["error"]
+        assert values[rank]["seconds"] < 4 * timeout_s
+    assert values[2]["error"] != "no error"  # its peers left: it fails too, it does not hang
