@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from hal.backend import CclGap
 from hal.capabilities import DtypeSupport, ProbedFacts
 from hal.downgrades import Downgrade, record_downgrade
 from hal.ops import _rms_norm, _rotary_embedding, _sdpa, _swiglu
@@ -77,6 +78,15 @@ class AscendBackend(DeviceModuleBackend):
     vendor = "Huawei"
     ccl = "hccl"
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    ccl_gaps = (
+        # HcclAllReduce / HcclReduce / HcclReduceScatter on Atlas A2 (910B): int8, int16, int32, int64,
+        # float16, float32, bfp16 — no float64; "prod" not for int16 or bfp16. CANN 8.0 HCCL API reference,
+        # https://www.hiascend.com/document/detail/zh/canncommercial/80RC2/apiref/hcclapiref/hcclcpp_07_0015.html
+        *(CclGap("float64", op, "host", "HCCL reductions have no float64 (CANN HCCL API reference)")
+          for op in ("all_reduce", "reduce", "reduce_scatter")),
+        CclGap("bfloat16", "product", "host", "HCCL prod has no bfp16 on Atlas A2 (CANN HCCL API reference)"),
+        CclGap("int16", "product", "host", "HCCL prod has no int16 (CANN HCCL API reference)"),
+    )
     reduced_precision_matmul_format = "hf32"
     hardware_verification = None  # never run on an Ascend NPU yet
 

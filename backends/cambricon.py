@@ -15,6 +15,8 @@ import importlib.util
 from types import ModuleType
 from typing import Any
 
+from hal.backend import CclGap
+
 import torch
 
 from hal.capabilities import DtypeSupport, ProbedFacts
@@ -72,6 +74,12 @@ class CambriconBackend(DeviceModuleBackend):
     device_type = "mlu"
     vendor = "Cambricon"
     ccl = "cncl"
+    # Cambricon publishes no CNCL dtype table we could find; float64 reductions go through the host
+    # until someone checks them on an MLU (conservative, lossless, and recorded when it happens).
+    ccl_gaps = tuple(
+        CclGap("float64", op, "host", "CNCL float64 reductions unconfirmed (no public CNCL dtype table)")
+        for op in ("all_reduce", "reduce", "reduce_scatter")
+    )
     visible_devices_env = "MLU_VISIBLE_DEVICES"  # torch_mlu also reads CN_VISIBLE_DEVICES first
     reduced_precision_matmul_format = "tf32"  # MLU500+ only; capabilities() says per device
     hardware_verification = None  # never run on an MLU yet

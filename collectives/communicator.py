@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from hal.backend import Backend
+from hal.backend import Backend, CclGap
 from hal.backend_registry import get_backend
 from hal.downgrades import Downgrade, record_downgrade
 
@@ -175,16 +175,16 @@ class Communicator:
         return self.device.type == "cpu" or tensor.device.index in (None, self.device.index)
 
     def _gap(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> bool:
-        """True when the backend's CCL cannot do this op/dtype and the call must go through the host."""
+        """True when the island's CCL cannot do this op/dtype and the call must go through the host."""
+        backend = get_backend(self.layout.island_of(self.rank).backend)
+        gap = find_gap(backend, op, tensor.dtype, reduce_op)
+        if gap is None:
+            return False
         dtype = str(tensor.dtype).replace("torch.", "")
-        for gap in get_backend(self.layout.island_of(self.rank).backend).ccl_gaps:
-            if gap.dtype not in (None, dtype) or gap.op not in (None, op, reduce_op):
-                continue
-            if gap.handling == "refuse":
-                raise CollectiveError(f"{op}: {self.backend.ccl} cannot do {gap.op or op} on {dtype} ({gap.source}); use another dtype")
-            record_downgrade(Downgrade("ccl", f"{op} on {self.backend.ccl}/{dtype}", self.backend.ccl, "host gloo", gap.source))
-            return True
-        return False
+        if gap.handling == "refuse":
+            raise CollectiveError(f"{op}: {backend.ccl} cannot do {gap.op or op} on {dtype} ({gap.source}); use another dtype")
+        record_downgrade(Downgrade("ccl", f"{op} on {backend.ccl}/{dtype}", backend.ccl, "host gloo (staged copy)", gap.source))
+        return True
 
     def _reduce_with(self, op: str, group: dist.ProcessGroup | None) -> str:
         """The reduce op the CCL runs: ``op`` itself, or sum for an avg it lacks (divided after)."""
@@ -430,6 +430,15 @@ class Communicator:
     def _done(self, result: Any, async_op: bool) -> Any:
         """Bridge calls complete before they return; async callers still get a Handle."""
         return Handle([], lambda: result, self.timeout, "bridge") if async_op else result
+
+
+def find_gap(backend: Backend, op: str, dtype: torch.dtype, reduce_op: str | None = None) -> CclGap | None:
+    """The backend's declared CCL gap that covers this call, if any (capability data, no vendor checks)."""
+    name = str(dtype).replace("torch.", "")
+    for gap in backend.ccl_gaps:
+        if gap.dtype in (None, name) and gap.op in (None, op, reduce_op):
+            return gap
+    return None
 
 
 def _pad_dim0(tensor: torch.Tensor, rows: int) -> torch.Tensor:

@@ -131,3 +131,24 @@ def late_rank(rank: int, world: int, late: int, timeout_s: float, sleep_s: float
     start = time.monotonic()
     error = _error_of(lambda: comm.all_reduce(torch.ones(2), timeout=datetime.timedelta(seconds=timeout_s)))
     return {"error": error, "seconds": time.monotonic() - start}
+
+
+def declared_gaps(rank: int, world: int) -> dict[str, Any]:
+    """Declare CCL gaps on the cpu backend (capability data) and check both handlings really run."""
+    from backends.cpu import CpuBackend
+    from collectives import world_communicator
+    from hal.backend import CclGap
+    from hal.downgrades import fallback_policy, recorded_downgrades
+
+    CpuBackend.ccl_gaps = (
+        CclGap("float64", "all_reduce", "host", "test: pretend gloo lacks float64 sums"),
+        CclGap("int16", None, "refuse", "test: pretend gloo lacks int16"),
+    )
+    comm = world_communicator()
+    with fallback_policy("allow"):
+        staged = comm.all_reduce(torch.full((3,), float(rank + 1), dtype=torch.float64)).tolist()
+    refused = _error_of(lambda: comm.all_reduce(torch.ones(2, dtype=torch.int16)))
+    with fallback_policy("error"):
+        strict = _error_of(lambda: comm.all_reduce(torch.ones(2, dtype=torch.float64)))
+    return {"staged": staged, "refused": refused, "strict": strict,
+            "downgrades": [d.describe() for d in recorded_downgrades() if d.kind == "ccl"]}

@@ -56,3 +56,27 @@ def test_a_rank_that_never_arrives_times_out_everywhere() -> None:
         assert "not every rank arrived within 2 s" in values[rank]["error"]
         assert values[rank]["seconds"] < 4 * timeout_s
     assert values[2]["error"] != "no error"  # its peers left: it fails too, it does not hang
+
+
+def test_declared_ccl_gaps_are_staged_or_refused_visibly() -> None:
+    world = 2
+    values = _ok(run_world(CASES, "declared_gaps", world), world)
+    for rank, v in values.items():
+        assert v["staged"] == [3.0, 3.0, 3.0]
+        assert v["refused"].startswith("CollectiveError") and "cannot do all_reduce on int16" in v["refused"]
+        assert "FallbackRefused" in v["strict"] and "host gloo" in v["strict"]
+        assert any("all_reduce on gloo/float64" in d for d in v["downgrades"]), v["downgrades"]
+
+
+def test_gap_lookup_reads_capability_data() -> None:
+    import torch
+
+    from collectives.communicator import find_gap
+    from hal import get_backend
+
+    ascend, cuda = get_backend("ascend"), get_backend("cuda")
+    assert find_gap(ascend, "all_reduce", torch.float64, "sum").handling == "host"
+    assert find_gap(ascend, "all_reduce", torch.bfloat16, "product") is not None
+    assert find_gap(ascend, "all_reduce", torch.bfloat16, "sum") is None
+    assert find_gap(ascend, "all_gather", torch.float64) is None  # data movement needs no arithmetic
+    assert find_gap(cuda, "all_reduce", torch.float64, "sum") is None
