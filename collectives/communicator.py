@@ -34,9 +34,14 @@ _TORCH_OPS = {
 
 
 class Handle:
-    """The result of an ``async_op=True`` call: ``wait()`` returns what the sync call returns."""
+    """The result of an ``async_op=True`` call: ``wait()`` returns what the sync call returns.
 
-    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], timeout: datetime.timedelta, what: str) -> None:
+    Without an explicit timeout, ``wait`` keeps the CCL's own semantics (on NCCL: the current
+    stream waits for the collective, the host does not); the group's timeout and the CCL's
+    watchdog still bound it. An explicit per-call timeout makes the host wait, bounded by it.
+    """
+
+    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], timeout: datetime.timedelta | None, what: str) -> None:
         self._works = list(works)
         self._finish = finish
         self._timeout = timeout
@@ -49,10 +54,11 @@ class Handle:
             limit = timeout or self._timeout
             for work in self._works:
                 try:
-                    work.wait(timeout=limit)
+                    work.wait() if limit is None else work.wait(timeout=limit)
                 except RuntimeError as exc:
+                    shown = f"within {limit.total_seconds():g} s" if limit else "before the group timeout"
                     raise CollectiveTimeout(
-                        f"{self._what}: did not complete within {limit.total_seconds():g} s ({str(exc).splitlines()[0][:200]}); "
+                        f"{self._what}: did not complete {shown} ({str(exc).splitlines()[0][:200]}); "
                         "a peer crashed, hung or skipped this call"
                     ) from None
             self._result = self._finish()
@@ -196,7 +202,7 @@ class Communicator:
         raise CollectiveError(f"{runs_on.ccl} has no {op} reduction; use one of {', '.join(sorted(runs_on.ccl_reduce_ops))}")
 
     def _run(self, works: Sequence[Any], finish: Callable[[], Any], async_op: bool, what: str, timeout: datetime.timedelta | None) -> Any:
-        handle = Handle(works, finish, timeout or self.timeout, what)
+        handle = Handle(works, finish, timeout, what)
         return handle if async_op else handle.wait()
 
     def _group_for(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> tuple[dist.ProcessGroup | None, torch.Tensor]:
@@ -429,7 +435,7 @@ class Communicator:
 
     def _done(self, result: Any, async_op: bool) -> Any:
         """Bridge calls complete before they return; async callers still get a Handle."""
-        return Handle([], lambda: result, self.timeout, "bridge") if async_op else result
+        return Handle([], lambda: result, None, "bridge") if async_op else result
 
 
 def find_gap(backend: Backend, op: str, dtype: torch.dtype, reduce_op: str | None = None) -> CclGap | None:

@@ -16,7 +16,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.i
 N = 6  # elements per rank (divisible by 2 and 3; reduce_scatter pads to the world below)
 
 
-def value(rank: int, n: int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+def host_value(rank: int, n: int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
     """Small integers 1..3: sums ≤ 12 and products ≤ 81 stay exact in bf16."""
     return ((torch.arange(n) + rank + offset) % 3 + 1).to(dtype)
 
@@ -34,14 +34,20 @@ def op_matrix(rank: int, world: int, dtypes: tuple[str, ...] = tuple(DTYPES)) ->
     from collectives import P2P, world_communicator
 
     comm = world_communicator()
+    dev = comm.device
     results: list[tuple[str, bool, str]] = []
 
     def case(name: str, got: Any, expected: Any) -> None:
+        """Compare on the host; every result must also live on this rank's device."""
         if isinstance(expected, list):
-            ok = isinstance(got, list) and len(got) == len(expected) and all(torch.equal(g, e) for g, e in zip(got, expected))
+            ok = isinstance(got, list) and len(got) == len(expected) and all(
+                g.device == dev and torch.equal(g.cpu(), e.cpu()) for g, e in zip(got, expected))
         else:
-            ok = isinstance(got, torch.Tensor) and got.dtype == expected.dtype and torch.equal(got, expected)
+            ok = isinstance(got, torch.Tensor) and got.device == dev and got.dtype == expected.dtype and torch.equal(got.cpu(), expected.cpu())
         results.append((name, ok, "" if ok else f"got {got} expected {expected}"))
+
+    def value(rank: int, n: int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        return host_value(rank, n, dtype, offset).to(dev)
 
     for dname in dtypes:
         dt = DTYPES[dname]
@@ -74,14 +80,14 @@ def op_matrix(rank: int, world: int, dtypes: tuple[str, ...] = tuple(DTYPES)) ->
         if rank == src:
             case(f"{dname} gather", gathered, everyone)
         chunks = [value(r, N, dt, 13) for r in range(world)] if rank == 0 else None
-        case(f"{dname} scatter", comm.scatter(torch.zeros(N, dtype=dt), chunks, src=0), value(rank, N, dt, 13))
+        case(f"{dname} scatter", comm.scatter(torch.zeros(N, dtype=dt, device=dev), chunks, src=0), value(rank, N, dt, 13))
         right, left = (rank + 1) % world, (rank - 1) % world
-        got = comm.batch_p2p([P2P("send", value(rank, N, dt, 17), right), P2P("recv", torch.zeros(N, dtype=dt), left)])
+        got = comm.batch_p2p([P2P("send", value(rank, N, dt, 17), right), P2P("recv", torch.zeros(N, dtype=dt, device=dev), left)])
         case(f"{dname} batch_p2p ring", got, [value(left, N, dt, 17)])
         if rank == 0:
             comm.send(value(0, N, dt, 19), dst=1)
         elif rank == 1:
-            case(f"{dname} send/recv", comm.recv(torch.zeros(N, dtype=dt), src=0), [value(0, N, dt, 19)])
+            case(f"{dname} send/recv", comm.recv(torch.zeros(N, dtype=dt, device=dev), src=0), [value(0, N, dt, 19)])
         handle = comm.all_reduce(value(rank, N, dt), "sum", async_op=True)
         case(f"{dname} async all_reduce", handle.wait(), _reduce(everyone, "sum"))
     comm.barrier()
@@ -101,23 +107,25 @@ def bad_inputs(rank: int, world: int) -> dict[str, str]:
     from collectives import P2P, world_communicator
 
     comm = world_communicator()
-    ok = torch.ones(4)
+    dev = comm.device
+    ones = lambda *shape, dtype=torch.float32: torch.ones(*shape, dtype=dtype, device=dev)  # noqa: E731
+    ok = ones(4)
     errors = {
-        "shape": _error_of(lambda: comm.all_reduce(torch.ones(4 if rank else 5))),
-        "dtype": _error_of(lambda: comm.all_reduce(torch.ones(4, dtype=torch.float64 if rank == 1 else torch.float32))),
+        "shape": _error_of(lambda: comm.all_reduce(ones(4 if rank else 5))),
+        "dtype": _error_of(lambda: comm.all_reduce(ones(4, dtype=torch.float64 if rank == 1 else torch.float32))),
         "device": _error_of(lambda: comm.all_reduce(torch.empty(4, device="meta") if rank == 1 else ok.clone())),
         "op order": _error_of(lambda: comm.broadcast(ok.clone(), src=0) if rank == 0 else comm.all_reduce(ok.clone())),
         "reduce op": _error_of(lambda: comm.all_reduce(ok.clone(), "max" if rank == 2 else "sum")),
-        "indivisible": _error_of(lambda: comm.reduce_scatter(torch.ones(world + 1))),
-        "int avg": _error_of(lambda: comm.all_reduce(torch.ones(4, dtype=torch.int64), "avg")),
-        "trailing": _error_of(lambda: comm.all_gather(torch.ones(2, 3 if rank else 4))),
+        "indivisible": _error_of(lambda: comm.reduce_scatter(ones(world + 1))),
+        "int avg": _error_of(lambda: comm.all_reduce(ones(4, dtype=torch.int64), "avg")),
+        "trailing": _error_of(lambda: comm.all_gather(ones(2, 3 if rank else 4))),
     }
     if rank in (0, 1):
         peer = 1 - rank
         kind = "send" if rank == 0 else "recv"
-        errors["p2p shape"] = _error_of(lambda: comm.batch_p2p([P2P(kind, torch.ones(3 if rank == 0 else 4), peer)]))
+        errors["p2p shape"] = _error_of(lambda: comm.batch_p2p([P2P(kind, ones(3 if rank == 0 else 4), peer)]))
     # The group is still usable after every refused call.
-    errors["after"] = str(comm.all_reduce(torch.ones(2)).tolist())
+    errors["after"] = str(comm.all_reduce(ones(2)).tolist())
     return errors
 
 
@@ -129,7 +137,7 @@ def late_rank(rank: int, world: int, late: int, timeout_s: float, sleep_s: float
     if rank == late:
         time.sleep(sleep_s)
     start = time.monotonic()
-    error = _error_of(lambda: comm.all_reduce(torch.ones(2), timeout=datetime.timedelta(seconds=timeout_s)))
+    error = _error_of(lambda: comm.all_reduce(torch.ones(2, device=comm.device), timeout=datetime.timedelta(seconds=timeout_s)))
     return {"error": error, "seconds": time.monotonic() - start}
 
 

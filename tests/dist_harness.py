@@ -18,11 +18,12 @@ from typing import Any, Sequence
 
 
 def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Sequence[int] | None,
-           timeout_s: float, kwargs: dict[str, Any], results: Any) -> None:
+           timeout_s: float, kwargs: dict[str, Any], results: Any, backend: str = "cpu") -> None:
     try:
         from collectives import init_distributed
 
-        init_distributed("cpu", init_method=f"file://{store}", rank=rank, world_size=world,
+        os.environ["LOCAL_RANK"] = str(rank)  # one device per rank, as torchrun would set it
+        init_distributed(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                          timeout=datetime.timedelta(seconds=timeout_s), islands=islands)
         value = getattr(importlib.import_module(module), fn)(rank, world, **kwargs)
         results.put((rank, "ok", value))
@@ -35,14 +36,14 @@ def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Seq
 
 
 def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, islands: Sequence[int] | None = None,
-              collective_timeout_s: float = 30, **kwargs: Any) -> dict[int, tuple]:
+              collective_timeout_s: float = 30, backend: str = "cpu", **kwargs: Any) -> dict[int, tuple]:
     """``module.fn(rank, world, **kwargs)`` on ``world`` processes; {rank: ("ok", value) | ("error", msg, tb)}."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         procs = [
-            ctx.Process(target=_child, args=(module, fn, r, world, store, islands, collective_timeout_s, kwargs, results))
+            ctx.Process(target=_child, args=(module, fn, r, world, store, islands, collective_timeout_s, kwargs, results, backend))
             for r in range(world)
         ]
         for p in procs:
