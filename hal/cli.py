@@ -1,4 +1,5 @@
-"""The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``.
+"""The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``, ``hal launch``,
+``hal bench collectives``.
 
 Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
 scripts and people get the same short, fixable message and never a traceback.
@@ -220,12 +221,36 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- hal launch ----------------------------------------------------------------------------------------
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from collectives.launch import launch_main
+
+    return launch_main(
+        args.nproc, args.script, list(args.script_args), backend=args.backend, config=args.config,
+        print_multinode=args.print_multinode,
+    )
+
+
+# --- hal bench collectives -----------------------------------------------------------------------------
+
+
+def cmd_bench_collectives(args: argparse.Namespace) -> int:
+    from collectives.bench import bench_main
+
+    return bench_main(
+        backend=args.backend, world_size=args.world_size, sizes=args.sizes, dtypes=args.dtype, ops=args.ops,
+        iters=args.iters, warmup=args.warmup, as_json=args.json,
+    )
+
+
 # --- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
-    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
@@ -256,6 +281,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="the Python script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "launch",
+        help="run SCRIPT as N local ranks (torchrun) with each rank pinned to its device",
+        description="Run SCRIPT as N local ranks under torchrun; collectives.init_distributed() in the script picks "
+        "the backend and the rank's device. Arguments after SCRIPT go to it. Multi-node: see --print-multinode.",
+    )
+    p.add_argument("--nproc", type=int, required=True, help="number of local ranks (one per device on accelerators)")
+    p.add_argument("--backend", help="backend every rank runs (overrides HAL_BACKEND and the config file)")
+    p.add_argument("--config", help="YAML config file (backend, devices, precision, fallback)")
+    p.add_argument("--print-multinode", type=int, metavar="NODES",
+                   help="print the plain torchrun command for each of NODES nodes (to stderr) and start nothing")
+    p.add_argument("script", help="the Python script every rank runs")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("bench", help="benchmarks: 'hal bench collectives'")
+    bench = p.add_subparsers(dest="bench", metavar="{collectives}", parser_class=_Parser)
+    bench.required = True
+    p = bench.add_parser(
+        "collectives",
+        help="collective latency and bandwidth, hal's API against raw torch.distributed, with correctness checks",
+        description="Spawn N ranks and time every op x dtype x size (nccl-tests columns) through hal's Communicator "
+        "(validation off) and through raw torch.distributed on the same group; every result is checked exactly.",
+    )
+    p.add_argument("--backend", help="backend to benchmark (default: the configured or auto-selected one)")
+    p.add_argument("--world-size", type=int, help="ranks to spawn (default: every device; 2 on cpu)")
+    p.add_argument("--sizes", help="MIN..MAX bytes, doubling (e.g. 8B..1GiB; K/M/G are powers of 1024), or one size")
+    p.add_argument("--dtype", help="comma-separated dtypes (default float32)")
+    p.add_argument("--ops", help="comma-separated ops (default all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce)")
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations before each measurement (default 5)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    p.set_defaults(func=cmd_bench_collectives)
     return parser
 
 

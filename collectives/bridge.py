@@ -1,0 +1,518 @@
+"""The bridge: collectives over a group that spans islands of different backends.
+
+A group whose ranks run different backends (CUDA + Ascend on a cluster; CUDA + CPU on one GPU
+machine; CPU islands declared for tests) has no single CCL that every rank can join. The bridge
+makes it look like any other group, behind the same ``Communicator`` methods:
+
+* ``all_reduce`` / ``reduce_scatter`` / ``all_gather`` are hierarchical: the native CCL works
+  inside each island (``island.group``), the island leaders exchange over the host CCL
+  (``layout.leaders_group``, gloo), and each leader broadcasts the result back into its island.
+  Only one copy of the data per island crosses the slow host path.
+* point-to-point across islands goes over the host group, staged through pinned host memory,
+  chunked and double-buffered (see ``_Pipeline``); inside an island it stays native.
+* ``all_to_all``, ``broadcast``, ``reduce``, ``gather``, ``scatter`` copy to the host, run the
+  gloo op over ``layout.host_group`` and copy back: correct and simple; they are rarely hot.
+
+Every call is synchronous: the data is in place when it returns. Results equal the flat
+(single-island) path bitwise for integer dtypes and for max/min/product of exactly representable
+values. Float sums add in a different order (island first, then across islands), so a float
+``sum``/``avg`` may differ from the flat path in the last bits; integer-valued floats are exact.
+Every rank of the group gets the same bits, whatever its device (``avg`` divides once, on the host).
+
+Knobs (read once per communicator; every rank must agree, and the bridge checks that):
+``HAL_BRIDGE_CHUNK_BYTES`` — size of one staged chunk on the wire (default 4 MiB);
+``HAL_BRIDGE_STAGE`` — ``auto`` (stage device tensors only) or ``always`` (stage host tensors
+too, through ordinary host buffers: runs the device code path on a CPU-only machine).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hal.backend import Backend
+from hal.backend_registry import get_backend
+from hal.downgrades import Downgrade, record_downgrade
+
+from .validation import CollectiveError, CollectiveTimeout, all_gather_single
+
+if TYPE_CHECKING:
+    from .communicator import P2P, Communicator
+    from .process_groups import Island
+
+CHUNK_ENV = "HAL_BRIDGE_CHUNK_BYTES"
+STAGE_ENV = "HAL_BRIDGE_STAGE"
+DEFAULT_CHUNK_BYTES = 4 << 20
+STAGE_MODES = ("auto", "always")
+
+_DIST_OPS = {
+    "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+    "product": dist.ReduceOp.PRODUCT,
+}  # fmt: skip
+
+
+def _wait(works: Sequence[Any], timeout: datetime.timedelta, what: str) -> None:
+    """Wait for every work item, turning a timeout or peer failure into one clear error."""
+    for work in works:
+        try:
+            work.wait(timeout=timeout)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise CollectiveTimeout(
+                f"bridge {what}: failed or did not complete within {timeout.total_seconds():g} s ({first}); "
+                "a peer crashed, hung or skipped this call — check the other ranks' logs"
+            ) from None
+
+
+def _chunk_bytes_from_env() -> int:
+    text = os.environ.get(CHUNK_ENV, "").strip()
+    if not text:
+        return DEFAULT_CHUNK_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 64:
+        raise CollectiveError(f"{CHUNK_ENV}={text!r}: give the chunk size in bytes, at least 64 (e.g. {DEFAULT_CHUNK_BYTES})")
+    return value
+
+
+def _stage_mode_from_env() -> str:
+    mode = os.environ.get(STAGE_ENV, "auto").strip() or "auto"
+    if mode not in STAGE_MODES:
+        raise CollectiveError(f"{STAGE_ENV}={mode!r}: use one of {', '.join(STAGE_MODES)}")
+    return mode
+
+
+# --- the chunked, double-buffered pipeline --------------------------------------------------------
+@dataclass
+class _Lane:
+    """One tensor moving through the pipeline.
+
+    ``reads``: the wire op reads each chunk (send, all-reduce); ``writes``: it writes each chunk
+    (recv, all-reduce). ``post`` starts the wire op on one host chunk and returns its work.
+    """
+
+    flat: torch.Tensor  # 1-D contiguous view of this rank's tensor, on its device
+    reads: bool
+    writes: bool
+    post: Callable[[torch.Tensor, int], Any]  # (host chunk, chunk index) -> work
+    after: Callable[[torch.Tensor], None] | None = None  # applied to each host chunk once its wire op is done
+    slots: list[torch.Tensor] = field(default_factory=list)  # two host staging buffers (bytes)
+    staged: list[Any] = field(default_factory=lambda: [None, None])  # event: chunk copied into slot
+    drained: list[Any] = field(default_factory=lambda: [None, None])  # event: slot copied back out
+
+    def chunks(self, elems: int) -> int:
+        return -(-self.flat.numel() // elems)
+
+    def span(self, k: int, elems: int) -> tuple[int, int]:
+        start = k * elems
+        return start, min(start + elems, self.flat.numel())
+
+
+class _Pipeline:
+    """Moves lanes chunk by chunk over the wire, overlapping device↔host copies with the network.
+
+    Two chunks of a lane are on the wire at once, so the network never waits for the host
+    between chunks. Without staging (host tensors) they go straight from and into the tensor.
+    With staging every lane has two host slots (double buffering): chunk k travels from slot
+    k%2; when chunk k-1 is done, its slot is refilled with chunk k+1 (device→host, one side
+    stream) or drained into the tensor (host→device, another) while chunk k is still on the
+    wire. Chunk k of every lane is posted in round k on every rank before chunk k-1 is awaited,
+    so matched sends and receives always meet and the rounds cannot deadlock.
+    """
+
+    def __init__(self, backend: Backend, stage: bool, chunk_bytes: int, pool: list[torch.Tensor], streams: list[Any]) -> None:
+        self.backend = backend
+        self.stage = stage
+        self.chunk_bytes = chunk_bytes
+        self.pool = pool  # host staging buffers kept across calls (pinning is expensive)
+        self.streams = streams  # the two copy streams, made once per bridge
+
+    def run(self, lanes: Sequence[_Lane], timeout: datetime.timedelta, what: str) -> None:
+        lanes = [lane for lane in lanes if lane.flat.numel()]
+        if not lanes:
+            return
+        if self.stage:
+            self._prepare_staging(lanes)
+        previous: list[tuple[_Lane, int, Any]] = []
+        for k in range(max(self._chunks(lane) for lane in lanes)):
+            current = [(lane, k, self._post(lane, k)) for lane in lanes if k < self._chunks(lane)]
+            self._retire(previous, timeout, what)  # chunk k-1 finishes while chunk k is on the wire
+            previous = current
+        self._retire(previous, timeout, what)
+        if self.stage:
+            for lane in lanes:
+                for event in lane.drained:
+                    if event is not None:
+                        event.synchronize()
+
+    def _elems(self, lane: _Lane) -> int:
+        return max(1, self.chunk_bytes // lane.flat.element_size())
+
+    def _chunks(self, lane: _Lane) -> int:
+        return lane.chunks(self._elems(lane))
+
+    def _host_chunk(self, lane: _Lane, k: int) -> torch.Tensor:
+        """Where chunk k is on the host: its slot, or the tensor itself when nothing is staged."""
+        if self.stage:
+            return self._slot_view(lane, k)
+        start, stop = lane.span(k, self._elems(lane))
+        return lane.flat[start:stop]
+
+    def _post(self, lane: _Lane, k: int) -> Any:
+        """Put chunk k on the wire: from the tensor itself, or from its slot once that is ready."""
+        if not self.stage:
+            return lane.post(self._host_chunk(lane, k), k)
+        s = k % 2
+        if lane.reads:
+            lane.staged[s].synchronize()  # chunk k has reached host memory
+        elif lane.drained[s] is not None:
+            lane.drained[s].synchronize()  # chunk k-2 has left this slot
+        return lane.post(self._host_chunk(lane, k), k)
+
+    def _retire(self, posted: Sequence[tuple[_Lane, int, Any]], timeout: datetime.timedelta, what: str) -> None:
+        """Wait for chunk j of each lane, then drain its slot and refill it with chunk j+2."""
+        _wait([work for _, _, work in posted], timeout, what)
+        for lane, j, _ in posted:
+            if lane.after is not None:
+                lane.after(self._host_chunk(lane, j))
+        if not self.stage:
+            return
+        d2h, h2d = self.streams
+        for lane, j, _ in posted:
+            if lane.writes:
+                self._stage_in(lane, j, h2d)
+            if lane.reads and j + 2 < self._chunks(lane):
+                self._stage_out(lane, j + 2, d2h)
+
+    def _prepare_staging(self, lanes: Sequence[_Lane]) -> None:
+        be = self.backend
+        if not self.streams:
+            self.streams.extend([be.Stream(), be.Stream()])
+        ready = be.Event()  # the tensors' producers (current stream) finish before the side streams touch them
+        ready.record(be.current_stream())
+        for stream in self.streams:
+            ready.wait(stream)
+        self._assign_slots(lanes)
+        for lane in lanes:
+            for k in range(min(2, self._chunks(lane)) if lane.reads else 0):
+                self._stage_out(lane, k, self.streams[0])
+
+    def _assign_slots(self, lanes: Sequence[_Lane]) -> None:
+        needed = 2 * len(lanes)
+        while len(self.pool) < needed:
+            self.pool.append(self._new_slot())
+        for i, lane in enumerate(lanes):
+            lane.slots = self.pool[2 * i : 2 * i + 2]
+
+    def _new_slot(self) -> torch.Tensor:
+        buf = torch.empty(self.chunk_bytes, dtype=torch.uint8)
+        # Page-locked memory lets device copies run asynchronously; the host backend has no device.
+        return buf if self.backend.device_type == "cpu" else buf.pin_memory()
+
+    def _slot_view(self, lane: _Lane, k: int) -> torch.Tensor:
+        start, stop = lane.span(k, self._elems(lane))
+        size = (stop - start) * lane.flat.element_size()
+        return lane.slots[k % 2][:size].view(lane.flat.dtype)
+
+    def _stage_out(self, lane: _Lane, k: int, stream: Any) -> None:
+        """Device→host copy of chunk k into its slot, queued on ``stream``."""
+        s = k % 2
+        if lane.drained[s] is not None:
+            lane.drained[s].wait(stream)  # the slot's previous chunk must have been copied back first
+        start, stop = lane.span(k, self._elems(lane))
+        with self.backend.stream(stream):
+            self._slot_view(lane, k).copy_(lane.flat[start:stop], non_blocking=True)
+            event = self.backend.Event()
+            event.record(stream)
+        lane.staged[s] = event
+
+    def _stage_in(self, lane: _Lane, k: int, stream: Any) -> None:
+        """Host→device copy of chunk k out of its slot, queued on ``stream``."""
+        s = k % 2
+        start, stop = lane.span(k, self._elems(lane))
+        with self.backend.stream(stream):
+            lane.flat[start:stop].copy_(self._slot_view(lane, k), non_blocking=True)
+            event = self.backend.Event()
+            event.record(stream)
+        lane.drained[s] = event
+
+
+# --- the bridge ----------------------------------------------------------------------------------------
+class Bridge:
+    """Runs a Communicator's calls when its group spans several islands (see the module doc)."""
+
+    def __init__(self, comm: "Communicator") -> None:
+        self.comm = comm
+        self.layout = comm.layout
+        self.rank = comm.rank
+        self.backend = comm.backend
+        self.device = comm.device
+        self.island: "Island" = self.layout.island_of(self.rank)
+        self.is_leader = self.rank == self.island.leader
+        self.islands = tuple(sorted(self.layout.islands, key=lambda i: i.leader))  # leaders-group order
+        self.chunk_bytes = _chunk_bytes_from_env()
+        self.stage_mode = _stage_mode_from_env()
+        self._agree_on_settings()
+        self._pool: list[torch.Tensor] = []
+        self._streams: list[Any] = []
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self.comm.timeout
+
+    @property
+    def stages(self) -> bool:
+        """Whether this rank copies through host buffers (device tensors, or ``HAL_BRIDGE_STAGE=always``)."""
+        return self.device.type != "cpu" or self.stage_mode == "always"
+
+    def _agree_on_settings(self) -> None:
+        """Every rank must chunk alike, or sends and receives would not pair up: check it once."""
+        mine = torch.tensor([self.chunk_bytes], dtype=torch.int64)
+        seen = torch.empty(self.layout.size, dtype=torch.int64)
+        _wait([all_gather_single(seen, mine, group=self.layout.host_group, async_op=True)], self.timeout, "setup")
+        values = seen.tolist()
+        if len(set(values)) != 1:
+            where = "; ".join(f"rank {r}: {v}" for r, v in zip(self.layout.ranks, values))
+            raise CollectiveError(f"{CHUNK_ENV} differs between ranks ({where}); set the same value on every rank")
+
+    def _pipeline(self) -> _Pipeline:
+        return _Pipeline(self.backend, self.stages, self.chunk_bytes, self._pool, self._streams)
+
+    # --- all_reduce / reduce_scatter / all_gather: hierarchical -----------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """Reduce inside the island, across leaders, broadcast back; in place.
+
+        ``avg`` runs as ``sum`` at every level; the leaders divide by the group size on the host
+        before the broadcast back, so every rank gets the same bits (a device division may round
+        differently: CUDA divides by a scalar through its reciprocal). Float sums may differ from
+        the flat path in the last bits (addition order).
+        """
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        self._hierarchical_reduce(work, op)
+        if work is not tensor:
+            tensor.copy_(work)
+        return tensor
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """This rank's slice of the hierarchical all-reduce of a copy.
+
+        Uneven islands make the leaders' share of the result uneven too, so the leaders all-reduce
+        the whole tensor (same volume as one ring pass more) rather than run a reduce-scatter.
+        """
+        work = tensor.contiguous().clone()
+        self._hierarchical_reduce(work, op)
+        rows = work.shape[0] // self.layout.size
+        index = self.layout.ranks.index(self.rank)
+        return work[index * rows : (index + 1) * rows].clone()
+
+    def all_gather(self, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """Every rank's rows, concatenated in group-rank order (islands may interleave ranks)."""
+        ranks = self.layout.ranks
+        rows_of = dict(zip(ranks, sizes))
+        block = self._island_all_gather(tensor.contiguous(), [rows_of[r] for r in self.island.ranks])
+        out = tensor.new_empty((sum(sizes), *tensor.shape[1:]))
+        if self.is_leader:
+            pieces = self._leaders_exchange_blocks(block, rows_of)
+            self._fill(out, torch.cat([pieces[r] for r in ranks]))
+        self._island_broadcast(out)
+        return out
+
+    def _hierarchical_reduce(self, work: torch.Tensor, op: str) -> None:
+        """``op`` over the group into ``work`` on every rank (``avg``: sums, divided once on the host)."""
+        if work.numel() == 0:
+            return
+        self._island_reduce(work, "sum" if op == "avg" else op)
+        if self.is_leader:
+            self._leaders_all_reduce(work, op)
+        self._island_broadcast(work)
+
+    def _leaders_all_reduce(self, work: torch.Tensor, op: str) -> None:
+        group, dist_op, size = self.layout.leaders_group, _DIST_OPS["sum" if op == "avg" else op], self.layout.size
+
+        def post(chunk: torch.Tensor, k: int) -> Any:
+            return dist.all_reduce(chunk, op=dist_op, group=group, async_op=True)
+
+        def average(chunk: torch.Tensor) -> None:
+            chunk.div_(size)  # on the host, identically on every leader, as the flat gloo path does
+
+        lane = _Lane(work.view(-1), True, True, post, after=average if op == "avg" else None)
+        self._pipeline().run([lane], self.timeout, "all_reduce (leaders)")
+
+    def _leaders_exchange_blocks(self, block: torch.Tensor, rows_of: dict[int, int]) -> dict[int, torch.Tensor]:
+        """All-gather every island's block between leaders; returns each rank's rows (host)."""
+        block_rows = [sum(rows_of[r] for r in island.ranks) for island in self.islands]
+        longest = max(block_rows)
+        host = block.detach().cpu()
+        if host.shape[0] < longest:
+            host = torch.cat([host, host.new_zeros((longest - host.shape[0], *host.shape[1:]))])
+        gathered = [torch.empty_like(host) for _ in self.islands]
+        if longest:
+            work = dist.all_gather(gathered, host, group=self.layout.leaders_group, async_op=True)
+            _wait([work], self.timeout, "all_gather (leaders)")
+        pieces: dict[int, torch.Tensor] = {}
+        for island, got, n in zip(self.islands, gathered, block_rows):
+            split = list(got[:n].split([rows_of[r] for r in island.ranks]))
+            pieces.update(zip(island.ranks, split))
+        return pieces
+
+    # --- inside one island: the native CCL ---------------------------------------------------------
+    def _native(self, what: str, tensor: torch.Tensor, reduce_op: str | None = None) -> torch.Tensor:
+        """The tensor to hand the island's CCL: itself, or a host copy where the CCL has a gap."""
+        host_route = self.comm._gap(what, tensor, reduce_op)
+        if not host_route and reduce_op is not None and reduce_op not in get_backend(self.island.backend).ccl_reduce_ops:
+            record_downgrade(Downgrade("ccl", f"{what} {reduce_op} on {self.island.backend}", reduce_op, "host gloo",
+                                       f"{self.island.backend}'s CCL has no {reduce_op} reduction"))
+            host_route = True
+        return tensor.detach().cpu() if host_route and tensor.device.type != "cpu" else tensor
+
+    def _island_reduce(self, work: torch.Tensor, op: str) -> None:
+        if len(self.island.ranks) == 1:
+            return
+        buf = self._native("all_reduce", work, op)
+        task = dist.reduce(buf, dst=self.island.leader, op=_DIST_OPS[op], group=self.island.group, async_op=True)
+        _wait([task], self.timeout, "reduce (island)")
+        if buf is not work and self.is_leader:
+            work.copy_(buf)
+
+    def _island_broadcast(self, work: torch.Tensor) -> None:
+        if len(self.island.ranks) == 1 or work.numel() == 0:
+            return
+        buf = self._native("broadcast", work)
+        task = dist.broadcast(buf, src=self.island.leader, group=self.island.group, async_op=True)
+        _wait([task], self.timeout, "broadcast (island)")
+        if buf is not work:
+            work.copy_(buf)
+
+    def _island_all_gather(self, tensor: torch.Tensor, island_rows: list[int]) -> torch.Tensor:
+        """The island members' rows concatenated in island order (uneven rows padded on the wire)."""
+        if len(self.island.ranks) == 1:
+            return tensor
+        longest = max(island_rows)
+        if longest == 0:
+            return tensor
+        buf = self._native("all_gather", tensor)
+        if buf.shape[0] < longest:
+            buf = torch.cat([buf, buf.new_zeros((longest - buf.shape[0], *buf.shape[1:]))])
+        out = buf.new_empty((longest * len(island_rows), *buf.shape[1:]))
+        task = all_gather_single(out, buf.contiguous(), group=self.island.group, async_op=True)
+        _wait([task], self.timeout, "all_gather (island)")
+        return torch.cat([p[:n] for p, n in zip(out.split(longest), island_rows)])
+
+    # --- host-staged ops over the host group -------------------------------------------------------
+    def all_to_all(self, tensor: torch.Tensor, input_splits: Sequence[int] | None, output_splits: Sequence[int] | None) -> torch.Tensor:
+        host = self._to_host(tensor)
+        rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
+        out = host.new_empty((rows, *host.shape[1:]))
+        task = dist.all_to_all_single(
+            out, host, output_split_sizes=None if output_splits is None else list(output_splits),
+            input_split_sizes=None if input_splits is None else list(input_splits),
+            group=self.layout.host_group, async_op=True,
+        )
+        _wait([task], self.timeout, "all_to_all")
+        return out.to(tensor.device)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        host = self._to_host(tensor) if self.rank == src else self._host_like(tensor)
+        _wait([dist.broadcast(host, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "broadcast")
+        return self._fill(tensor, host)
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> torch.Tensor:
+        """Reduce onto ``dst``; the other ranks' tensors are left as they were."""
+        host = self._to_host(tensor).clone()
+        task = dist.reduce(host, dst=dst, op=_DIST_OPS["sum" if op == "avg" else op], group=self.layout.host_group, async_op=True)
+        _wait([task], self.timeout, "reduce")
+        if self.rank == dst:
+            if op == "avg":
+                host.div_(self.layout.size)
+            self._fill(tensor, host)
+        return tensor
+
+    def gather(self, tensor: torch.Tensor, dst: int) -> list[torch.Tensor] | None:
+        host = self._to_host(tensor)
+        out = [torch.empty_like(host) for _ in self.layout.ranks] if self.rank == dst else None
+        _wait([dist.gather(host, out, dst=dst, group=self.layout.host_group, async_op=True)], self.timeout, "gather")
+        return None if out is None else [o.to(tensor.device) for o in out]
+
+    def scatter(self, out: torch.Tensor, chunks: Sequence[torch.Tensor] | None, src: int) -> torch.Tensor:
+        host = self._host_like(out)
+        send = [self._to_host(c) for c in chunks] if self.rank == src and chunks is not None else None
+        _wait([dist.scatter(host, send, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "scatter")
+        return self._fill(out, host)
+
+    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu").contiguous()
+
+    def _host_like(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+
+    @staticmethod
+    def _fill(target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        if source is not target:
+            target.copy_(source)
+        return target
+
+    # --- point to point -------------------------------------------------------------------------
+    def batch_p2p(self, ops: Sequence["P2P"]) -> list[torch.Tensor]:
+        """Native inside the island; across islands chunked through (pinned) host memory.
+
+        Same-island operations are posted first (they do not block), then the cross-island lanes
+        run round by round. Received tensors come back in the order of the recv operations.
+        """
+        native = [p for p in ops if self.layout.island_of(p.peer) is self.island]
+        bridged = [p for p in ops if self.layout.island_of(p.peer) is not self.island]
+        native_bufs = [self._native(p.kind, p.tensor) for p in native]
+        works = self._post_native(native, native_bufs)
+        lanes, copy_backs = self._p2p_lanes(bridged)
+        self._pipeline().run(lanes, self.timeout, "send/recv")
+        _wait(works, self.timeout, "send/recv (island)")
+        for p, buf in zip(native, native_bufs):
+            if p.kind == "recv" and buf is not p.tensor:
+                p.tensor.copy_(buf)
+        for target, flat in copy_backs:
+            target.copy_(flat.view(target.shape))
+        return [p.tensor for p in ops if p.kind == "recv"]
+
+    def _post_native(self, ops: Sequence["P2P"], bufs: Sequence[torch.Tensor]) -> list[Any]:
+        if not ops:
+            return []
+        group = self.island.group
+        torch_ops = [
+            dist.P2POp(dist.isend if p.kind == "send" else dist.irecv, buf.contiguous() if p.kind == "send" else buf, p.peer, group=group)
+            for p, buf in zip(ops, bufs)
+        ]
+        return list(dist.batch_isend_irecv(torch_ops))
+
+    def _p2p_lanes(self, ops: Sequence["P2P"]) -> tuple[list[_Lane], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One lane per cross-island op, numbered among this rank's ops of that kind with that peer."""
+        lanes: list[_Lane] = []
+        copy_backs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        counts: dict[tuple[str, int], int] = {}
+        group = self.layout.host_group
+        for p in ops:
+            tag = counts.get((p.kind, p.peer), 0)
+            counts[(p.kind, p.peer)] = tag + 1
+            if p.kind == "send":
+                flat = p.tensor.detach().contiguous().view(-1)
+                post = _poster(dist.isend, p.peer, group, tag)
+            else:
+                flat = p.tensor.view(-1) if p.tensor.is_contiguous() else torch.empty(p.tensor.numel(), dtype=p.tensor.dtype, device=p.tensor.device)
+                if not p.tensor.is_contiguous():
+                    copy_backs.append((p.tensor, flat))
+                post = _poster(dist.irecv, p.peer, group, tag)
+            lanes.append(_Lane(flat, p.kind == "send", p.kind == "recv", post))
+        return lanes, copy_backs
+
+
+def _poster(fn: Callable[..., Any], peer: int, group: dist.ProcessGroup | None, index: int) -> Callable[[torch.Tensor, int], Any]:
+    """Chunks alternate between two tags per operation, so the two in flight can never be confused."""
+
+    def post(chunk: torch.Tensor, k: int) -> Any:
+        return fn(chunk, peer, group=group, tag=2 * index + k % 2)
+
+    return post

@@ -1,0 +1,52 @@
+"""A rank for ``hal launch`` tests: join the world with no arguments, all-reduce the rank, report.
+
+Prints one JSON line: rank, world size, backend, device, LOCAL_RANK and the sum of all ranks.
+``--fail-rank R`` makes rank R exit with status 3 before the collective (the others block in
+it until the launcher stops them); ``--sleep S`` sleeps after printing ``ready`` (for the
+Ctrl-C test). ``--marker M`` is only there to find these processes by command line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from collectives import init_distributed, shutdown, world_communicator
+
+
+def _say(record: dict[str, object]) -> None:
+    """One write per line: ranks share the launcher's stdout, and print() writes the newline apart."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--marker", default="")
+    args = parser.parse_args()
+    world = init_distributed()
+    if world.rank == args.fail_rank:
+        _say({"rank": world.rank, "failing": True})
+        return 3
+    if args.sleep:
+        _say({"rank": world.rank, "ready": True})
+        time.sleep(args.sleep)
+    comm = world_communicator()
+    value = torch.tensor([float(world.rank)], device=world.device)
+    comm.all_reduce(value)
+    _say({
+        "rank": world.rank, "world": world.size, "backend": world.backend.name, "device": str(world.device),
+        "local_rank": int(os.environ["LOCAL_RANK"]), "result": value.item(),
+    })
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

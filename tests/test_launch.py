@@ -1,0 +1,144 @@
+"""``hal launch``: real ranks through the real CLI, failures and Ctrl-C leave nothing behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from .conftest import REPO, has_cuda, run_hal
+
+PROBE = "tests/launch_probe.py"
+
+
+def _records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of live processes mentioning ``marker`` (a /proc scan; zombies have none)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _assert_none_left(marker: str) -> None:
+    deadline = time.monotonic() + 2  # torchrun reaps its ranks before it returns; allow the kernel a moment
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_with(marker), _processes_with(marker)
+
+
+def test_two_cpu_ranks_all_reduce_their_ranks() -> None:
+    result = run_hal("launch", "--nproc", "2", "--backend", "cpu", PROBE)
+    assert result.returncode == 0, result.stderr
+    records = sorted(_records(result.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in records] == [0, 1], result.stdout
+    for r in records:
+        assert r["world"] == 2 and r["result"] == 1.0 and r["backend"] == "cpu" and r["device"] == "cpu"
+        assert r["local_rank"] == r["rank"]
+    assert "torchrun --standalone --nproc-per-node=2 tests/launch_probe.py" in result.stderr
+
+
+def test_a_failing_rank_fails_the_launch_and_leaves_no_process() -> None:
+    marker = f"halprobe-{uuid.uuid4().hex}"
+    result = run_hal("launch", "--nproc", "2", "--backend", "cpu", PROBE, "--fail-rank", "1", "--marker", marker)
+    assert result.returncode == 3, result.stderr  # the failing rank's status, not the stopped one's
+    assert "rank 1 failed (exit status 3)" in result.stderr
+    _assert_none_left(marker)
+
+
+def test_ctrl_c_stops_every_rank() -> None:
+    marker = f"halprobe-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HAL_BACKEND", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hal", "launch", "--nproc", "2", "--backend", "cpu", PROBE, "--sleep", "60", "--marker", marker],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal, even under a runner that ignores it
+    )
+    try:
+        ready = 0
+        while ready < 2:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.stderr.read()  # type: ignore[union-attr]
+            ready += '"ready"' in line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped by SIGINT" in err
+    _assert_none_left(marker)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--nproc", "0", "--backend", "cpu", PROBE], "--nproc 0"),
+        (["--nproc", "2", "--backend", "cpu", "no_such_script.py"], "not found"),
+        (["--nproc", "2", "--backend", "nope", PROBE], "'nope' is not allowed"),
+        (["--nproc", "two", "--backend", "cpu", PROBE], "invalid int value"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], words: str) -> None:
+    result = run_hal("launch", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("hal: error:") and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(has_cuda(), reason="this machine has a GPU")
+def test_unavailable_backend_is_refused_before_starting_anything() -> None:
+    result = run_hal("launch", "--nproc", "2", "--backend", "cuda", PROBE)
+    assert result.returncode == 2 and "backend 'cuda' is not available" in result.stderr
+    assert result.stderr.count("\n") == 1 and "torchrun" not in result.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_more_ranks_than_gpus_is_refused() -> None:
+    from hal import get_backend
+
+    count = get_backend("cuda").device_count()
+    result = run_hal("launch", "--nproc", str(count + 1), "--backend", "cuda", PROBE)
+    assert result.returncode == 2 and f"has {count} visible device(s)" in result.stderr, result.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_cuda_ranks_are_pinned_to_their_gpu() -> None:
+    from hal import get_backend
+
+    n = min(2, get_backend("cuda").device_count())
+    result = run_hal("launch", "--nproc", str(n), "--backend", "cuda", PROBE)
+    assert result.returncode == 0, result.stderr
+    records = sorted(_records(result.stdout), key=lambda r: r["rank"])
+    assert [r["device"] for r in records] == [f"cuda:{i}" for i in range(n)]
+    assert all(r["result"] == sum(range(n)) for r in records)
+
+
+def test_print_multinode_prints_plain_torchrun_lines_and_starts_nothing() -> None:
+    result = run_hal("launch", "--nproc", "4", "--backend", "cpu", "--print-multinode", "2", PROBE, "--sleep", "1 2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and result.stdout == ""
+    for node, line in enumerate(lines):
+        assert line.startswith("HAL_BACKEND=cpu torchrun --nnodes=2 --nproc-per-node=4 ")
+        assert f"--node-rank={node}" in line and "--rdzv-endpoint=NODE0_HOST:29500" in line
+        assert line.endswith(f"{PROBE} --sleep '1 2'")
