@@ -94,6 +94,8 @@ class Communicator:
         self.validate = validate
         self.timeout = timeout or self.world.timeout
         self._seq = 0
+        self._gaps: dict[tuple[str, torch.dtype, str | None], CclGap | None] = {}
+        self._island_backend = get_backend(layout.island_of(self.rank).backend) if self.is_member else self.backend
         self._bridge: Any = None
         if layout.is_heterogeneous and self.is_member:
             from .bridge import Bridge
@@ -163,14 +165,14 @@ class Communicator:
             raise CollectiveError(f"{op}: avg of {str(tensor.dtype).replace('torch.', '')} tensors is not exact; use sum and divide, or a float dtype")
         self._seq += 1
         device_ok = tensor is None or self._on_my_device(tensor)
-        mine = CallSignature(
-            op, self._seq, None if tensor is None else tensor.dtype, () if tensor is None else tuple(tensor.shape),
-            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root,
-        )
         if not self.validate:
             if not device_ok:
                 raise CollectiveError(f"{op}: tensor is on {tensor.device}, this rank's device is {self.device}; move it with .to(device)")
             return None
+        mine = CallSignature(
+            op, self._seq, None if tensor is None else tensor.dtype, () if tensor is None else tuple(tensor.shape),
+            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root,
+        )
         signatures = exchange(mine, self.layout.host_group, self.ranks, timeout or self.timeout)
         check(signatures, self.ranks, self.device.type)
         return signatures
@@ -182,10 +184,13 @@ class Communicator:
 
     def _gap(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> bool:
         """True when the island's CCL cannot do this op/dtype and the call must go through the host."""
-        backend = get_backend(self.layout.island_of(self.rank).backend)
-        gap = find_gap(backend, op, tensor.dtype, reduce_op)
+        key = (op, tensor.dtype, reduce_op)
+        if key not in self._gaps:  # capability data is static: look each combination up once
+            self._gaps[key] = find_gap(self._island_backend, op, tensor.dtype, reduce_op)
+        gap = self._gaps[key]
         if gap is None:
             return False
+        backend = self._island_backend
         dtype = str(tensor.dtype).replace("torch.", "")
         if gap.handling == "refuse":
             raise CollectiveError(f"{op}: {backend.ccl} cannot do {gap.op or op} on {dtype} ({gap.source}); use another dtype")
@@ -194,7 +199,7 @@ class Communicator:
 
     def _reduce_with(self, op: str, group: dist.ProcessGroup | None) -> str:
         """The reduce op the CCL runs: ``op`` itself, or sum for an avg it lacks (divided after)."""
-        runs_on = get_backend("cpu") if group is self.layout.host_group else get_backend(self.layout.island_of(self.rank).backend)
+        runs_on = get_backend("cpu") if group is self.layout.host_group else self._island_backend
         if op in runs_on.ccl_reduce_ops:
             return op
         if op == "avg":
