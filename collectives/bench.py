@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -148,11 +149,12 @@ class BenchPlan:
     iters: int
     warmup: int
     stream_table: bool = False  # rank 0 prints table rows to stdout as they are measured
+    rounds: int = 5  # ours and raw measured alternately this many times; the median is reported
 
 
 def make_plan(
     *, backend: str | None, world_size: int | None, sizes: str | None, dtypes: str | None, ops: str | None,
-    iters: int, warmup: int, stream_table: bool = False,
+    iters: int, warmup: int, stream_table: bool = False, rounds: int = 5,
 ) -> BenchPlan:
     """Check every argument before any rank starts; one HalError line otherwise."""
     from hal.config import load_config
@@ -167,6 +169,8 @@ def make_plan(
         raise ConfigError(f"--world-size {n} but backend '{chosen.name}' has {count} device(s); use {count} or less (one rank per device)")
     if iters < 1 or warmup < 0:
         raise ConfigError(f"--iters {iters} / --warmup {warmup}: give at least 1 timed iteration and 0 or more warm-ups")
+    if rounds < 1:
+        raise ConfigError(f"--rounds {rounds}: give at least 1 round")
     size_list = parse_sizes(sizes or DEFAULT_SIZES.get(chosen.device_type, "8B..1GiB"))
     dtype_list = parse_choices(dtypes, list(DTYPES), "--dtype", ["float32"])
     op_list = parse_choices(ops, OPS, "--ops", OPS)
@@ -177,7 +181,7 @@ def make_plan(
                     f"--dtype {name}: a sum over {n} ranks cannot be checked exactly in {name} (exact integers only up to "
                     f"{exact_int_limit(DTYPES[name])}); use a wider dtype or fewer ranks"
                 )
-    return BenchPlan(chosen.name, n, tuple(size_list), tuple(dtype_list), tuple(op_list), iters, warmup, stream_table)
+    return BenchPlan(chosen.name, n, tuple(size_list), tuple(dtype_list), tuple(op_list), iters, warmup, stream_table, rounds)
 
 
 # --- sizes, inputs and the exact reference ------------------------------------------------------------
@@ -357,10 +361,16 @@ class _Rank:
         ours = ours_call(op, self.comm, inp)
         raw = raw_call(op, self.comm.native_group, inp, out)
         fill_input(inp, op, self.world.rank, self.world.size)
-        t_ours = self.time_us(ours)
+        # Alternate which side goes first, round by round, and keep the median of each side:
+        # one measurement of a large collective varies by several percent from run to run.
+        times: dict[str, list[float]] = {"ours": [], "raw": []}
+        for round_index in range(self.plan.rounds):
+            order = ("ours", "raw") if round_index % 2 == 0 else ("raw", "ours")
+            for side in order:
+                times[side].append(self.time_us(ours if side == "ours" else raw))
+        t_ours, t_raw = statistics.median(times["ours"]), statistics.median(times["raw"])
         wrong_ours = self.check(op, ours, inp, None)
         fill_input(inp, op, self.world.rank, self.world.size)
-        t_raw = self.time_us(raw)
         wrong_raw = self.check(op, raw, inp, out)
         stats = torch.tensor([t_ours, t_raw, wrong_ours, wrong_raw], dtype=torch.float64)
         dist.all_reduce(stats, group=self.comm.layout.host_group)
@@ -399,9 +409,9 @@ def _header(rank: _Rank) -> dict[str, Any]:
         "world_size": world.size, "devices": [f"rank {i}: {n}" for i, n in enumerate(names)],
         "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
         "ops": list(plan.ops), "dtypes": list(plan.dtypes), "sizes": list(plan.sizes),
-        "iters": plan.iters, "warmup": plan.warmup, "root": ROOT,
+        "iters": plan.iters, "warmup": plan.warmup, "rounds": plan.rounds, "root": ROOT,
         "ours": OURS, "raw": RAW, "validation": VALIDATION_NOTE,
-        "time": "average µs per call over iters, averaged over ranks; backend events after synchronize + barrier",
+        "time": "µs per call: mean over iters, median over rounds (ours and raw alternate), averaged over ranks; backend events after synchronize + barrier",
         "size_convention": "nccl-tests: larger of one rank's send/receive buffer; algbw = size/time (GB/s = 1e9 B/s)",
         "bus_factors": {op: BUS_FACTORS[op](world.size) for op in plan.ops}, "bus_factor_source": NCCL_TESTS_PERFORMANCE,
         "check": "exact, bitwise, every element, after timing; reduction inputs in 1..min(3, L//n), L = largest exact integer",
@@ -497,12 +507,12 @@ def _last_line(text: str) -> str:
 
 def bench_main(
     *, backend: str | None, world_size: int | None, sizes: str | None, dtypes: str | None, ops: str | None,
-    iters: int, warmup: int, as_json: bool,
+    iters: int, warmup: int, as_json: bool, rounds: int = 5,
 ) -> int:
     """The ``hal bench collectives`` command: 0 when every result is exact, 1 otherwise."""
     plan = make_plan(
         backend=backend, world_size=world_size, sizes=sizes, dtypes=dtypes, ops=ops, iters=iters, warmup=warmup,
-        stream_table=not as_json,
+        stream_table=not as_json, rounds=rounds,
     )
     started = time.monotonic()
     try:

@@ -241,7 +241,7 @@ def cmd_bench_collectives(args: argparse.Namespace) -> int:
 
     return bench_main(
         backend=args.backend, world_size=args.world_size, sizes=args.sizes, dtypes=args.dtype, ops=args.ops,
-        iters=args.iters, warmup=args.warmup, as_json=args.json,
+        iters=args.iters, warmup=args.warmup, as_json=args.json, rounds=args.rounds,
     )
 
 
@@ -313,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", help="comma-separated ops (default all_reduce,all_gather,reduce_scatter,all_to_all,broadcast,reduce)")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations before each measurement (default 5)")
+    p.add_argument("--rounds", type=int, default=5, help="ours and raw measured alternately this many times; medians reported (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     p.set_defaults(func=cmd_bench_collectives)
     return parser
