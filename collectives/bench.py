@@ -279,13 +279,13 @@ def bandwidths(op: str, size: int, seconds: float, world_size: int) -> tuple[flo
 # --- the two implementations ----------------------------------------------------------------------------
 
 
-def ours_call(op: str, comm: Any, inp: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """One call of ``op`` through hal's Communicator; returns this rank's result."""
+def ours_call(op: str, comm: Any, inp: torch.Tensor, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+    """One call of ``op`` through hal's Communicator (preallocated output, as raw); returns the result."""
     calls: dict[str, Callable[[], torch.Tensor]] = {
         "all_reduce": lambda: comm.all_reduce(inp),
-        "all_gather": lambda: comm.all_gather(inp),
-        "reduce_scatter": lambda: comm.reduce_scatter(inp),
-        "all_to_all": lambda: comm.all_to_all(inp),
+        "all_gather": lambda: comm.all_gather(inp, out=out),
+        "reduce_scatter": lambda: comm.reduce_scatter(inp, out=out),
+        "all_to_all": lambda: comm.all_to_all(inp, out=out),
         "broadcast": lambda: comm.broadcast(inp, src=ROOT),
         "reduce": lambda: comm.reduce(inp, dst=ROOT),
     }
@@ -358,7 +358,7 @@ class _Rank:
         device = self.world.device
         inp = torch.empty(shape.numel_in, dtype=dtype, device=device)
         out = torch.empty(shape.numel_out, dtype=dtype, device=device) if op in SPLIT else None
-        ours = ours_call(op, self.comm, inp)
+        ours = ours_call(op, self.comm, inp, out)
         raw = raw_call(op, self.comm.native_group, inp, out)
         fill_input(inp, op, self.world.rank, self.world.size)
         # Alternate which side goes first, round by round, and keep the median of each side:
@@ -369,7 +369,7 @@ class _Rank:
             for side in order:
                 times[side].append(self.time_us(ours if side == "ours" else raw))
         t_ours, t_raw = statistics.median(times["ours"]), statistics.median(times["raw"])
-        wrong_ours = self.check(op, ours, inp, None)
+        wrong_ours = self.check(op, ours, inp, out)
         fill_input(inp, op, self.world.rank, self.world.size)
         wrong_raw = self.check(op, raw, inp, out)
         stats = torch.tensor([t_ours, t_raw, wrong_ours, wrong_raw], dtype=torch.float64)

@@ -234,33 +234,40 @@ class Communicator:
         return self._run([work], finish, async_op, "all_reduce", timeout)
 
     def all_gather(
-        self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None, async_op: bool = False,
-        timeout: datetime.timedelta | None = None,
+        self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None, out: torch.Tensor | None = None,
+        async_op: bool = False, timeout: datetime.timedelta | None = None,
     ) -> Any:
         """Every rank's tensor concatenated along dim 0 (dim 0 may differ between ranks).
 
         With validation on, each rank's dim 0 is known from the check; with it off, pass
-        ``sizes`` for uneven inputs (equal sizes are assumed otherwise).
+        ``sizes`` for uneven inputs (equal sizes are assumed otherwise). ``out`` (optional)
+        receives the result, so hot loops need not allocate.
         """
-        return self._all_gather(tensor, sizes, async_op, timeout)[0]
+        return self._all_gather(tensor, sizes, async_op, timeout, out)[0]
 
     def _all_gather(
-        self, tensor: torch.Tensor, sizes: Sequence[int] | None, async_op: bool, timeout: datetime.timedelta | None
+        self, tensor: torch.Tensor, sizes: Sequence[int] | None, async_op: bool, timeout: datetime.timedelta | None,
+        out: torch.Tensor | None = None,
     ) -> tuple[Any, list[int]]:
         signatures = self._begin("all_gather", tensor, timeout=timeout)
         known = self._dim0_sizes(tensor, signatures, sizes)
+        if out is not None:
+            _check_out("all_gather", out, (sum(known), *tensor.shape[1:]), tensor)
         if self._bridge is not None:
-            return self._done(self._bridge.all_gather(tensor, known), async_op), known
+            return self._done(_into(out, self._bridge.all_gather(tensor, known)), async_op), known
         group, buf = self._group_for("all_gather", tensor, None)
         longest = max(known)
+        even = longest * self.size == sum(known)
         padded = buf if buf.shape[0] == longest else _pad_dim0(buf, longest)
-        out = padded.new_empty((longest * self.size, *buf.shape[1:]))
-        work = all_gather_single(out, padded.contiguous(), group=group, async_op=True)
+        direct = out is not None and even and buf is tensor and out.is_contiguous()
+        gathered = out if direct else padded.new_empty((longest * self.size, *buf.shape[1:]))
+        work = all_gather_single(gathered, padded.contiguous(), group=group, async_op=True)
 
         def finish() -> torch.Tensor:
-            even = longest * self.size == sum(known)
-            result = out if even else torch.cat([p[:n] for p, n in zip(out.split(longest), known)])
-            return result.to(tensor.device) if buf is not tensor else result
+            if direct:
+                return gathered
+            result = gathered if even else torch.cat([p[:n] for p, n in zip(gathered.split(longest), known)])
+            return _into(out, result.to(tensor.device) if buf is not tensor else result)
 
         return self._run([work], finish, async_op, "all_gather", timeout), known
 
@@ -269,22 +276,29 @@ class Communicator:
         gathered, known = self._all_gather(tensor, sizes, False, timeout)
         return list(gathered.split(known))
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
-        """Reduce across ranks, then return this rank's equal slice of dim 0."""
+    def reduce_scatter(
+        self, tensor: torch.Tensor, op: str = "sum", *, out: torch.Tensor | None = None, async_op: bool = False,
+        timeout: datetime.timedelta | None = None,
+    ) -> Any:
+        """Reduce across ranks, then return this rank's equal slice of dim 0 (into ``out`` if given)."""
         self._begin("reduce_scatter", tensor, reduce_op=op, timeout=timeout)
         if tensor.shape[0] % self.size:
             raise CollectiveError(f"reduce_scatter: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pad it")
+        shape = (tensor.shape[0] // self.size, *tensor.shape[1:])
+        if out is not None:
+            _check_out("reduce_scatter", out, shape, tensor)
         if self._bridge is not None:
-            return self._done(self._bridge.reduce_scatter(tensor, op), async_op)
+            return self._done(_into(out, self._bridge.reduce_scatter(tensor, op)), async_op)
         group, buf = self._group_for("reduce_scatter", tensor, op)
         native = self._reduce_with(op, group)
-        out = buf.new_empty((buf.shape[0] // self.size, *buf.shape[1:]))
-        work = reduce_scatter_single(out, buf.contiguous(), op=_TORCH_OPS[native], group=group, async_op=True)
+        direct = out is not None and buf is tensor and out.is_contiguous()
+        scattered = out if direct else buf.new_empty(shape)
+        work = reduce_scatter_single(scattered, buf.contiguous(), op=_TORCH_OPS[native], group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if native != op:
-                out.div_(self.size)
-            return out.to(tensor.device) if buf is not tensor else out
+                scattered.div_(self.size)
+            return scattered if direct else _into(out, scattered.to(tensor.device))
 
         return self._run([work], finish, async_op, "reduce_scatter", timeout)
 
@@ -294,6 +308,7 @@ class Communicator:
         input_splits: Sequence[int] | None = None,
         output_splits: Sequence[int] | None = None,
         *,
+        out: torch.Tensor | None = None,
         async_op: bool = False,
         timeout: datetime.timedelta | None = None,
     ) -> Any:
@@ -306,16 +321,23 @@ class Communicator:
                 raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes summing to dim 0 ({tensor.shape[0]})")
             if output_splits is None:
                 output_splits = self._exchange_splits(list(input_splits))
-        if self._bridge is not None:
-            return self._done(self._bridge.all_to_all(tensor, input_splits, output_splits), async_op)
-        group, buf = self._group_for("all_to_all", tensor, None)
         rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
-        out = buf.new_empty((rows, *buf.shape[1:]))
+        if out is not None:
+            _check_out("all_to_all", out, (rows, *tensor.shape[1:]), tensor)
+        if self._bridge is not None:
+            return self._done(_into(out, self._bridge.all_to_all(tensor, input_splits, output_splits)), async_op)
+        group, buf = self._group_for("all_to_all", tensor, None)
+        direct = out is not None and buf is tensor and out.is_contiguous()
+        received = out if direct else buf.new_empty((rows, *buf.shape[1:]))
         work = dist.all_to_all_single(
-            out, buf.contiguous(), output_split_sizes=None if output_splits is None else list(output_splits),
+            received, buf.contiguous(), output_split_sizes=None if output_splits is None else list(output_splits),
             input_split_sizes=None if input_splits is None else list(input_splits), group=group, async_op=True,
         )
-        return self._run([work], lambda: out.to(tensor.device) if buf is not tensor else out, async_op, "all_to_all", timeout)
+
+        def finish() -> torch.Tensor:
+            return received if direct else _into(out, received.to(tensor.device))
+
+        return self._run([work], finish, async_op, "all_to_all", timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
         """Copy ``src``'s tensor into every rank's ``tensor``; returns it."""
@@ -450,6 +472,21 @@ def find_gap(backend: Backend, op: str, dtype: torch.dtype, reduce_op: str | Non
         if gap.dtype in (None, name) and gap.op in (None, op, reduce_op):
             return gap
     return None
+
+
+def _check_out(op: str, out: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype or out.device != like.device:
+        raise CollectiveError(
+            f"{op}: out is {tuple(out.shape)} {out.dtype} on {out.device}; it must be {tuple(shape)} {like.dtype} on {like.device}"
+        )
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """Copy ``result`` into the caller's ``out`` when one was given."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
 
 
 def _pad_dim0(tensor: torch.Tensor, rows: int) -> torch.Tensor:

@@ -88,6 +88,16 @@ def op_matrix(rank: int, world: int, dtypes: tuple[str, ...] = tuple(DTYPES)) ->
             comm.send(value(0, N, dt, 19), dst=1)
         elif rank == 1:
             case(f"{dname} send/recv", comm.recv(torch.zeros(N, dtype=dt, device=dev), src=0), [value(0, N, dt, 19)])
+        into = torch.zeros(world * N, dtype=dt, device=dev)
+        gathered_into = comm.all_gather(value(rank, N, dt), out=into)
+        case(f"{dname} all_gather out=", gathered_into, torch.cat(everyone))
+        results.append((f"{dname} all_gather out= is out", gathered_into.data_ptr() == into.data_ptr(), ""))
+        slot = torch.zeros(2, dtype=dt, device=dev)
+        case(f"{dname} reduce_scatter out=", comm.reduce_scatter(rows[rank].clone(), "sum", out=slot),
+             _reduce(rows, "sum").view(world, 2)[rank])
+        inbox = torch.zeros(2 * world, dtype=dt, device=dev)
+        case(f"{dname} all_to_all out=", comm.all_to_all(blocks[rank].clone(), out=inbox),
+             torch.cat([blocks[r].view(world, 2)[rank] for r in range(world)]))
         handle = comm.all_reduce(value(rank, N, dt), "sum", async_op=True)
         case(f"{dname} async all_reduce", handle.wait(), _reduce(everyone, "sum"))
     comm.barrier()
@@ -119,6 +129,7 @@ def bad_inputs(rank: int, world: int) -> dict[str, str]:
         "indivisible": _error_of(lambda: comm.reduce_scatter(ones(world + 1))),
         "int avg": _error_of(lambda: comm.all_reduce(ones(4, dtype=torch.int64), "avg")),
         "trailing": _error_of(lambda: comm.all_gather(ones(2, 3 if rank else 4))),
+        "out shape": _error_of(lambda: comm.all_gather(ones(2), out=ones(2 * world + 1))),
     }
     if rank in (0, 1):
         peer = 1 - rank

@@ -37,6 +37,7 @@ def test_bad_input_gives_the_same_clear_error_on_every_rank() -> None:
         "indivisible": "not divisible by the group size 3",
         "int avg": "avg of int64 tensors is not exact",
         "trailing": "shapes differ beyond dim 0",
+        "out shape": "all_gather: out is (7,)",
         "p2p shape": "send/recv shape mismatch: rank 0 sends (3,), rank 1 receives into (4,)",
     }
     for scenario, words in expected.items():
