@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -136,6 +137,9 @@ def reduce_levels(dtype: torch.dtype, world_size: int) -> int:
     """k: reduction inputs are 1..k, so any partial sum over ``world_size`` ranks stays ≤ L (exact)."""
     return min(3, exact_int_limit(dtype) // world_size)
 
+
+MIN_MEASURE_US = 25_000.0  # one timed loop lasts at least this long (more iterations for fast calls)
+MAX_ITERS = 2_000
 
 @dataclass(frozen=True)
 class BenchPlan:
@@ -328,19 +332,33 @@ class _Rank:
     def backend(self) -> Any:
         return self.world.backend
 
-    def time_us(self, call: Callable[[], torch.Tensor]) -> float:
+    def time_us(self, call: Callable[[], torch.Tensor], iters: int | None = None) -> float:
         """Average µs per call over ``iters`` after ``warmup``: device idle and ranks aligned before timing."""
+        iters = iters or self.plan.iters
         for _ in range(self.plan.warmup):
             call()
         self.backend.synchronize()
         self.comm.barrier()
         start, end = self.backend.Event(enable_timing=True), self.backend.Event(enable_timing=True)
         start.record()
-        for _ in range(self.plan.iters):
+        for _ in range(iters):
             call()
         end.record()
         self.backend.synchronize()
-        return float(start.elapsed_time(end)) * 1e3 / self.plan.iters
+        return float(start.elapsed_time(end)) * 1e3 / iters
+
+    def iterations_for(self, call: Callable[[], torch.Tensor]) -> int:
+        """``--iters`` or more, so one measurement lasts ≥ MIN_MEASURE_US (short ones are mostly jitter).
+
+        Every rank must loop the same number of times: the largest choice across ranks wins.
+        """
+        import torch.distributed as dist
+
+        probe = self.time_us(call)
+        wanted = max(self.plan.iters, min(MAX_ITERS, math.ceil(MIN_MEASURE_US / max(probe, 1e-3))))
+        agreed = torch.tensor([wanted], dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.comm.layout.host_group)
+        return int(agreed.item())
 
     def check(self, op: str, call: Callable[[], torch.Tensor], inp: torch.Tensor, out: torch.Tensor | None) -> int:
         """Run ``op`` once on fresh inputs (zeroed receive buffer) and count wrong elements here."""
@@ -364,10 +382,11 @@ class _Rank:
         # Alternate which side goes first, round by round, and keep the median of each side:
         # one measurement of a large collective varies by several percent from run to run.
         times: dict[str, list[float]] = {"ours": [], "raw": []}
+        iters = self.iterations_for(raw)
         for round_index in range(self.plan.rounds):
             order = ("ours", "raw") if round_index % 2 == 0 else ("raw", "ours")
             for side in order:
-                times[side].append(self.time_us(ours if side == "ours" else raw))
+                times[side].append(self.time_us(ours if side == "ours" else raw, iters))
         t_ours, t_raw = statistics.median(times["ours"]), statistics.median(times["raw"])
         wrong_ours = self.check(op, ours, inp, out)
         fill_input(inp, op, self.world.rank, self.world.size)
@@ -411,7 +430,7 @@ def _header(rank: _Rank) -> dict[str, Any]:
         "ops": list(plan.ops), "dtypes": list(plan.dtypes), "sizes": list(plan.sizes),
         "iters": plan.iters, "warmup": plan.warmup, "rounds": plan.rounds, "root": ROOT,
         "ours": OURS, "raw": RAW, "validation": VALIDATION_NOTE,
-        "time": "µs per call: mean over iters, median over rounds (ours and raw alternate), averaged over ranks; backend events after synchronize + barrier",
+        "time": "µs per call: mean over max(iters, enough for 25 ms), median over rounds (ours and raw alternate), averaged over ranks; backend events after synchronize + barrier",
         "size_convention": "nccl-tests: larger of one rank's send/receive buffer; algbw = size/time (GB/s = 1e9 B/s)",
         "bus_factors": {op: BUS_FACTORS[op](world.size) for op in plan.ops}, "bus_factor_source": NCCL_TESTS_PERFORMANCE,
         "check": "exact, bitwise, every element, after timing; reduction inputs in 1..min(3, L//n), L = largest exact integer",
