@@ -100,6 +100,16 @@ def op_matrix(rank: int, world: int, dtypes: tuple[str, ...] = tuple(DTYPES)) ->
              torch.cat([blocks[r].view(world, 2)[rank] for r in range(world)]))
         handle = comm.all_reduce(value(rank, N, dt), "sum", async_op=True)
         case(f"{dname} async all_reduce", handle.wait(), _reduce(everyone, "sum"))
+    # A sub-group: every rank creates it (torch's rule); only members may call it.
+    members = [0, world - 1]
+    sub = comm.subgroup(members)
+    if rank in members:
+        case("subgroup all_reduce", sub.all_reduce(value(rank, N, torch.int64)),
+             _reduce([value(r, N, torch.int64) for r in members], "sum"))
+        case("subgroup all_gather", sub.all_gather(value(rank, 2, torch.int64)), torch.cat([value(r, 2, torch.int64) for r in members]))
+    else:
+        refused = _error_of(lambda: sub.all_reduce(value(rank, N, torch.int64)))
+        results.append(("subgroup refuses non-members", "is not in this group" in refused, refused))
     comm.barrier()
     return results
 
