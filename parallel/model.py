@@ -1,0 +1,307 @@
+"""The Llama-style decoder made of parallel layers, built one pipeline stage at a time.
+
+    stage = build_stage(config, range(0, 3), first=True, last=False, tp_comm=tp, sp=True, seed=0)
+    hidden = stage(ids)                 # first stage: token ids (B, S) → hidden
+    loss = last_stage(hidden, labels)   # last stage: hidden → mean cross-entropy
+
+Parameter names are global and independent of the split: ``embed.weight``,
+``layers.<i>.attn_norm.weight``, ``layers.<i>.attn.qkv.weight``, ``layers.<i>.attn.out.weight``,
+``layers.<i>.mlp_norm.weight``, ``layers.<i>.mlp.gate_up.weight``, ``layers.<i>.mlp.down.weight``,
+``norm.weight``, ``head.weight`` (untied only; with tied embeddings the last stage holds its own
+``embed.weight`` and uses it as the head).
+
+Initialisation: every parameter's FULL tensor is drawn on the host from a CPU generator seeded by
+sha256(seed, name), then this rank keeps its TP shard. The weights therefore depend only on
+(seed, name) — never on the pipeline split, the TP degree or the device — so a single-process
+model and any split start identical, which the equivalence tests rely on. The cost is one full
+parameter in host memory at a time during construction.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+
+import torch
+from torch import nn
+
+from hal import ops
+from hal.errors import ConfigError
+
+from .layers import (
+    ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
+    vocab_parallel_cross_entropy,
+)
+from .model_config import ModelConfig
+from .tp_comm import TPComm, tp_size
+
+# --- deterministic initialisation ---------------------------------------------------------------
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed from (seed, parameter name): stable across processes and versions."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def full_init(name: str, shape: tuple[int, ...], init: str, std: float, seed: int) -> torch.Tensor:
+    """The full (unsharded) fp32 initial value of parameter ``name`` on the host."""
+    if init == "ones":
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed(param_seed(seed, name))
+    return torch.randn(shape, generator=generator) * std
+
+
+@torch.no_grad()
+def init_stage(stage: nn.Module, seed: int, tp_comm: TPComm) -> None:
+    """Fill every parameter with its shard of ``full_init(name, ...)``."""
+    for name, param in stage.named_parameters():
+        meta = param_meta(param)
+        if meta is None:
+            raise TypeError(f"parameter {name} has no ParamMeta; build it with a parallel layer")
+        full = full_init(name, meta.full_shape, meta.init, meta.std, seed)
+        param.copy_(local_shard(full, meta, tp_comm))
+
+
+# --- rotary embeddings --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (seq, head_dim) for positions 0..seq-1, in the rotate-half layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+# --- the decoder ----------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: fused QKV column-parallel over heads, output row-parallel.
+
+    Each TP rank owns num_heads/tp query heads and num_kv_heads/tp kv heads, so attention itself
+    needs no communication; under SP the QKV projection gathers the full sequence first.
+    """
+
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool) -> None:
+        super().__init__()
+        tp, hd = tp_size(tp_comm), config.head_dim
+        self.heads, self.kv_heads, self.head_dim, self.theta = config.num_heads // tp, config.num_kv_heads // tp, hd, config.rope_theta
+        q, kv = config.num_heads * hd, config.num_kv_heads * hd
+        self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv))
+        self.out = RowParallelLinear(q, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)  # (B, S, (h + 2 kv) * hd) with the full sequence
+        b, s, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype)
+        q, k = ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)
+        o = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: fused gate|up column-parallel (each rank holds [gate_t, up_t]), down row-parallel."""
+
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool) -> None:
+        super().__init__()
+        f = config.ffn_hidden_size
+        self.gate_up = ColumnParallelLinear(config.hidden_size, 2 * f, tp_comm=tp_comm, sequence_parallel=sp, parts=(f, f))
+        self.down = RowParallelLinear(f, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(ops.swiglu(self.gate_up(x)))
+
+
+class DecoderLayer(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(x)); the residual stream is seq-sharded under SP."""
+
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
+        self.attn = Attention(config, tp_comm, sp)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
+        self.mlp = MLP(config, tp_comm, sp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def _out_std(config: ModelConfig) -> float:
+    """Residual-branch outputs scaled by 1/sqrt(2·layers) (GPT-2/Megatron) so depth doesn't grow the stream."""
+    return 0.02 / math.sqrt(2 * config.num_layers)
+
+
+class Stage(nn.Module):
+    """One pipeline stage: its decoder layers, plus the embedding (first) and norm/head/loss (last).
+
+    ``forward(x, labels=None)``: x is token ids (B, S) on the first stage, else the hidden state
+    (B, S, H) — (B, S/tp, H), this rank's contiguous seq chunk, under SP. Returns the hidden
+    state in the same layout, or on the last stage the cross-entropy against ``labels`` (B, S)
+    (full sequence, every TP rank; ``-100`` is ignored), identical on every TP rank: the mean over
+    this micro-batch's tokens, or their sum over ``token_count`` — pass the global micro-batch's
+    token count when DP splits it, then SUM weight gradients over DP replicas (``parallel.reshard``).
+    """
+
+    def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool) -> None:
+        super().__init__()
+        self.config, self.layer_range, self.first, self.last = config, layer_range, first, last
+        self.tp_comm, self.sp = tp_comm, sp
+        self.tied = config.tie_embeddings
+        if first or (last and self.tied):
+            self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp) for i in layer_range})
+        if last:
+            self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
+            if not self.tied:
+                self.head = ColumnParallelLinear(config.hidden_size, config.vocab_size, tp_comm=tp_comm, sequence_parallel=sp)
+
+    @property
+    def head_weight(self) -> nn.Parameter:
+        """The LM head's (V/tp, H) weight: the embedding's when tied."""
+        return self.embed.weight if self.tied else self.head.weight
+
+    @property
+    def needs_tied_grad_sync(self) -> bool:
+        """True when this stage holds one of two copies of a tied embedding (see ``sync_tied_embedding_grads``)."""
+        return self.tied and self.first != self.last
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, *, token_count: int | None = None) -> torch.Tensor:
+        h = self.embed(x) if self.first else x
+        for layer in self.layers.values():
+            h = layer(h)
+        if not self.last:
+            return h
+        if labels is None:
+            raise ValueError("the last stage needs labels (B, S) to compute the loss")
+        logits = ops.linear(parallel_input(self.norm(h), self.tp_comm, self.sp), self.head_weight)
+        return vocab_parallel_cross_entropy(logits, labels, self.tp_comm, token_count=token_count)
+
+
+def check_tp(config: ModelConfig, tp: int) -> None:
+    """Every TP-split size must divide evenly (the plan checks this too; this guards direct use)."""
+    for what, value in (("num_heads", config.num_heads), ("num_kv_heads", config.num_kv_heads),
+                        ("hidden_size", config.hidden_size), ("ffn_hidden_size", config.ffn_hidden_size),
+                        ("vocab_size", config.vocab_size)):
+        if value % tp:
+            raise ConfigError(f"model.{what} {value} is not divisible by tp {tp}; choose a tp that divides it")
+
+
+def build_stage(config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
+                seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Stage:
+    """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
+
+    ``tp_comm``: the stage's TP group (None or size 1: plain layers, no collectives). ``sp``:
+    Megatron sequence parallelism (a no-op at tp=1). Weights are made in fp32 on the host, then
+    moved to ``device``/``dtype``.
+    """
+    if not (0 <= layer_range.start <= layer_range.stop <= config.num_layers) or layer_range.step != 1:
+        raise ConfigError(f"layer range {layer_range} is not a contiguous part of the model's {config.num_layers} layers")
+    check_tp(config, tp_size(tp_comm))
+    stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp)
+    init_stage(stage, seed, tp_comm)
+    return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage
+
+
+def full_model(config: ModelConfig, seed: int) -> Stage:
+    """The whole model in one process (tp=1): the single-device reference."""
+    return build_stage(config, range(config.num_layers), first=True, last=True, tp_comm=None, sp=False, seed=seed)
+
+
+# --- full-shape views of a sharded stage ----------------------------------------------------------------
+
+
+def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    comm, out = stage.tp_comm, {}
+    params = dict(stage.named_parameters())
+    for name, local in tensors.items():
+        meta = param_meta(params[name])
+        if meta is None or meta.spec is None or tp_size(comm) == 1:
+            out[name] = local.detach().clone()
+            continue
+        dim = meta.spec.dim
+        gathered = comm.all_gather(local.detach().movedim(dim, 0).contiguous())  # type: ignore[union-attr]
+        out[name] = meta.spec.unshard([s.movedim(0, dim) for s in gathered.chunk(comm.size, dim=0)])  # type: ignore[union-attr]
+    return out
+
+
+def gather_full_grads(stage: Stage) -> dict[str, torch.Tensor]:
+    """{name: gradient in the full parameter's shape}; collective over the stage's TP group.
+
+    Every TP rank must call it (same parameters have gradients on every TP rank).
+    """
+    return _gather_full(stage, {n: p.grad for n, p in stage.named_parameters() if p.grad is not None})
+
+
+def gather_full_params(stage: Stage) -> dict[str, torch.Tensor]:
+    """{name: full parameter}; collective over the stage's TP group (checkpoints, comparisons)."""
+    return _gather_full(stage, {n: p for n, p in stage.named_parameters()})
+
+
+# --- tied embeddings across pipeline stages --------------------------------------------------------
+
+
+def sync_tied_embedding_grads(stage: Stage, comm: TPComm) -> None:
+    """Sum the tied embedding's gradient between the first stage (lookup) and the last (head).
+
+    With tied embeddings on different stages each holds a copy of ``embed.weight`` (same init)
+    and sees only its own use's gradient; the true gradient is the sum. Call this after backward
+    and after each stage's data-parallel gradient reduction, before the optimizer step, on every
+    rank of ``comm``; both copies then get the same update and stay equal. ``comm`` spans ranks of
+    the first and the last stage:
+
+    - Megatron's embedding group (the cheap path): two ranks, one per stage, holding the same
+      vocab rows — e.g. first-stage TP rank t and last-stage TP rank t when both stages have the
+      same TP degree. One all-reduce of the (V/tp, H) shard.
+    - Any other mix (different TP degrees, DP replicas on either side): every rank of both stages
+      that must end with the summed gradient. Each side's ranks must cover the whole vocabulary;
+      a rank contributes its rows divided by how many ranks of its side hold them (DP replicas
+      hold equal, already-reduced gradients), into one all-reduce of a full (V, H) buffer.
+
+    A stage that is both first and last holds one shared parameter, and ``None`` or a size-1 comm
+    means no partner: nothing to do. The rows each member holds are exchanged first (three
+    integers per rank) so a wrong group is a clear error, not a silently wrong gradient.
+    """
+    if not stage.needs_tied_grad_sync or comm is None or comm.size == 1:
+        return
+    weight = stage.embed.weight
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    start, end = stage.embed.vocab_start, stage.embed.vocab_end
+    mine = torch.tensor([[start, end, int(stage.first)]], dtype=torch.int64, device=weight.device)
+    members = [tuple(row) for row in comm.all_gather(mine).tolist()]
+    sides = {flag: [(s, e) for s, e, f in members if f == flag] for flag in (1, 0)}
+    if not sides[1] or not sides[0]:
+        raise ValueError(f"the tied-embedding group {list(comm.ranks)} must hold ranks of both the first and the last stage")
+    if len(members) == 2 and sides[1] == sides[0]:
+        comm.all_reduce(weight.grad)
+        return
+    vocab = stage.config.vocab_size
+    holders = torch.zeros(vocab, dtype=weight.grad.dtype, device=weight.device)
+    for s, e in sides[int(stage.first)]:
+        holders[s:e] += 1
+    for flag, ranges in sides.items():
+        covered = torch.zeros(vocab, dtype=torch.bool)
+        for s, e in ranges:
+            covered[s:e] = True
+        if not bool(covered.all()):
+            side = "first" if flag else "last"
+            raise ValueError(f"the tied-embedding group {list(comm.ranks)}: its {side}-stage ranks do not cover the whole vocabulary; "
+                             "pass every TP rank of both stages, or two ranks holding the same shard")
+    full = weight.grad.new_zeros((vocab, weight.shape[1]))
+    full[start:end] = weight.grad / holders[start:end].unsqueeze(-1)
+    comm.all_reduce(full)
+    weight.grad.copy_(full[start:end])
+
+
+__all__ = [
+    "Attention", "DecoderLayer", "MLP", "Stage", "build_stage", "check_tp", "full_init", "full_model",
+    "gather_full_grads", "gather_full_params", "init_stage", "param_seed", "rope_tables", "sync_tied_embedding_grads",
+]
