@@ -1,5 +1,5 @@
 """The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``, ``hal launch``,
-``hal bench collectives``.
+``hal bench collectives``, ``hal plan``.
 
 Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
 scripts and people get the same short, fixable message and never a traceback.
@@ -245,12 +245,21 @@ def cmd_bench_collectives(args: argparse.Namespace) -> int:
     )
 
 
+# --- hal plan ------------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from parallel.plan_report import plan_main  # lazily: hal never imports parallel at import time
+
+    return plan_main(args.config, as_json=args.json)
+
+
 # --- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
-    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench,plan}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
@@ -316,6 +325,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=5, help="ours and raw measured alternately this many times; medians reported (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     p.set_defaults(func=cmd_bench_collectives)
+
+    p = sub.add_parser(
+        "plan",
+        help="check a parallel plan against its model and backends and show the topology (starts nothing)",
+        description="Validate the model, parallel and train sections of CONFIG (layers, tp/dp/sp divisibility, "
+        "micro-batching, backends and their device counts) and print the stage table and every rank's "
+        "(stage, dp, tp) coordinate. Nothing is started.",
+    )
+    p.add_argument("--config", required=True, help="YAML config with model:, parallel: and train: sections")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plan)
     return parser
 
 

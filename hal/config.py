@@ -5,6 +5,11 @@ environment (``HAL_BACKEND``, ``HAL_PRECISION``, ``HAL_FALLBACK``) < CLI flags. 
 one ``ConfigError`` line naming where the value came from, the key, the value and what is
 allowed. YAML is read with ``yaml.safe_load`` only; duplicate keys are refused (safe_load would
 silently keep the last one).
+
+The same file may also carry the engine's sections ``model:``, ``parallel:`` and ``train:``
+(``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
+checks only that each is a mapping and keeps it as a plain dict: ``parallel/plan.py`` parses and
+validates them. The data flows config → plan; ``hal`` never imports ``parallel`` at import time.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from .errors import ConfigError
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "fp8-mixed")
 ENV_VARS: dict[str, str] = {"backend": "HAL_BACKEND", "precision": "HAL_PRECISION", "fallback": "HAL_FALLBACK"}
 KEYS: tuple[str, ...] = ("backend", "devices", "precision", "fallback")
+SECTIONS: tuple[str, ...] = ("model", "parallel", "train")  # parsed by parallel/plan.py, not here
 MAX_CONFIG_BYTES = 1 << 20
 
 Devices = "str | tuple[int, ...]"  # "all" or explicit indices
@@ -34,6 +40,16 @@ class HalConfig:
     precision: str = "fp32"
     fallback: str = "warn"
     origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})
+    # The engine's sections as read from the file (None where the file has none).
+    model: Mapping[str, Any] | None = None
+    parallel: Mapping[str, Any] | None = None
+    train: Mapping[str, Any] | None = None
+
+    def section(self, name: str) -> Mapping[str, Any] | None:
+        """``model``, ``parallel`` or ``train`` as a plain mapping, or None when the file has none."""
+        if name not in SECTIONS:
+            raise KeyError(f"unknown config section {name!r}; use one of {', '.join(SECTIONS)}")
+        return getattr(self, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,13 +163,28 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping of keys (backend, devices, precision, fallback), got a {type(data).__name__}")
-    for key in data:
-        if not isinstance(key, str) or key not in KEYS:
-            hint = difflib.get_close_matches(str(key), KEYS, n=1)
+        raise ConfigError(
+            f"{origin}: the top level must be a mapping of keys ({_allowed(KEYS + SECTIONS)}), got a {type(data).__name__}"
+        )
+    allowed = KEYS + SECTIONS
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in allowed:
+            hint = difflib.get_close_matches(str(key), allowed, n=1)
             maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise ConfigError(f"{origin}: unknown key {key!r}{maybe}; allowed keys: {_allowed(KEYS)}")
+            raise ConfigError(f"{origin}: unknown key {key!r}{maybe}; allowed keys: {_allowed(allowed)}")
+        if key in SECTIONS:
+            _check_section(origin, key, value)
     return data
+
+
+def _check_section(origin: str, key: str, value: Any) -> None:
+    """A section must be a mapping with string keys; its contents are parallel/plan.py's business."""
+    if not isinstance(value, dict):
+        got = "nothing" if value is None else f"a {type(value).__name__}"
+        raise ConfigError(f"{origin}: section '{key}' must be a mapping of keys, got {got}; indent its keys under '{key}:'")
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{origin}: section '{key}' has a non-string key {bad[0]!r}; quote it or use a key name (see README, Configuration)")
 
 
 # --- putting the layers together ----------------------------------------------------------------------
@@ -170,7 +201,10 @@ def load_config(
     config = HalConfig()
     layers: list[tuple[str, Mapping[str, Any]]] = []
     if path is not None:
-        layers.append((str(path), read_config_file(path)))
+        data = read_config_file(path)
+        sections = {key: dict(data.pop(key)) for key in SECTIONS if key in data}
+        config = replace(config, **sections, origins={**config.origins, **{key: str(path) for key in sections}})
+        layers.append((str(path), data))
     env_layer = {key: env[var] for key, var in ENV_VARS.items() if env.get(var)}
     for key, value in env_layer.items():
         layers.append((f"environment {ENV_VARS[key]}", {key: value}))

@@ -1,0 +1,219 @@
+"""The pipeline engine: one rank's share of a training step under GPipe or 1F1B.
+
+Each rank runs its stage's module on the micro-batches its (stage, dp) coordinate owns.
+Activations cross stage boundaries through ``parallel.reshard`` (slice intersection, batched P2P,
+the collectives bridge between islands); gradients return the same way. The schedules follow
+Megatron's non-interleaved structure: warm-up forwards, a steady 1F1B phase whose sends and
+receives are posted together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so
+blocking P2P cannot deadlock), and cool-down backwards. GPipe is the same code with every forward
+in the warm-up.
+
+Loss convention (``parallel.reshard`` explains why): a micro-batch's loss is its token sum over the
+token count of the whole micro-batch, divided by the number of micro-batches; weight gradients are
+then SUMMED over a stage's dp replicas (bucketed all-reduce), so every split computes the gradient of
+the same global loss.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from collectives import Communicator
+
+from .model import Stage, build_stage
+from .model_config import ModelConfig
+from .plan import ParallelPlan
+from .reshard import Boundary, Layout, p2p_ops
+from .topology import RankGroups, Topology
+
+SCHEDULES = ("gpipe", "1f1b")
+BUCKET_BYTES = 16 * 2**20
+
+
+@dataclass
+class _InFlight:
+    """A micro-batch whose forward ran here and whose backward is pending."""
+
+    inputs: torch.Tensor | None  # received activation (requires grad), None on the first stage
+    output: torch.Tensor  # the stage output (or the scaled loss on the last stage)
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent per category in one step on this rank (compute vs waiting on P2P)."""
+
+    compute: float = 0.0
+    p2p: float = 0.0
+    grad_sync: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class PipelineEngine:
+    """This rank's stage module and the schedule that drives it."""
+
+    def __init__(
+        self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
+        seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
+    ) -> None:
+        if plan.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        if model.tie_embeddings and topology.num_stages > 1:
+            raise NotImplementedError("tied embeddings across pipeline stages are not wired into the engine yet; set model.tie_embeddings: false")
+        self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
+        self.coord = groups.coord
+        self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
+        self.mesh = topology.stages[self.coord.stage]
+        self.first = self.coord.stage == 0
+        self.last = self.coord.stage == topology.num_stages - 1
+        self.device, self.dtype = device, dtype
+        self.seq = seq_len or model.max_seq_len
+        tp_comm = groups.tp if self.mesh.tp > 1 else None
+        self.module: Stage = build_stage(
+            model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
+            sp=self.mesh.sp, seed=seed, device=device, dtype=dtype,
+        )
+        layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
+        mbs = plan.micro_batch_size
+        k = self.coord.stage
+        self.recv_boundary = None if self.first else Boundary(layouts[k - 1], layouts[k], mbs, self.seq)
+        self.send_boundary = None if self.last else Boundary(layouts[k], layouts[k + 1], mbs, self.seq)
+        self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+
+    # --- data --------------------------------------------------------------------------------------
+    def _inputs(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
+        return tokens[m, self.rows, :-1].to(self.device)
+
+    def _labels(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
+        return tokens[m, self.rows, 1:].to(self.device)
+
+    # --- point to point -------------------------------------------------------------------------------
+    def _post(self, comm: Communicator | None, *posted: Any) -> list[Any]:
+        ops = [op for p in posted if p is not None for op in p.ops]
+        if ops:
+            assert comm is not None
+            comm.batch_p2p(ops)
+        return [None if p is None else p.finish() for p in posted]
+
+    def _recv_fwd_ops(self) -> Any:
+        b = self.recv_boundary
+        return None if b is None else p2p_ops(b.forward, self.rank, tail=(self.model_config.hidden_size,),
+                                               dtype=self.dtype, device=self.device)
+
+    def _send_fwd_ops(self, out: torch.Tensor) -> Any:
+        b = self.send_boundary
+        return None if b is None else p2p_ops(b.forward, self.rank, out)
+
+    def _recv_bwd_ops(self, like: torch.Tensor) -> Any:
+        b = self.send_boundary
+        if b is None:
+            return None
+        return p2p_ops(b.backward, self.rank, tail=tuple(like.shape[2:]), dtype=like.dtype,
+                       device=self.device, accumulate=b.accumulate_grads)
+
+    def _send_bwd_ops(self, grad: torch.Tensor | None) -> Any:
+        b = self.recv_boundary
+        return None if b is None or grad is None else p2p_ops(b.backward, self.rank, grad)
+
+    # --- one micro-batch ---------------------------------------------------------------------------------
+    def _forward(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
+        if self.first:
+            x: torch.Tensor | None = None
+            out = self.module(self._inputs(tokens, m), self._labels(tokens, m) if self.last else None,
+                              token_count=self._token_count())
+        else:
+            assert received is not None
+            x = received.requires_grad_(True)
+            out = self.module(x, self._labels(tokens, m) if self.last else None, token_count=self._token_count())
+        if self.last:
+            out = out / self.plan.micro_batches
+        return _InFlight(x, out)
+
+    def _token_count(self) -> int:
+        return self.plan.micro_batch_size * self.seq
+
+    def _backward(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+        if self.last:
+            item.output.backward()
+        else:
+            assert grad is not None
+            item.output.backward(grad)
+        return None if item.inputs is None else item.inputs.grad
+
+    # --- the schedule ---------------------------------------------------------------------------------------
+    def step(self, tokens: torch.Tensor) -> float | None:
+        """Forward and backward every micro-batch of ``tokens`` (M, micro_batch_size, S+1); sync gradients.
+
+        Returns the step's loss on last-stage ranks (the mean over all tokens), None elsewhere.
+        """
+        M, S = self.plan.micro_batches, self.topology.num_stages
+        warmup = M if self.plan.schedule == "gpipe" else min(S - self.coord.stage - 1, M)
+        steady = M - warmup
+        pending: list[_InFlight] = []
+        losses: list[torch.Tensor] = []
+        prev, nxt = self.groups.prev_boundary, self.groups.next_boundary
+        next_m = 0
+
+        def forward_one(received: torch.Tensor | None) -> _InFlight:
+            nonlocal next_m
+            item = self._forward(tokens, next_m, received)
+            next_m += 1
+            if self.last:
+                losses.append(item.output.detach())
+            pending.append(item)
+            return item
+
+        for _ in range(warmup):
+            (received,) = self._post(prev, self._recv_fwd_ops())
+            item = forward_one(received)
+            self._post(nxt, self._send_fwd_ops(item.output))
+        received = self._post(prev, self._recv_fwd_ops())[0] if steady else None
+        for i in range(steady):
+            item = forward_one(received)
+            send, recv = self._send_fwd_ops(item.output), self._recv_bwd_ops(item.output)
+            grad = self._post(nxt, send, recv)[1]
+            oldest = pending.pop(0)
+            input_grad = self._backward(oldest, grad)
+            if i == steady - 1:
+                self._post(prev, self._send_bwd_ops(input_grad))
+                received = None
+            else:
+                received = self._post(prev, self._send_bwd_ops(input_grad), self._recv_fwd_ops())[1]
+        while pending:
+            oldest = pending.pop(0)
+            (grad,) = self._post(nxt, self._recv_bwd_ops(oldest.output))
+            input_grad = self._backward(oldest, grad)
+            self._post(prev, self._send_bwd_ops(input_grad))
+        self._sync_dp_grads()
+        return self._step_loss(losses)
+
+    # --- after the schedule -----------------------------------------------------------------------------------
+    def _sync_dp_grads(self) -> None:
+        """SUM gradients over this stage's dp replicas, in buckets of flattened gradients."""
+        dp = self.groups.dp
+        if dp.size == 1:
+            return
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in params + [None]:  # type: ignore[list-item]
+            if p is not None:
+                bucket.append(p.grad)
+                size += p.grad.numel() * p.grad.element_size()
+            if bucket and (p is None or size >= BUCKET_BYTES):
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                dp.all_reduce(flat, "sum")
+                at = 0
+                for g in bucket:
+                    g.copy_(flat[at:at + g.numel()].view_as(g))
+                    at += g.numel()
+                bucket, size = [], 0
+
+    def _step_loss(self, losses: list[torch.Tensor]) -> float | None:
+        if not self.last:
+            return None
+        total = torch.stack(losses).sum().reshape(1).to(torch.float64)
+        if self.groups.dp.size > 1:
+            self.groups.dp.all_reduce(total, "sum")  # each replica's loss covers its rows only
+        return float(total.item())

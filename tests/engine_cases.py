@@ -1,0 +1,64 @@
+"""Per-rank bodies for the engine equivalence tests (run through tests.dist_harness)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from parallel.model_config import ModelConfig
+
+MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
+                    ffn_hidden_size=64, max_seq_len=8)
+
+
+def batch(seed: int, step: int, micro_batches: int, mbs: int, seq: int, vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    return torch.randint(0, vocab, (micro_batches, mbs, seq + 1), generator=g)
+
+
+def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
+    """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
+    from parallel.model import full_model
+    from parallel.plan import parse_plan
+
+    plan = parse_plan(plan_raw)
+    model = full_model(MODEL, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, grads = [], {}
+    for step in range(steps):
+        tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
+        x = tokens[..., :-1].reshape(-1, MODEL.max_seq_len)
+        y = tokens[..., 1:].reshape(-1, MODEL.max_seq_len)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "grads": grads}
+
+
+def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
+    """This rank's part of the same run through the pipeline engine."""
+    from collectives import current_world
+    from parallel.engine import PipelineEngine
+    from parallel.model import gather_full_grads
+    from parallel.plan import parse_plan
+    from parallel.topology import Topology, build_groups
+
+    plan = parse_plan(plan_raw)
+    topology = Topology.from_plan(plan)
+    groups = build_groups(topology, current_world())
+    engine = PipelineEngine(MODEL, plan, topology, groups, seed=seed, device=torch.device("cpu"))
+    opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
+    losses, grads = [], {}
+    for step in range(steps):
+        tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
+        opt.zero_grad()
+        loss = engine.step(tokens)
+        if step == 0:
+            grads = {n: g.tolist() for n, g in gather_full_grads(engine.module).items()}
+        opt.step()
+        losses.append(loss)
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads}

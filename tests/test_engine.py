@@ -1,0 +1,53 @@
+"""The heterogeneous pipeline engine equals a single-process run of the same model, seed and data."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .dist_harness import run_world
+from .engine_cases import reference
+
+PLANS = {
+    "a: 2 stages 3/1, tp2 -> dp2, 1f1b": {
+        "schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 2, "layers": 3, "tp": 2},
+                   {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]},
+    "b: 2 stages, dp2 -> tp2 sp, 1f1b": {
+        "schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                   {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2, "sp": True}]},
+    "c: 3 stages dp1/dp2/dp1, gpipe": {
+        "schedule": "gpipe", "micro_batches": 3, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 1, "layers": 1},
+                   {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                   {"backend": "cpu", "devices": 1, "layers": 1}]},
+    "d: 1 stage tp2 x dp2": {
+        "schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]},
+}
+STEPS, LR = 20, 3e-3
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_plan_matches_single_process(name: str) -> None:
+    plan = PLANS[name]
+    world = sum(s["devices"] for s in plan["stages"])
+    ref = reference(plan, STEPS, LR)
+    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR)
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    values = [outcome[1] for outcome in results.values()]
+    last = max(v["coord"][0] for v in values)
+    losses = [v["losses"] for v in values if v["coord"][0] == last]
+    for run in losses:
+        assert abs(run[0] - ref["losses"][0]) <= 1e-5 * abs(ref["losses"][0]), (run[0], ref["losses"][0])
+        for got, want in zip(run, ref["losses"]):
+            assert abs(got - want) <= 1e-4 * abs(want), (run, ref["losses"])
+    seen = set()
+    for v in values:
+        for pname, grad in v["grads"].items():
+            want = ref["grads"][pname]
+            got = torch.tensor(grad, dtype=want.dtype)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{name}: gradient of {pname}")
+            seen.add(pname)
+    assert seen == set(ref["grads"]), set(ref["grads"]) - seen
