@@ -1,8 +1,8 @@
 """A rank for ``hal launch`` tests: join the world with no arguments, all-reduce the rank, report.
 
 Prints one JSON line: rank, world size, backend, device, LOCAL_RANK and the sum of all ranks.
-``--fail-rank R`` makes rank R exit with status 3 before the collective (the others block in
-it until the launcher stops them); ``--sleep S`` sleeps after printing ``ready`` (for the
+``--fail-rank R`` makes rank R exit with status 3 before joining (the others wait in the
+rendezvous until the launcher stops them); ``--sleep S`` sleeps after printing ``ready`` (for the
 Ctrl-C test). ``--marker M`` is only there to find these processes by command line.
 """
 from __future__ import annotations
@@ -30,10 +30,13 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--marker", default="")
     args = parser.parse_args()
-    world = init_distributed()
-    if world.rank == args.fail_rank:
-        _say({"rank": world.rank, "failing": True})
+    if int(os.environ["RANK"]) == args.fail_rank:
+        # Fail before joining: the others wait in the rendezvous until the launcher stops them, so
+        # the only rank that fails on its own is this one (a rank that loses a peer mid-collective
+        # may instead abort, which would make the launcher's status depend on a race).
+        _say({"rank": int(os.environ["RANK"]), "failing": True})
         return 3
+    world = init_distributed()
     if args.sleep:
         _say({"rank": world.rank, "ready": True})
         time.sleep(args.sleep)
