@@ -18,12 +18,13 @@ from typing import Any, Sequence
 
 
 def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Sequence[int] | None,
-           timeout_s: float, kwargs: dict[str, Any], results: Any, backend: str = "cpu") -> None:
+           timeout_s: float, kwargs: dict[str, Any], results: Any, backend: str | Sequence[str] = "cpu") -> None:
     try:
         from collectives import init_distributed
 
         os.environ["LOCAL_RANK"] = str(rank)  # one device per rank, as torchrun would set it
-        init_distributed(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+        mine = backend if isinstance(backend, str) else backend[rank]
+        init_distributed(mine, init_method=f"file://{store}", rank=rank, world_size=world,
                          timeout=datetime.timedelta(seconds=timeout_s), islands=islands)
         value = getattr(importlib.import_module(module), fn)(rank, world, **kwargs)
         results.put((rank, "ok", value))
@@ -36,8 +37,11 @@ def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Seq
 
 
 def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, islands: Sequence[int] | None = None,
-              collective_timeout_s: float = 30, backend: str = "cpu", **kwargs: Any) -> dict[int, tuple]:
-    """``module.fn(rank, world, **kwargs)`` on ``world`` processes; {rank: ("ok", value) | ("error", msg, tb)}."""
+              collective_timeout_s: float = 30, backend: str | Sequence[str] = "cpu", **kwargs: Any) -> dict[int, tuple]:
+    """``module.fn(rank, world, **kwargs)`` on ``world`` processes; {rank: ("ok", value) | ("error", msg, tb)}.
+
+    ``backend``: one hal backend for every rank, or one per rank (a mixed, multi-island world).
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,8 +49,9 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
 
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
-    engine = PipelineEngine(MODEL, plan, topology, groups, seed=seed, device=torch.device("cpu"))
+    world = current_world()
+    groups = build_groups(topology, world)
+    engine = PipelineEngine(MODEL, plan, topology, groups, seed=seed, device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):
@@ -58,7 +59,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
         opt.zero_grad()
         loss = engine.step(tokens)
         if step == 0:
-            grads = {n: g.tolist() for n, g in gather_full_grads(engine.module).items()}
+            grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
         opt.step()
         losses.append(loss)
     return {"coord": tuple(groups.coord), "losses": losses, "grads": grads}
