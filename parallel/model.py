@@ -24,6 +24,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from hal import ops
 from hal.errors import ConfigError
@@ -150,10 +151,12 @@ class Stage(nn.Module):
     token count when DP splits it, then SUM weight gradients over DP replicas (``parallel.reshard``).
     """
 
-    def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool) -> None:
+    def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
+                 checkpoint: bool = False) -> None:
         super().__init__()
         self.config, self.layer_range, self.first, self.last = config, layer_range, first, last
         self.tp_comm, self.sp = tp_comm, sp
+        self.checkpoint = checkpoint  # activation checkpointing per decoder layer (see ``_run_layer``)
         self.tied = config.tie_embeddings
         if first or (last and self.tied):
             self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp)
@@ -173,10 +176,35 @@ class Stage(nn.Module):
         """True when this stage holds one of two copies of a tied embedding (see ``sync_tied_embedding_grads``)."""
         return self.tied and self.first != self.last
 
+    def _run_layer(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        """One decoder layer, under activation checkpointing when ``self.checkpoint`` and autograd is on.
+
+        Checkpointing keeps only each layer's input for backward and re-runs the layer's forward
+        when backward reaches it: activation memory drops from every intermediate of every layer
+        to one (B, S, H) input per layer (plus one layer's intermediates during its recompute),
+        for about one extra forward of the layers. With deterministic kernels (CPU: tested) the loss
+        and gradients are bitwise those of the plain stage: the recompute sees the same inputs.
+
+        - Non-reentrant (``use_reentrant=False``): it works when the input does not require grad,
+          supports keyword arguments and nested hooks, and is what torch recommends.
+        - ``preserve_rng_state=False``: no op in the decoder draws random numbers (no dropout), so
+          stashing and restoring the RNG per layer and micro-batch would be pure cost — and would
+          need a device RNG API that not every vendor backend has. Add dropout, flip this.
+        - TP collectives inside a layer run again during the recompute, on every TP rank in the
+          same order (backward visits the same graph everywhere), so they stay matched — but they
+          cost communication: per layer and micro-batch, tp without sp repeats the attention
+          output's all-reduce; sp repeats the two sequence all-gathers and the attention output's
+          reduce-scatter. The layer's last collective (the MLP output's all-reduce / reduce-scatter)
+          feeds no saved tensor, so torch's early stop skips it.
+        """
+        if self.checkpoint and torch.is_grad_enabled():
+            return _checkpoint(layer, h, use_reentrant=False, preserve_rng_state=False)
+        return layer(h)
+
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, *, token_count: int | None = None) -> torch.Tensor:
         h = self.embed(x) if self.first else x
         for layer in self.layers.values():
-            h = layer(h)
+            h = self._run_layer(layer, h)
         if not self.last:
             return h
         if labels is None:
@@ -195,17 +223,19 @@ def check_tp(config: ModelConfig, tp: int) -> None:
 
 
 def build_stage(config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
-                seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Stage:
+                seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                checkpoint: bool = False) -> Stage:
     """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
 
     ``tp_comm``: the stage's TP group (None or size 1: plain layers, no collectives). ``sp``:
-    Megatron sequence parallelism (a no-op at tp=1). Weights are made in fp32 on the host, then
-    moved to ``device``/``dtype``.
+    Megatron sequence parallelism (a no-op at tp=1). ``checkpoint``: activation checkpointing of
+    every decoder layer (``Stage._run_layer`` says what it saves and what it costs). Weights are
+    made in fp32 on the host, then moved to ``device``/``dtype``.
     """
     if not (0 <= layer_range.start <= layer_range.stop <= config.num_layers) or layer_range.step != 1:
         raise ConfigError(f"layer range {layer_range} is not a contiguous part of the model's {config.num_layers} layers")
     check_tp(config, tp_size(tp_comm))
-    stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp)
+    stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint)
     init_stage(stage, seed, tp_comm)
     return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage
 
