@@ -142,7 +142,7 @@ def run_launch(plan: LaunchPlan) -> int:
     return 0
 
 
-def _report_failures(exc: Any) -> int:
+def _report_failures(exc: Any, who: str = "hal launch") -> int:
     """One line per failed rank, and the worst status among the ranks that failed on their own.
 
     When one rank fails, torchrun stops the others with SIGTERM (then SIGKILL); those show up as
@@ -155,7 +155,7 @@ def _report_failures(exc: Any) -> int:
     for rank, code in codes.items():
         how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
         note = "" if rank in causes else ", stopped by the launcher after another rank failed"
-        print(f"hal launch: rank {rank} failed ({how}{note})", file=sys.stderr)
+        print(f"{who}: rank {rank} failed ({how}{note})", file=sys.stderr)
     return max((128 - code if code < 0 else code) for code in causes.values()) if causes else 1
 
 

@@ -1,5 +1,5 @@
 """The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``, ``hal launch``,
-``hal bench collectives``, ``hal plan``.
+``hal bench collectives``, ``hal plan``, ``hal train``.
 
 Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
 scripts and people get the same short, fixable message and never a traceback.
@@ -254,12 +254,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return plan_main(args.config, as_json=args.json)
 
 
+# --- hal train -----------------------------------------------------------------------------------------
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from parallel.train import train_main  # lazily: hal never imports parallel at import time
+
+    return train_main(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, as_json=args.json,
+                      print_multinode=args.print_multinode)
+
+
 # --- wiring --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
-    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench,plan}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench,plan,train}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
@@ -336,6 +346,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="YAML config with model:, parallel: and train: sections")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "train",
+        help="train a hybrid-parallel plan: one local process per rank, progress, JSON-lines log, checkpoints",
+        description="Validate CONFIG (model, plan, train, backends, data, --resume checkpoint), then start one process "
+        "per rank of the plan on this machine, each with HAL_BACKEND of its stage, and train: a progress line on "
+        "stderr, one JSON line per step (loss, tokens/s, per-stage compute / p2p / bubble) in train.log_file, and a "
+        "device-agnostic checkpoint at the end (and every train.checkpoint_every steps). Several nodes: see "
+        "--print-multinode.",
+    )
+    p.add_argument("config", help="YAML config with model:, parallel: and train: sections")
+    p.add_argument("--steps", type=int, help="train until this many steps are done in total (default: train.steps)")
+    p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — any plan with the same model")
+    p.add_argument("--run-dir", metavar="DIR", help="where the log, summary and checkpoints go (default: runs/<config>-<date-time>)")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
+    p.add_argument("--print-multinode", type=int, metavar="NODES",
+                   help="print the plain torchrun command for each of NODES nodes and start nothing")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -8,6 +8,11 @@ receives are posted together (``send_forward_recv_backward`` / ``send_backward_r
 blocking P2P cannot deadlock), and cool-down backwards. GPipe is the same code with every forward
 in the warm-up.
 
+Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
+send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
+time. On an accelerator set ``engine.sync_for_timing = True`` to synchronize the device before each
+clock read (through the hal backend), so asynchronous kernels are charged to the phase that queued them.
+
 Loss convention (``parallel.reshard`` explains why): a micro-batch's loss is its token sum over the
 token count of the whole micro-batch, divided by the number of micro-batches; weight gradients are
 then SUMMED over a stage's dp replicas (bucketed all-reduce), so every split computes the gradient of
@@ -15,8 +20,10 @@ the same global loss.
 """
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -42,11 +49,16 @@ class _InFlight:
 
 @dataclass
 class StepTimes:
-    """Seconds spent per category in one step on this rank (compute vs waiting on P2P)."""
+    """Seconds spent per category in one step on this rank (compute vs waiting on P2P).
+
+    ``schedule`` is the wall time of the forward/backward schedule (everything but ``grad_sync``);
+    ``schedule - compute - p2p`` is what this rank spent neither computing nor in send/recv.
+    """
 
     compute: float = 0.0
     p2p: float = 0.0
     grad_sync: float = 0.0
+    schedule: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -72,7 +84,7 @@ class PipelineEngine:
         tp_comm = groups.tp if self.mesh.tp > 1 else None
         self.module: Stage = build_stage(
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
-            sp=self.mesh.sp, seed=seed, device=device, dtype=dtype,
+            sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
         )
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
         mbs = plan.micro_batch_size
@@ -80,6 +92,27 @@ class PipelineEngine:
         self.recv_boundary = None if self.first else Boundary(layouts[k - 1], layouts[k], mbs, self.seq)
         self.send_boundary = None if self.last else Boundary(layouts[k], layouts[k + 1], mbs, self.seq)
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+        self.times = StepTimes()  # the last step's breakdown
+        self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
+
+    # --- timing -------------------------------------------------------------------------------------
+    def clock(self) -> float:
+        """A timestamp (seconds) after the device finished queued work, when ``sync_for_timing`` is on."""
+        if self.sync_for_timing and self.device.type != "cpu":
+            from hal.backend_registry import get_backend
+
+            get_backend(self.mesh.backend).synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def _timed(self, category: str) -> Iterator[None]:
+        """Add the enclosed wall time to ``self.times.<category>`` and count the call."""
+        start = self.clock()
+        try:
+            yield
+        finally:
+            setattr(self.times, category, getattr(self.times, category) + self.clock() - start)
+            self.times.counts[category] = self.times.counts.get(category, 0) + 1
 
     # --- data --------------------------------------------------------------------------------------
     def _inputs(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
@@ -91,10 +124,12 @@ class PipelineEngine:
     # --- point to point -------------------------------------------------------------------------------
     def _post(self, comm: Communicator | None, *posted: Any) -> list[Any]:
         ops = [op for p in posted if p is not None for op in p.ops]
-        if ops:
-            assert comm is not None
+        if not ops:
+            return [None if p is None else p.finish() for p in posted]
+        assert comm is not None
+        with self._timed("p2p"):
             comm.batch_p2p(ops)
-        return [None if p is None else p.finish() for p in posted]
+            return [None if p is None else p.finish() for p in posted]
 
     def _recv_fwd_ops(self) -> Any:
         b = self.recv_boundary
@@ -118,6 +153,10 @@ class PipelineEngine:
 
     # --- one micro-batch ---------------------------------------------------------------------------------
     def _forward(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
+        with self._timed("compute"):
+            return self._forward_untimed(tokens, m, received)
+
+    def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         if self.first:
             x: torch.Tensor | None = None
             out = self.module(self._inputs(tokens, m), self._labels(tokens, m) if self.last else None,
@@ -134,6 +173,10 @@ class PipelineEngine:
         return self.plan.micro_batch_size * self.seq
 
     def _backward(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+        with self._timed("compute"):
+            return self._backward_untimed(item, grad)
+
+    def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
         if self.last:
             item.output.backward()
         else:
@@ -147,6 +190,8 @@ class PipelineEngine:
 
         Returns the step's loss on last-stage ranks (the mean over all tokens), None elsewhere.
         """
+        self.times = StepTimes()
+        started = self.clock()
         M, S = self.plan.micro_batches, self.topology.num_stages
         warmup = M if self.plan.schedule == "gpipe" else min(S - self.coord.stage - 1, M)
         steady = M - warmup
@@ -185,7 +230,9 @@ class PipelineEngine:
             (grad,) = self._post(nxt, self._recv_bwd_ops(oldest.output))
             input_grad = self._backward(oldest, grad)
             self._post(prev, self._send_bwd_ops(input_grad))
-        self._sync_dp_grads()
+        self.times.schedule = self.clock() - started
+        with self._timed("grad_sync"):
+            self._sync_dp_grads()
         return self._step_loss(losses)
 
     # --- after the schedule -----------------------------------------------------------------------------------

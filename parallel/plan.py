@@ -107,8 +107,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     data: str = "synthetic"  # synthetic | corpus (the byte-level text shipped with the repository)
     seq_len: int | None = None  # tokens per row; None means model.max_seq_len
-    log_file: str | None = None  # per-step JSON lines
-    checkpoint_dir: str | None = None  # device-agnostic checkpoints (save and resume)
+    log_file: str | None = None  # per-step JSON lines (default: <run dir>/train.jsonl)
+    checkpoint_dir: str | None = None  # device-agnostic checkpoints (default: <run dir>/checkpoints)
+    checkpoint_every: int | None = None  # save every N steps as well as at the end (None: at the end only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -258,6 +259,8 @@ def parse_train(raw: Any, origin: str = "config") -> TrainConfig:
         seq_len=None if seq_len is None else _positive_int(origin, "train.seq_len", seq_len, "seq_len: 64"),
         log_file=_optional_path(origin, "train.log_file", raw.get("log_file")),
         checkpoint_dir=_optional_path(origin, "train.checkpoint_dir", raw.get("checkpoint_dir")),
+        checkpoint_every=None if raw.get("checkpoint_every") is None
+        else _positive_int(origin, "train.checkpoint_every", raw["checkpoint_every"], "checkpoint_every: 10"),
     )
 
 
@@ -424,6 +427,16 @@ def load_run_config(
             f"{origin}: train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}; "
             f"lower seq_len or raise max_seq_len"
         )
+    _check_data(origin, train, model)
     validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
                   single_host=single_host, origin=origin)
     return RunConfig(origin, config, model, plan, train)
+
+
+def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:
+    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256."""
+    if train.data == "corpus" and model.vocab_size != 256:
+        raise ConfigError(
+            f"{origin}: train.data 'corpus' is byte-level text (token ids 0..255) but model.vocab_size is "
+            f"{model.vocab_size}; set model.vocab_size: 256 or use data: synthetic"
+        )

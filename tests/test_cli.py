@@ -70,7 +70,7 @@ def test_console_script_and_module_agree() -> None:
         (["ops", "--backend", "cdua"], "did you mean 'cuda'"),
         (["run", "--backend", "cpu", "missing_script.py"], "script 'missing_script.py' not found"),
         (["run", "--backend", "cuda", "examples/cuda_train.py"], "backend 'cuda' is not available"),
-        ([], "required: {devices,config,ops,run,launch,bench,plan}"),
+        ([], "required: {devices,config,ops,run,launch,bench,plan,train}"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
@@ -83,7 +83,7 @@ def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
 
 
 def test_readme_main_job_matches_the_cpu_twin() -> None:
-    """`hal run --backend cpu examples/cuda_train.py` (the README's main job) equals the CPU twin."""
+    """`hal run --backend cpu examples/cuda_train.py` (the README's migration example) equals the CPU twin."""
     migrated = run_hal("run", "--backend", "cpu", "examples/cuda_train.py", "--steps", "4")
     assert migrated.returncode == 0, migrated.stderr
     twin = subprocess.run([sys.executable, "examples/cpu_train_twin.py", "--steps", "4"],

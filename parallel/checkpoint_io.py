@@ -1,0 +1,274 @@
+"""Device-agnostic training checkpoints: full tensors by global name, loadable into any plan.
+
+A checkpoint does not depend on the plan, the TP/DP split or the devices that wrote it:
+
+    CHECKPOINT_DIR/
+      latest                 the name of the newest complete checkpoint ("step-000020")
+      step-000020/
+        meta.json            format, step, the model / plan / train settings it was made with,
+                             the data position, the optimizer's hyperparameters, its files
+        stage-0.pt           {"params": {name: full tensor}, "optimizer": {name: {"exp_avg": full, ...}}}
+        stage-1.pt           ... one file per pipeline stage of the plan that wrote it
+        rng.pt               the host RNG state
+
+Parameters are stored unsharded under their global names (``parallel.model``: ``layers.3.mlp.down.weight``),
+AdamW's per-element state (``exp_avg``, ``exp_avg_sq``) in the same full shapes, all on the CPU.
+Inside a stage the TP group gathers its shards (``gather_full_params``); dp replicas are identical, so
+one rank per stage (dp 0, tp 0) writes. Loading cuts each full tensor back to this run's TP shard with
+the model's own ``ShardSpec`` (``parallel.layers.local_shard``), so any plan with the same model resumes.
+
+Atomicity: files go to ``.tmp-step-N/`` (each written and fsynced, then renamed), and rank 0 renames the
+directory to ``step-N`` only after every writer is done, then points ``latest`` at it (temp file +
+rename). A crash leaves either the old checkpoint or the new one, never a half-written one; a stale
+``.tmp-*`` directory is ignored and cleared by the next save. The directory must be visible to every
+writer (a shared filesystem when stages run on several nodes).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from hal.errors import ConfigError
+
+from .layers import local_shard, param_meta
+from .model import _gather_full, gather_full_params
+from .model_config import ModelConfig
+
+FORMAT = "hetero-hal-checkpoint/1"
+META = "meta.json"
+LATEST = "latest"
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+# --- finding and checking a checkpoint (no torch.distributed needed) ------------------------------------
+
+
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory (with meta.json), or a checkpoint_dir whose ``latest`` names one."""
+    p = Path(path)
+    if (p / META).is_file():
+        return p
+    if (p / LATEST).is_file():
+        name = (p / LATEST).read_text(encoding="utf-8").strip()
+        if (p / name / META).is_file():
+            return p / name
+        raise ConfigError(f"--resume {path}: 'latest' names {name!r}, which is not a complete checkpoint; pass a step-N directory")
+    if not p.exists():
+        raise ConfigError(f"--resume {path}: no such directory; pass a checkpoint directory (step-N) or a checkpoint_dir")
+    raise ConfigError(f"--resume {path}: not a checkpoint (no {META}) and no '{LATEST}' file; pass a step-N directory or a checkpoint_dir")
+
+
+def read_meta(checkpoint: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((checkpoint / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {checkpoint}: {META} is unreadable ({exc}); the checkpoint is damaged") from None
+    if meta.get("format") != FORMAT:
+        raise ConfigError(f"--resume {checkpoint}: format {meta.get('format')!r} is not {FORMAT!r}; it was not written by hal train")
+    return meta
+
+
+def check_compatible(meta: Mapping[str, Any], checkpoint: Path, model: ModelConfig, steps: int) -> None:
+    """Same model (every size and option), and steps left to train; one ConfigError line otherwise."""
+    saved = meta["model"]
+    mine = model.to_dict()
+    for key in mine:
+        if saved.get(key) != mine[key]:
+            raise ConfigError(
+                f"--resume {checkpoint}: the checkpoint's model.{key} is {saved.get(key)!r} but this config's is "
+                f"{mine[key]!r}; resume with the model it was made with (any plan works)"
+            )
+    missing = [name for name in meta.get("files", []) if not (checkpoint / name).is_file()]
+    if missing or not meta.get("files"):
+        raise ConfigError(f"--resume {checkpoint}: file(s) {', '.join(missing) or 'list'} missing; the checkpoint is incomplete")
+    if meta["step"] >= steps:
+        raise ConfigError(
+            f"--resume {checkpoint}: the checkpoint is at step {meta['step']} and the run stops at step {steps}; "
+            f"nothing to train — raise --steps above {meta['step']}"
+        )
+
+
+# --- saving (collective over the world) -----------------------------------------------------------------------
+
+
+def _optimizer_state_by_name(module: torch.nn.Module, optimizer: Any) -> dict[str, dict[str, Any]]:
+    """The optimizer's per-parameter state keyed by global name (a collective over dp under ZeRO-1)."""
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    state = optimizer.state_dict()["state"]
+    return {names[int(i)]: dict(s) for i, s in state.items()}
+
+
+def _full_optimizer_state(module: torch.nn.Module, by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-element entries gathered to full shape over TP like their parameters; scalars (step) as they are."""
+    keys = sorted({k for s in by_name.values() for k, v in s.items() if _per_element(v)})
+    full: dict[str, dict[str, Any]] = {n: {k: _cpu(v) for k, v in s.items() if not _per_element(v)} for n, s in by_name.items()}
+    for key in keys:  # one gather per parameter and key, the same order on every TP rank
+        gathered = _gather_full(module, {n: s[key] for n, s in by_name.items() if key in s})  # type: ignore[arg-type]
+        for name, tensor in gathered.items():
+            full[name][key] = _cpu(tensor)
+    return full
+
+
+def _per_element(value: Any) -> bool:
+    return torch.is_tensor(value) and value.dim() > 0
+
+
+def _cpu(value: Any) -> Any:
+    return value.detach().to("cpu").clone() if torch.is_tensor(value) else value
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any]) -> Path:
+    """Write ``root/step-N`` from every rank's part; returns its path. Every rank of the world calls it.
+
+    ``meta`` carries what the caller knows about the run (model, plan, train, data position); this adds
+    the format, step, files and the optimizer's hyperparameters.
+    """
+    root = Path(root)
+    coord = engine.coord
+    tmp = root / f".tmp-{step_dirname(step)}"
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    by_name = _optimizer_state_by_name(engine.module, optimizer)  # every rank: collective under ZeRO-1
+    if coord.dp == 0:  # one replica per stage gathers over its TP group
+        params = {n: _cpu(t) for n, t in gather_full_params(engine.module).items()}
+        state = _full_optimizer_state(engine.module, by_name)
+        if coord.tp == 0:
+            _save_atomic({"params": params, "optimizer": state}, tmp / f"stage-{coord.stage}.pt")
+    if dist.get_rank() == 0:
+        _save_atomic({"torch_cpu": torch.get_rng_state()}, tmp / "rng.pt")
+    dist.barrier()
+    final = root / step_dirname(step)
+    if dist.get_rank() == 0:
+        group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        full_meta = {
+            "format": FORMAT, "step": step, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "torch": torch.__version__, **meta,
+            "optimizer": {"type": "AdamW", "zero1": bool(meta.get("plan", {}).get("zero1")), "hyperparameters": _jsonable(group)},
+            "files": [f"stage-{k}.pt" for k in range(engine.topology.num_stages)] + ["rng.pt"],
+        }
+        _write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
+        _commit(tmp, final, root)
+    return final
+
+
+def _commit(tmp: Path, final: Path, root: Path) -> None:
+    """Make ``tmp`` the checkpoint ``final`` (replacing an older one of that name) and point ``latest`` at it."""
+    old = root / f".old-{final.name}"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    _write_text_atomic(root / LATEST, final.name + "\n")
+
+
+def _jsonable(group: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in group.items():
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            out[key] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+            out[key] = list(value)
+        elif torch.is_tensor(value) and value.numel() == 1:
+            out[key] = value.item()
+    return out
+
+
+# --- loading into this run's split ----------------------------------------------------------------------------
+
+
+def _load_file(path: Path) -> Any:
+    """``torch.load`` of one checkpoint file (memory-mapped, tensors only); a damaged file is one line."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"--resume {path.parent}: {path.name} is unreadable ({type(exc).__name__}: {why}); the checkpoint is damaged") from None
+
+
+def _read_tensors(checkpoint: Path, meta: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """Every stage file's params and optimizer state, merged by global name (memory-mapped, read lazily)."""
+    params: dict[str, torch.Tensor] = {}
+    state: dict[str, dict[str, Any]] = {}
+    for name in meta["files"]:
+        if not name.startswith("stage-"):
+            continue
+        blob = _load_file(checkpoint / name)
+        params.update(blob["params"])
+        state.update(blob["optimizer"])
+    return params, state
+
+
+@torch.no_grad()
+def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
+    comm = getattr(module, "tp_comm", None)
+    for name, param in module.named_parameters():
+        pmeta = param_meta(param)
+        if name not in params:
+            raise ConfigError(f"--resume {checkpoint}: parameter {name} is missing from the checkpoint; it is damaged or from another model")
+        full = params[name]
+        if pmeta is None or tuple(full.shape) != tuple(pmeta.full_shape):
+            want = None if pmeta is None else tuple(pmeta.full_shape)
+            raise ConfigError(f"--resume {checkpoint}: parameter {name} has shape {tuple(full.shape)}, this model needs {want}")
+        param.copy_(local_shard(full, pmeta, comm).to(device=param.device, dtype=param.dtype))
+
+
+def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str, dict[str, Any]]) -> None:
+    """Cut every full per-element state to this rank's TP shard; the optimizer (or ZeRO-1) takes it from there."""
+    comm = getattr(module, "tp_comm", None)
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    local: dict[int, dict[str, Any]] = {}
+    for i, (name, param) in enumerate(named):
+        if name not in state:
+            continue
+        pmeta = param_meta(param)
+        local[i] = {k: (local_shard(v, pmeta, comm) if _per_element(v) and pmeta is not None else v)
+                    for k, v in state[name].items()}
+        local[i] = {k: v.clone() if torch.is_tensor(v) else v for k, v in local[i].items()}  # off the memory map
+    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    group["params"] = list(range(len(named)))
+    optimizer.load_state_dict({"state": local, "param_groups": [group]})
+
+
+def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
+    """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1."""
+    meta = read_meta(checkpoint)
+    params, state = _read_tensors(checkpoint, meta)
+    _load_params(engine.module, params, checkpoint)
+    _load_optimizer(engine.module, optimizer, state)
+    rng = _load_file(checkpoint / "rng.pt")
+    torch.set_rng_state(rng["torch_cpu"])
+    return meta
+
+
+__all__ = ["FORMAT", "check_compatible", "load_checkpoint", "read_meta", "resolve", "save_checkpoint", "step_dirname"]

@@ -1,0 +1,275 @@
+"""``hal train CONFIG``: check the whole run, then start one process per rank of the plan on this machine.
+
+Everything that can be checked without starting a process is checked first — model, plan, train
+section, every stage's backend (available, enough devices), the data, the precision, and with
+``--resume`` the checkpoint against the model and the step count — and a problem is one
+``hal: error:`` line and exit 2 with nothing started.
+
+Local run: one process per rank, started and watched by torchrun's process machinery
+(``torch.distributed.elastic.multiprocessing.start_processes``: every rank in its own process
+group, SIGTERM then SIGKILL for all when one fails or on Ctrl-C). Plain torchrun is not used here
+because it gives every rank the same environment, and each rank must run with ``HAL_BACKEND`` of
+its own stage (stages own consecutive ranks; ``LOCAL_RANK`` counts a rank among this host's ranks of
+the same backend, so each backend's ranks take devices 0, 1, ... of that backend). Each rank runs
+``python -m parallel.trainer`` (see there). The exit status is the worst status among the ranks that
+failed on their own, as for ``hal launch``.
+
+Several nodes: ``--print-multinode NODES`` prints one plain torchrun line per node and starts nothing.
+The ranks are cut into NODES contiguous blocks — at stage boundaries when there are enough stages,
+otherwise also between TP groups (a TP group never spans nodes) — and the lines use torchrun's static
+rendezvous (``--master-addr``/``--node-rank``), under which node i's ranks follow node i-1's: the node
+rank decides which stages a node runs, which dynamic (c10d) rendezvous does not guarantee.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hal.errors import ConfigError, HalError
+
+from .plan import RunConfig
+from .topology import Topology
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # so ranks import this checkout, installed or not
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A validated run: what every rank is told, decided before any process starts."""
+
+    run: RunConfig
+    topology: Topology
+    steps: int
+    run_dir: Path
+    log_file: Path
+    checkpoint_dir: Path | None
+    resume: Path | None  # the resolved checkpoint directory
+    start: int  # steps already done (from the checkpoint)
+
+    def rank_args(self) -> list[str]:
+        """Arguments of ``python -m parallel.trainer`` (the same on every rank)."""
+        args = [self.run.origin, "--steps", str(self.steps), "--run-dir", str(self.run_dir), "--log-file", str(self.log_file)]
+        if self.checkpoint_dir is not None:
+            args += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        if self.resume is not None:
+            args += ["--resume", str(self.resume)]
+        return args
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+
+def _check_precision(run: RunConfig) -> None:
+    precision = run.hal.precision
+    if precision != "fp32":
+        where = run.hal.origins.get("precision", "config")
+        raise ConfigError(f"{where}: precision {precision!r}: hal train runs the pipeline in fp32 for now; set precision: fp32")
+
+
+def _default_run_dir(config: str) -> Path:
+    """``runs/<config name>-<date-time>``, with a suffix if that exists already."""
+    base = Path("runs") / f"{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path | None, int]:
+    from .checkpoint_io import check_compatible, read_meta, resolve
+
+    if resume is None:
+        return None, 0
+    checkpoint = resolve(resume)
+    meta = read_meta(checkpoint)
+    check_compatible(meta, checkpoint, run.model, steps)
+    return checkpoint.resolve(), int(meta["step"])
+
+
+def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
+            check_backends: bool = True) -> TrainJob:
+    """Validate the whole run; one ConfigError line for the first problem."""
+    from .data import check_corpus
+    from .plan import load_run_config
+
+    if steps is not None and steps < 1:
+        raise ConfigError(f"hal train: --steps {steps} is not a step count; give 1 or more")
+    run = load_run_config(config, check_backends=check_backends)
+    _check_precision(run)
+    if run.model.tie_embeddings and run.plan.num_stages > 1:
+        raise ConfigError(f"{run.origin}: model.tie_embeddings with {run.plan.num_stages} stages is not wired into the engine yet; "
+                          "set tie_embeddings: false or use one stage")
+    if run.train.data == "corpus":
+        check_corpus(run.train.seq_len or run.model.max_seq_len)
+    total = steps or run.train.steps
+    checkpoint, start = _resume_point(resume, run, total)
+    directory = Path(run_dir) if run_dir else _default_run_dir(config)
+    log_file = Path(run.train.log_file) if run.train.log_file else directory / "train.jsonl"
+    ckpt_dir = Path(run.train.checkpoint_dir) if run.train.checkpoint_dir else directory / "checkpoints"
+    return TrainJob(run, Topology.from_plan(run.plan), total, directory, log_file, ckpt_dir, checkpoint, start)
+
+
+# --- the ranks' environment ----------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_envs(job: TrainJob, port: int) -> dict[int, dict[str, str]]:
+    """torchrun's variables for every local rank, plus HAL_BACKEND of its stage."""
+    topology, world = job.topology, job.topology.world_size
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
+    pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    seen: dict[str, int] = {}
+    envs: dict[int, dict[str, str]] = {}
+    for rank in range(world):
+        backend = topology.backend_of(rank)
+        local = seen.get(backend, 0)
+        seen[backend] = local + 1
+        envs[rank] = {
+            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HAL_BACKEND": backend,
+            "HAL_PRECISION": job.run.hal.precision, "HAL_FALLBACK": job.run.hal.fallback,
+            "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
+        }
+    return envs
+
+
+# --- several nodes ----------------------------------------------------------------------------------------------
+
+
+def _cut_candidates(topology: Topology, nodes: int) -> list[int]:
+    """Ranks where a node may start: stage boundaries, or TP-group boundaries when stages are too few."""
+    stage_starts = [m.offset for m in topology.stages]
+    if nodes <= len(stage_starts):
+        return stage_starts
+    return [m.offset + d * m.tp for m in topology.stages for d in range(m.dp)]
+
+
+def split_nodes(topology: Topology, nodes: int) -> list[range]:
+    """NODES contiguous rank blocks with the largest as small as possible (dynamic programming over cuts)."""
+    cuts = _cut_candidates(topology, nodes) + [topology.world_size]
+    if nodes > len(cuts) - 1:
+        raise ConfigError(
+            f"hal train: --print-multinode {nodes}: the plan has only {len(cuts) - 1} TP group(s) to place, and a TP "
+            f"group stays on one node; use at most {len(cuts) - 1} nodes"
+        )
+    inf = (float("inf"), [])
+    best: list[list[tuple[float, list[int]]]] = [[inf] * len(cuts) for _ in range(nodes + 1)]
+    best[0][0] = (0, [0])
+    for j in range(1, nodes + 1):
+        for i in range(1, len(cuts)):
+            for k in range(i):
+                worst, path = best[j - 1][k]
+                size = max(worst, cuts[i] - cuts[k])
+                if path and size < best[j][i][0]:
+                    best[j][i] = (size, path + [i])
+    path = best[nodes][len(cuts) - 1][1]
+    return [range(cuts[a], cuts[b]) for a, b in zip(path, path[1:])]
+
+
+def multinode_lines(job: TrainJob, nodes: int) -> list[str]:
+    """One torchrun command per node (static rendezvous: the node rank fixes which ranks it runs)."""
+    lines = []
+    for node, ranks in enumerate(split_nodes(job.topology, nodes)):
+        backends = sorted({job.topology.backend_of(r) for r in ranks})
+        env = f"HAL_BACKEND={backends[0]} " if len(backends) == 1 else ""  # mixed node: each rank takes its stage's
+        args = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={len(ranks)}",
+                "--master-addr=NODE0_HOST", f"--master-port={DEFAULT_PORT}", "-m", "parallel.trainer", *job.rank_args()]
+        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{env}torchrun {shlex.join(args)}")
+    return lines
+
+
+# --- the local run ------------------------------------------------------------------------------------------------
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchelastic turns these into SignalException
+
+
+def run_local(job: TrainJob) -> int:
+    """Start every rank, wait; on the first failure or a signal stop them all. The worst rank's status."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from collectives.launch import _report_failures
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    world = job.topology.world_size
+    args = {r: ("-m", "parallel.trainer", *job.rank_args()) for r in range(world)}
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    context = start_processes("hal-train", sys.executable, args, rank_envs(job, _free_port()), DefaultLogsSpecs(log_dir=os.devnull))
+    try:
+        result = context.wait()
+    except (KeyboardInterrupt, SignalException) as exc:
+        signum = int(exc.sigval) if isinstance(exc, SignalException) else int(signal.SIGINT)
+        context.close(timeout=5)
+        print(f"hal train: stopped by {signal.Signals(signum).name}; every rank was stopped", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if result is not None and result.is_failed():
+        return _report_failures(result, who="hal train")
+    return 0
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def _describe(job: TrainJob) -> str:
+    parts = []
+    for m in job.topology.stages:
+        grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
+        sp = " sp" if m.sp else ""
+        parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {m.first_layer}-{m.first_layer + m.layers - 1}")
+    resumed = f", resuming at step {job.start}" if job.resume else ""
+    return f"hal train: {job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
+
+
+def _report(job: TrainJob, as_json: bool) -> None:
+    path = job.run_dir / "summary.json"
+    if not path.is_file():
+        raise HalError(f"hal train: the ranks finished but wrote no {path}; see their output above")
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    rate = summary["tokens_per_s"] or 0.0
+    print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
+          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s, {summary['wall_s']:.1f} s; "
+          f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
+
+
+def train_main(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
+               as_json: bool = False, print_multinode: int | None = None) -> int:
+    """The ``hal train`` command: validate, then print the multi-node lines or train here."""
+    if print_multinode is not None:
+        if print_multinode < 1:
+            raise ConfigError(f"hal train: --print-multinode {print_multinode} is not a node count; give 1 or more")
+        job = prepare(config, steps=steps, resume=resume, run_dir=run_dir, check_backends=False)
+        print("\n".join(multinode_lines(job, print_multinode)))
+        return 0
+    job = prepare(config, steps=steps, resume=resume, run_dir=run_dir)
+    print(_describe(job), file=sys.stderr)
+    status = run_local(job)
+    if status == 0:
+        _report(job, as_json)
+    return status
+
+
+__all__ = ["TrainJob", "multinode_lines", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]

@@ -1,0 +1,278 @@
+"""One rank of ``hal train``: build this rank's stage, train, log, checkpoint.
+
+Started by ``hal train`` (``parallel.train``) once per rank of the plan, or by plain torchrun on
+several nodes (``hal train --print-multinode``):
+
+    python -m parallel.trainer CONFIG --steps N --run-dir DIR [--log-file F] [--checkpoint-dir C] [--resume CKPT]
+
+with the torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``)
+and ``HAL_BACKEND`` = the backend of this rank's stage (taken from the plan when unset). Every rank
+re-reads the config (``hal train`` validated it before starting anything), joins the world
+(``collectives.init_distributed``), builds the topology's groups and its ``PipelineEngine``, and
+steps AdamW over batches that are a pure function of (seed, step) (``parallel.data``).
+
+The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
+breakdown each step (one small gather on the host group), prints the progress line on stderr and
+appends one JSON line per step to the log file; at the end it writes ``summary.json`` in the run
+directory, which ``hal train`` prints with ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import torch
+import torch.distributed as dist
+
+from hal.errors import HalError
+
+from .data import global_batch
+from .plan import RunConfig
+from .topology import Topology
+
+# Per-rank timing row gathered to the writer each step (seconds).
+TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step")
+
+
+@dataclass
+class RankRun:
+    """Everything one rank trains with."""
+
+    run: RunConfig
+    topology: Topology
+    engine: Any  # PipelineEngine
+    optimizer: Any  # torch.optim.AdamW or parallel.zero.Zero1AdamW
+    rank: int
+    writer: int  # global rank that logs (first rank of the last stage)
+    seq: int
+    start: int  # steps already done (from a checkpoint)
+    steps: int  # the run stops after this many steps in total
+
+
+# --- setup ---------------------------------------------------------------------------------------------
+
+
+def _make_optimizer(engine: Any, groups: Any, run: RunConfig) -> Any:
+    """AdamW with the config's lr and weight decay; state sharded over the stage's dp group under zero1."""
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    hyper = {"lr": run.train.lr, "weight_decay": run.train.weight_decay}
+    if run.plan.zero1:
+        from .zero import Zero1AdamW
+
+        return Zero1AdamW(params, groups.dp, **hyper)
+    return torch.optim.AdamW(params, **hyper)
+
+
+def setup(args: argparse.Namespace) -> RankRun:
+    """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
+    from collectives import init_distributed
+
+    from .checkpoint_io import load_checkpoint, resolve
+    from .engine import PipelineEngine
+    from .plan import load_run_config
+    from .topology import build_groups
+
+    run = load_run_config(args.config, check_backends=False)
+    topology = Topology.from_plan(run.plan)
+    rank = int(os.environ.get("RANK", "0"))
+    backend = os.environ.get("HAL_BACKEND") or topology.backend_of(rank)
+    world = init_distributed(backend)
+    groups = build_groups(topology, world, validate=False)  # the engine's calls are fixed by the plan
+    torch.manual_seed(run.train.seed)
+    seq = run.train.seq_len or run.model.max_seq_len
+    engine = PipelineEngine(run.model, run.plan, topology, groups, seed=run.train.seed, device=world.device, seq_len=seq)
+    engine.sync_for_timing = True
+    optimizer = _make_optimizer(engine, groups, run)
+    start = 0
+    if args.resume:
+        start = int(load_checkpoint(resolve(args.resume), engine, optimizer)["step"])
+    writer = topology.stages[-1].offset
+    return RankRun(run, topology, engine, optimizer, world.rank, writer, seq, start, args.steps)
+
+
+# --- one step ------------------------------------------------------------------------------------------
+
+
+def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
+    """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
+    plan, train = r.run.plan, r.run.train
+    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.run.model.vocab_size)
+    started = r.engine.clock()
+    r.optimizer.zero_grad(set_to_none=True)
+    loss = r.engine.step(tokens)
+    before_opt = r.engine.clock()
+    r.optimizer.step()
+    done = r.engine.clock()
+    t = r.engine.times
+    return loss, [t.compute, t.p2p, t.grad_sync, done - before_opt, t.schedule, done - started]
+
+
+def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
+    """Every rank's timing row on the writer, (world, len(TIME_FIELDS)); None elsewhere.
+
+    Over the default group, which ``init_distributed`` always starts on gloo: host tensors travel
+    the same way whatever device a rank drives.
+    """
+    mine = torch.tensor(row, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if dist.get_rank() == writer else None
+    dist.gather(mine, out, dst=writer)
+    return None if out is None else torch.stack(out)
+
+
+def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology, tokens: int) -> dict[str, Any]:
+    """One JSON line: loss, throughput, and each stage's breakdown (mean over its ranks).
+
+    ``schedule_s`` is the pipeline's forward/backward wall time (the slowest rank's); a stage's
+    ``bubble_s`` = schedule_s − its compute − its p2p: the part of the schedule it neither computed
+    nor spent in send/recv. Waiting for a neighbour stage inside a blocking send/recv is counted in
+    ``p2p_s`` (the transfer and the wait cannot be told apart there). Gradient sync and the
+    optimizer come after the schedule and are reported on their own.
+    """
+    col = {name: i for i, name in enumerate(TIME_FIELDS)}
+    step_s = float(times[:, col["step"]].max())
+    schedule_s = float(times[:, col["schedule"]].max())
+    stages = []
+    for mesh in topology.stages:
+        mine = times[list(mesh.ranks)].mean(dim=0)
+        compute, p2p = float(mine[col["compute"]]), float(mine[col["p2p"]])
+        stages.append({
+            "stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks),
+            "compute_s": compute, "p2p_s": p2p, "bubble_s": max(0.0, schedule_s - compute - p2p),
+            "grad_sync_s": float(mine[col["grad_sync"]]), "optimizer_s": float(mine[col["optimizer"]]),
+        })
+    return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s,
+            "tokens_per_s": tokens / step_s if step_s > 0 else None, "stages": stages}
+
+
+# --- what the writer shows -------------------------------------------------------------------------------
+
+
+class Progress:
+    """``step 7/20 loss 4.1234 1234 tok/s``: in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total, self.stream = total, stream
+        self.tty = stream.isatty()
+
+    def update(self, record: dict[str, Any]) -> None:
+        rate = record["tokens_per_s"] or 0.0
+        line = f"step {record['step']}/{self.total} loss {record['loss']:.4f} {rate:.0f} tok/s {record['step_s'] * 1e3:.0f} ms/step"
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, args: argparse.Namespace, checkpoint: str | None) -> dict[str, Any]:
+    tokens = sum(rec["tokens"] for rec in records)
+    return {
+        "config": r.run.origin, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
+        "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
+        "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else None, "log_file": args.log_file, "checkpoint": checkpoint,
+        "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
+                    "layers": list(m.layer_range)} for m in r.topology.stages],
+    }
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+
+
+def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
+    train = r.run.train
+    return {"model": r.run.model.to_dict(), "plan": r.run.plan.to_dict(), "train": train.to_dict(), "config": r.run.origin,
+            "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq}}
+
+
+def _save(r: RankRun, args: argparse.Namespace, done: int) -> str:
+    from .checkpoint_io import save_checkpoint
+
+    return str(save_checkpoint(args.checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done)))
+
+
+def _open_log(path: str, resumed: bool) -> TextIO:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a" if resumed else "w", encoding="utf-8")
+
+
+def train(r: RankRun, args: argparse.Namespace) -> None:
+    """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
+    is_writer = r.rank == r.writer
+    every = r.run.train.checkpoint_every
+    plan = r.run.plan
+    tokens = plan.global_batch_size * r.seq
+    log = _open_log(args.log_file, r.start > 0) if is_writer else None
+    progress = Progress(r.steps) if is_writer else None
+    records: list[dict[str, Any]] = []
+    checkpoint = None
+    began = time.perf_counter()
+    try:
+        for step in range(r.start, r.steps):
+            loss, row = train_step(r, step)
+            times = gather_times(row, r.writer)
+            if is_writer:
+                assert loss is not None and times is not None and log is not None and progress is not None
+                record = step_record(step + 1, loss, times, r.topology, tokens)
+                records.append(record)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                progress.update(record)
+            done = step + 1
+            if args.checkpoint_dir and (done == r.steps or (every and done % every == 0)):
+                checkpoint = _save(r, args, done)
+    finally:
+        if progress is not None:
+            progress.close()
+        if log is not None:
+            log.close()
+    if is_writer:
+        summary = _summary(r, records, time.perf_counter() - began, args, checkpoint)
+        Path(args.run_dir, "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+# --- entry point ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m parallel.trainer", description="One rank of hal train (started by hal train or torchrun).")
+    p.add_argument("config")
+    p.add_argument("--steps", type=int, required=True, help="train until this many steps are done in total")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--log-file", required=True)
+    p.add_argument("--checkpoint-dir")
+    p.add_argument("--resume")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
+    from collectives import shutdown
+
+    args = parse_args(argv)
+    rank = os.environ.get("RANK", "?")
+    try:
+        train(setup(args), args)
+        return 0
+    except HalError as exc:
+        print(f"hal train: rank {rank}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        print(f"hal train: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, end="")
+        return 1
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

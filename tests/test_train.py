@@ -1,0 +1,225 @@
+"""``hal train`` end to end: real rank processes started through the CLI, as a user runs it.
+
+Each run starts one Python process per rank (~2 s each here), so the runs are few and short: the
+main job for 2 steps, and one 3-step run whose checkpoint several tests resume.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import REPO, run_hal
+
+MAIN_JOB = "examples/hetero_cpu.yaml"
+PLAN_D = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4,  # same 8 rows per step as plan (a)
+          "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]}
+TIMEOUT = 240
+
+
+def _config(directory: Path, name: str, *, parallel: dict[str, Any] | None = None, **train: Any) -> Path:
+    """The main job's config with some train keys (or the whole parallel section) replaced."""
+    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
+    raw["train"].pop("checkpoint_every", None)
+    raw["train"].update(train)
+    if parallel is not None:
+        raw["parallel"] = parallel
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def _train(*args: str) -> dict[str, Any]:
+    result = run_hal("train", *args, "--json", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _log(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (every rank's names its run directory)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and "pytest" not in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _assert_close(got: list[float], want: list[float], rel: float) -> None:
+    assert len(got) == len(want), (got, want)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= rel * abs(w), (got, want)
+
+
+# --- the main job --------------------------------------------------------------------------------------
+
+
+def test_main_job_trains_logs_breakdown_and_shows_progress(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_hal("train", MAIN_JOB, "--steps", "2", "--run-dir", str(run_dir), "--json", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["world_size"] == 4 and [s["tp"] for s in summary["stages"]] == [2, 1]
+    assert [s["dp"] for s in summary["stages"]] == [1, 2]
+    # progress: not a terminal here, so one plain line per step
+    assert "step 1/2 loss " in result.stderr and "step 2/2 loss " in result.stderr and "tok/s" in result.stderr
+    records = _log(run_dir / "train.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["loss"] == pytest.approx(math.log(256), rel=0.05)  # byte-level tokens, untrained model
+    assert [r["loss"] for r in records] == summary["losses"]
+    for record in records:
+        assert record["tokens"] == 8 * 64 and record["tokens_per_s"] > 0 and record["step_s"] > 0
+        assert [s["stage"] for s in record["stages"]] == [0, 1]
+        assert [s["ranks"] for s in record["stages"]] == [[0, 1], [2, 3]]
+        for stage in record["stages"]:
+            for key in ("compute_s", "p2p_s", "bubble_s", "grad_sync_s", "optimizer_s"):
+                assert stage[key] >= 0, (key, stage)
+            assert stage["compute_s"] > 0 and stage["p2p_s"] > 0  # every stage computes and crosses the boundary
+            assert stage["bubble_s"] <= record["schedule_s"]
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == "step-000002" and summary["checkpoint"].endswith(latest)
+    meta = json.loads((run_dir / "checkpoints" / latest / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["plan"]["stages"][0]["tp"] == 2 and meta["model"]["vocab_size"] == 256
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+# --- checkpoints and resume ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def half_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Plan (a) for 3 of 6 steps (checkpoint at the end), and the same 6 steps uninterrupted."""
+    root = tmp_path_factory.mktemp("resume")
+    config = _config(root, "plan_a", steps=6)
+    full = _train(str(config), "--run-dir", str(root / "full"))
+    half = _train(str(config), "--steps", "3", "--run-dir", str(root / "half"))
+    return {"root": root, "config": config, "full": full, "half": half, "checkpoints": root / "half" / "checkpoints"}
+
+
+def test_resume_same_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    full, half = half_run["full"]["losses"], half_run["half"]["losses"]
+    assert half == full[:3]
+    run_dir = half_run["root"] / "resumed_a"
+    resumed = _train(str(half_run["config"]), "--resume", str(half_run["checkpoints"]), "--run-dir", str(run_dir))
+    assert resumed["resumed_from_step"] == 3 and resumed["first_step"] == 4 and resumed["last_step"] == 6
+    _assert_close(resumed["losses"], full[3:], 1e-6)
+    assert [r["step"] for r in _log(run_dir / "train.jsonl")] == [4, 5, 6]
+
+
+def test_resume_into_another_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Trained with plan (a): tp2 -> dp2 over 2 stages; resumed with plan (d): one stage, tp2 x dp2."""
+    config_d = _config(half_run["root"], "plan_d", steps=6, parallel=PLAN_D)
+    step_dir = half_run["checkpoints"] / "step-000003"
+    resumed = _train(str(config_d), "--resume", str(step_dir), "--run-dir", str(half_run["root"] / "resumed_d"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+
+
+def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path) -> None:
+    """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for item in (half_run["checkpoints"] / "step-000003").iterdir():
+        (damaged / item.name).write_bytes(item.read_bytes())
+    (damaged / "stage-1.pt").write_bytes(b"not a checkpoint")
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(half_run["config"]), "--resume", str(damaged), "--run-dir", str(run_dir), timeout=TIMEOUT)
+    assert result.returncode == 2, result.stderr
+    assert "stage-1.pt is unreadable" in result.stderr and "the checkpoint is damaged" in result.stderr
+    assert "hal train: rank" in result.stderr
+    assert not _processes_mentioning(str(run_dir))
+
+
+# --- refused before anything starts ----------------------------------------------------------------------------
+
+BAD = {
+    "corpus-needs-vocab-256": ({"model": {"vocab_size": 64}}, [], "train.data 'corpus' is byte-level text"),
+    "layers-do-not-add-up": ({"model": {"num_layers": 5}}, [], "layers add up to 4"),
+    "precision-not-fp32": ({"precision": "bf16-mixed"}, [], "hal train runs the pipeline in fp32"),
+    "resume-missing": ({}, ["--resume", "no/such/checkpoint"], "no such directory"),
+    "steps-zero": ({}, ["--steps", "0"], "--steps 0 is not a step count"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path: Path) -> None:
+    changes, extra, message = BAD[case]
+    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            raw[key].update(value)
+        else:
+            raw[key] = value
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(config), "--run-dir", str(run_dir), *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error: "), result.stderr
+    assert message in lines[0]
+    assert not run_dir.exists() and not _processes_mentioning(str(run_dir))
+
+
+def test_resume_with_another_model_is_refused(half_run: dict[str, Any]) -> None:
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["model"]["hidden_size"] = 128
+    config = half_run["root"] / "wider.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = run_hal("train", str(config), "--resume", str(half_run["checkpoints"]))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "model.hidden_size is 64 but this config's is 128" in result.stderr
+
+
+# --- several nodes, and the progress line on a terminal ----------------------------------------------------------
+
+
+def test_print_multinode_gives_one_torchrun_line_per_node_and_starts_nothing(tmp_path: Path) -> None:
+    result = run_hal("train", MAIN_JOB, "--print-multinode", "2", "--run-dir", str(tmp_path / "shared"))
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if "torchrun" in line]
+    assert len(commands) == 2
+    for node, line in enumerate(commands):
+        assert line.startswith("HAL_BACKEND=cpu torchrun ") and f"--node-rank={node}" in line
+        assert "--nproc-per-node=2" in line and "--nnodes=2" in line and "-m parallel.trainer" in line
+    assert not (tmp_path / "shared").exists()
+
+
+def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
+    from parallel.plan import parse_plan
+    from parallel.topology import Topology
+    from parallel.train import split_nodes
+
+    topology = Topology.from_plan(parse_plan({"stages": [
+        {"backend": "cpu", "devices": 2, "layers": 3, "tp": 2}, {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]}))
+    assert split_nodes(topology, 1) == [range(0, 4)]
+    assert split_nodes(topology, 2) == [range(0, 2), range(2, 4)]
+    assert split_nodes(topology, 3) == [range(0, 2), range(2, 3), range(3, 4)]
+
+
+def test_progress_updates_in_place_on_a_terminal() -> None:
+    from parallel.trainer import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress(20, stream)
+    for step in (1, 2):
+        progress.update({"step": step, "loss": 4.0, "tokens_per_s": 1234.0, "step_s": 0.1})
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.count("\n") == 1 and "step 2/20 loss 4.0000 1234 tok/s" in text
