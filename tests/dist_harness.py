@@ -70,3 +70,11 @@ def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, isla
         if alive:
             raise AssertionError(f"{len(alive)} rank(s) still running after {deadline_s} s (killed); results so far: {out}")
     return out
+
+
+def ok_values(results: dict[int, tuple], world: int) -> dict[int, Any]:
+    """Every rank reported and none failed: {rank: value}; otherwise fail with that rank's traceback."""
+    assert sorted(results) == list(range(world)), results
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    return {rank: outcome[1] for rank, outcome in results.items()}

@@ -8,15 +8,11 @@ import pytest
 import torch
 
 from . import checkpointing_cases as cases
+from .dist_harness import ok_values as _ok
 from .dist_harness import run_world
 from .engine_cases import reference
 
 
-def _ok(results: dict[int, tuple], world: int) -> dict[int, Any]:
-    assert sorted(results) == list(range(world)), results
-    for rank, outcome in results.items():
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
-    return {rank: outcome[1] for rank, outcome in results.items()}
 
 
 def _assert_identical(row: dict[str, Any]) -> None:

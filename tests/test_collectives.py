@@ -3,16 +3,12 @@ from __future__ import annotations
 
 import pytest
 
+from .dist_harness import ok_values as _ok
 from .dist_harness import run_world
 
 CASES = "tests.collective_cases"
 
 
-def _ok(results: dict[int, tuple], world: int) -> dict[int, object]:
-    assert sorted(results) == list(range(world)), results
-    for rank, outcome in results.items():
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
-    return {rank: outcome[1] for rank, outcome in results.items()}
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -10,17 +10,13 @@ from parallel.layers import ShardSpec
 from parallel.model import build_stage, full_model, gather_full_grads, gather_full_params, sync_tied_embedding_grads
 
 from . import parallel_model_cases as cases
+from .dist_harness import ok_values as _ok
 from .dist_harness import run_world
 
 TOL = 1e-5
 MODULE = "tests.parallel_model_cases"
 
 
-def _ok(results: dict[int, tuple], world: int) -> dict[int, Any]:
-    assert sorted(results) == list(range(world)), results
-    for rank, outcome in results.items():
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
-    return {rank: outcome[1] for rank, outcome in results.items()}
 
 
 def _close(loss: float, ref: float) -> bool:

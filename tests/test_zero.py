@@ -9,6 +9,7 @@ import torch
 from parallel.zero import FlatLayout, Zero1AdamW
 
 from . import zero_cases as cases
+from .dist_harness import ok_values as _ok
 from .dist_harness import run_world
 from .engine_cases import reference
 
@@ -16,11 +17,6 @@ TOL = 1e-6
 MODULE = "tests.zero_cases"
 
 
-def _ok(results: dict[int, tuple], world: int) -> dict[int, Any]:
-    assert sorted(results) == list(range(world)), results
-    for rank, outcome in results.items():
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
-    return {rank: outcome[1] for rank, outcome in results.items()}
 
 
 @pytest.fixture(scope="module")
