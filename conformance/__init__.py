@@ -1,1 +1,9 @@
-"""Filled by a later issue (see the issues list): conformance."""
+"""Conformance: prove a backend's numbers agree with an fp64 CPU reference, and report it.
+
+Cases are data (``cases.Case``), grouped in suites (``conformance/suites``); ``runner`` runs them
+with progress; ``report`` writes JSON, Markdown and one self-contained HTML page; ``compare`` puts two
+runs side by side.
+"""
+from .cases import Case, Context, Outcome, SUITES
+
+__all__ = ["Case", "Context", "Outcome", "SUITES"]

@@ -1,0 +1,1 @@
+"""One module per suite, each exposing ``cases(ctx: Context) -> list[Case]``."""
