@@ -1,0 +1,127 @@
+"""The verdict rules: one table of tolerances by op category and dtype, and how a case is judged.
+
+A result ``a`` passes against its float64 reference ``e`` when, at every finite position,
+
+    |a - e| <= atol + rtol * |e|          (torch.testing.assert_close's rule)
+
+and its inf/NaN positions equal the reference's. The case's headline metric ``tol_ratio`` is
+max |a - e| / (atol + rtol * |e|): ≤ 1 passes, and it is what the report plots against the line 1.
+
+=============  ===========================================================================================
+category       rule
+=============  ===========================================================================================
+exact          data movement (embedding lookup, gathers, copies, collectives on order-invariant data):
+               rtol = atol = 0 — bitwise equal to the reference rounded to the result dtype
+elementwise    one rounding of the output: rtol = the dtype's resolution (below), atol = ATOL_BASE
+reduction      norms, softmax, losses over K elements: rtol = resolution, atol = ATOL_BASE × K
+               (FlagGems' ``reduce_dim`` scaling: error grows with the reduction length)
+matmul         linear, matmul, attention over an inner dimension K: rtol = resolution, atol = ATOL_BASE × K
+=============  ===========================================================================================
+
+Resolutions are torch.testing's defaults (fp32 1.3e-6, fp16 1e-3, bf16 1.6e-2, fp64 1e-7), which are
+also FlagGems' ``RESOLUTION`` table; ATOL_BASE = 1e-4 is FlagGems' base atol (torch.testing uses 1e-5
+for fp32, which assumes an fp32 reference rather than fp64). Low-precision results are compared with a
+reference computed in float64 from the SAME rounded inputs (FlagGems' upcast reference), so the bound
+measures the implementation, not the input rounding.
+
+Overrides: a case may widen a bound only through ``override(tolerance, reason)``; the reason is
+stored with the outcome and printed in the report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .metrics import error_metrics
+
+CATEGORIES = ("exact", "elementwise", "reduction", "matmul")
+ATOL_BASE = 1e-4
+RESOLUTION: dict[torch.dtype, float] = {
+    torch.float64: 1e-7,
+    torch.float32: 1.3e-6,
+    torch.float16: 1e-3,
+    torch.bfloat16: 1.6e-2,
+}
+if hasattr(torch, "float8_e4m3fn"):
+    RESOLUTION[torch.float8_e4m3fn] = 0.125  # 3 mantissa bits: one rounding is up to 2^-4 relative, two roundings
+if hasattr(torch, "float8_e5m2"):
+    RESOLUTION[torch.float8_e5m2] = 0.25
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    category: str
+    dtype: str
+    rtol: float
+    atol: float
+    reason: str = ""  # why the bound differs from the table (empty: straight from the table)
+
+    def to_dict(self) -> dict[str, float | str]:
+        d: dict[str, float | str] = {"rtol": self.rtol, "atol": self.atol, "category": self.category}
+        if self.reason:
+            d["override"] = self.reason
+        return d
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def tolerance_for(category: str, dtype: torch.dtype, k: int = 1) -> Tolerance:
+    """The table's bound for ``category`` in ``dtype``; ``k`` is the reduction length (reduction, matmul)."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown tolerance category {category!r}; use one of {', '.join(CATEGORIES)}")
+    if category == "exact" or not dtype.is_floating_point:
+        return Tolerance(category, dtype_name(dtype), 0.0, 0.0)
+    rtol = RESOLUTION.get(dtype)
+    if rtol is None:
+        raise ValueError(f"no tolerance is defined for {dtype_name(dtype)}")
+    atol = ATOL_BASE * (max(1, k) if category in ("reduction", "matmul") else 1)
+    return Tolerance(category, dtype_name(dtype), rtol, atol)
+
+
+def override(tol: Tolerance, reason: str, *, rtol: float | None = None, atol: float | None = None) -> Tolerance:
+    """A wider (or narrower) bound for one case, with the reason the report prints."""
+    if not reason:
+        raise ValueError("a tolerance override needs its reason")
+    return replace(tol, rtol=tol.rtol if rtol is None else rtol, atol=tol.atol if atol is None else atol, reason=reason)
+
+
+def tol_ratio(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> float:
+    """max |a - e| / (atol + rtol |e|) over finite positions; exact bounds give 0 or inf."""
+    a = actual.detach().to("cpu", torch.float64).reshape(-1)
+    e = expected.detach().to("cpu", torch.float64).reshape(-1)
+    mask = torch.isfinite(a) & torch.isfinite(e)
+    a, e = a[mask], e[mask]
+    if a.numel() == 0:
+        return 0.0
+    diff = (a - e).abs()
+    bound = tol.atol + tol.rtol * e.abs()
+    if tol.rtol == 0 and tol.atol == 0:
+        return 0.0 if bool((diff == 0).all()) else float("inf")
+    return float((diff / bound).max())
+
+
+@dataclass(frozen=True)
+class Judgement:
+    passed: bool
+    metrics: dict[str, float]
+    failed_metric: str | None
+    reason: str
+
+
+def judge(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, dtype: torch.dtype | None = None) -> Judgement:
+    """Compare ``actual`` with its float64 reference under ``tol``; name the deciding metric."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return Judgement(False, {}, "shape", f"shape {tuple(actual.shape)} != reference {tuple(expected.shape)}")
+    metrics = error_metrics(actual, expected, dtype or actual.dtype)
+    metrics["tol_ratio"] = tol_ratio(actual, expected, tol)
+    if metrics["nonfinite_mismatch"] > 0:
+        return Judgement(False, metrics, "nonfinite_mismatch",
+                         f"{int(metrics['nonfinite_mismatch'])} inf/NaN position(s) differ from the reference")
+    if metrics["tol_ratio"] > 1.0:
+        return Judgement(False, metrics, "tol_ratio",
+                         f"max error {metrics['max_abs']:.3g} is {metrics['tol_ratio']:.3g}x the bound "
+                         f"(rtol {tol.rtol:g}, atol {tol.atol:g}, {tol.category})")
+    return Judgement(True, metrics, None, "")
