@@ -13,7 +13,9 @@ category       rule
 exact          data movement (embedding lookup, gathers, copies, collectives on order-invariant data):
                rtol = atol = 0 — bitwise equal to the reference rounded to the result dtype
 elementwise    one rounding of the output: rtol = the dtype's resolution (below), atol = ATOL_BASE
-reduction      norms, softmax, losses over K elements: rtol = resolution, atol = ATOL_BASE × K
+normalization  softmax, rms_norm, layer_norm: a reduction whose output is O(1) whatever K is, so the
+               bound does not grow with K: rtol = resolution, atol = ATOL_BASE
+reduction      sums and losses over K elements: rtol = resolution, atol = ATOL_BASE × K
                (FlagGems' ``reduce_dim`` scaling: error grows with the reduction length)
 matmul         linear, matmul, attention over an inner dimension K: rtol = resolution, atol = ATOL_BASE × K
 =============  ===========================================================================================
@@ -35,7 +37,7 @@ import torch
 
 from .metrics import error_metrics
 
-CATEGORIES = ("exact", "elementwise", "reduction", "matmul")
+CATEGORIES = ("exact", "elementwise", "normalization", "reduction", "matmul")
 ATOL_BASE = 1e-4
 RESOLUTION: dict[torch.dtype, float] = {
     torch.float64: 1e-7,
