@@ -21,13 +21,9 @@ import argparse
 import datetime
 import json
 import os
-import queue
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from benchmarks.spawn import failures, launch_ranks  # noqa: E402
+
 MIB = 1 << 20
 GPU_SIZES_MIB = (1, 4, 16, 64, 256, 1024)
 CPU_SIZES_MIB = (1, 4, 16, 64)
 
 
 # --- what every rank runs ----------------------------------------------------------------------------
-def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any], results: Any) -> None:
-    torch.set_num_threads(2)
-    try:
-        results.put((rank, _rank_body(rank, world_size, store, opts)))
-    except BaseException:  # noqa: BLE001 - the parent prints it and stops the others
-        results.put((rank, {"error": traceback.format_exc()}))
-
-
 def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
+    torch.set_num_threads(2)
     from collectives import init_distributed, shutdown, world_communicator
 
     if opts["chunk_bytes"]:
@@ -198,46 +189,6 @@ def _copy_times(comm: Any, src: torch.Tensor, host: torch.Tensor, opts: dict[str
 
 
 # --- the parent: launch, collect, report -------------------------------------------------------------
-def _launch(opts: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Spawn every rank, collect each one's report; stops all of them on error or timeout."""
-    import torch.multiprocessing as mp
-
-    world_size = 1 + opts["cpu_ranks"]
-    ctx = mp.get_context("spawn")
-    results: Any = ctx.Queue()
-    tmp = tempfile.mkdtemp(prefix="hal-bridge-bench-")
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, os.path.join(tmp, "store"), opts, results), daemon=True) for r in range(world_size)]
-    reports: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + opts["timeout_s"]
-    try:
-        for p in procs:
-            p.start()
-        while len(reports) < world_size and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=1.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    break  # a rank died without reporting (killed, segfault)
-                continue
-            reports[rank] = report
-            if "error" in report:
-                deadline = min(deadline, time.monotonic() + 5)  # give the others a moment to report theirs
-    finally:
-        _stop(procs)
-        results.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return reports
-
-
-def _stop(procs: list[Any]) -> None:
-    for p in procs:
-        p.join(timeout=5)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-
-
 def _summary(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[str, Any]:
     r0, r1 = reports[0], reports[1]
     rows = []
@@ -300,15 +251,12 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     opts = _parse_args(argv)
-    reports = _launch(opts)
-    errors = {r: rep["error"] for r, rep in sorted(reports.items()) if "error" in rep}
-    missing = [r for r in range(1 + opts["cpu_ranks"]) if r not in reports]
-    if errors or missing:
-        for r, text in errors.items():
-            print(f"--- rank {r} failed:\n{text}", file=sys.stderr)
-        if missing:
-            print(f"ranks {missing} did not report (crashed, or the run passed --timeout {opts['timeout_s']:g} s)", file=sys.stderr)
-        if any("backend 'cuda' is not available" in t for t in errors.values()):
+    world_size = 1 + opts["cpu_ranks"]
+    reports = launch_ranks(_rank_body, world_size, opts, opts["timeout_s"])
+    problems = failures(reports, world_size, opts["timeout_s"])
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        if any("backend 'cuda' is not available" in line for line in problems):
             print("hint: no usable GPU here; run with --cpu-only", file=sys.stderr)
         return 1
     summary = _summary(reports, opts)

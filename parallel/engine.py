@@ -5,7 +5,8 @@ Activations cross stage boundaries through ``parallel.reshard`` (slice intersect
 the collectives bridge between islands); gradients return the same way. The schedules follow
 Megatron's non-interleaved structure: warm-up forwards, a steady 1F1B phase whose sends and
 receives are posted together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so
-blocking P2P cannot deadlock), and cool-down backwards. GPipe is the same code with every forward
+blocking P2P cannot deadlock), and cool-down backwards. Batches that only send are left in flight
+while the rank computes on (``_post``) and waited for at the end of the schedule. GPipe is the same code with every forward
 in the warm-up.
 
 Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
@@ -94,6 +95,7 @@ class PipelineEngine:
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
         self.times = StepTimes()  # the last step's breakdown
         self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
+        self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
 
     # --- timing -------------------------------------------------------------------------------------
     def clock(self) -> float:
@@ -123,13 +125,33 @@ class PipelineEngine:
 
     # --- point to point -------------------------------------------------------------------------------
     def _post(self, comm: Communicator | None, *posted: Any) -> list[Any]:
+        """Post ``posted`` in one batch; wait for it only when it receives something.
+
+        A batch of pure sends is left in flight (``_sends_in_flight``) so this rank goes on computing
+        while the neighbour receives — the overlap torch.distributed.pipelining's schedules also do.
+        Its buffers stay referenced by the handle until ``_drain_sends`` waits at the end of the
+        schedule. A batch with a receive is waited on at once: the next compute needs its data (on
+        NCCL that wait orders the compute stream after the transfer; the host does not block).
+        """
         ops = [op for p in posted if p is not None for op in p.ops]
         if not ops:
             return [None if p is None else p.finish() for p in posted]
         assert comm is not None
         with self._timed("p2p"):
+            if all(op.kind == "send" for op in ops):
+                self._sends_in_flight.append(comm.batch_p2p(ops, async_op=True))
+                return [None for _ in posted]
             comm.batch_p2p(ops)
             return [None if p is None else p.finish() for p in posted]
+
+    def _drain_sends(self) -> None:
+        """Wait for every send still in flight (the end of a schedule: nothing may outlive the step)."""
+        if not self._sends_in_flight:
+            return
+        with self._timed("p2p"):
+            for handle in self._sends_in_flight:
+                handle.wait()
+            self._sends_in_flight.clear()
 
     def _recv_fwd_ops(self) -> Any:
         b = self.recv_boundary
@@ -230,6 +252,7 @@ class PipelineEngine:
             (grad,) = self._post(nxt, self._recv_bwd_ops(oldest.output))
             input_grad = self._backward(oldest, grad)
             self._post(prev, self._send_bwd_ops(input_grad))
+        self._drain_sends()
         self.times.schedule = self.clock() - started
         with self._timed("grad_sync"):
             self._sync_dp_grads()

@@ -1,0 +1,295 @@
+"""Pipeline throughput: hal's 1F1B engine against torch.distributed.pipelining's Schedule1F1B.
+
+The same model (a Llama-style decoder from ``parallel.model``, about 1.1B parameters by default:
+hidden 2048, 24 layers, 16 heads / 4 kv-heads, SwiGLU 5632, vocab 32000, sequence 2048, bf16
+weights) is split into P equal stages, one GPU each. Both schedules run on the SAME stage modules
+(torch's ``PipelineStage`` wraps ours; its last stage returns logits and its ``loss_fn`` is our
+cross-entropy), the same micro-batches and the same tokens. Per step both do forward and backward
+of every micro-batch (no optimizer). The rounds alternate ours / torch so drift hits both.
+
+Reported, with the card:
+  * tokens/s of each and the ratio ours/torch (goal >= 1.0);
+  * MFU = tokens/s x FLOPs per token / (P x the catalog's dense bf16 peak), with torchtitan's count
+    FLOPs/token = 6 x (parameters - embedding) + 12 x layers x heads x head_dim x sequence;
+  * peak memory per stage (max_memory_allocated during the timed steps) of each;
+  * the bubble: a separate pass with the device synchronized around every phase measures, per stage,
+    1 - compute / schedule time, against the ideal (P-1)/(M+P-1) of equal stages.
+
+    python benchmarks/pipeline.py [--backend cuda] [--stages 4] [--micro-batches 8] [--micro-batch-size 1]
+        [--preset 1b|tiny] [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900]
+
+``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks.spawn import failures, launch_ranks  # noqa: E402
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # TinyLlama-1.1B's shapes with 24 layers (6 per stage at P=4): 1.10e9 parameters untied.
+    "1b": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 24, "num_heads": 16, "num_kv_heads": 4,
+           "ffn_hidden_size": 5632, "max_seq_len": 2048},
+    "tiny": {"vocab_size": 256, "hidden_size": 64, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+             "ffn_hidden_size": 128, "max_seq_len": 64},
+}
+
+
+# --- model arithmetic ----------------------------------------------------------------------------------
+def parameter_counts(m: dict[str, Any]) -> dict[str, int]:
+    """Parameters of the untied decoder: total, and the embedding table's share."""
+    h, kv = m["hidden_size"], m["num_kv_heads"] * (m["hidden_size"] // m["num_heads"])
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * m["ffn_hidden_size"] + 2 * h
+    embedding = m["vocab_size"] * h
+    total = embedding + m["num_layers"] * per_layer + h + m["vocab_size"] * h
+    return {"total": total, "embedding": embedding}
+
+
+def flops_per_token(m: dict[str, Any], seq: int) -> float:
+    """Training FLOPs per token (forward + backward), torchtitan's convention (see the module doc)."""
+    n = parameter_counts(m)
+    head_dim = m["hidden_size"] // m["num_heads"]
+    return 6.0 * (n["total"] - n["embedding"]) + 12.0 * m["num_layers"] * m["num_heads"] * head_dim * seq
+
+
+# --- what every rank runs ------------------------------------------------------------------------------
+def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from collectives import init_distributed, shutdown
+    from parallel.engine import PipelineEngine
+    from parallel.model_config import ModelConfig
+    from parallel.plan import ParallelPlan, StagePlan, validate_plan
+    from parallel.topology import Topology, build_groups
+
+    torch.set_num_threads(max(1, opts["threads"]))
+    world = init_distributed(opts["backend"], init_method=f"file://{store}", rank=rank, world_size=world_size)
+    backend, device = world.backend, world.device
+    try:
+        model = ModelConfig(**opts["model"])
+        layers = _split_layers(model.num_layers, world_size)
+        plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), "1f1b", opts["micro_batches"],
+                            opts["micro_batch_size"])
+        validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
+        topology = Topology.from_plan(plan)
+        groups = build_groups(topology, world, validate=False)
+        dtype = getattr(torch, opts["dtype"])
+        engine = PipelineEngine(model, plan, topology, groups, seed=0, device=device, dtype=dtype, seq_len=opts["seq"])
+        M, mbs, seq = plan.micro_batches, plan.micro_batch_size, opts["seq"]
+        gen = torch.Generator().manual_seed(1)  # the same tokens on every rank
+        tokens = torch.randint(0, model.vocab_size, (M, mbs, seq + 1), generator=gen).to(device)
+
+        def ours() -> None:
+            engine.module.zero_grad(set_to_none=True)
+            engine.step(tokens)
+
+        torch_step = _torch_schedule(engine, tokens, backend, world_size, rank)
+
+        def sync() -> None:
+            backend.synchronize()
+            dist.barrier()
+
+        report: dict[str, Any] = {"rank": rank, "stage": rank, "layers": layers[rank], "device": str(device),
+                                  "device_name": backend.device_name(device.index or 0) if device.type != "cpu" else "cpu"}
+        times: dict[str, list[float]] = {"ours": [], "torch": []}
+        peak: dict[str, int] = {"ours": 0, "torch": 0}
+        for fn in (ours, torch_step):  # warm up both (torch's first step also infers shapes)
+            for _ in range(opts["warmup"]):
+                fn()
+        for _ in range(opts["rounds"]):
+            for name, fn in (("ours", ours), ("torch", torch_step)):
+                sync()
+                if device.type != "cpu":
+                    backend.reset_peak_memory_stats()
+                start = time.perf_counter()
+                for _ in range(opts["steps"]):
+                    fn()
+                sync()
+                times[name].append((time.perf_counter() - start) / opts["steps"])
+                if device.type != "cpu":
+                    peak[name] = max(peak[name], backend.max_memory_allocated())
+        report["step_s"] = times
+        report["peak_memory_bytes"] = peak
+        report["bubble"] = _bubble(engine, tokens, opts["steps"])
+        if rank == 0 and device.type != "cpu":
+            caps = backend.capabilities(device.index or 0)
+            report["peak_bf16_tflops"] = caps.peak_tflops.get("bf16")
+            report["catalog"] = caps.catalog_id
+        sync()
+        return report
+    finally:
+        shutdown()
+
+
+def _split_layers(num_layers: int, stages: int) -> list[int]:
+    base, extra = divmod(num_layers, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
+    """Per-stage time shares of the schedule, device synchronized around every phase."""
+    engine.sync_for_timing = True
+    compute = p2p = schedule = 0.0
+    for _ in range(steps):
+        engine.module.zero_grad(set_to_none=True)
+        engine.step(tokens)
+        t = engine.times
+        compute, p2p, schedule = compute + t.compute, p2p + t.p2p, schedule + t.schedule
+    engine.sync_for_timing = False
+    return {"compute_s": compute / steps, "p2p_s": p2p / steps, "schedule_s": schedule / steps,
+            "idle_fraction": 1.0 - compute / schedule}
+
+
+class _LogitsStage(torch.nn.Module):
+    """Our stage module for torch's PipelineStage: identical compute, the last stage returns logits."""
+
+    def __init__(self, stage: torch.nn.Module) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from hal import ops
+        from parallel.layers import parallel_input
+
+        st = self.stage
+        h = st.embed(x) if st.first else x
+        for layer in st.layers.values():
+            h = st._run_layer(layer, h)
+        if not st.last:
+            return h
+        return ops.linear(parallel_input(st.norm(h), st.tp_comm, st.sp), st.head_weight)
+
+
+def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size: int, rank: int) -> Any:
+    """A closure running one Schedule1F1B step over the same modules and tokens."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from parallel.layers import vocab_parallel_cross_entropy
+
+    group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
+    stage = PipelineStage(_LogitsStage(engine.module), rank, world_size, engine.device, group=group)
+    M = tokens.shape[0]
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, target, None)
+
+    schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=loss_fn)
+    x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1)
+    y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1)
+
+    def step() -> None:
+        engine.module.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world_size - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+
+    return step
+
+
+# --- the parent: launch, summarise ---------------------------------------------------------------------
+def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[str, Any]:
+    P, M, mbs, seq = len(reports), opts["micro_batches"], opts["micro_batch_size"], opts["seq"]
+    tokens_per_step = M * mbs * seq
+    step = {name: statistics.median(max(r["step_s"][name][i] for r in reports.values())
+                                    for i in range(opts["rounds"])) for name in ("ours", "torch")}
+    tps = {name: tokens_per_step / s for name, s in step.items()}
+    r0 = reports[0]
+    peak = r0.get("peak_bf16_tflops")
+    fpt = flops_per_token(opts["model"], seq)
+    mfu = {name: (t * fpt / (P * peak * 1e12) if peak else None) for name, t in tps.items()}
+    stages = [{"stage": r["stage"], "layers": r["layers"], "device": r["device_name"],
+               "peak_mem_gib_ours": r["peak_memory_bytes"]["ours"] / 2**30,
+               "peak_mem_gib_torch": r["peak_memory_bytes"]["torch"] / 2**30,
+               "compute_s": r["bubble"]["compute_s"], "p2p_s": r["bubble"]["p2p_s"],
+               "schedule_s": r["bubble"]["schedule_s"], "idle_fraction": r["bubble"]["idle_fraction"]}
+              for _, r in sorted(reports.items())]
+    return {
+        "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
+        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"],
+        "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
+        "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
+        "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
+        "bubble_ideal": (P - 1) / (M + P - 1),
+        "bubble_measured_mean": statistics.mean(s["idle_fraction"] for s in stages),
+    }
+
+
+def table(s: dict[str, Any]) -> str:
+    lines = [
+        f"pipeline 1F1B on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
+        f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}",
+        f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
+    ]
+    for name, label in (("ours", "hal PipelineEngine"), ("torch", "torch Schedule1F1B")):
+        mfu = s["mfu"][name]
+        lines.append(f"{label:<22}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
+                     f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
+    lines.append(f"throughput ratio ours/torch: {s['ratio_ours_over_torch']:.3f} (goal >= 1.0)")
+    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}{'idle':>7}")
+    for st in s["per_stage"]:
+        lines.append(f"{st['stage']:<6}{st['layers']:>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
+                     f"{st['compute_s']:>11.3f}{st['p2p_s']:>8.3f}{st['schedule_s']:>9.3f}{st['idle_fraction']:>7.3f}")
+    lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (P-1)/(M+P-1) = {s['bubble_ideal']:.3f}")
+    return "\n".join(lines)
+
+
+def _parse_args(argv: list[str] | None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", default="cuda")
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages = ranks, one device each")
+    parser.add_argument("--micro-batches", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="1b")
+    parser.add_argument("--seq", type=int, help="sequence length (default: the preset's max_seq_len)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="ours/torch alternations; medians reported")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.stages < 2:
+        parser.error("--stages must be at least 2 (a pipeline)")
+    model = dict(PRESETS[args.preset])
+    seq = args.seq or model["max_seq_len"]
+    model["max_seq_len"] = max(model["max_seq_len"], seq)
+    if model["num_layers"] < args.stages:
+        parser.error(f"--stages {args.stages} exceeds the preset's {model['num_layers']} layers")
+    return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
+            "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
+            "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
+            "timeout_s": args.timeout, "json": args.json}
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parse_args(argv)
+    reports = launch_ranks(_rank_main, opts["stages"], opts, opts["timeout_s"])
+    problems = failures(reports, opts["stages"], opts["timeout_s"])
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    summary = summarise(reports, opts)
+    print(json.dumps(summary, indent=2) if opts["json"] else table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The pipeline benchmark runs end to end on CPU/gloo (tiny model): both schedules, every stage reports."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_parameter_count_matches_the_built_model() -> None:
+    from parallel.model import full_model
+    from parallel.model_config import ModelConfig
+
+    model = PRESETS["tiny"]
+    built = sum(p.numel() for p in full_model(ModelConfig(**model), seed=0).parameters())
+    assert parameter_counts(model)["total"] == built
+    assert flops_per_token(model, 64) > 6 * (built - parameter_counts(model)["embedding"])
+
+
+def test_tiny_pipeline_benchmark_on_cpu() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--micro-batches", "4", "--micro-batch-size", "2", "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["stages"] == 4 and len(summary["per_stage"]) == 4
+    assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
+    assert summary["bubble_ideal"] == 3 / 7
+    assert all(0.0 <= s["idle_fraction"] < 1.0 for s in summary["per_stage"])
