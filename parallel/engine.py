@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -69,7 +69,10 @@ class PipelineEngine:
     def __init__(
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
         seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
+        autocast: Callable[[], ContextManager[Any]] | None = None,
     ) -> None:
+        """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
+        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
         if plan.schedule not in SCHEDULES:
             raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
         if model.tie_embeddings and topology.num_stages > 1:
@@ -81,6 +84,7 @@ class PipelineEngine:
         self.first = self.coord.stage == 0
         self.last = self.coord.stage == topology.num_stages - 1
         self.device, self.dtype = device, dtype
+        self.autocast = autocast or contextlib.nullcontext
         self.seq = seq_len or model.max_seq_len
         tp_comm = groups.tp if self.mesh.tp > 1 else None
         self.module: Stage = build_stage(
@@ -179,6 +183,14 @@ class PipelineEngine:
             return self._forward_untimed(tokens, m, received)
 
     def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
+        with self.autocast():
+            item = self._forward_stage(tokens, m, received)
+        if not self.last and item.output.dtype != self.dtype:
+            # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
+            item = _InFlight(item.inputs, item.output.to(self.dtype))
+        return item
+
+    def _forward_stage(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         if self.first:
             x: torch.Tensor | None = None
             out = self.module(self._inputs(tokens, m), self._labels(tokens, m) if self.last else None,

@@ -69,11 +69,33 @@ class TrainJob:
 # --- validation -------------------------------------------------------------------------------------------
 
 
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed")
+
+
 def _check_precision(run: RunConfig) -> None:
+    """hal train runs fp32, tf32 or bf16-mixed; each stage's backend must give that without loss scaling.
+
+    fp16-mixed needs dynamic loss scaling, and a pipeline needs ONE scale and one inf/NaN verdict
+    across every stage (not a GradScaler per rank), which the engine does not have yet; fp8-mixed
+    is not wired into the model's layers. A stage whose device would turn bf16-mixed into
+    fp16-mixed (no native bf16) is refused for the same reason.
+    """
+    from hal.backend_registry import get_backend
+    from hal.precision import resolve_precision
+
     precision = run.hal.precision
-    if precision != "fp32":
-        where = run.hal.origins.get("precision", "config")
-        raise ConfigError(f"{where}: precision {precision!r}: hal train runs the pipeline in fp32 for now; set precision: fp32")
+    where = run.hal.origins.get("precision", "config")
+    if precision not in TRAIN_PRECISIONS:
+        raise ConfigError(f"{where}: precision {precision!r}: hal train supports {', '.join(TRAIN_PRECISIONS)} "
+                          "(fp16 loss scaling across pipeline stages is not implemented); use bf16-mixed")
+    for index, stage in enumerate(run.plan.stages):
+        backend = get_backend(stage.backend)
+        if not backend.is_available():
+            continue  # the plan check reports unavailable backends with their reason
+        plan = resolve_precision(precision, backend, backend.capabilities(), "allow")
+        if plan.loss_scaling:
+            raise ConfigError(f"{where}: precision {precision!r}: stage {index}'s device ({stage.backend}) would need fp16 "
+                              "with loss scaling, which hal train does not do across stages; use fp32")
 
 
 def _default_run_dir(config: str) -> Path:

@@ -70,6 +70,19 @@ def _make_optimizer(engine: Any, groups: Any, run: RunConfig) -> Any:
     return torch.optim.AdamW(params, **hyper)
 
 
+def _precision_plan(backend: Any, run: RunConfig) -> Any:
+    """This rank's precision plan (``hal train`` checked it before starting); switches applied.
+
+    Every downgrade is recorded and shown under the run's fallback policy; the writer's summary
+    names the mode each stage really ran.
+    """
+    from hal.precision import resolve_precision
+
+    plan = resolve_precision(run.hal.precision, backend, backend.capabilities(), run.hal.fallback)
+    plan.apply(backend)
+    return plan
+
+
 def setup(args: argparse.Namespace) -> RankRun:
     """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
     from collectives import init_distributed
@@ -87,7 +100,9 @@ def setup(args: argparse.Namespace) -> RankRun:
     groups = build_groups(topology, world, validate=False)  # the engine's calls are fixed by the plan
     torch.manual_seed(run.train.seed)
     seq = run.train.seq_len or run.model.max_seq_len
-    engine = PipelineEngine(run.model, run.plan, topology, groups, seed=run.train.seed, device=world.device, seq_len=seq)
+    precision = _precision_plan(world.backend, run)
+    engine = PipelineEngine(run.model, run.plan, topology, groups, seed=run.train.seed, device=world.device, seq_len=seq,
+                            autocast=lambda: precision.autocast(world.backend))
     engine.sync_for_timing = True
     optimizer = _make_optimizer(engine, groups, run)
     start = 0
@@ -176,7 +191,7 @@ class Progress:
 def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, args: argparse.Namespace, checkpoint: str | None) -> dict[str, Any]:
     tokens = sum(rec["tokens"] for rec in records)
     return {
-        "config": r.run.origin, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
+        "config": r.run.origin, "precision": r.run.hal.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,

@@ -147,7 +147,7 @@ def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Pat
 BAD = {
     "corpus-needs-vocab-256": ({"model": {"vocab_size": 64}}, [], "train.data 'corpus' is byte-level text"),
     "layers-do-not-add-up": ({"model": {"num_layers": 5}}, [], "layers add up to 4"),
-    "precision-not-fp32": ({"precision": "bf16-mixed"}, [], "hal train runs the pipeline in fp32"),
+    "precision-fp16": ({"precision": "fp16-mixed"}, [], "fp16 loss scaling across pipeline stages is not implemented"),
     "resume-missing": ({}, ["--resume", "no/such/checkpoint"], "no such directory"),
     "steps-zero": ({}, ["--steps", "0"], "--steps 0 is not a step count"),
 }
@@ -171,6 +171,19 @@ def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path
     assert len(lines) == 1 and lines[0].startswith("hal: error: "), result.stderr
     assert message in lines[0]
     assert not run_dir.exists() and not _processes_mentioning(str(run_dir))
+
+
+def test_bf16_mixed_follows_the_fp32_curve(half_run: dict[str, Any]) -> None:
+    """Plan (a) under bf16 autocast on every stage: the same 3 steps, loss within bf16's reach of fp32's."""
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["precision"] = "bf16-mixed"
+    config = half_run["root"] / "plan_a_bf16.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    bf16 = _train(str(config), "--steps", "3", "--run-dir", str(half_run["root"] / "bf16"))
+    fp32 = half_run["half"]["losses"]
+    assert bf16["precision"] == "bf16-mixed"
+    assert bf16["losses"] != fp32  # autocast really ran: bf16 rounding moves the loss
+    _assert_close(bf16["losses"], fp32, 2e-2)
 
 
 def test_resume_with_another_model_is_refused(half_run: dict[str, Any]) -> None:
