@@ -30,13 +30,14 @@ import torch
 
 from collectives import Communicator
 
-from .model import Stage, build_stage
+from .model import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
 from .topology import RankGroups, Topology
 
 SCHEDULES = ("gpipe", "1f1b")
+
 BUCKET_BYTES = 16 * 2**20
 
 
@@ -75,8 +76,6 @@ class PipelineEngine:
         forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
         if plan.schedule not in SCHEDULES:
             raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
-        if model.tie_embeddings and topology.num_stages > 1:
-            raise NotImplementedError("tied embeddings across pipeline stages are not wired into the engine yet; set model.tie_embeddings: false")
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
         self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
@@ -91,6 +90,8 @@ class PipelineEngine:
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
         )
+        if self.module.needs_tied_grad_sync and groups.embedding is None:
+            raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
         mbs = plan.micro_batch_size
         k = self.coord.stage
@@ -268,6 +269,8 @@ class PipelineEngine:
         self.times.schedule = self.clock() - started
         with self._timed("grad_sync"):
             self._sync_dp_grads()
+            if self.module.needs_tied_grad_sync:
+                sync_tied_embedding_grads(self.module, self.groups.embedding)
         return self._step_loss(losses)
 
     # --- after the schedule -----------------------------------------------------------------------------------

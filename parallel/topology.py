@@ -180,6 +180,7 @@ class RankGroups:
     tp: "Communicator"  # my TP group (tp consecutive ranks)
     dp: "Communicator"  # my DP group (dp ranks strided by tp)
     boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
+    embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
 
     @property
     def prev_boundary(self) -> "Communicator | None":
@@ -207,7 +208,7 @@ def _check_world_matches(topology: Topology, world: "World") -> None:
             )
 
 
-def _group_sets(topology: Topology) -> list[tuple[str, int, int, tuple[int, ...]]]:
+def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple[str, int, int, tuple[int, ...]]]:
     """Every group of the job, in the one order all ranks create them: (kind, stage/boundary, index, ranks)."""
     sets: list[tuple[str, int, int, tuple[int, ...]]] = []
     for m in topology.stages:
@@ -215,10 +216,15 @@ def _group_sets(topology: Topology) -> list[tuple[str, int, int, tuple[int, ...]
         sets += [("tp", m.index, d, topology.tp_ranks(m.index, d)) for d in range(m.dp)]
         sets += [("dp", m.index, t, topology.dp_ranks(m.index, t)) for t in range(m.tp)]
     sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
+    if tied_embeddings and topology.num_stages > 1:
+        # ``parallel.model.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
+        # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
+        sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
     return sets
 
 
-def build_groups(topology: Topology, world: "World | None" = None, *, validate: bool = True) -> RankGroups:
+def build_groups(topology: Topology, world: "World | None" = None, *, validate: bool = True,
+                 tied_embeddings: bool = False) -> RankGroups:
     """Create every stage, TP, DP and boundary communicator; return the ones this rank belongs to.
 
     Collective: every rank of the world calls it with the same topology (torch creates groups
@@ -231,7 +237,7 @@ def build_groups(topology: Topology, world: "World | None" = None, *, validate: 
     _check_world_matches(topology, world)
     made: dict[tuple[int, ...], Communicator | None] = {}
     mine: dict[tuple[str, int], Communicator] = {}
-    for kind, where, _index, ranks in _group_sets(topology):
+    for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
         if ranks not in made:
             layout = make_layout(world, ranks)  # every rank calls this, member or not
             made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
@@ -240,4 +246,5 @@ def build_groups(topology: Topology, world: "World | None" = None, *, validate: 
             mine[(kind, where)] = comm
     coord = topology.coord(world.rank)
     boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
-    return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries)
+    return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
+                      mine.get(("embedding", 0)))

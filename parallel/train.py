@@ -129,9 +129,6 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
         raise ConfigError(f"hal train: --steps {steps} is not a step count; give 1 or more")
     run = load_run_config(config, check_backends=check_backends)
     _check_precision(run)
-    if run.model.tie_embeddings and run.plan.num_stages > 1:
-        raise ConfigError(f"{run.origin}: model.tie_embeddings with {run.plan.num_stages} stages is not wired into the engine yet; "
-                          "set tie_embeddings: false or use one stage")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)
     total = steps or run.train.steps

@@ -97,7 +97,8 @@ def setup(args: argparse.Namespace) -> RankRun:
     rank = int(os.environ.get("RANK", "0"))
     backend = os.environ.get("HAL_BACKEND") or topology.backend_of(rank)
     world = init_distributed(backend)
-    groups = build_groups(topology, world, validate=False)  # the engine's calls are fixed by the plan
+    groups = build_groups(topology, world, validate=False,  # the engine's calls are fixed by the plan
+                          tied_embeddings=run.model.tie_embeddings)
     torch.manual_seed(run.train.seed)
     seq = run.train.seq_len or run.model.max_seq_len
     precision = _precision_plan(world.backend, run)

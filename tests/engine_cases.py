@@ -1,6 +1,7 @@
 """Per-rank bodies for the engine equivalence tests (run through tests.dist_harness)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,13 +17,17 @@ def batch(seed: int, step: int, micro_batches: int, mbs: int, seq: int, vocab: i
     return torch.randint(0, vocab, (micro_batches, mbs, seq + 1), generator=g)
 
 
-def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
+def model_config(tied: bool) -> ModelConfig:
+    return replace(MODEL, tie_embeddings=tied)
+
+
+def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
     from parallel.model import full_model
     from parallel.plan import parse_plan
 
     plan = parse_plan(plan_raw)
-    model = full_model(MODEL, seed)
+    model = full_model(model_config(tied), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):
@@ -39,7 +44,7 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0) -> dict[str,
     return {"losses": losses, "grads": grads}
 
 
-def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
+def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from collectives import current_world
     from parallel.engine import PipelineEngine
@@ -50,8 +55,8 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
     world = current_world()
-    groups = build_groups(topology, world)
-    engine = PipelineEngine(MODEL, plan, topology, groups, seed=seed, device=world.device)
+    groups = build_groups(topology, world, tied_embeddings=tied)
+    engine = PipelineEngine(model_config(tied), plan, topology, groups, seed=seed, device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):

@@ -25,15 +25,18 @@ PLANS = {
         "schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
         "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]},
 }
+TIED = "e: tied embeddings, 2 stages tp2 -> dp2 (the two copies' gradients summed)"
+PLANS[TIED] = PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"]
 STEPS, LR = 20, 3e-3
 
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_plan_matches_single_process(name: str) -> None:
     plan = PLANS[name]
+    tied = name == TIED
     world = sum(s["devices"] for s in plan["stages"])
-    ref = reference(plan, STEPS, LR)
-    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR)
+    ref = reference(plan, STEPS, LR, tied=tied)
+    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR, tied=tied)
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
