@@ -68,3 +68,40 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
         opt.step()
         losses.append(loss)
     return {"coord": tuple(groups.coord), "losses": losses, "grads": grads}
+
+
+def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float | None:
+    """2 stages, GPipe: stage 1 starts receiving only after stage 0 finished ALL its forwards.
+
+    gloo point-to-point is a rendezvous (a send completes only once its receive is posted), so a
+    stage 0 that waited for each send before computing on would block on its first send forever:
+    this run completes only if sends stay in flight while stage 0 computes.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    from collectives import current_world
+    from parallel.engine import PipelineEngine
+    from parallel.plan import parse_plan
+    from parallel.topology import Topology, build_groups
+
+    plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
+                       "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
+    topology = Topology.from_plan(plan)
+    groups = build_groups(topology, current_world(), validate=False)  # as hal train: peer checks would rendezvous too
+    engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"))
+    store = dist.FileStore(gate, world)
+    if rank == 0:
+        forwards = 0
+
+        def count(*_: Any) -> None:
+            nonlocal forwards
+            forwards += 1
+            if forwards == micro_batches:
+                store.set("stage0_forwards_done", "1")
+
+        engine.module.register_forward_hook(count)
+    else:
+        store.wait(["stage0_forwards_done"], datetime.timedelta(seconds=20))
+    return engine.step(batch(0, 0, micro_batches, 2, MODEL.max_seq_len, MODEL.vocab_size))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .dist_harness import run_world
+from .dist_harness import ok_values, run_world
 from .engine_cases import reference
 
 PLANS = {
@@ -54,3 +54,12 @@ def test_plan_matches_single_process(name: str) -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{name}: gradient of {pname}")
             seen.add(pname)
     assert seen == set(ref["grads"]), set(ref["grads"]) - seen
+
+
+def test_sends_overlap_compute(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Stage 0 computes every forward before stage 1 receives any (see ``engine_cases.overlap_run``)."""
+    results = run_world("tests.engine_cases", "overlap_run", 2, deadline_s=120, gate=str(tmp_path / "gate"), micro_batches=4)
+    values = ok_values(results, 2)
+    ref = reference({"schedule": "gpipe", "micro_batches": 4, "micro_batch_size": 2,
+                     "stages": [{"backend": "cpu", "devices": 2, "layers": 4}]}, 1, 0.0)
+    assert values[0] is None and abs(values[1] - ref["losses"][0]) <= 1e-5 * ref["losses"][0]
