@@ -101,6 +101,9 @@ class PipelineEngine:
         self.times = StepTimes()  # the last step's breakdown
         self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
+        # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
+        # traffic of the all-reduce); p.grad then holds this replica's part only.
+        self.reduce_dp_grads = True
 
     # --- timing -------------------------------------------------------------------------------------
     def clock(self) -> float:
@@ -268,7 +271,8 @@ class PipelineEngine:
         self._drain_sends()
         self.times.schedule = self.clock() - started
         with self._timed("grad_sync"):
-            self._sync_dp_grads()
+            if self.reduce_dp_grads:
+                self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
                 sync_tied_embedding_grads(self.module, self.groups.embedding)
         return self._step_loss(losses)

@@ -106,6 +106,9 @@ def setup(args: argparse.Namespace) -> RankRun:
                             autocast=lambda: precision.autocast(world.backend))
     engine.sync_for_timing = True
     optimizer = _make_optimizer(engine, groups, run)
+    # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
+    # except where a tied embedding must be summed across stages first (that needs the full dp sum).
+    engine.reduce_dp_grads = not (run.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
     start = 0
     if args.resume:
         start = int(load_checkpoint(resolve(args.resume), engine, optimizer)["step"])
@@ -124,7 +127,10 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     r.optimizer.zero_grad(set_to_none=True)
     loss = r.engine.step(tokens)
     before_opt = r.engine.clock()
-    r.optimizer.step()
+    if r.engine.reduce_dp_grads:
+        r.optimizer.step()
+    else:
+        r.optimizer.reduce_scatter_and_step()
     done = r.engine.clock()
     t = r.engine.times
     return loss, [t.compute, t.p2p, t.grad_sync, done - before_opt, t.schedule, done - started]

@@ -186,6 +186,16 @@ def test_bf16_mixed_follows_the_fp32_curve(half_run: dict[str, Any]) -> None:
     _assert_close(bf16["losses"], fp32, 2e-2)
 
 
+def test_zero1_reduce_scatter_follows_the_plain_run(half_run: dict[str, Any]) -> None:
+    """Plan (a) with zero1: the dp2 stage shards AdamW's state and sums gradients by reduce-scatter."""
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["parallel"]["zero1"] = True
+    config = half_run["root"] / "plan_a_zero1.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    zero1 = _train(str(config), "--steps", "3", "--run-dir", str(half_run["root"] / "zero1"))
+    _assert_close(zero1["losses"], half_run["half"]["losses"], 1e-5)
+
+
 def test_resume_with_another_model_is_refused(half_run: dict[str, Any]) -> None:
     raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
     raw["model"]["hidden_size"] = 128

@@ -209,7 +209,7 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     for how in ("step", "rs"):
         engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"))
         if how == "rs":
-            engine._sync_dp_grads = lambda: None  # type: ignore[method-assign]  # the reduce-scatter sums instead
+            engine.reduce_dp_grads = False  # the reduce-scatter sums instead
         opt = Zero1AdamW(engine.module.parameters(), groups.dp, lr=ENGINE_LR)
         losses = []
         for step in range(ENGINE_STEPS):
