@@ -26,8 +26,32 @@ for fp32, which assumes an fp32 reference rather than fp64). Low-precision resul
 reference computed in float64 from the SAME rounded inputs (FlagGems' upcast reference), so the bound
 measures the implementation, not the input rounding.
 
+HAL ops map to categories through ``OP_CATEGORY``: embedding → exact; silu, gelu, swiglu,
+rotary_embedding → elementwise; softmax, rms_norm, layer_norm → normalization; cross_entropy →
+reduction (K = classes); linear, matmul, scaled_dot_product_attention → matmul (K = inner length;
+for attention the larger of head_dim and key length). Gradients are judged per input with the
+category of the computation that produces them (e.g. a weight gradient summed over M rows is a
+reduction with K = M).
+
 Overrides: a case may widen a bound only through ``override(tolerance, reason)``; the reason is
-stored with the outcome and printed in the report.
+stored with the outcome and printed in the report. The overrides the suites use:
+
+=====================  ======================================================================================
+where                  override and reason
+=====================  ======================================================================================
+ops: large / tiny      atol × the result's natural magnitude (``Sample.magnitude`` / ``GradSpec.magnitude`` in
+inputs                 ``conformance/inputs.py``: s² for a matmul of inputs scaled by s, 1/√(s²+eps) for a
+                       norm's input gradient, ...): the table's atol assumes O(1) values, so unscaled it is
+                       vacuous for tiny results and below one rounding of large ones
+ops: bf16 / fp16       atol = rtol × max|reference| (a normwise bound) where that is larger, for every backward
+intermediates          case and the forward of rotary_embedding and scaled_dot_product_attention: autograd and
+                       these references materialise intermediates (gradients of intermediates, x·cos and
+                       rotate_half(x)·sin, attention probabilities) in the input dtype, so cancellation leaves
+                       one rounding at the scale of the tensor rather than of each element
+collectives: float     rtol = Higham's γ_(K-1) (γ_K for avg) where it exceeds the table's rtol (fp16 at K ≥ 4,
+sum/avg/product        bf16 at K ≥ 6): a reduction over K ranks rounds up to K-1 times in the dtype, on positive
+over K ranks           inputs (``conformance/collective_checks.py``, ``reduction_tolerance``)
+=====================  ======================================================================================
 """
 from __future__ import annotations
 
@@ -49,6 +73,30 @@ if hasattr(torch, "float8_e4m3fn"):
     RESOLUTION[torch.float8_e4m3fn] = 0.125  # 3 mantissa bits: one rounding is up to 2^-4 relative, two roundings
 if hasattr(torch, "float8_e5m2"):
     RESOLUTION[torch.float8_e5m2] = 0.25
+
+
+OP_CATEGORY: dict[str, str] = {
+    "embedding": "exact",
+    "silu": "elementwise",
+    "gelu": "elementwise",
+    "swiglu": "elementwise",
+    "rotary_embedding": "elementwise",
+    "softmax": "normalization",
+    "rms_norm": "normalization",
+    "layer_norm": "normalization",
+    "cross_entropy": "reduction",
+    "linear": "matmul",
+    "matmul": "matmul",
+    "scaled_dot_product_attention": "matmul",
+}
+
+
+def op_category(op: str) -> str:
+    """The tolerance category of HAL op ``op``; an op missing from the table is a ValueError."""
+    try:
+        return OP_CATEGORY[op]
+    except KeyError:
+        raise ValueError(f"op {op!r} has no tolerance category; add it to OP_CATEGORY in conformance/tolerances.py") from None
 
 
 @dataclass(frozen=True)

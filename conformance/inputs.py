@@ -1,0 +1,373 @@
+"""Input generators for the ops suite: one per HAL op, each covering the same input classes.
+
+A generator returns a ``Sample``: the *leaf* tensors (float leaves in float64, already rounded to
+the dtype under test, so the float64 reference sees exactly the values the device sees — FlagGems'
+upcast reference), a ``build`` function that turns leaves into the op's arguments (this is where
+non-contiguous views are made, so they are made on whichever device the leaves live on and autograd
+carries gradients back to the leaves), the reduction length K for the tolerance, and which leaves get
+gradients with which tolerance category.
+
+Input classes (``CLASSES``): ``normal`` shapes; ``odd`` sizes (7x13-like); ``single`` (1x1);
+``noncontig`` (transposed / strided views); ``large`` and ``tiny`` magnitudes (scaled by 1e4 / 1e-4,
+or the nearest power of ten that keeps the dtype out of overflow / subnormals — see ``large_scale``);
+``nonfinite`` (NaN where propagation is defined, ±inf only where every correct implementation agrees);
+``empty`` (zero-size). Some ops add their own variants (e.g. ``causal`` attention). Every generator is
+seeded from (seed, op, class), so a case sees the same numbers on every run and every backend.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+CLASSES: tuple[str, ...] = ("normal", "odd", "single", "noncontig", "large", "tiny", "nonfinite", "empty")
+NAN = float("nan")
+INF = float("inf")
+
+Leaves = dict[str, torch.Tensor]
+Built = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class GradSpec:
+    """How one leaf's gradient is judged: tolerance category, reduction length K, natural magnitude."""
+
+    category: str
+    k: int
+    magnitude: float = 1.0  # typical size of this gradient given the input scale (atol is scaled by it)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One input of one op: leaves (float64 / int64 on CPU), how to build the call, and how to judge it."""
+
+    leaves: Leaves
+    build: Callable[[Leaves], Built]
+    k: int = 1  # forward reduction length (tolerance atol scaling for reduction / matmul categories)
+    grads: dict[str, GradSpec] = field(default_factory=dict)  # leaves differentiated in the backward case
+    scale: float = 1.0  # what the float inputs were scaled by (large / tiny); 1 otherwise
+    magnitude: float = 1.0  # typical size of the result given that scale (the table's atol assumes 1)
+    note: str = ""  # what this sample is, for the case description
+
+
+def large_scale(dtype: torch.dtype, power: int = 1) -> float:
+    """1e4, or the largest power of ten whose ``power``-th power stays 64x below the dtype's max."""
+    limit = (torch.finfo(dtype).max / 64.0) ** (1.0 / power)
+    return min(1e4, 10.0 ** math.floor(math.log10(limit)))
+
+
+def tiny_scale(dtype: torch.dtype, power: int = 1) -> float:
+    """1e-4, or the smallest power of ten whose ``power``-th power stays 100x above the smallest normal."""
+    floor = (torch.finfo(dtype).tiny * 100.0) ** (1.0 / power)
+    return max(1e-4, 10.0 ** math.ceil(math.log10(floor)))
+
+
+def seed_for(seed: int, op: str, input_class: str) -> int:
+    """A stable per-(op, class) seed: independent of case order and of the dtype."""
+    return (seed * 1_000_003 + zlib.crc32(f"{op}/{input_class}".encode())) % (2**63)
+
+
+class _Rng:
+    """Seeded float64 draws rounded to the dtype under test."""
+
+    def __init__(self, seed: int, dtype: torch.dtype) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.dtype = dtype
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype).to(torch.float64)
+
+    def normal(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return self.round(torch.randn(*shape, generator=self.gen, dtype=torch.float64) * scale)
+
+    def uniform(self, *shape: int, low: float, high: float) -> torch.Tensor:
+        u = torch.rand(*shape, generator=self.gen, dtype=torch.float64)
+        return self.round(low + (high - low) * u)
+
+    def ints(self, *shape: int, high: int) -> torch.Tensor:
+        return torch.randint(0, high, shape, generator=self.gen, dtype=torch.int64)
+
+
+def _magnitude(input_class: str, dtype: torch.dtype, power: int) -> float:
+    if input_class == "large":
+        return large_scale(dtype, power)
+    if input_class == "tiny":
+        return tiny_scale(dtype, power)
+    return 1.0
+
+
+def _poison(t: torch.Tensor, nan_at: list[tuple[int, ...]], inf_at: list[tuple[tuple[int, ...], float]] = ()) -> torch.Tensor:
+    t = t.clone()
+    for idx in nan_at:
+        t[idx] = NAN
+    for idx, value in inf_at:
+        t[idx] = value
+    return t
+
+
+def _rows_cols(input_class: str, normal: tuple[int, int]) -> tuple[int, int]:
+    return {"odd": (7, 13), "single": (1, 1), "empty": (0, normal[1])}.get(input_class, normal)
+
+
+# --- generators -----------------------------------------------------------------------------------------
+# Each takes (input_class, dtype, rng) and returns a Sample.
+
+
+def _linear(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    m, kin = _rows_cols(cls, (16, 64))
+    n = {"odd": 5, "single": 1}.get(cls, 48)
+    s = _magnitude(cls, dtype, 2)
+    if cls == "noncontig":  # x: every other column of a wider matrix; weight: a transposed (in, out) matrix
+        leaves = {"x": r.normal(m, 2 * kin), "weight": r.normal(kin, n), "bias": r.normal(n)}
+        build = lambda t: ((t["x"][:, ::2], t["weight"].t(), t["bias"]), {})
+    else:
+        leaves = {"x": r.normal(m, kin, scale=s), "weight": r.normal(n, kin, scale=s), "bias": r.normal(n, scale=s * s)}
+        if cls == "nonfinite":  # NaN poisons its row; an inf gives ±inf along its row (sign of the weight)
+            leaves["x"] = _poison(leaves["x"], [(2, 3)], [((5, 7), INF), ((9, 1), -INF)])
+        build = lambda t: ((t["x"], t["weight"], t["bias"]), {})
+    grads = {"x": GradSpec("matmul", n, s), "weight": GradSpec("matmul", m, s), "bias": GradSpec("reduction", m)}
+    return Sample(leaves, build, k=kin, grads=grads, scale=s, magnitude=s * s,
+                  note=f"x ({m}, {kin}) @ weight ({n}, {kin}).T + bias")
+
+
+def _matmul(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    m, kin = _rows_cols(cls, (16, 64))
+    n = {"odd": 5, "single": 1}.get(cls, 32)
+    s = _magnitude(cls, dtype, 2)
+    if cls == "noncontig":  # a: a transposed matrix; b: every other row of a taller one
+        leaves = {"a": r.normal(kin, m), "b": r.normal(2 * kin, n)}
+        build = lambda t: ((t["a"].t(), t["b"][::2]), {})
+    elif cls == "normal":  # batched with broadcasting: (2, m, k) @ (k, n)
+        leaves = {"a": r.normal(2, m, kin), "b": r.normal(kin, n)}
+        build = lambda t: ((t["a"], t["b"]), {})
+    else:
+        leaves = {"a": r.normal(m, kin, scale=s), "b": r.normal(kin, n, scale=s)}
+        if cls == "nonfinite":
+            leaves["a"] = _poison(leaves["a"], [(2, 3)], [((5, 7), INF), ((9, 1), -INF)])
+        build = lambda t: ((t["a"], t["b"]), {})
+    grads = {"a": GradSpec("matmul", n, s), "b": GradSpec("matmul", (2 if cls == "normal" else 1) * m, s)}
+    return Sample(leaves, build, k=kin, grads=grads, scale=s, magnitude=s * s, note=f"({m}, {kin}) @ ({kin}, {n})")
+
+
+def _norm_input(cls: str, dtype: torch.dtype, r: _Rng, normal: tuple[int, int]) -> tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]:
+    """x for the row-normalising ops: (leaves, view, rows, cols, scale); noncontig is a transposed matrix."""
+    m, d = _rows_cols(cls, normal)
+    s = _magnitude(cls, dtype, 1)
+    if cls == "noncontig":
+        return {"x": r.normal(d, m)}, lambda x: x.t(), m, d, s
+    x = r.normal(m, d, scale=s)
+    if cls == "nonfinite":
+        x = _poison(x, [(2, 3), (5, 0)])
+    return {"x": x}, lambda x: x, m, d, s
+
+
+def _normalized_magnitudes(scale: float, eps: float) -> tuple[float, float]:
+    """Typical |x / sqrt(ms + eps)| and |d/dx| of it for inputs of RMS ``scale`` (1 and 1 when unscaled)."""
+    if scale == 1.0:
+        return 1.0, 1.0
+    root = math.sqrt(scale * scale + eps)
+    return scale / root, 1.0 / root
+
+
+def _rms_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _norm_input(cls, dtype, r, (16, 64))
+    leaves["weight"] = r.uniform(d, low=0.5, high=1.5)
+    eps = 1e-6
+    build = lambda t: ((view(t["x"]), t["weight"], eps), {})
+    y, dx = _normalized_magnitudes(s, eps)
+    grads = {"x": GradSpec("normalization", d, dx), "weight": GradSpec("reduction", m, y)}
+    note = f"x ({m}, {d}), eps {eps:g}" + (" (tiny rows: eps dominates mean(x²))" if cls == "tiny" else "")
+    return Sample(leaves, build, k=d, grads=grads, scale=s, magnitude=y, note=note)
+
+
+def _layer_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _norm_input(cls, dtype, r, (16, 64))
+    leaves["weight"] = r.uniform(d, low=0.5, high=1.5)
+    leaves["bias"] = r.normal(d)
+    eps = 1e-5
+    build = lambda t: ((view(t["x"]), t["weight"], t["bias"], eps), {})
+    y, dx = _normalized_magnitudes(s, eps)
+    grads = {"x": GradSpec("normalization", d, dx), "weight": GradSpec("reduction", m, y), "bias": GradSpec("reduction", m)}
+    # the result is xhat * weight + bias with an O(1) bias: magnitude 1 whatever the scale
+    return Sample(leaves, build, k=d, grads=grads, scale=s, note=f"x ({m}, {d}), eps {eps:g}")
+
+
+def _softmax(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _norm_input(cls, dtype, r, (16, 64))
+    note = f"x ({m}, {d}), dim -1"
+    if cls == "nonfinite":  # -inf is masking (probability 0), well defined; NaN poisons its row
+        leaves["x"] = _poison(leaves["x"], [], [((7, 1), -INF), ((7, 9), -INF), ((11, 0), -INF)])
+        note += "; NaN rows and -inf (masked) entries"
+    build = lambda t: ((view(t["x"]),), {"dim": -1})
+    return Sample(leaves, build, k=d, grads={"x": GradSpec("normalization", d)}, scale=s, note=note)
+
+
+def _pointwise(cls: str, dtype: torch.dtype, r: _Rng, halves: bool, power: int) -> tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]:
+    """x for the elementwise ops: (leaves, view, rows, cols, scale); ``halves`` doubles the odd widths."""
+    m, d = _rows_cols(cls, (16, 128 if halves else 64))
+    if cls in ("odd", "single") and halves:
+        d *= 2  # swiglu splits the last dim in two: odd / single halves
+    s = _magnitude(cls, dtype, power)
+    if cls == "noncontig":  # every other column of a wider matrix
+        return {"x": r.normal(m, 2 * d)}, lambda x: x[:, ::2], m, d, s
+    x = r.normal(m, d, scale=s)
+    if cls == "nonfinite":
+        x = _poison(x, [(2, 3), (5, 0)])
+    return {"x": x}, lambda x: x, m, d, s
+
+
+def _gelu(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _pointwise(cls, dtype, r, False, 1)
+    approximate = "tanh" if cls == "tanh" else "none"
+    build = lambda t: ((view(t["x"]),), {"approximate": approximate})
+    return Sample(leaves, build, grads={"x": GradSpec("elementwise", 1)}, scale=s, magnitude=s,
+                  note=f"x ({m}, {d}), approximate={approximate!r}")
+
+
+def _silu(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _pointwise(cls, dtype, r, False, 1)
+    build = lambda t: ((view(t["x"]),), {})
+    return Sample(leaves, build, grads={"x": GradSpec("elementwise", 1)}, scale=s, magnitude=s, note=f"x ({m}, {d})")
+
+
+def _swiglu(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _pointwise(cls, dtype, r, True, 2)
+    build = lambda t: ((view(t["x"]),), {"dim": -1})
+    return Sample(leaves, build, grads={"x": GradSpec("elementwise", 1, s)}, scale=s, magnitude=s * s,
+                  note=f"x ({m}, {d}) -> silu(x[:, :{d // 2}]) * x[:, {d // 2}:]")
+
+
+def _rope_tables(seq: int, dim: int, r: _Rng) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    theta = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
+    theta = torch.cat([theta, theta], dim=-1)
+    return r.round(theta.cos()), r.round(theta.sin())
+
+
+def _rotary_embedding(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    b, h, seq, d = {"odd": (1, 3, 7, 6), "single": (1, 1, 1, 2), "empty": (2, 4, 0, 16)}.get(cls, (2, 4, 8, 16))
+    s = _magnitude(cls, dtype, 1)
+    cos, sin = _rope_tables(seq, d, r)
+    if cls == "noncontig":  # (batch, seq, heads, dim) transposed to (batch, heads, seq, dim), as after a QKV projection
+        leaves = {"x": r.normal(b, seq, h, d), "cos": cos, "sin": sin}
+        build = lambda t: ((t["x"].transpose(1, 2), t["cos"], t["sin"]), {})
+    else:
+        x = r.normal(b, h, seq, d, scale=s)
+        if cls == "nonfinite":
+            x = _poison(x, [(0, 1, 2, 3), (1, 0, 5, 12)])
+        leaves = {"x": x, "cos": cos, "sin": sin}
+        build = lambda t: ((t["x"], t["cos"], t["sin"]), {})
+    grads = {"x": GradSpec("elementwise", 2), "cos": GradSpec("reduction", b * h, s), "sin": GradSpec("reduction", b * h, s)}
+    return Sample(leaves, build, k=2, grads=grads, scale=s, magnitude=s, note=f"x ({b}, {h}, {seq}, {d}), cos/sin ({seq}, {d})")
+
+
+def _sdpa(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    b, hq, hkv, lq, lk, d = {
+        "odd": (1, 3, 3, 7, 5, 6), "single": (1, 1, 1, 1, 1, 2), "empty": (2, 4, 4, 0, 8, 16),
+        "gqa": (2, 4, 2, 8, 8, 16), "causal": (2, 4, 4, 8, 8, 16),
+    }.get(cls, (2, 4, 4, 8, 8, 16))
+    # large: scores of ~100 (a saturated softmax; 1e8 would only test the exponent range) and large values
+    s_qk = {"large": min(10.0, large_scale(dtype, 2)), "tiny": tiny_scale(dtype, 1)}.get(cls, 1.0)
+    s_v = {"large": large_scale(dtype, 2), "tiny": tiny_scale(dtype, 1)}.get(cls, 1.0)
+    kwargs: dict[str, Any] = {"is_causal": cls == "causal"}
+    note = f"q ({b}, {hq}, {lq}, {d}), k/v ({b}, {hkv}, {lk}, {d})" + (", causal" if cls == "causal" else "")
+    if s_qk != 1.0:
+        note += f"; q, k scaled by {s_qk:g}, v by {s_v:g}"
+    if cls == "noncontig":  # (batch, seq, heads, dim) transposed to (batch, heads, seq, dim), as after a QKV projection
+        leaves = {n: r.normal(b, lk, hq, d) for n in ("q", "k", "v")}
+        build = lambda t: ((t["q"].transpose(1, 2), t["k"].transpose(1, 2), t["v"].transpose(1, 2)), dict(kwargs))
+    else:
+        leaves = {"q": r.normal(b, hq, lq, d, scale=s_qk), "k": r.normal(b, hkv, lk, d, scale=s_qk),
+                  "v": r.normal(b, hkv, lk, d, scale=s_v)}
+        if cls == "nonfinite":  # NaN in one query row poisons that row; -inf in the mask hides keys
+            leaves["q"] = _poison(leaves["q"], [(0, 1, 2, 3)])
+            mask = torch.zeros(lq, lk, dtype=torch.float64)
+            mask[:, 5] = -INF
+            mask[3, :4] = -INF
+            leaves["attn_mask"] = mask
+            note += "; NaN in q, additive mask with -inf"
+            build = lambda t: ((t["q"], t["k"], t["v"]), {**kwargs, "attn_mask": t["attn_mask"]})
+        else:
+            build = lambda t: ((t["q"], t["k"], t["v"]), dict(kwargs))
+    k = max(d, lk)
+    grads = {"q": GradSpec("matmul", max(k, lq), s_qk * s_v), "k": GradSpec("matmul", max(k, lq), s_qk * s_v),
+             "v": GradSpec("matmul", max(k, lq))}
+    return Sample(leaves, build, k=k, grads=grads, scale=max(s_qk, s_v) if cls == "large" else s_v, magnitude=s_v, note=note)
+
+
+def _cross_entropy(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    n, c = _rows_cols(cls, (16, 32))
+    s = _magnitude(cls, dtype, 1)
+    reduction = {"nonfinite": "none", "empty": "sum"}.get(cls, "mean")
+    target = r.ints(n, high=c)
+    if cls == "ignore_index":
+        target[::3] = -100
+    if cls == "noncontig":
+        leaves = {"logits": r.normal(c, n), "target": target}
+        view: Callable[[torch.Tensor], torch.Tensor] = lambda x: x.t()
+    else:
+        logits = r.normal(n, c, scale=s)
+        if cls == "nonfinite":
+            logits = _poison(logits, [(2, 3), (5, 0)])
+        leaves, view = {"logits": logits, "target": target}, (lambda x: x)
+    build = lambda t: ((view(t["logits"]), t["target"]), {"reduction": reduction})
+    return Sample(leaves, build, k=c, grads={"logits": GradSpec("reduction", c)}, scale=s, magnitude=max(1.0, s),
+                  note=f"logits ({n}, {c}), reduction {reduction!r}" + (", every third target ignored" if cls == "ignore_index" else ""))
+
+
+def _embedding(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    vocab, d = {"odd": (13, 5), "single": (1, 1)}.get(cls, (50, 32))
+    ids_shape = {"odd": (7,), "single": (1,), "empty": (0,)}.get(cls, (4, 8))
+    s = _magnitude(cls, dtype, 1)
+    ids = r.ints(*ids_shape, high=vocab)
+    if cls == "noncontig":  # a transposed weight, every other id of a wider index matrix
+        leaves = {"ids": r.ints(4, 16, high=vocab), "weight": r.normal(d, vocab)}
+        build = lambda t: ((t["ids"][:, ::2], t["weight"].t()), {})
+    else:
+        weight = r.normal(vocab, d, scale=s)
+        if cls == "nonfinite":  # data movement: NaN and ±inf rows are copied as they are
+            ids = torch.tensor([[1, 2, 3, 1], [7, 2, 0, 9]])
+            weight = _poison(weight, [(1, 0)], [((2, 3), INF), ((3, 4), -INF)])
+        leaves = {"ids": ids, "weight": weight}
+        build = lambda t: ((t["ids"], t["weight"]), {})
+    count = max(1, int(leaves["ids"].numel()))
+    return Sample(leaves, build, k=1, grads={"weight": GradSpec("reduction", count)}, scale=s, magnitude=s,
+                  note=f"ids {tuple(ids_shape)} into weight ({vocab}, {d})")
+
+
+Generator = Callable[[str, torch.dtype, _Rng], Sample]
+
+GENERATORS: dict[str, tuple[Generator, tuple[str, ...]]] = {
+    "linear": (_linear, CLASSES),
+    "matmul": (_matmul, CLASSES),
+    "rms_norm": (_rms_norm, CLASSES),
+    "layer_norm": (_layer_norm, CLASSES),
+    "softmax": (_softmax, CLASSES),
+    "gelu": (_gelu, CLASSES + ("tanh",)),
+    "silu": (_silu, CLASSES),
+    "swiglu": (_swiglu, CLASSES),
+    "rotary_embedding": (_rotary_embedding, CLASSES),
+    "scaled_dot_product_attention": (_sdpa, CLASSES + ("gqa", "causal")),
+    "cross_entropy": (_cross_entropy, CLASSES + ("ignore_index",)),
+    "embedding": (_embedding, CLASSES),
+}
+
+
+def has_generator(op: str) -> bool:
+    return op in GENERATORS
+
+
+def classes(op: str) -> tuple[str, ...]:
+    """The input classes ``op`` is tested with (KeyError when there is no generator)."""
+    return GENERATORS[op][1]
+
+
+def sample(op: str, input_class: str, dtype: torch.dtype, seed: int) -> Sample:
+    """The seeded sample of ``op`` for ``input_class`` in ``dtype``."""
+    generator, known = GENERATORS[op]
+    if input_class not in known:
+        raise ValueError(f"op {op!r} has no input class {input_class!r}; it has {', '.join(known)}")
+    return generator(input_class, dtype, _Rng(seed_for(seed, op, input_class), dtype))

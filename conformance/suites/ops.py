@@ -1,0 +1,217 @@
+"""The ops suite: every HAL op × every implementation the backend dispatches to × dtype × input class × direction.
+
+Each case computes one implementation of one op on ``ctx.device`` and compares it with the op's
+*reference* implementation run in float64 on the CPU from the same dtype-rounded inputs (forward),
+or compares the gradients of every float input, the reference's computed by autograd in float64
+(backward). The verdict is ``tolerances.judge`` with the op's category (``tolerances.OP_CATEGORY``).
+
+Implementations come from the live registry, so a vendor kernel, a Triton kernel or a deliberately
+wrong implementation registered by a test is tested as it is registered; an op with no input
+generator (``conformance.inputs``) shows up as an ``unsupported`` case, never silently. TF32-style
+reduced-precision matmuls are switched off around each case so fp32 is judged as fp32.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from hal.op_registry import REFERENCE, OpDef, OpImpl, OpRegistry
+
+from .. import inputs
+from ..cases import Case, Context, Outcome, skip, unsupported
+from ..tolerances import Judgement, Tolerance, dtype_name, judge, op_category, override, tolerance_for
+
+SUITE = "ops"
+DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+DIRECTIONS: tuple[str, ...] = ("forward", "backward")
+
+LOW_PRECISION: frozenset[torch.dtype] = frozenset({torch.bfloat16, torch.float16})
+# forward computations whose reference materialises intermediates in the input dtype (see tolerances' overrides)
+LOW_PRECISION_INTERMEDIATES: frozenset[str] = frozenset({"rotary_embedding", "scaled_dot_product_attention"})
+
+
+def cases(ctx: Context) -> list[Case]:
+    """The suite over the live HAL op registry."""
+    from hal.ops import registry
+
+    return cases_for(ctx, registry)
+
+
+def cases_for(ctx: Context, registry: OpRegistry) -> list[Case]:
+    """Every case for ``registry``'s ops on ``ctx``'s backend (tests pass their own registry)."""
+    out: list[Case] = []
+    for op in registry.names():
+        definition = registry.definition(op)
+        if not inputs.has_generator(op):
+            why = f"no input generator for op {op!r}: add one to conformance/inputs.py (GENERATORS) to test it"
+            out.append(Case(SUITE, f"{op}/no_input_generator", partial(_unsupported, why), why, (op,)))
+            continue
+        out.extend(_op_cases(ctx, definition))
+    return out
+
+
+def _op_cases(ctx: Context, definition: OpDef) -> list[Case]:
+    op = definition.name
+    reference = next(i for i in definition.impls if i.name == REFERENCE)
+    out: list[Case] = []
+    for dtype in (d for d in DTYPES if d in definition.dtypes):
+        dn = dtype_name(dtype)
+        if not ctx.dtype_supported(dtype):
+            why = f"{ctx.backend_name} does not declare {dn}"
+            out.append(Case(SUITE, f"{op}/{dn}/not_declared", partial(_skip, why), why, (op, dn)))
+            continue
+        for impl in definition.impls:
+            if not impl.serves(ctx.backend_name, dtype):
+                continue
+            missing = impl.missing()
+            if missing is not None:
+                why = f"{impl.name} cannot run here: {missing}"
+                out.append(Case(SUITE, f"{op}/{impl.name}/{dn}/unavailable", partial(_skip, why), why, (op, impl.name, dn)))
+                continue
+            for cls in inputs.classes(op):
+                for direction in DIRECTIONS:
+                    run = partial(_run, op=op, impl=impl, reference=reference, dtype=dtype, cls=cls, direction=direction)
+                    desc = (f"{op} via {impl.name}{f' ({impl.source})' if impl.source else ''} in {dn}, {cls} inputs, "
+                            f"{direction}: against the reference in float64 on the CPU")
+                    out.append(Case(SUITE, f"{op}/{impl.name}/{dn}/{cls}/{direction}", run, desc,
+                                    (op, impl.name, dn, cls, direction)))
+    return out
+
+
+def _unsupported(why: str, ctx: Context) -> Outcome:
+    return unsupported(why)
+
+
+def _skip(why: str, ctx: Context) -> Outcome:
+    return skip(why)
+
+
+# --- running one case -------------------------------------------------------------------------------------
+
+
+def _run(ctx: Context, *, op: str, impl: OpImpl, reference: OpImpl, dtype: torch.dtype, cls: str, direction: str) -> Outcome:
+    try:
+        category = op_category(op)
+    except ValueError as exc:
+        return unsupported(str(exc))
+    sample = inputs.sample(op, cls, dtype, ctx.seed)
+    previous = ctx.backend.reduced_precision_matmul_enabled()
+    ctx.backend.set_reduced_precision_matmul(False)
+    try:
+        if direction == "forward":
+            outcome = _forward(ctx, op, impl, reference, sample, dtype, category)
+        else:
+            outcome = _backward(ctx, impl, reference, sample, dtype, inputs.seed_for(ctx.seed, op, cls + "/cotangent"))
+    finally:
+        ctx.backend.set_reduced_precision_matmul(previous)
+    outcome.data.setdefault("input", sample.note)
+    return outcome
+
+
+def _on_device(leaves: inputs.Leaves, dtype: torch.dtype, device: torch.device, grads: tuple[str, ...] = ()) -> inputs.Leaves:
+    """The leaves as the device sees them: floats in ``dtype`` (exact: they are already rounded to it)."""
+    out: inputs.Leaves = {}
+    for name, t in leaves.items():
+        t = t.to(dtype) if t.is_floating_point() else t.clone()
+        t = t.to(device)
+        out[name] = t.requires_grad_(True) if name in grads else t
+    return out
+
+
+def _reference_leaves(leaves: inputs.Leaves, grads: tuple[str, ...] = ()) -> inputs.Leaves:
+    return {n: t.clone().requires_grad_(n in grads) for n, t in leaves.items()}
+
+
+def _call(impl: OpImpl, sample: inputs.Sample, leaves: inputs.Leaves) -> Any:
+    args, kwargs = sample.build(leaves)
+    return impl.fn(*args, **kwargs)
+
+
+def _raised(impl: OpImpl, what: str, exc: BaseException) -> Outcome:
+    lines = str(exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return unsupported(f"{impl.name} raised on {what}: {message}")
+
+
+def _bad_result(result: Any, dtype: torch.dtype) -> Outcome | None:
+    if not isinstance(result, torch.Tensor):
+        return Outcome("fail", failed_metric="type", reason=f"returned {type(result).__name__}, not a tensor")
+    if result.dtype != dtype:
+        return Outcome("fail", failed_metric="dtype", reason=f"returned {dtype_name(result.dtype)} for {dtype_name(dtype)} inputs")
+    return None
+
+
+def _forward(ctx: Context, op: str, impl: OpImpl, reference: OpImpl, sample: inputs.Sample, dtype: torch.dtype, category: str) -> Outcome:
+    expected = _call(reference, sample, _reference_leaves(sample.leaves))
+    try:
+        actual = _call(impl, sample, _on_device(sample.leaves, dtype, ctx.device))
+        ctx.backend.synchronize()
+    except Exception as exc:  # the implementation does not take this input: reported, not a crash
+        return _raised(impl, "this input", exc)
+    bad = _bad_result(actual, dtype)
+    if bad is not None:
+        return bad
+    normwise = dtype in LOW_PRECISION and op in LOW_PRECISION_INTERMEDIATES
+    tol = _bound(tolerance_for(category, dtype, sample.k), sample, sample.magnitude, expected, normwise)
+    return _outcome(judge(actual, expected, tol, dtype), tol)
+
+
+def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Sample, dtype: torch.dtype, seed: int) -> Outcome:
+    names = tuple(sample.grads)
+    ref_leaves = _reference_leaves(sample.leaves, names)
+    expected_out = _call(reference, sample, ref_leaves)
+    gen = torch.Generator().manual_seed(seed)
+    cotangent = torch.randn(expected_out.shape, generator=gen, dtype=torch.float64).to(dtype).to(torch.float64)
+    expected_out.backward(cotangent)
+    leaves = _on_device(sample.leaves, dtype, ctx.device, names)
+    try:
+        out = _call(impl, sample, leaves)
+    except Exception as exc:
+        return _raised(impl, "this input", exc)
+    bad = _bad_result(out, dtype)
+    if bad is not None:
+        return bad
+    try:
+        out.backward(cotangent.to(dtype).to(ctx.device))
+        ctx.backend.synchronize()
+    except Exception as exc:  # e.g. a forward-only fused kernel
+        return _raised(impl, "backward", exc)
+    judged: list[tuple[str, Judgement, Tolerance]] = []
+    for name, spec in sample.grads.items():
+        grad, expected = leaves[name].grad, ref_leaves[name].grad
+        assert expected is not None, f"the reference gives no gradient for {name}"
+        if grad is None:
+            return Outcome("fail", failed_metric="grad_missing", reason=f"no gradient reached input {name!r}")
+        tol = _bound(tolerance_for(spec.category, dtype, spec.k), sample, spec.magnitude, expected, dtype in LOW_PRECISION)
+        judged.append((name, judge(grad, expected, tol, dtype), tol))
+    # the verdict is the worst gradient's: a failing one first, else the highest tol_ratio
+    name, j, tol = max(judged, key=lambda x: (not x[1].passed, x[1].metrics.get("tol_ratio", 0.0)))
+    outcome = _outcome(j, tol, prefix=f"grad of {name}: ")
+    outcome.data["grads"] = {n: jj.metrics for n, jj, _ in judged}
+    return outcome
+
+
+def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: torch.Tensor, normwise: bool) -> Tolerance:
+    """The table's bound, adjusted by the two documented overrides (tolerances' docstring says why)."""
+    if tol.atol == 0.0:
+        return tol
+    atol, reasons = tol.atol, []
+    if magnitude != 1.0:
+        atol *= magnitude
+        reasons.append(f"inputs scaled by {sample.scale:g}: atol x {magnitude:.3g}, the result's natural magnitude")
+    if normwise:
+        finite = expected.detach()[torch.isfinite(expected.detach())]
+        peak = float(finite.abs().max()) if finite.numel() else 0.0
+        if tol.rtol * peak > atol:
+            atol = tol.rtol * peak
+            reasons.append(f"{tol.dtype} intermediates: atol = rtol x max|reference| ({peak:.3g})")
+    return override(tol, "; ".join(reasons), atol=atol) if reasons else tol
+
+
+def _outcome(j: Judgement, tol: Tolerance, prefix: str = "") -> Outcome:
+    tolerance: dict[str, Any] = dict(tol.to_dict())
+    if j.passed:
+        return Outcome("pass", metrics=j.metrics, tolerance=tolerance)
+    return Outcome("fail", metrics=j.metrics, tolerance=tolerance, failed_metric=j.failed_metric, reason=prefix + j.reason)
