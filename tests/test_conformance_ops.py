@@ -76,9 +76,9 @@ def test_low_precision_cases_measure_real_error(baseline: dict[str, CaseResult])
 
 def test_widened_bounds_carry_their_reason(baseline: dict[str, CaseResult]) -> None:
     plain = baseline["matmul/reference/float32/normal/forward"].outcome.tolerance
-    assert "override" not in plain and plain["atol"] == pytest.approx(1e-4 * 64)
+    assert "override" not in plain and plain["atol"] == pytest.approx(1e-5 * 64)
     large = baseline["matmul/reference/float32/large/forward"].outcome.tolerance
-    assert "natural magnitude" in large["override"] and large["atol"] == pytest.approx(1e-4 * 64 * 1e8)
+    assert "natural magnitude" in large["override"] and large["atol"] == pytest.approx(1e-5 * 64 * 1e8)
     rotary = baseline["rotary_embedding/reference/bfloat16/normal/forward"].outcome.tolerance
     assert "bfloat16 intermediates" in rotary["override"]
 
@@ -112,7 +112,10 @@ def test_rms_norm_ignoring_eps_is_caught_on_tiny_rows(ctx: Context) -> None:
     with planted("rms_norm", wrong, _rms_norm_without_eps):
         results = run_suite(ctx, "rms_norm")  # the softmax test shows a planted impl touches no other op
     bad = failing(results)
-    assert set(bad) == {f"rms_norm/{wrong}/{dt}/tiny/{d}" for dt in DTYPES for d in ("forward", "backward")}
+    tiny = {f"rms_norm/{wrong}/{dt}/tiny/{d}" for dt in DTYPES for d in ("forward", "backward")}
+    assert tiny <= set(bad)
+    # Elsewhere eps changes the result by ~eps/mean(x²) ≈ 1e-6 relative: visible only at fp64's precision.
+    assert all("/float64/" in name for name in set(bad) - tiny), sorted(set(bad) - tiny)
     assert all(r.outcome.failed_metric == "tol_ratio" for r in bad.values())
     assert results[f"rms_norm/{wrong}/float32/normal/forward"].status == "pass"  # eps is invisible at O(1)
 
