@@ -321,7 +321,7 @@ def raw_call(op: str, group: Any, inp: torch.Tensor, out: torch.Tensor | None) -
 
 
 @dataclass
-class _Rank:
+class BenchRank:
     """What a rank measures with: its world, the communicator, and the backend's timing primitives."""
 
     world: Any
@@ -414,7 +414,7 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _header(rank: _Rank) -> dict[str, Any]:
+def _header(rank: BenchRank) -> dict[str, Any]:
     import torch.distributed as dist
 
     world, backend = rank.world, rank.backend
@@ -450,7 +450,8 @@ def _points(plan: BenchPlan, op: str, dtype: torch.dtype) -> list[Shape]:
     return list(shapes.values())
 
 
-def _run_rank(rank: _Rank) -> dict[str, Any]:
+def run_bench_rank(rank: BenchRank) -> dict[str, Any]:
+    """Time and check every (op, dtype, size) of ``rank.plan`` on this rank (``hal bench collectives``, conformance)."""
     plan, lead = rank.plan, rank.world.rank == 0
     header = _header(rank)
     if lead and plan.stream_table:
@@ -483,7 +484,7 @@ def _worker(rank: int, plan: BenchPlan, init_file: str, report_path: str) -> Non
     if world.device.type == "cpu":
         torch.set_num_threads(1)  # N ranks share the host: one compute thread each (torchrun's default)
     try:
-        report = _run_rank(_Rank(world, world_communicator(validate=False), plan))
+        report = run_bench_rank(BenchRank(world, world_communicator(validate=False), plan))
         if rank == 0:
             with open(report_path, "w", encoding="utf-8") as fh:
                 json.dump(report, fh)

@@ -221,6 +221,6 @@ def _bench(world: "World", spec: dict[str, Any], comm: "Communicator") -> dict[s
         dtypes=tuple(spec.get("bench_dtypes", ("float32",))), ops=tuple(spec.get("bench_ops", bench.OPS)),
         iters=int(spec.get("bench_iters", 2)), warmup=int(spec.get("bench_warmup", 1)), rounds=int(spec.get("bench_rounds", 1)),
     )
-    # _run_rank is the per-rank body of `hal bench collectives` (timing, exact check, nccl-tests busbw).
-    report = bench._run_rank(bench._Rank(world, comm, plan))
+    # run_bench_rank is the per-rank body of `hal bench collectives` (timing, exact check, nccl-tests busbw).
+    report = bench.run_bench_rank(bench.BenchRank(world, comm, plan))
     return json.loads(json.dumps(report, default=str))  # plain data (the header holds a TorchVersion)
