@@ -1,5 +1,5 @@
 """The ``hal`` command: ``hal devices``, ``hal config``, ``hal ops``, ``hal run``, ``hal launch``,
-``hal bench collectives``, ``hal plan``, ``hal train``.
+``hal bench collectives``, ``hal plan``, ``hal train``, ``hal conformance``.
 
 Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
 scripts and people get the same short, fixable message and never a traceback.
@@ -269,7 +269,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
-    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench,plan,train}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{devices,config,ops,run,launch,bench,plan,train,conformance}", parser_class=_Parser)
     sub.required = True
 
     p = sub.add_parser("devices", help="list every backend: available or not and why, devices, CCL, verification")
@@ -364,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=cmd_train)
+
+    from conformance.cli import add_parser as add_conformance  # lazily: hal never imports conformance at import time
+
+    add_conformance(sub)
     return parser
 
 
