@@ -185,8 +185,8 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
         return vocab_parallel_cross_entropy(logits, target, None)
 
     schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=loss_fn)
-    x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1)
-    y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1)
+    x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1).contiguous()  # torch checks input strides
+    y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1).contiguous()
 
     def step() -> None:
         engine.module.zero_grad(set_to_none=True)
