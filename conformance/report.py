@@ -20,7 +20,6 @@ import json
 import math
 import os
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -28,6 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from hal.errors import ConfigError
+from hal.run_dirs import new_run_dir
 
 KIND = "hal-conformance-run"
 SCHEMA_VERSION = 1
@@ -292,12 +292,7 @@ def by_suite(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def default_report_dir(backend: str) -> Path:
     """``runs/conformance-<backend>-<date-time>``, with a suffix if that exists already."""
-    base = Path("runs") / f"conformance-{backend}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    return new_run_dir(f"conformance-{backend}")
 
 
 def check_report_dir(path: str | os.PathLike[str]) -> Path:

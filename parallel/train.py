@@ -29,12 +29,11 @@ import shlex
 import signal
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hal.errors import ConfigError, HalError
+from hal.run_dirs import new_run_dir
 
 from .plan import RunConfig
 from .topology import Topology
@@ -100,12 +99,7 @@ def _check_precision(run: RunConfig) -> None:
 
 def _default_run_dir(config: str) -> Path:
     """``runs/<config name>-<date-time>``, with a suffix if that exists already."""
-    base = Path("runs") / f"{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
+    return new_run_dir(Path(config).stem)
 
 
 def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path | None, int]:

@@ -296,16 +296,21 @@ def _run_matmul(ctx: Context, dtype: torch.dtype, k: int) -> Outcome:
     if result.dtype != dtype:
         return _fail("result_dtype", f"matmul asked in {name} returned a {dtype_name(result.dtype)} tensor",
                      {"result_dtype_ok": 0.0}, {"result_dtype_ok": 1.0})
-    expected = a.double() @ b.double()
-    tol = tolerance_for("matmul", dtype, k)
-    verdict = judge(result, expected, tol, dtype)
-    bound = pc.rel_l2_bound(k, pc.UNIT_ROUNDOFF[dtype])
+    return _judge_matmul(result, a.double() @ b.double(), dtype, dtype, k, f"sqrt(K)*u = {{bound:.3g}} for {name}, K={k}")
+
+
+def _judge_matmul(result: torch.Tensor, expected: torch.Tensor, input_dtype: torch.dtype, result_dtype: torch.dtype,
+                  k: int, bound_text: str) -> Outcome:
+    """The matmul table's tolerance, then rel_l2 <= sqrt(K) x the result dtype's unit roundoff."""
+    tol = tolerance_for("matmul", input_dtype, k)
+    verdict = judge(result, expected, tol, result_dtype)
+    bound = pc.rel_l2_bound(k, pc.UNIT_ROUNDOFF[result_dtype])
     metrics = {**verdict.metrics, "result_dtype_ok": 1.0, "rel_l2_bound": bound}
     tolerance = {"tol_ratio": 1.0, "rtol": tol.rtol, "atol": tol.atol, "rel_l2": bound}
     if not verdict.passed:
         return _fail(verdict.failed_metric or "tol_ratio", verdict.reason, metrics, tolerance)
     if metrics["rel_l2"] > bound:
-        return _fail("rel_l2", f"rel_l2 {metrics['rel_l2']:.3g} exceeds sqrt(K)*u = {bound:.3g} for {name}, K={k}", metrics, tolerance)
+        return _fail("rel_l2", f"rel_l2 {metrics['rel_l2']:.3g} exceeds " + bound_text.format(bound=bound), metrics, tolerance)
     return Outcome("pass", metrics, tolerance)
 
 
@@ -353,17 +358,7 @@ def _run_fp8_matmul(ctx: Context, k: int, fp8: torch.dtype | None) -> Outcome:
     if result.dtype != torch.bfloat16:
         return _fail("result_dtype", f"fp8 matmul asked for a bfloat16 output returned {dtype_name(result.dtype)}",
                      {"result_dtype_ok": 0.0}, {"result_dtype_ok": 1.0})
-    expected = x.double() @ w.double().t()
-    tol = tolerance_for("matmul", fp8, k)
-    verdict = judge(result, expected, tol, torch.bfloat16)
-    bound = pc.rel_l2_bound(k, pc.UNIT_ROUNDOFF[torch.bfloat16])
-    metrics = {**verdict.metrics, "result_dtype_ok": 1.0, "rel_l2_bound": bound}
-    tolerance = {"tol_ratio": 1.0, "rtol": tol.rtol, "atol": tol.atol, "rel_l2": bound}
-    if not verdict.passed:
-        return _fail(verdict.failed_metric or "tol_ratio", verdict.reason, metrics, tolerance)
-    if metrics["rel_l2"] > bound:
-        return _fail("rel_l2", f"rel_l2 {metrics['rel_l2']:.3g} exceeds sqrt(K)*2^-8 = {bound:.3g}, K={k}", metrics, tolerance)
-    return Outcome("pass", metrics, tolerance)
+    return _judge_matmul(result, x.double() @ w.double().t(), fp8, torch.bfloat16, k, f"sqrt(K)*2^-8 = {{bound:.3g}}, K={k}")
 
 
 # --- 4. reduced-precision fp32 matmul (TF32 / HF32) ------------------------------------------------------
