@@ -392,7 +392,9 @@ def natively_satisfied(requested: str, caps: DeviceCapabilities, fmt: str | None
     if requested == "fp16-mixed":
         return caps.is_native("fp16")
     if requested == "fp8-mixed":
-        return caps.is_native("fp8_e4m3") and hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+        # fp8 matmuls with bf16 autocast around them: both must be native
+        return (caps.is_native("fp8_e4m3") and caps.is_native("bf16") and hasattr(torch, "float8_e4m3fn")
+                and hasattr(torch, "_scaled_mm"))
     raise ValueError(f"unknown precision {requested!r}")
 
 
@@ -409,7 +411,9 @@ def may_refuse(requested: str, caps: DeviceCapabilities, fmt: str | None) -> boo
         return not _usable(caps, "bf16") and not caps.is_native("fp16")
     if requested == "fp16-mixed":
         return not _usable(caps, "fp16")
-    return not natively_satisfied(requested, caps, fmt)
+    # fp8-mixed: native fp8 is required; bf16 beside it may be emulated (a recorded downgrade)
+    return not caps.is_native("fp8_e4m3") or not _usable(caps, "bf16") or not (
+        hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm"))
 
 
 @dataclass
@@ -443,7 +447,7 @@ def policy_violations(obs: PolicyObservation, caps: DeviceCapabilities, fmt: str
             bad.append(("unexpected_exception", f"{req} raised {type(out).__name__}: {out}"))
         return bad + obs.extra_violations
     plan = out
-    if req == "fp8-mixed" and not native:
+    if req == "fp8-mixed" and not caps.is_native("fp8_e4m3"):
         bad.append(("fp8_refused", f"fp8-mixed without native fp8 gave plan '{plan.describe()}' instead of UnsupportedError"))
     if plan.requested != req:
         bad.append(("requested_kept", f"plan.requested is {plan.requested!r}, asked {req!r}"))

@@ -117,4 +117,11 @@ def resolve_precision(
         )
     if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
         raise UnsupportedError(f"precision fp8-mixed needs torch.float8_e4m3fn and torch._scaled_mm; torch {torch.__version__} lacks them; upgrade PyTorch")
+    bf16 = caps.support("bf16")
+    if bf16 is not DtypeSupport.NATIVE:
+        # The ops beside the fp8 matmuls run under bf16 autocast: say so when that bf16 is not native.
+        if bf16 is not DtypeSupport.EMULATED:
+            raise UnsupportedError(f"precision fp8-mixed runs the other ops in bf16, which {device} lacks ({bf16}); use fp32")
+        downgrade("fp8-mixed (bf16 emulated)", f"{device} has native fp8 but only emulated bf16 for the ops around the fp8 matmuls")
+        return PrecisionPlan(requested, "fp8-mixed", torch.bfloat16, False, None, torch.float8_e4m3fn, tuple(downgrades))
     return PrecisionPlan(requested, "fp8-mixed", torch.bfloat16, False, None, torch.float8_e4m3fn)
