@@ -91,7 +91,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
 
         def ours() -> None:
             engine.module.zero_grad(set_to_none=True)
-            engine.step(tokens)
+            engine.step_lazy(tokens)  # no host read of the loss, as torch's schedule (losses stay tensors)
 
         torch_step = _torch_schedule(engine, tokens, backend, world_size, rank)
 

@@ -228,6 +228,15 @@ class PipelineEngine:
 
         Returns the step's loss on last-stage ranks (the mean over all tokens), None elsewhere.
         """
+        loss = self.step_lazy(tokens)
+        return None if loss is None else float(loss.item())
+
+    def step_lazy(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """``step`` without reading the loss back: a 1-element float64 tensor on the device (last stage).
+
+        Reading a device value makes the host wait for the whole step, so the next step's first
+        kernels are queued only after the device ran dry; throughput loops read losses later.
+        """
         self.times = StepTimes()
         started = self.clock()
         M, S = self.plan.micro_batches, self.topology.num_stages
@@ -299,10 +308,10 @@ class PipelineEngine:
                     at += g.numel()
                 bucket, size = [], 0
 
-    def _step_loss(self, losses: list[torch.Tensor]) -> float | None:
+    def _step_loss(self, losses: list[torch.Tensor]) -> torch.Tensor | None:
         if not self.last:
             return None
         total = torch.stack(losses).sum().reshape(1).to(torch.float64)
         if self.groups.dp.size > 1:
             self.groups.dp.all_reduce(total, "sum")  # each replica's loss covers its rows only
-        return float(total.item())
+        return total
