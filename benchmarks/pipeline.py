@@ -124,7 +124,6 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         if rank == 0 and device.type != "cpu":
             caps = backend.capabilities(device.index or 0)
             report["peak_bf16_tflops"] = caps.peak_tflops.get("bf16")
-            report["catalog"] = caps.catalog_id
         sync()
         return report
     finally:

@@ -19,6 +19,10 @@ from hal.capabilities import DeviceCapabilities
 Status = Literal["pass", "fail", "error", "skip", "unsupported"]
 FAILING: frozenset[str] = frozenset({"fail", "error"})
 SUITES: tuple[str, ...] = ("ops", "precision", "collectives", "training", "onnx")
+# torch dtype -> the dtype key of DeviceCapabilities (``support``/``is_native``)
+CAPABILITY_KEY: dict[torch.dtype, str] = {
+    torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+}
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Context:
         """Whether the backend declares ``dtype`` usable (native or emulated) — cases skip others."""
         from hal.capabilities import DtypeSupport
 
-        name = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+        name = CAPABILITY_KEY.get(dtype)
         if name is None:
             return True
         return self.capabilities.support(name) in (DtypeSupport.NATIVE, DtypeSupport.EMULATED)

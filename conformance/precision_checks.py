@@ -35,6 +35,8 @@ from hal.downgrades import (
 from hal.errors import FallbackRefused, UnsupportedError
 from hal.precision import PrecisionPlan
 
+from .cases import CAPABILITY_KEY
+
 # --- rounding ------------------------------------------------------------------------------------
 
 # Unit roundoff u = 2^-p (p = significand bits incl. the implicit one): round-to-nearest error ≤ u·|x|.
@@ -374,7 +376,6 @@ MODE_AUTOCAST: dict[str, torch.dtype | None] = {
     "fp32": None, "tf32": None, "hf32": None,
     "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp8-mixed": torch.bfloat16,
 }
-_DTYPE_KEY = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _usable(caps: DeviceCapabilities, key: str) -> bool:
@@ -462,7 +463,7 @@ def policy_violations(obs: PolicyObservation, caps: DeviceCapabilities, fmt: str
         bad.append(("autocast_matches_mode", f"mode {plan.mode} needs autocast {expected_autocast}, plan has {plan.autocast_dtype}"))
     if plan.loss_scaling != (plan.autocast_dtype == torch.float16):
         bad.append(("loss_scaling_iff_fp16", f"loss_scaling={plan.loss_scaling} with autocast {plan.autocast_dtype}"))
-    autocast_key = _DTYPE_KEY.get(plan.autocast_dtype) if plan.autocast_dtype is not None else None
+    autocast_key = CAPABILITY_KEY.get(plan.autocast_dtype) if plan.autocast_dtype is not None else None
     if autocast_key is not None and not _usable(caps, autocast_key):
         bad.append(("dtype_usable", f"autocast {autocast_key} is {caps.support(autocast_key)} on this device"))
     rpm = plan.reduced_precision_matmul

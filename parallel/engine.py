@@ -6,8 +6,8 @@ the collectives bridge between islands); gradients return the same way. The sche
 Megatron's non-interleaved structure: warm-up forwards, a steady 1F1B phase whose sends and
 receives are posted together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so
 blocking P2P cannot deadlock), and cool-down backwards. Batches that only send are left in flight
-while the rank computes on (``_post``) and waited for at the end of the schedule. GPipe is the same code with every forward
-in the warm-up.
+while the rank computes on (``_post``) and waited for at the end of the schedule. GPipe is the
+same code with every forward in the warm-up.
 
 Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
 send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
@@ -37,7 +37,6 @@ from .reshard import Boundary, Layout, p2p_ops
 from .topology import RankGroups, Topology
 
 SCHEDULES = ("gpipe", "1f1b")
-
 BUCKET_BYTES = 16 * 2**20
 
 

@@ -73,8 +73,7 @@ def _make_optimizer(engine: Any, groups: Any, run: RunConfig) -> Any:
 def _precision_plan(backend: Any, run: RunConfig) -> Any:
     """This rank's precision plan (``hal train`` checked it before starting); switches applied.
 
-    Every downgrade is recorded and shown under the run's fallback policy; the writer's summary
-    names the mode each stage really ran.
+    A downgrade on this rank's device is recorded and shown under the run's fallback policy.
     """
     from hal.precision import resolve_precision
 

@@ -32,7 +32,7 @@ from hal.errors import UnsupportedError
 from hal.precision import resolve_precision
 
 from .. import precision_checks as pc
-from ..cases import Case, Context, Outcome, skip, unsupported
+from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
 from ..tolerances import dtype_name, judge, tolerance_for
 
 SUITE = "precision"
@@ -85,7 +85,7 @@ def _autocast_cases(ctx: Context) -> list[Case]:
     for dtype in LOW_PRECISION:
         name = dtype_name(dtype)
         if not ctx.dtype_supported(dtype):
-            reason = f"{name} is {ctx.capabilities.support(pc._DTYPE_KEY[dtype])} on {ctx.capabilities.name}: no autocast to check"
+            reason = f"{name} is {ctx.capabilities.support(CAPABILITY_KEY[dtype])} on {ctx.capabilities.name}: no autocast to check"
             out.append(_case(f"autocast/{name}", lambda c, r=reason: unsupported(r), reason, "autocast"))
             continue
         for exp in pc.autocast_expectations(device_type):
@@ -254,7 +254,7 @@ def _matmul_cases(ctx: Context) -> list[Case]:
     for dtype in LOW_PRECISION:
         name = dtype_name(dtype)
         if not ctx.dtype_supported(dtype):
-            reason = f"{name} is {ctx.capabilities.support(pc._DTYPE_KEY[dtype])} on {ctx.capabilities.name}"
+            reason = f"{name} is {ctx.capabilities.support(CAPABILITY_KEY[dtype])} on {ctx.capabilities.name}"
             out.append(_case(f"matmul/{name}", lambda c, r=reason: unsupported(r), reason, "matmul"))
             continue
         u = pc.UNIT_ROUNDOFF[dtype]
