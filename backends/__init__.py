@@ -1,13 +1,7 @@
-"""Vendor backends, one module each. The only package that touches torch.cuda / torch.npu / torch.mlu.
+"""Vendor backends, one module each: the only package that touches torch.cuda / torch.npu / torch.mlu.
 
-``BUILTIN_BACKENDS`` maps hal backend names to ``module:Class``; third parties add more through
-the ``hal.backends`` entry-point group (see ``hal.backend_registry``).
+hetero-hal's own distribution registers the five built-ins in the ``hal.backends`` entry-point group
+(pyproject.toml), exactly as a third-party vendor registers a plug-in; ``hal.backend_registry`` finds them.
 """
-
-BUILTIN_BACKENDS: dict[str, str] = {
-    "cpu": "backends.cpu:CpuBackend",
-    "cuda": "backends.cuda:CudaBackend",
-    "rocm": "backends.rocm:RocmBackend",
-    "ascend": "backends.ascend:AscendBackend",
-    "cambricon": "backends.cambricon:CambriconBackend",
-}
+if __name__ != "hal.backends":
+    raise ImportError(f"this folder installs as 'hal.backends', not {__name__!r}: pip install -e . and import hal.backends")

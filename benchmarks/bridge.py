@@ -41,7 +41,7 @@ CPU_SIZES_MIB = (1, 4, 16, 64)
 # --- what every rank runs ----------------------------------------------------------------------------
 def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(2)
-    from collectives import init_distributed, shutdown, world_communicator
+    from hal.collectives import init_distributed, shutdown, world_communicator
 
     if opts["chunk_bytes"]:
         os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(opts["chunk_bytes"])

@@ -66,11 +66,11 @@ def flops_per_token(m: dict[str, Any], seq: int) -> float:
 def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from collectives import init_distributed, shutdown
-    from parallel.engine import PipelineEngine
-    from parallel.model_config import ModelConfig
-    from parallel.plan import ParallelPlan, StagePlan, validate_plan
-    from parallel.topology import Topology, build_groups
+    from hal.collectives import init_distributed, shutdown
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
+    from hal.parallel.topology import Topology, build_groups
 
     torch.set_num_threads(max(1, opts["threads"]))
     world = init_distributed(opts["backend"], init_method=f"file://{store}", rank=rank, world_size=world_size)
@@ -158,7 +158,7 @@ class _LogitsStage(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from hal import ops
-        from parallel.layers import parallel_input
+        from hal.parallel.layers import parallel_input
 
         st = self.stage
         h = st.embed(x) if st.first else x
@@ -174,7 +174,7 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.layers import vocab_parallel_cross_entropy
 
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
     stage = PipelineStage(_LogitsStage(engine.module), rank, world_size, engine.device, group=group)

@@ -1,10 +1,12 @@
 """Collectives: one API over every vendor CCL, and a bridge between vendor islands.
 
-    from collectives import init_distributed, world_communicator
+    from hal.collectives import init_distributed, world_communicator
     init_distributed("cpu")            # under hal launch / torchrun
     comm = world_communicator()
     comm.all_reduce(t, "sum")
 """
+if __name__ != "hal.collectives":
+    raise ImportError(f"this folder installs as 'hal.collectives', not {__name__!r}: pip install -e . and import hal.collectives")
 from .communicator import P2P, Communicator, Handle, world_communicator
 from .process_groups import Island, Layout, World, current_world, init_distributed, shutdown
 from .validation import CollectiveError, CollectiveTimeout

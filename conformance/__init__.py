@@ -4,6 +4,8 @@ Cases are data (``cases.Case``), grouped in suites (``conformance/suites``); ``r
 with progress; ``report`` writes JSON, Markdown and one self-contained HTML page; ``compare`` puts two
 runs side by side.
 """
+if __name__ != "hal.conformance":
+    raise ImportError(f"this folder installs as 'hal.conformance', not {__name__!r}: pip install -e . and import hal.conformance")
 from .cases import Case, Context, Outcome, SUITES
 
 __all__ = ["Case", "Context", "Outcome", "SUITES"]

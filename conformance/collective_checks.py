@@ -119,7 +119,7 @@ def plan_checks(dtypes: Sequence[str]) -> list[Check]:
 
 def int_levels(check: Check, world_size: int) -> int:
     """Inputs are 1..k: k for this reduction so that every partial result is an exact integer (0: impossible)."""
-    from collectives.bench import exact_int_limit
+    from hal.collectives.bench import exact_int_limit
 
     limit = exact_int_limit(check.torch_dtype)
     if check.reduce_op == "product":
@@ -129,7 +129,7 @@ def int_levels(check: Check, world_size: int) -> int:
 
 def not_runnable(backend: "Backend", check: Check, world_size: int) -> tuple[str, str] | None:
     """("unsupported" | "skip", reason) when the check cannot run on this backend's CCL, else None."""
-    from collectives.communicator import find_gap
+    from hal.collectives.communicator import find_gap
 
     for op in check.ccl_ops:
         gap = find_gap(backend, op, check.torch_dtype, check.reduce_op)

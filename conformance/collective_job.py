@@ -18,7 +18,7 @@ from .collective_checks import (
 )
 
 if TYPE_CHECKING:
-    from collectives import Communicator, World
+    from hal.collectives import Communicator, World
 
 
 # --- the checks, run on one rank ---------------------------------------------------------------------------
@@ -114,7 +114,7 @@ class _RankChecks:
         return None
 
     def _batch_p2p_ring(self, c: Check) -> RankVerdict:
-        from collectives import P2P
+        from hal.collectives import P2P
 
         right, left = (self.rank + 1) % self.n, (self.rank - 1) % self.n
         xs = self.everyone(c, (NUMEL,))
@@ -177,7 +177,7 @@ def make_communicator(factory: str | None, *, validate: bool) -> "Communicator":
     A factory is ``"module:callable"``, called collectively on every rank as ``fn(validate=...)``
     and returning a ``collectives.Communicator`` (e.g. a subclass with a planted fault).
     """
-    from collectives import Communicator, world_communicator
+    from hal.collectives import Communicator, world_communicator
 
     if not factory:
         return world_communicator(validate=validate)
@@ -214,7 +214,7 @@ def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
 
 def _bench(world: "World", spec: dict[str, Any], comm: "Communicator") -> dict[str, Any]:
     """``hal bench collectives``' own measurement loop (collectives.bench), on this job's world."""
-    from collectives import bench
+    from hal.collectives import bench
 
     plan = bench.BenchPlan(
         backend=world.backend.name, world_size=world.size, sizes=tuple(spec["bench_sizes"]),

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from parallel.model_config import ModelConfig
+from hal.parallel.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from collectives import World
+    from hal.collectives import World
 
 FIRST_LOSS_RTOL = 1e-5
 CURVE_RTOL = 1e-4
@@ -54,14 +54,14 @@ def choose_plan(backend: str, slots: int) -> tuple[str, dict[str, Any]] | None:
 
 def tokens(seed: int, step: int, model: ModelConfig, data: str = "corpus") -> torch.Tensor:
     """Step ``step``'s (micro_batches, micro_batch_size, seq + 1) token ids: the engine's batch layout."""
-    from parallel.data import global_batch
+    from hal.parallel.data import global_batch
 
     return global_batch(data, seed, step, MICRO_BATCHES, MICRO_BATCH_SIZE, model.max_seq_len, model.vocab_size)
 
 
 def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.device) -> dict[str, Any]:
     """The plain single-device run: losses per step and step-1 gradients (float64, host)."""
-    from parallel.model import full_model
+    from hal.parallel.model import full_model
 
     net = full_model(model, seed).to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
@@ -82,10 +82,10 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
 
 def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     """This rank's share of the plan through the engine: last-stage losses, full step-1 gradients (one TP rank)."""
-    from parallel.engine import PipelineEngine
-    from parallel.model import gather_full_grads
-    from parallel.plan import parse_plan, validate_plan
-    from parallel.topology import Topology, build_groups
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.model import gather_full_grads
+    from hal.parallel.plan import parse_plan, validate_plan
+    from hal.parallel.topology import Topology, build_groups
 
     model = ModelConfig(**spec["model"])
     plan = parse_plan(spec["plan"], origin="conformance pipeline plan")

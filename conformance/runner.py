@@ -202,7 +202,7 @@ class Plan:
 
 
 def _module_path(suite: str) -> str:
-    return f"conformance.suites.{suite}" if suite in SUITES else suite
+    return f"hal.conformance.suites.{suite}" if suite in SUITES else suite
 
 
 def _suite_label(suite: str) -> str:

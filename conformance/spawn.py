@@ -115,7 +115,7 @@ def run_job(
         try:
             for rank in range(world_size):
                 args = [
-                    sys.executable, "-m", "conformance.worker", "--job", job, "--rank", str(rank),
+                    sys.executable, "-m", "hal.conformance.worker", "--job", job, "--rank", str(rank),
                     "--world-size", str(world_size), "--backend", backend, "--init", f"file://{root / 'store'}",
                     "--spec", str(spec_path), "--out", str(root / f"rank{rank}.pt"),
                     "--collective-timeout", str(coll_timeout),

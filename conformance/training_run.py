@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from hal.backend import Backend
-from parallel.model_config import ModelConfig
+from hal.parallel.model_config import ModelConfig
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                     ffn_hidden_size=128, max_seq_len=32)
@@ -50,7 +50,7 @@ class RunResult:
 
 def batch(settings: Settings, step: int) -> torch.Tensor:
     """Step ``step``'s token ids (batch, seq + 1), int64 on the host."""
-    from parallel.data import global_batch
+    from hal.parallel.data import global_batch
 
     m = settings.model
     return global_batch(settings.data, settings.seed, step, 1, settings.batch, settings.seq, m.vocab_size)[0]
@@ -127,7 +127,7 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool) -> RunResult:
-    from parallel.model import full_model
+    from hal.parallel.model import full_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is unknown here; use one of {', '.join(PRECISIONS)}")

@@ -21,8 +21,8 @@ import traceback
 from typing import Any, Callable
 
 JOBS: dict[str, str] = {
-    "collectives": "conformance.collective_job:run_rank",
-    "pipeline": "conformance.pipeline_check:run_rank",
+    "collectives": "hal.conformance.collective_job:run_rank",
+    "pipeline": "hal.conformance.pipeline_check:run_rank",
 }
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from collectives import init_distributed, shutdown
+    from hal.collectives import init_distributed, shutdown
 
     spec = torch.load(args.spec, weights_only=True)
     world = init_distributed(

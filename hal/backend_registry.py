@@ -1,4 +1,4 @@
-"""Which backends exist: the built-in five plus third-party ones from the ``hal.backends`` entry points.
+"""Which backends exist: the built-in five and third-party ones, all from the ``hal.backends`` entry points.
 
 A third-party vendor ships a distribution whose metadata declares, e.g.::
 
@@ -37,18 +37,36 @@ def _load_class(target: str) -> type[Backend]:
     return cls
 
 
+BUILTIN_DISTRIBUTION = "hetero-hal"
+BUILTIN_ORDER: tuple[str, ...] = ("cpu", "cuda", "rocm", "ascend", "cambricon")
+
+
+def _is_builtin(ep: metadata.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name.replace("_", "-").lower() == BUILTIN_DISTRIBUTION
+
+
+def _builtin_rank(ep: metadata.EntryPoint) -> tuple[int, str]:
+    return (BUILTIN_ORDER.index(ep.name) if ep.name in BUILTIN_ORDER else len(BUILTIN_ORDER), ep.name)
+
+
 @functools.lru_cache(maxsize=1)
 def _discover() -> tuple[dict[str, Backend], tuple[LoadProblem, ...]]:
-    from backends import BUILTIN_BACKENDS
-
-    found: dict[str, Backend] = {}
+    """Built-ins and plug-ins both arrive through the entry-point group: this contract layer never
+    imports a vendor module by name (hetero-hal's own distribution declares the built-in five)."""
+    points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    builtins = sorted((ep for ep in points if _is_builtin(ep)), key=_builtin_rank)
+    if not builtins:
+        raise ConfigError(
+            f"no built-in backends registered: the '{ENTRY_POINT_GROUP}' entry points of {BUILTIN_DISTRIBUTION} "
+            "are missing; install the package (pip install -e .) instead of running it from the source tree"
+        )
+    builtin_names = {ep.name: ep.value for ep in builtins}
+    found: dict[str, Backend] = {ep.name: _load_class(ep.value)() for ep in builtins}
     problems: list[LoadProblem] = []
-    for name, target in BUILTIN_BACKENDS.items():
-        found[name] = _load_class(target)()
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    for ep in sorted((ep for ep in points if not _is_builtin(ep)), key=lambda e: e.name):
         origin = f"entry point {ep.name} = {ep.value}" + (f" ({ep.dist.name})" if ep.dist else "")
-        if ep.name in BUILTIN_BACKENDS:
-            if ep.value != BUILTIN_BACKENDS[ep.name]:
+        if ep.name in builtin_names:
+            if ep.value != builtin_names[ep.name]:
                 problems.append(LoadProblem(ep.name, origin, f"ignored: '{ep.name}' is a built-in backend name"))
             continue
         try:

@@ -225,7 +225,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from collectives.launch import launch_main
+    from hal.collectives.launch import launch_main
 
     return launch_main(
         args.nproc, args.script, list(args.script_args), backend=args.backend, config=args.config,
@@ -237,7 +237,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_collectives(args: argparse.Namespace) -> int:
-    from collectives.bench import bench_main
+    from hal.collectives.bench import bench_main
 
     return bench_main(
         backend=args.backend, world_size=args.world_size, sizes=args.sizes, dtypes=args.dtype, ops=args.ops,
@@ -249,7 +249,7 @@ def cmd_bench_collectives(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from parallel.plan_report import plan_main  # lazily: hal never imports parallel at import time
+    from hal.parallel.plan_report import plan_main  # lazily: hal never imports parallel at import time
 
     return plan_main(args.config, as_json=args.json)
 
@@ -258,7 +258,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from parallel.train import train_main  # lazily: hal never imports parallel at import time
+    from hal.parallel.train import train_main  # lazily: hal never imports parallel at import time
 
     return train_main(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, as_json=args.json,
                       print_multinode=args.print_multinode)
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=cmd_train)
 
-    from conformance.cli import add_parser as add_conformance  # lazily: hal never imports conformance at import time
+    from hal.conformance.cli import add_parser as add_conformance  # lazily: hal never imports conformance at import time
 
     add_conformance(sub)
     return parser

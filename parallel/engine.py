@@ -28,7 +28,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-from collectives import Communicator
+from hal.collectives import Communicator
 
 from .model import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig

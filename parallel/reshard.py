@@ -47,7 +47,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from collectives import P2P, Communicator, Handle
+from hal.collectives import P2P, Communicator, Handle
 from hal.errors import ConfigError
 
 GradRule = Literal["identical", "partial"]

@@ -31,8 +31,8 @@ from hal.errors import ConfigError
 from .plan import ParallelPlan
 
 if TYPE_CHECKING:  # collectives (torch.distributed) is loaded only when groups are built
-    from collectives.communicator import Communicator
-    from collectives.process_groups import World
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import World
 
 
 class Coord(NamedTuple):
@@ -230,8 +230,8 @@ def build_groups(topology: Topology, world: "World | None" = None, *, validate: 
     Collective: every rank of the world calls it with the same topology (torch creates groups
     collectively, in the same order everywhere). Each distinct rank set becomes one layout.
     """
-    from collectives.communicator import Communicator
-    from collectives.process_groups import current_world, make_layout
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import current_world, make_layout
 
     world = world or current_world()
     _check_world_matches(topology, world)

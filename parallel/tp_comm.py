@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from collectives import Communicator
+from hal.collectives import Communicator
 
 TPComm = Optional[Communicator]
 

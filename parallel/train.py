@@ -202,7 +202,7 @@ def multinode_lines(job: TrainJob, nodes: int) -> list[str]:
         backends = sorted({job.topology.backend_of(r) for r in ranks})
         env = f"HAL_BACKEND={backends[0]} " if len(backends) == 1 else ""  # mixed node: each rank takes its stage's
         args = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={len(ranks)}",
-                "--master-addr=NODE0_HOST", f"--master-port={DEFAULT_PORT}", "-m", "parallel.trainer", *job.rank_args()]
+                "--master-addr=NODE0_HOST", f"--master-port={DEFAULT_PORT}", "-m", "hal.parallel.trainer", *job.rank_args()]
         lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{env}torchrun {shlex.join(args)}")
     return lines
 
@@ -218,12 +218,12 @@ def run_local(job: TrainJob) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from collectives.launch import _report_failures
+    from hal.collectives.launch import _report_failures
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
     job.run_dir.mkdir(parents=True, exist_ok=True)
     world = job.topology.world_size
-    args = {r: ("-m", "parallel.trainer", *job.rank_args()) for r in range(world)}
+    args = {r: ("-m", "hal.parallel.trainer", *job.rank_args()) for r in range(world)}
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
     context = start_processes("hal-train", sys.executable, args, rank_envs(job, _free_port()), DefaultLogsSpecs(log_dir=os.devnull))
     try:

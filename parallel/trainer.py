@@ -84,7 +84,7 @@ def _precision_plan(backend: Any, run: RunConfig) -> Any:
 
 def setup(args: argparse.Namespace) -> RankRun:
     """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
-    from collectives import init_distributed
+    from hal.collectives import init_distributed
 
     from .checkpoint_io import load_checkpoint, resolve
     from .engine import PipelineEngine
@@ -278,7 +278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
-    from collectives import shutdown
+    from hal.collectives import shutdown
 
     args = parse_args(argv)
     rank = os.environ.get("RANK", "?")

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from collectives import Communicator
+from hal.collectives import Communicator
 
 OptimizerFactory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from parallel.model_config import ModelConfig
+from hal.parallel.model_config import ModelConfig
 
 SEED = 5
 
@@ -49,7 +49,7 @@ class CountingComm:
 
 def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, layers: range | None = None) -> dict[str, Any]:
     """Loss, gradients (local shards, and the input's when not first), saved tensors and collectives."""
-    from parallel.model import build_stage
+    from hal.parallel.model import build_stage
 
     cfg = config(seq)
     layers = layers if layers is not None else range(cfg.num_layers)
@@ -98,10 +98,10 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 
 def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     """A 2-stage plan (tp1 → tp2+sp, 1F1B) with every stage checkpointed; losses to compare with one process."""
-    from collectives import current_world
-    from parallel.engine import PipelineEngine
-    from parallel.plan import parse_plan
-    from parallel.topology import Topology, build_groups
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
 
     from .engine_cases import MODEL, batch
 
@@ -123,7 +123,7 @@ def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
 def world3(rank: int, world: int) -> dict[str, Any]:
     """Ranks 1, 2: tp=2 (sp off and on) with and without checkpointing. Then all three: the engine
     on a 2-stage plan (tp1 → tp2+sp, 1F1B) with every stage checkpointed."""
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     tp = world_communicator().subgroup([1, 2])  # every rank creates every group
     out: dict[str, Any] = {}

@@ -31,7 +31,7 @@ def _reduce(tensors: list[torch.Tensor], op: str) -> torch.Tensor:
 
 def op_matrix(rank: int, world: int, dtypes: tuple[str, ...] = tuple(DTYPES)) -> list[tuple[str, bool, str]]:
     """Every collective in every dtype against its local reference; returns (case, ok, detail)."""
-    from collectives import P2P, world_communicator
+    from hal.collectives import P2P, world_communicator
 
     comm = world_communicator()
     dev = comm.device
@@ -124,7 +124,7 @@ def _error_of(fn: Callable[[], Any]) -> str:
 
 def bad_inputs(rank: int, world: int) -> dict[str, str]:
     """Each scenario returns this rank's error; the test checks every rank saw the same one."""
-    from collectives import P2P, world_communicator
+    from hal.collectives import P2P, world_communicator
 
     comm = world_communicator()
     dev = comm.device
@@ -152,7 +152,7 @@ def bad_inputs(rank: int, world: int) -> dict[str, str]:
 
 def late_rank(rank: int, world: int, late: int, timeout_s: float, sleep_s: float) -> dict[str, Any]:
     """Rank ``late`` arrives long after the others' timeout: they must fail fast with a clear error."""
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     comm = world_communicator()
     if rank == late:
@@ -164,8 +164,8 @@ def late_rank(rank: int, world: int, late: int, timeout_s: float, sleep_s: float
 
 def declared_gaps(rank: int, world: int) -> dict[str, Any]:
     """Declare CCL gaps on the cpu backend (capability data) and check both handlings really run."""
-    from backends.cpu import CpuBackend
-    from collectives import world_communicator
+    from hal.backends.cpu import CpuBackend
+    from hal.collectives import world_communicator
     from hal.backend import CclGap
     from hal.downgrades import fallback_policy, recorded_downgrades
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Sequence[int] | None,
            timeout_s: float, kwargs: dict[str, Any], results: Any, backend: str | Sequence[str] = "cpu") -> None:
     try:
-        from collectives import init_distributed
+        from hal.collectives import init_distributed
 
         os.environ["LOCAL_RANK"] = str(rank)  # one device per rank, as torchrun would set it
         mine = backend if isinstance(backend, str) else backend[rank]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from parallel.model_config import ModelConfig
+from hal.parallel.model_config import ModelConfig
 
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
                     ffn_hidden_size=64, max_seq_len=8)
@@ -23,8 +23,8 @@ def model_config(tied: bool) -> ModelConfig:
 
 def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
-    from parallel.model import full_model
-    from parallel.plan import parse_plan
+    from hal.parallel.model import full_model
+    from hal.parallel.plan import parse_plan
 
     plan = parse_plan(plan_raw)
     model = full_model(model_config(tied), seed)
@@ -46,11 +46,11 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
 
 def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
-    from collectives import current_world
-    from parallel.engine import PipelineEngine
-    from parallel.model import gather_full_grads
-    from parallel.plan import parse_plan
-    from parallel.topology import Topology, build_groups
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.model import gather_full_grads
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
 
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
@@ -81,10 +81,10 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
 
     import torch.distributed as dist
 
-    from collectives import current_world
-    from parallel.engine import PipelineEngine
-    from parallel.plan import parse_plan
-    from parallel.topology import Topology, build_groups
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
 
     plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})

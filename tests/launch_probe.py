@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from collectives import init_distributed, shutdown, world_communicator
+from hal.collectives import init_distributed, shutdown, world_communicator
 
 
 def _say(record: dict[str, object]) -> None:

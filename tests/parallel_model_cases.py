@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from parallel.model_config import ModelConfig
+from hal.parallel.model_config import ModelConfig
 
 SEED = 1234
 BATCH, SEQ = 2, 16
@@ -27,7 +27,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(config: ModelConfig) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss, full grads, full params) of the single-process model."""
-    from parallel.model import full_model, gather_full_grads, gather_full_params
+    from hal.parallel.model import full_model, gather_full_grads, gather_full_params
 
     model = full_model(config, SEED)
     ids, labels = data()
@@ -48,8 +48,8 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[
 
 def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
     """tp=world over the whole model, for sp off/on and untied/tied embeddings."""
-    from collectives import world_communicator
-    from parallel.model import build_stage, gather_full_grads, gather_full_params
+    from hal.collectives import world_communicator
+    from hal.parallel.model import build_stage, gather_full_grads, gather_full_params
 
     comm = world_communicator()
     ids, labels = data()
@@ -73,8 +73,8 @@ def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
 
 def pipeline_tied_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """Two stages on two processes (tp=1 each), tied embeddings summed by sync_tied_embedding_grads."""
-    from collectives import world_communicator
-    from parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
+    from hal.collectives import world_communicator
+    from hal.parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()
     config = small_config(tied=True)
@@ -107,8 +107,8 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         cross the boundary need no scaling and stage 1 sums its gradients over dp; then the tied
         sum runs over all four ranks (different TP degrees: full-vocab path).
     """
-    from collectives import world_communicator
-    from parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
+    from hal.collectives import world_communicator
+    from hal.parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()
     groups = {r: comm.subgroup(r) for r in ((0, 1), (2, 3), (0, 2), (1, 3))}  # every rank creates every group

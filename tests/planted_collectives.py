@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from collectives import Communicator, current_world
-from collectives.process_groups import make_layout
+from hal.collectives import Communicator, current_world
+from hal.collectives.process_groups import make_layout
 
 
 class DroppingCommunicator(Communicator):
@@ -35,7 +35,7 @@ def hang(world: Any, spec: dict) -> None:
     """Rank 1 never arrives; rank 0 waits in an all_reduce: only the job deadline ends this."""
     import time
 
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     comm = world_communicator(validate=False)
     if world.rank == 1:
@@ -45,7 +45,7 @@ def hang(world: Any, spec: dict) -> None:
 
 def crash(world: Any, spec: dict) -> None:
     """Rank 1 raises while rank 0 waits in an all_reduce."""
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     comm = world_communicator(validate=False)
     if world.rank == 1:

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from collectives import bench
-from collectives.bench import OPS, ROOT, count_wrong, fill_input, shape_for
+from hal.collectives import bench
+from hal.collectives.bench import OPS, ROOT, count_wrong, fill_input, shape_for
 from hal.errors import ConfigError
 
 from .conftest import has_cuda, run_hal

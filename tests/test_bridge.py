@@ -85,7 +85,7 @@ def _worker(rank: int, islands: list[int], store: str, results: Any) -> None:
     torch.set_num_threads(1)
     report: dict[str, Any] = {"failures": [], "checks": 0}
     try:
-        from collectives import init_distributed, shutdown
+        from hal.collectives import init_distributed, shutdown
 
         os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(CHUNK_BYTES)
         world = init_distributed(
@@ -105,7 +105,7 @@ def _flat_communicator(world: Any) -> Any:
     """The single-island path over the same processes: one gloo island holding every rank."""
     import torch.distributed as dist
 
-    from collectives import Communicator, Island, Layout
+    from hal.collectives import Communicator, Island, Layout
 
     ranks = tuple(range(world.size))
     island = Island(0, "cpu", ranks, dist.group.WORLD)
@@ -113,7 +113,7 @@ def _flat_communicator(world: Any) -> Any:
 
 
 def _run_checks(world: Any, islands: list[int], report: dict[str, Any]) -> None:
-    from collectives import CollectiveError, world_communicator
+    from hal.collectives import CollectiveError, world_communicator
 
     flat = _flat_communicator(world)
     report["flat_path"] = flat.path
@@ -235,7 +235,7 @@ def _check_movement(comm: Any, flat: Any, dtype: torch.dtype, check: _Checker) -
 
 def _check_p2p(comm: Any, flat: Any, islands: list[int], check: _Checker) -> None:
     """Ring send/recv (crossing islands and not) and a cross-island pair swapping two big tensors."""
-    from collectives import P2P
+    from hal.collectives import P2P
 
     rank, size = comm.rank, comm.size
     big = 1000  # elements: 4000 bytes of fp32 = 16 chunks of 256 bytes

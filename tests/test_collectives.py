@@ -68,7 +68,7 @@ def test_declared_ccl_gaps_are_staged_or_refused_visibly() -> None:
 def test_gap_lookup_reads_capability_data() -> None:
     import torch
 
-    from collectives.communicator import find_gap
+    from hal.collectives.communicator import find_gap
     from hal import get_backend
 
     ascend, cuda = get_backend("ascend"), get_backend("cuda")

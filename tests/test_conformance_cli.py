@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import report, runner
+from hal.conformance import report, runner
 from hal.backend_registry import all_backends
 from tests.conftest import REPO, run_hal
 

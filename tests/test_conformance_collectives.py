@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.cases import Context
-from conformance.collective_checks import plan_checks
-from conformance.spawn import JobFailed, run_job
-from conformance.suites import collectives as suite
+from hal.conformance.cases import Context
+from hal.conformance.collective_checks import plan_checks
+from hal.conformance.spawn import JobFailed, run_job
+from hal.conformance.suites import collectives as suite
 from hal import get_backend
 
 PLANTED = "tests.planted_collectives:make"
@@ -28,7 +28,7 @@ def _run_all(ctx: Context) -> dict[str, object]:
 def _gone(pid: int) -> bool:
     proc = Path(f"/proc/{pid}/cmdline")
     try:
-        return b"conformance.worker" not in proc.read_bytes()
+        return b"hal.conformance.worker" not in proc.read_bytes()
     except OSError:
         return True
 
@@ -67,7 +67,7 @@ def test_probes_report_determinism_and_size_dependence(clean_run: dict[str, obje
 
 
 def test_busbw_tables_come_from_the_bench(clean_run: dict[str, object]) -> None:
-    from collectives.bench import OPS
+    from hal.collectives.bench import OPS
 
     for n in (2, 4):
         for op in OPS:
@@ -130,7 +130,7 @@ def test_world_sizes_follow_the_slots() -> None:
 
 def test_exactness_limits_are_respected() -> None:
     """A product over 18 ranks cannot stay exact in bf16 (2^9 > 256): skipped with the reason, not run wrong."""
-    from conformance.collective_checks import not_runnable
+    from hal.conformance.collective_checks import not_runnable
 
     check = next(c for c in plan_checks(["bfloat16"]) if c.name == "all_reduce/product/bfloat16/int")
     assert not_runnable(get_backend("cpu"), check, 18) == ("skip", "a product over 18 ranks cannot stay exact in bfloat16")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance import onnx_cases
-from conformance.cases import Context
-from conformance.runner import CaseResult, execute, plan_from_cases
-from conformance.suites import onnx as onnx_suite
+from hal.conformance import onnx_cases
+from hal.conformance.cases import Context
+from hal.conformance.runner import CaseResult, execute, plan_from_cases
+from hal.conformance.suites import onnx as onnx_suite
 from hal.backend_registry import get_backend
 from hal.ops import registry
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from conformance import inputs
-from conformance.cases import Context
-from conformance.runner import CaseResult, execute, plan_from_cases
-from conformance.suites import ops as ops_suite
+from hal.conformance import inputs
+from hal.conformance.cases import Context
+from hal.conformance.runner import CaseResult, execute, plan_from_cases
+from hal.conformance.suites import ops as ops_suite
 from hal.backend_registry import get_backend
 from hal.capabilities import DtypeSupport
 from hal.op_registry import REFERENCE, OpRegistry

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.amp.grad_scaler import OptState
 
-from backends.cpu import CpuBackend
-from conformance import precision_checks as pc
-from conformance.cases import Context, Outcome
-from conformance.suites import precision
+from hal.backends.cpu import CpuBackend
+from hal.conformance import precision_checks as pc
+from hal.conformance.cases import Context, Outcome
+from hal.conformance.suites import precision
 from hal import get_backend, ops
 from hal.capabilities import DTYPE_KEYS, DeviceCapabilities, DtypeSupport
 from hal.config import PRECISIONS

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from backends.cpu import CpuBackend
-from conformance import compare, report, runner
-from conformance.cases import Context
-from conformance.html_report import render
+from hal.backends.cpu import CpuBackend
+from hal.conformance import compare, report, runner
+from hal.conformance.cases import Context
+from hal.conformance.html_report import render
 from hal.errors import ConfigError
 from tests.conftest import REPO
 

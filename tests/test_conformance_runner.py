@@ -7,9 +7,9 @@ import textwrap
 import pytest
 import torch
 
-from backends.cpu import CpuBackend
-from conformance import runner
-from conformance.cases import Case, Context, Outcome
+from hal.backends.cpu import CpuBackend
+from hal.conformance import runner
+from hal.conformance.cases import Case, Context, Outcome
 from hal.backend import NOT_VERIFIED
 from hal.backend_registry import all_backends, get_backend
 from hal.errors import BackendUnavailable, ConfigError, HalError
@@ -142,7 +142,7 @@ def test_duplicate_case_ids_are_a_collect_error(ctx: Context, tmp_path, monkeypa
     (tmp_path / "dupsuites").mkdir()
     (tmp_path / "dupsuites" / "__init__.py").write_text("")
     (tmp_path / "dupsuites" / "dup.py").write_text(textwrap.dedent("""
-        from conformance.cases import Case, Outcome
+        from hal.conformance.cases import Case, Outcome
         def cases(ctx):
             return [Case("x", "same", lambda c: Outcome("pass")), Case("x", "same", lambda c: Outcome("pass"))]
     """))

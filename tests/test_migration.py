@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from backends.cpu import CpuBackend
+from hal.backends.cpu import CpuBackend
 from hal.backend_registry import get_backend
 from hal.errors import UnsupportedError
 from hal.migration import (

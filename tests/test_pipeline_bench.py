@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_parameter_count_matches_the_built_model() -> None:
-    from parallel.model import full_model
-    from parallel.model_config import ModelConfig
+    from hal.parallel.model import full_model
+    from hal.parallel.model_config import ModelConfig
 
     model = PRESETS["tiny"]
     built = sum(p.numel() for p in full_model(ModelConfig(**model), seed=0).parameters())

@@ -15,9 +15,9 @@ import pytest
 
 from hal.config import load_config
 from hal.errors import ConfigError
-from parallel.model_config import ModelConfig
-from parallel.plan import ParallelPlan, StagePlan, TrainConfig, load_run_config, parse_plan, parse_train, validate_plan
-from parallel.topology import Coord, Topology
+from hal.parallel.model_config import ModelConfig
+from hal.parallel.plan import ParallelPlan, StagePlan, TrainConfig, load_run_config, parse_plan, parse_train, validate_plan
+from hal.parallel.topology import Coord, Topology
 
 from .conftest import REPO, run_hal
 

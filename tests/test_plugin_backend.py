@@ -20,7 +20,7 @@ PLUGIN = textwrap.dedent(
     '''
     """A pretend vendor: runs on the host CPU but is a separate, third-party backend."""
     from hal.backend import Availability
-    from backends.cpu import CpuBackend
+    from hal.backends.cpu import CpuBackend
 
 
     class AcmeBackend(CpuBackend):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hal.errors import ConfigError
-from parallel.reshard import (
+from hal.parallel.reshard import (
     Block, Boundary, Layout, Transfer, backward_transfers, exchange, p2p_ops, plan_transfers, send_activation,
 )
 
@@ -219,8 +219,8 @@ def _flat_communicator() -> Any:
     """The single-island (plain gloo) path over the same processes, beside the bridged world one."""
     import torch.distributed as dist
 
-    from collectives import Communicator, Island, current_world
-    from collectives import Layout as RankLayout
+    from hal.collectives import Communicator, Island, current_world
+    from hal.collectives import Layout as RankLayout
 
     world = current_world()
     ranks = tuple(range(world.size))
@@ -229,7 +229,7 @@ def _flat_communicator() -> Any:
 
 def reshard_world(rank: int, world: int) -> dict[str, Any]:
     """Every scenario on the bridged and on the flat communicator: slices and gradients exact."""
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     x = torch.arange(B * S * H, dtype=torch.float32).view(B, S, H)
     g = x * 3 - 7  # the gradient of the global loss w.r.t. the boundary activation

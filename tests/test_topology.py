@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from hal.errors import ConfigError
-from parallel.plan import ParallelPlan, StagePlan
-from parallel.topology import Topology, build_groups
+from hal.parallel.plan import ParallelPlan, StagePlan
+from hal.parallel.topology import Topology, build_groups
 
 from .dist_harness import run_world
 
@@ -26,7 +26,7 @@ def _members(comm) -> list[int]:
 
 def build_and_report(rank: int, world: int) -> dict:
     """Runs on every rank: build plan (a)'s groups and report who is in each of mine."""
-    from collectives import current_world
+    from hal.collectives import current_world
 
     groups = build_groups(Topology.from_plan(PLAN_A), current_world())
     return {

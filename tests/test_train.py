@@ -222,9 +222,9 @@ def test_print_multinode_gives_one_torchrun_line_per_node_and_starts_nothing(tmp
 
 
 def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
-    from parallel.plan import parse_plan
-    from parallel.topology import Topology
-    from parallel.train import split_nodes
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology
+    from hal.parallel.train import split_nodes
 
     topology = Topology.from_plan(parse_plan({"stages": [
         {"backend": "cpu", "devices": 2, "layers": 3, "tp": 2}, {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]}))
@@ -234,7 +234,7 @@ def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
 
 
 def test_progress_updates_in_place_on_a_terminal() -> None:
-    from parallel.trainer import Progress
+    from hal.parallel.trainer import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.ascend import AscendBackend
-from backends.cambricon import CambriconBackend
+from hal.backends.ascend import AscendBackend
+from hal.backends.cambricon import CambriconBackend
 from hal.errors import BackendUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -341,8 +341,8 @@ def test_importing_and_instantiating_does_not_import_vendor_packages(fake_root: 
     """Even with (fake) torch_npu/torch_mlu importable, nothing imports them until a method probes."""
     run_child("""
         import sys
-        import backends.ascend, backends.cambricon
-        backends.ascend.AscendBackend(); backends.cambricon.CambriconBackend()
+        import hal.backends.ascend, hal.backends.cambricon
+        hal.backends.ascend.AscendBackend(); hal.backends.cambricon.CambriconBackend()
         import hal, hal.ops
         hal.all_backends()
         hal.ops.registry.implementations("rms_norm")  # runs every backend's register_ops
@@ -433,7 +433,7 @@ BYPASS = """
 def test_ascend_logic_with_fake_runtime(fake_root: Path) -> None:
     run_child(BYPASS + """
     import torch_npu
-    from backends.ascend import AscendBackend
+    from hal.backends.ascend import AscendBackend
     npu = bypassed(AscendBackend, "npu")
     calls = torch_npu.CALLS
 
@@ -498,7 +498,7 @@ def test_ascend_logic_with_fake_runtime(fake_root: Path) -> None:
 def test_cambricon_logic_with_fake_mlu590(fake_root: Path) -> None:
     run_child(BYPASS + """
     import torch_mlu
-    from backends.cambricon import CambriconBackend
+    from hal.backends.cambricon import CambriconBackend
     mlu = bypassed(CambriconBackend, "mlu")
     calls = torch_mlu.CALLS
 
@@ -531,7 +531,7 @@ def test_cambricon_logic_with_fake_mlu590(fake_root: Path) -> None:
 
 def test_cambricon_mlu370_has_no_tf32(fake_root: Path) -> None:
     run_child(BYPASS + """
-    from backends.cambricon import CambriconBackend
+    from hal.backends.cambricon import CambriconBackend
     mlu = bypassed(CambriconBackend, "mlu")
     caps = mlu.capabilities(0)
     assert caps.support("tf32") is DtypeSupport.ABSENT

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import torch
 
-from parallel.zero import FlatLayout, Zero1AdamW
+from hal.parallel.zero import FlatLayout, Zero1AdamW
 
 from . import zero_cases as cases
 from .dist_harness import ok_values as _ok
@@ -61,7 +61,7 @@ def test_dp1_without_communicator_is_plain_adamw() -> None:
 
 
 def test_mixed_dtypes_are_refused() -> None:
-    from parallel.zero import _check_flattenable
+    from hal.parallel.zero import _check_flattenable
 
     with pytest.raises(ValueError, match="share dtype and device"):
         _check_flattenable([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])

@@ -68,7 +68,7 @@ class _Run:
 
 
 def _step_all(runs: dict[str, _Run], ref: _Run, comm: Any, step: int, world: int) -> None:
-    from parallel.zero import ZeroOne
+    from hal.parallel.zero import ZeroOne
 
     ref.opt.zero_grad()
     summed_backward(ref.model, step, world)
@@ -87,8 +87,8 @@ def _step_all(runs: dict[str, _Run], ref: _Run, comm: Any, step: int, world: int
 
 def zero_vs_adamw(rank: int, world: int, comm: Any = None) -> dict[str, Any]:
     """dp = the whole world: both update paths against plain AdamW; state dict out and back in."""
-    from collectives import world_communicator
-    from parallel.zero import Zero1AdamW
+    from hal.collectives import world_communicator
+    from hal.parallel.zero import Zero1AdamW
 
     comm = comm or world_communicator()
     base = tiny_model()
@@ -109,7 +109,7 @@ def zero_vs_adamw(rank: int, world: int, comm: Any = None) -> dict[str, Any]:
 
 def _resume(trained: _Run, full: dict[str, Any], ref: _Run, comm: Any) -> dict[str, float]:
     """Load the full state into a fresh ZeRO optimizer and a plain AdamW; both continue like the reference."""
-    from parallel.zero import Zero1AdamW
+    from hal.parallel.zero import Zero1AdamW
 
     resumed = {"rs-loaded": _Run(trained.model, lambda ps: Zero1AdamW(ps, comm, **ADAMW)),
                "plain-loaded": _Run(trained.model, lambda ps: torch.optim.AdamW(ps, **ADAMW))}
@@ -129,8 +129,8 @@ def _resume(trained: _Run, full: dict[str, Any], ref: _Run, comm: Any) -> dict[s
 
 def dp1_identity(rank: int, world: int) -> dict[str, Any]:
     """A size-1 dp group: ZeroOne is the plain optimizer — bitwise equal parameters and state."""
-    from collectives import world_communicator
-    from parallel.zero import Zero1AdamW
+    from hal.collectives import world_communicator
+    from hal.parallel.zero import Zero1AdamW
 
     world_comm = world_communicator()
     singles = [world_comm.subgroup([r]) for r in range(world)]  # every rank creates every group
@@ -154,7 +154,7 @@ def world2(rank: int, world: int) -> dict[str, Any]:
 
 def world4(rank: int, world: int) -> dict[str, Any]:
     """dp=4; a dp=4 checkpoint resumed at dp=2; ZeRO inside the engine (plan tp2 × dp2)."""
-    from collectives import world_communicator
+    from hal.collectives import world_communicator
 
     world_comm = world_communicator()
     out: dict[str, Any] = {"dp4": zero_vs_adamw(rank, world, world_comm)}
@@ -166,7 +166,7 @@ def world4(rank: int, world: int) -> dict[str, Any]:
 
 def _reshard_resume(dp4: Any, dp2: Any) -> float:
     """Train 2 steps at dp=4, save, resume at dp=2 on the same (world-summed) gradients: equal to AdamW."""
-    from parallel.zero import Zero1AdamW
+    from hal.parallel.zero import Zero1AdamW
 
     base = tiny_model()
     ref = _Run(base, lambda ps: torch.optim.AdamW(ps, **ADAMW))
@@ -194,11 +194,11 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 
 def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     """The engine with Zero1AdamW, both ways: after its dp all-reduce (step) and instead of it (reduce-scatter)."""
-    from collectives import current_world
-    from parallel.engine import PipelineEngine
-    from parallel.plan import parse_plan
-    from parallel.topology import Topology, build_groups
-    from parallel.zero import Zero1AdamW
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.zero import Zero1AdamW
 
     from .engine_cases import MODEL, batch
 

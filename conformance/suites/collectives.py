@@ -64,7 +64,7 @@ def busbw_sizes(ctx: Context) -> list[int]:
     if raw is None:
         return list(CPU_BUSBW_SIZES if ctx.device.type == "cpu" else ACCEL_BUSBW_SIZES)
     if isinstance(raw, str):
-        from collectives.bench import parse_sizes
+        from hal.collectives.bench import parse_sizes
 
         return parse_sizes(raw)
     return [int(s) for s in raw]
@@ -143,7 +143,7 @@ def cases(ctx: Context) -> list[Case]:
     if not sizes:
         why = f"{ctx.max_world_size} process slot(s) on backend {ctx.backend_name}: no multi-rank collectives to check"
         return [Case(SUITE, "multi_rank", _fixed(skip(why)), "collectives need at least 2 ranks")]
-    from collectives.bench import OPS
+    from hal.collectives.bench import OPS
 
     out: list[Case] = []
     for n in sizes:
