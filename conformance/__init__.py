@@ -6,6 +6,15 @@ runs side by side.
 """
 if __name__ != "hal.conformance":
     raise ImportError(f"this folder installs as 'hal.conformance', not {__name__!r}: pip install -e . and import hal.conformance")
-from .cases import Case, Context, Outcome, SUITES
+from .suite_names import SUITES
 
 __all__ = ["Case", "Context", "Outcome", "SUITES"]
+
+
+def __getattr__(name: str) -> object:
+    """The case model loads torch: import it on first use, so ``hal conformance --help`` stays instant."""
+    if name in ("Case", "Context", "Outcome"):
+        from . import cases
+
+        return getattr(cases, name)
+    raise AttributeError(f"module 'hal.conformance' has no attribute {name!r}")

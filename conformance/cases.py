@@ -16,9 +16,10 @@ import torch
 from hal.backend import Backend
 from hal.capabilities import DeviceCapabilities
 
+from .suite_names import SUITES
+
 Status = Literal["pass", "fail", "error", "skip", "unsupported"]
 FAILING: frozenset[str] = frozenset({"fail", "error"})
-SUITES: tuple[str, ...] = ("ops", "precision", "collectives", "training", "onnx")
 # torch dtype -> the dtype key of DeviceCapabilities (``support``/``is_native``)
 CAPABILITY_KEY: dict[torch.dtype, str] = {
     torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",

@@ -1,6 +1,6 @@
 """``python -m hal`` is the ``hal`` command."""
 import sys
 
-from .cli import main
+from hal.cli import main
 
 sys.exit(main())

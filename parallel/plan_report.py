@@ -1,24 +1,10 @@
-"""``hal plan --config F``: validate model + plan + backends and show the topology, starting nothing.
-
-It is the same check a training launch makes before it starts a process, so a plan that passes
-here fails later only for reasons a dry run cannot see (a rank crashing, a network down).
-"""
+"""A validated run config and its topology as plain data: what ``hal plan`` shows and ``--json`` prints."""
 from __future__ import annotations
 
-import json
-from typing import Any, Sequence
+from typing import Any
 
-from .plan import RunConfig, load_run_config
+from .plan import RunConfig
 from .topology import Topology
-
-
-def _span(values: Sequence[int]) -> str:
-    """Ranks or layers as '0-3' when consecutive, else '0,2,5'."""
-    if not values:
-        return "-"
-    if len(values) > 1 and list(values) == list(range(values[0], values[-1] + 1)):
-        return f"{values[0]}-{values[-1]}"
-    return ",".join(map(str, values))
 
 
 def plan_report(run: RunConfig) -> dict[str, Any]:
@@ -31,43 +17,3 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
         "global_batch_size": run.plan.global_batch_size,
         "topology": Topology.from_plan(run.plan).to_dict(),
     }
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-
-
-def format_plan(report: dict[str, Any]) -> str:
-    plan, model, topo = report["plan"], report["model"], report["topology"]
-    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
-    lines = [
-        f"plan {report['config']}: {len(plan['stages'])} stage(s), {topo['world_size']} rank(s), schedule {plan['schedule']}, "
-        f"{plan['micro_batches']} micro-batches × {plan['micro_batch_size']} rows (global batch {report['global_batch_size']}), "
-        f"zero1 {yes(plan['zero1'])}",
-        f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
-        f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
-        f"max seq {model['max_seq_len']}",
-        "",
-    ]
-    rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica"]]
-    for s in topo["stages"]:
-        rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]), yes(s["sp"]),
-                     yes(s["checkpoint"]), f"{_span(s['layers'])} ({len(s['layers'])})",
-                     str(plan["micro_batch_size"] // s["dp"])])
-    lines += _table(rows) + [""]
-    rows = [["rank", "stage", "dp", "tp", "backend"]]
-    rows += [[str(r["rank"]), str(r["stage"]), str(r["dp"]), str(r["tp"]), r["backend"]] for r in topo["ranks"]]
-    lines += _table(rows)
-    for b in topo["boundaries"]:
-        src, dst = b["backends"]
-        path = "one backend" if src == dst else "bridged across backends"
-        lines.append(f"boundary {b['from_stage']}->{b['to_stage']}: ranks {_span(b['ranks'])}, {src} -> {dst} ({path})")
-    return "\n".join(lines)
-
-
-def plan_main(config: str, as_json: bool = False) -> int:
-    """Validate ``config`` and print its topology; a problem raises one ConfigError line (exit 2)."""
-    report = plan_report(load_run_config(config))
-    print(json.dumps(report, indent=2) if as_json else format_plan(report))
-    return 0

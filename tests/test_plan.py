@@ -276,7 +276,7 @@ def test_hal_config_keeps_sections_as_plain_dicts(tmp_path) -> None:
 
 def test_hal_does_not_import_parallel() -> None:
     """The data flows config → plan: importing hal (and its config) leaves parallel unloaded."""
-    code = "import sys, hal, hal.config, hal.cli; print(any(m == 'parallel' or m.startswith('parallel.') for m in sys.modules))"
+    code = "import sys, hal, hal.config, hal.cli; print(any(m == 'hal.parallel' or m.startswith('hal.parallel.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 

@@ -12,15 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hal.conformance.suite_names import SUITES
 from hal.errors import HalError
 
-from .cases import SUITES
+NAME = "conformance"
 
 
 def add_parser(sub: Any) -> None:
     """Add ``conformance`` (with ``run`` and ``compare``) to hal's sub-command parsers."""
     p = sub.add_parser(
-        "conformance",
+        NAME,
         help="check a backend's numbers against an fp64 CPU reference (run), or two runs against each other (compare)",
         description="Conformance suites: ops, precision, collectives, training and onnx, each case judged against a "
         "float64 CPU reference; reports as JSON, Markdown and one self-contained HTML page.",
@@ -89,8 +90,8 @@ def _list(the_plan: Any, as_json: bool) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import runner
-    from .report import check_report_dir, default_report_dir, summary_text, write_reports
+    from hal.conformance import runner
+    from hal.conformance.report import check_report_dir, default_report_dir, summary_text, write_reports
 
     seed = runner.DEFAULT_SEED if args.seed is None else args.seed
     ctx, reason = runner.build_context(args.backend, world_size=args.world_size, seed=seed)
@@ -122,6 +123,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare_main
+    from hal.conformance.compare import compare_main
 
     return compare_main(args.a, args.b, factor=args.factor, floor=args.floor, as_json=args.json, report_dir=args.report)

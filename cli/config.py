@@ -1,0 +1,45 @@
+"""``hal config``: check a config and show what it resolves to — backend (and why), devices, precision."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+NAME = "config"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(NAME, help="check a config and show what it resolves to (backend, devices, precision)")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--backend", help="override the backend")
+    p.add_argument("--precision", help="override the precision mode")
+    p.add_argument("--fallback", help="override the fallback policy (error, warn, allow)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hal.config import load_config
+    from hal.selection import select_backend
+
+    config = load_config(args.config, overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
+    selection = select_backend(config)
+    report = {
+        "config": config.to_dict(),
+        "backend": selection.backend.name,
+        "reason": selection.reason,
+        "devices": list(selection.devices),
+        "precision": selection.precision.describe(),
+        "downgrades": [d.to_dict() for d in selection.precision.downgrades],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for key, value in report["config"].items():
+        if key != "origins":
+            print(f"{key:<10} {value!s:<14} from {config.origins[key]}")
+    print(f"-> backend {report['backend']} ({report['reason']})")
+    print(f"-> devices {report['devices']}, precision {report['precision']}")
+    for d in selection.precision.downgrades:
+        print(f"-> {d.describe()}")
+    return 0

@@ -1,0 +1,96 @@
+"""``hal devices``: every registered backend — available or not and why, devices, CCL, verification."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .common import gib
+
+NAME = "devices"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(NAME, help="list every backend: available or not and why, devices, CCL, verification")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _device_rows(backend: Any) -> list[dict[str, Any]]:
+    rows = []
+    for index in range(backend.device_count()):
+        caps = backend.capabilities(index).to_dict()
+        try:
+            free, total = backend.mem_get_info(index)
+        except Exception as exc:  # shown, not fatal: the rest of the listing still helps
+            free, total = None, caps["memory_bytes"]
+            caps["memory_error"] = str(exc)
+        rows.append({"index": index, **caps, "memory_free_bytes": free, "memory_total_bytes": total})
+    return rows
+
+
+def devices_report() -> dict[str, Any]:
+    """Every registered backend: availability and why, devices, CCL, hardware verification."""
+    import torch
+
+    from hal.backend_registry import all_backends, load_problems
+    from hal.selection import choose_backend
+
+    entries = []
+    for name, backend in all_backends().items():
+        try:
+            status = backend.availability()
+            available, reason = status.available, status.reason
+            devices = _device_rows(backend) if available else []
+        except Exception as exc:  # a third-party backend's broken probe is reported, not raised
+            available, reason, devices = False, f"probe raised {type(exc).__name__}: {exc}", []
+        entries.append(
+            {
+                "name": name,
+                "vendor": backend.vendor,
+                "device_type": backend.device_type,
+                "ccl": backend.ccl,
+                "process_group_backend": backend.process_group_backend(),
+                "visible_devices_env": backend.visible_devices_env,
+                "available": available,
+                "reason": reason,
+                "device_count": len(devices),
+                "devices": devices,
+                "verified_on_hardware": backend.hardware_verification is not None,
+                "verification": backend.verification,
+            }
+        )
+    chosen, why = choose_backend("auto")
+    return {
+        "torch": torch.__version__,
+        "backends": entries,
+        "auto": {"backend": chosen.name, "reason": why},
+        "load_problems": [p.__dict__ for p in load_problems()],
+    }
+
+
+def _print_devices(report: dict[str, Any]) -> None:
+    print(f"hal devices (torch {report['torch']})")
+    for b in report["backends"]:
+        state = "available" if b["available"] else "unavailable"
+        print(f"\n{b['name']:<10} {state:<12} vendor {b['vendor']}, device type '{b['device_type']}', ccl {b['ccl']}")
+        print(f"  {'why':<9} {b['reason']}")
+        print(f"  {'verified':<9} {b['verification']}")
+        for d in b["devices"]:
+            native = " ".join(k for k, v in d["dtypes"].items() if v == "native")
+            catalog = d["catalog_id"] or "not in catalog (probed facts only)"
+            print(f"  {b['device_type']}:{d['index']:<6} {d['name']}  memory {gib(d['memory_total_bytes'])} "
+                  f"(free {gib(d['memory_free_bytes'])})  catalog {catalog}")
+            print(f"  {'':<9} native dtypes: {native or 'none'}")
+    for p in report["load_problems"]:
+        print(f"\nplug-in {p['name']}: {p['reason']} [{p['origin']}]")
+    print(f"\nauto -> {report['auto']['backend']}: {report['auto']['reason']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = devices_report()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_devices(report)
+    return 0

@@ -1,0 +1,57 @@
+"""``hal``: wires the sub-command modules together and turns every HalError into one line and exit 2.
+
+Every user error is one line on stderr and exit status 2 — argparse's usage dump included — so
+scripts and people get the same short, fixable message and never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any, Sequence
+
+from hal.errors import HalError
+
+from . import bench, conformance, devices, launch, ops, plan, run, train
+from . import config as config_cmd
+from .common import EXIT_USAGE, Parser
+
+COMMANDS = (devices, config_cmd, ops, run, launch, bench, plan, train, conformance)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="hal", description="hetero-hal: one PyTorch code base on every vendor's accelerator.")
+    names = ",".join(module.NAME for module in COMMANDS)
+    sub = parser.add_subparsers(dest="command", metavar=f"{{{names}}}", parser_class=Parser)
+    sub.required = True
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def _format_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
+    """hal's own warnings (downgrades, migration gaps) as one 'hal: warning:' line; others as usual."""
+    if category.__module__.split(".")[0] == "hal":
+        return f"hal: warning: {message}\n"
+    return _default_format(message, category, filename, lineno, line)
+
+
+_default_format = warnings.formatwarning
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except HalError as exc:
+        print(f"hal: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""``hal plan --config F``: validate model + plan + backends and show the topology, starting nothing.
+
+It is the same check a training launch makes before it starts a process, so a plan that passes
+here fails later only for reasons a dry run cannot see (a rank crashing, a network down).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Sequence
+
+NAME = "plan"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        NAME,
+        help="check a parallel plan against its model and backends and show the topology (starts nothing)",
+        description="Validate the model, parallel and train sections of CONFIG (layers, tp/dp/sp divisibility, "
+        "micro-batching, backends and their device counts) and print the stage table and every rank's "
+        "(stage, dp, tp) coordinate. Nothing is started.",
+    )
+    p.add_argument("--config", required=True, help="YAML config with model:, parallel: and train: sections")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _span(values: Sequence[int]) -> str:
+    """Ranks or layers as '0-3' when consecutive, else '0,2,5'."""
+    if not values:
+        return "-"
+    if len(values) > 1 and list(values) == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}-{values[-1]}"
+    return ",".join(map(str, values))
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    plan, model, topo = report["plan"], report["model"], report["topology"]
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    lines = [
+        f"plan {report['config']}: {len(plan['stages'])} stage(s), {topo['world_size']} rank(s), schedule {plan['schedule']}, "
+        f"{plan['micro_batches']} micro-batches × {plan['micro_batch_size']} rows (global batch {report['global_batch_size']}), "
+        f"zero1 {yes(plan['zero1'])}",
+        f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
+        f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
+        f"max seq {model['max_seq_len']}",
+        "",
+    ]
+    rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica"]]
+    for s in topo["stages"]:
+        rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]), yes(s["sp"]),
+                     yes(s["checkpoint"]), f"{_span(s['layers'])} ({len(s['layers'])})",
+                     str(plan["micro_batch_size"] // s["dp"])])
+    lines += _table(rows) + [""]
+    rows = [["rank", "stage", "dp", "tp", "backend"]]
+    rows += [[str(r["rank"]), str(r["stage"]), str(r["dp"]), str(r["tp"]), r["backend"]] for r in topo["ranks"]]
+    lines += _table(rows)
+    for b in topo["boundaries"]:
+        src, dst = b["backends"]
+        path = "one backend" if src == dst else "bridged across backends"
+        lines.append(f"boundary {b['from_stage']}->{b['to_stage']}: ranks {_span(b['ranks'])}, {src} -> {dst} ({path})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the config and print its topology; a problem raises one ConfigError line (exit 2)."""
+    from hal.parallel.plan import load_run_config
+    from hal.parallel.plan_report import plan_report
+
+    report = plan_report(load_run_config(args.config))
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    return 0

@@ -1,0 +1,41 @@
+"""``hal run --backend X script.py``: a CUDA-written script, unmodified, on backend X (the migration shim)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hal.errors import HalError
+
+NAME = "run"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        NAME,
+        help="run an unmodified CUDA-written script on another backend",
+        description="Run SCRIPT with its CUDA calls mapped to the chosen backend; arguments after SCRIPT go to it.",
+    )
+    p.add_argument("--backend", help="target backend (overrides HAL_BACKEND and the config file)")
+    p.add_argument("--config", help="YAML config file (backend, devices, precision, fallback)")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hal.config import load_config
+    from hal.selection import select_backend
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise HalError(f"hal run: script {args.script!r} not found; give the path of a Python file")
+    config = load_config(args.config, overrides={"backend": args.backend})
+    selection = select_backend(config)
+    selection.activate()
+    from hal.migration import run_script  # after validation: the shim is only loaded to run something
+
+    print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
+          f"devices {list(selection.devices)}, precision {selection.precision.describe()}", file=sys.stderr)
+    return run_script(selection.backend, str(script), list(args.script_args))
