@@ -123,6 +123,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hal.conformance.compare import compare_main
+    from hal.conformance.compare import compare_files, format_text
 
-    return compare_main(args.a, args.b, factor=args.factor, floor=args.floor, as_json=args.json, report_dir=args.report)
+    cmp, written = compare_files(args.a, args.b, factor=args.factor, floor=args.floor, report_dir=args.report)
+    if args.json:
+        print(json.dumps(cmp.to_dict(), indent=2, allow_nan=False))
+    else:
+        sys.stdout.write(format_text(cmp))
+        if written:
+            print(f"written: {', '.join(str(p) for p in written)}")
+    return cmp.exit_code

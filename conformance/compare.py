@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,9 +166,9 @@ def format_text(cmp: Comparison) -> str:
     return "\n".join(out) + "\n"
 
 
-def compare_main(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, floor: float | None = None,
-                 as_json: bool = False, report_dir: str | None = None) -> int:
-    """``hal conformance compare``: print the comparison; write compare.json/compare.txt only with --report."""
+def compare_files(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, floor: float | None = None,
+                  report_dir: str | None = None) -> tuple[Comparison, list[Path]]:
+    """Check the arguments, compare two results files, and write compare.json/compare.txt only with a report dir."""
     from hal.errors import ConfigError
 
     if not (factor > 0 and math.isfinite(factor)):
@@ -180,14 +179,9 @@ def compare_main(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, fl
     directory = check_report_dir(report_dir) if report_dir else None
     floors = {k: floor for k in FLOORS} if floor is not None else None
     cmp = compare(a, b, factor=factor, floors=floors, a_path=a_path, b_path=b_path)
-    text, doc = format_text(cmp), cmp.to_dict()
+    written: list[Path] = []
     if directory is not None:
-        atomic_write(directory / "compare.json", json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        atomic_write(directory / "compare.txt", text)
-    if as_json:
-        print(json.dumps(doc, indent=2, allow_nan=False))
-    else:
-        sys.stdout.write(text)
-        if directory is not None:
-            print(f"written: {Path(directory) / 'compare.json'}, {Path(directory) / 'compare.txt'}")
-    return cmp.exit_code
+        written = [Path(directory) / "compare.json", Path(directory) / "compare.txt"]
+        atomic_write(written[0], json.dumps(cmp.to_dict(), indent=2, allow_nan=False) + "\n")
+        atomic_write(written[1], format_text(cmp))
+    return cmp, written

@@ -1,6 +1,6 @@
 """hetero-hal: one PyTorch training code base on CUDA, ROCm/DCU, Ascend, Cambricon and CPU.
 
-Start here: ``hal.get_backend("cpu")``, ``hal.select_backend(config)``, ``hal.ops.rms_norm(...)``,
+Start here: ``hal.get_backend("cpu")``, ``hal.selection.select_backend(config)``, ``hal.ops.rms_norm(...)``,
 ``hal.migration.migrate(backend)``. The ``hal`` command line (``hal devices``, ``hal ops``, ``hal run``)
 is built on the same functions. The names below load on first use, so ``import hal`` (and
 ``hal --help``) does not import torch.

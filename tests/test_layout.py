@@ -4,6 +4,7 @@ conformance → commands). Each checker is also run on a planted violation, so t
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -109,8 +110,11 @@ def test_the_checkers_catch_planted_violations(tmp_path: Path) -> None:
 
 
 def _build_wheel(out: Path) -> Path:
+    """Build from a copy, so setuptools' build/ and egg-info never land in the checkout."""
+    source = out / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "runs", "__pycache__", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(out), str(REPO)], check=True, timeout=300,
+                    "--disable-pip-version-check", "-w", str(out), str(source)], check=True, timeout=300,
                    capture_output=True)
     (wheel,) = out.glob("hetero_hal-*.whl")
     return wheel
