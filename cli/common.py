@@ -2,18 +2,41 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import difflib
+import re
+from typing import NoReturn, Sequence
 
 from hal.errors import HalError
 
 EXIT_USAGE = 2
 
 
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """'; did you mean 'x'?' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad arguments as one line and exit 2."""
+    """argparse that reports bad arguments as one line (naming the sub-command's help) and exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise HalError(f"{self.prog}: {message} (see '{self.prog} --help')")
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)'", message)
+        if choice and choice.group(1).startswith("{"):  # a mistyped sub-command name
+            names = choice.group(1).strip("{}").split(",")
+            message = f"unknown command {choice.group(2)!r}{did_you_mean(choice.group(2), names)} (choose from {', '.join(names)})"
+        missing = re.match(r"the following arguments are required: \{([^}]*)\}$", message)
+        if missing:  # no sub-command at all
+            message = f"give a command: {', '.join(missing.group(1).split(','))}"
+        raise HalError(f"{message} (see '{self.prog} --help')")
+
+    def unrecognized(self, extras: Sequence[str]) -> NoReturn:
+        """Leftover arguments, reported by the sub-command they were given to, with the closest flag."""
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        first = extras[0].split("=", 1)[0]
+        hint = did_you_mean(first, options) if first.startswith("-") else ""
+        what = "argument" if len(extras) == 1 else "arguments"
+        self.error(f"unrecognized {what}: {' '.join(extras)}{hint}")
 
 
 def gib(n: int | None) -> str:

@@ -26,7 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module in COMMANDS:
         module.add_parser(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each leaf sub-command records its own parser, so leftovers are reported against its flags."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(parser=child)
+                _remember_parsers(child)
 
 
 def _format_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
@@ -43,7 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.formatwarning = _format_warning
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            getattr(args, "parser", parser).unrecognized(extras)
         return int(args.func(args) or 0)
     except HalError as exc:
         print(f"hal: error: {exc}", file=sys.stderr)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     script = Path(args.script)
     if not script.is_file():
-        raise HalError(f"hal run: script {args.script!r} not found; give the path of a Python file")
+        raise HalError(f"script {args.script!r} not found; give the path of a Python file")
     config = load_config(args.config, overrides={"backend": args.backend})
     selection = select_backend(config)
     selection.activate()

@@ -65,12 +65,14 @@ def test_console_script_and_module_agree() -> None:
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["bogus"], "invalid choice: 'bogus'"),
-        (["devices", "--jsn"], "unrecognized arguments: --jsn"),
+        (["bogus"], "unknown command 'bogus'"),
+        (["devics"], "unknown command 'devics'; did you mean 'devices'?"),
+        (["devices", "--jsn"], "unrecognized argument: --jsn; did you mean '--json'? (see 'hal devices --help')"),
+        (["conformance", "run", "--sute", "ops"], "did you mean '--suite'? (see 'hal conformance run --help')"),
         (["ops", "--backend", "cdua"], "did you mean 'cuda'"),
         (["run", "--backend", "cpu", "missing_script.py"], "script 'missing_script.py' not found"),
         (["run", "--backend", "cuda", "examples/cuda_train.py"], "backend 'cuda' is not available"),
-        ([], "required: {devices,config,ops,run,launch,bench,plan,train,conformance}"),
+        ([], "give a command: devices, config, ops, run, launch, bench, plan, train, conformance"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
@@ -80,6 +82,7 @@ def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hal: error:") and needle in lines[0], result.stderr
+    assert not lines[0].startswith("hal: error: hal"), "doubled prefix"
 
 
 def test_readme_main_job_matches_the_cpu_twin() -> None:
