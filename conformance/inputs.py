@@ -164,12 +164,21 @@ def _norm_input(cls: str, dtype: torch.dtype, r: _Rng, normal: tuple[int, int]) 
     return {"x": x}, lambda x: x, m, d, s
 
 
-def _normalized_magnitudes(scale: float, eps: float) -> tuple[float, float]:
-    """Typical |x / sqrt(ms + eps)| and |d/dx| of it for inputs of RMS ``scale`` (1 and 1 when unscaled)."""
-    if scale == 1.0:
+def _normalized_magnitudes(rows: torch.Tensor, eps: float, centered: bool) -> tuple[float, float]:
+    """The scales of x̂ = (x - centre) / sqrt(s + eps) and of dx̂/dx over the finite rows actually drawn, s the
+    row's variance (layer_norm) or mean square (rms_norm): max |x| / sqrt(s + eps) (one rounding of x, or of
+    x - centre, is amplified by 1/sqrt(s + eps), so that — not |x̂| — is the scale of x̂'s error) and
+    max 1/sqrt(s + eps). Read from the data, not the input class: a one-column layer_norm row has s = 0,
+    x̂ = 0 exactly, and rounding noise amplified by 1/sqrt(eps) in x̂ and both gradients, whatever the seed."""
+    rows = rows.detach().to(torch.float64)
+    rows = rows[torch.isfinite(rows).all(dim=-1)] if rows.numel() else rows
+    if rows.numel() == 0:
         return 1.0, 1.0
-    root = math.sqrt(scale * scale + eps)
-    return scale / root, 1.0 / root
+    centre = rows.mean(dim=-1, keepdim=True) if centered else torch.zeros_like(rows[..., :1])
+    stat = (rows - centre).pow(2).mean(dim=-1)
+    root = (stat + eps).sqrt()
+    y = float((rows.abs().amax(dim=-1) / root).max())
+    return max(y, 1.0), max(float((1.0 / root).max()), 1.0)
 
 
 def _rms_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
@@ -177,7 +186,7 @@ def _rms_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     leaves["weight"] = r.uniform(d, low=0.5, high=1.5)
     eps = 1e-6
     build = lambda t: ((view(t["x"]), t["weight"], eps), {})
-    y, dx = _normalized_magnitudes(s, eps)
+    y, dx = _normalized_magnitudes(view(leaves["x"]), eps, centered=False)
     grads = {"x": GradSpec("normalization", d, dx), "weight": GradSpec("reduction", m, y)}
     note = f"x ({m}, {d}), eps {eps:g}" + (" (tiny rows: eps dominates mean(x²))" if cls == "tiny" else "")
     return Sample(leaves, build, k=d, grads=grads, scale=s, magnitude=y, note=note)
@@ -189,7 +198,7 @@ def _layer_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     leaves["bias"] = r.normal(d)
     eps = 1e-5
     build = lambda t: ((view(t["x"]), t["weight"], t["bias"], eps), {})
-    y, dx = _normalized_magnitudes(s, eps)
+    y, dx = _normalized_magnitudes(view(leaves["x"]), eps, centered=True)
     grads = {"x": GradSpec("normalization", d, dx), "weight": GradSpec("reduction", m, y), "bias": GradSpec("reduction", m)}
     # the result is xhat * weight + bias with an O(1) bias: magnitude 1 whatever the scale
     return Sample(leaves, build, k=d, grads=grads, scale=s, note=f"x ({m}, {d}), eps {eps:g}")

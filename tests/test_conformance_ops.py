@@ -205,3 +205,11 @@ def test_same_seed_same_numbers() -> None:
     b = inputs.sample("linear", "normal", torch.float32, 7).leaves
     c = inputs.sample("linear", "normal", torch.float32, 8).leaves
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["x"], c["x"])
+
+
+@pytest.mark.parametrize("seed", [0, 5, 7, 20])
+def test_verdicts_do_not_depend_on_the_seed(ctx: Context, seed: int) -> None:
+    """A sample of seeds 0-20 (5 and 7 once failed layer_norm on a 1x1 input, whose true gradient is 0)."""
+    seeded = dataclasses.replace(ctx, seed=seed)
+    bad = {n: r.outcome.reason for n, r in failing(run_suite(seeded)).items()}
+    assert not bad, bad

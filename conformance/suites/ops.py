@@ -200,7 +200,8 @@ def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: to
     atol, reasons = tol.atol, []
     if magnitude != 1.0:
         atol *= magnitude
-        reasons.append(f"inputs scaled by {sample.scale:g}: atol x {magnitude:.3g}, the result's natural magnitude")
+        scaled = f" (inputs scaled by {sample.scale:g})" if sample.scale != 1.0 else ""
+        reasons.append(f"atol x {magnitude:.3g}, the result's natural magnitude{scaled}")
     if normwise:
         finite = expected.detach()[torch.isfinite(expected.detach())]
         peak = float(finite.abs().max()) if finite.numel() else 0.0
