@@ -106,7 +106,7 @@ def test_an_interrupted_run_leaves_no_report_directory(tmp_path: Path, monkeypat
     (tmp_path / "stopsuite").mkdir()
     (tmp_path / "stopsuite" / "__init__.py").write_text("")
     (tmp_path / "stopsuite" / "ctrl_c.py").write_text(
-        "from conformance.cases import Case\n"
+        "from hal.conformance.cases import Case\n"
         "def _stop(ctx):\n    raise KeyboardInterrupt\n"
         "def cases(ctx):\n    return [Case('stop', 'ctrl_c', _stop)]\n")
     monkeypatch.syspath_prepend(str(tmp_path))

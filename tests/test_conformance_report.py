@@ -146,7 +146,7 @@ def test_html_without_matplotlib_says_what_is_missing(doc: dict, tmp_path: Path)
     results = tmp_path / "results.json"
     results.write_text(report.dumps(doc))
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from conformance.report import load_results; from conformance.html_report import render\n"
+            "from hal.conformance.report import load_results; from hal.conformance.html_report import render\n"
             f"print(render(load_results({str(results)!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
