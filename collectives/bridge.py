@@ -9,7 +9,7 @@ makes it look like any other group, behind the same ``Communicator`` methods:
   (``layout.leaders_group``, gloo), and each leader broadcasts the result back into its island.
   Only one copy of the data per island crosses the slow host path.
 * point-to-point across islands goes over the host group, staged through pinned host memory,
-  chunked and double-buffered (see ``_Pipeline``); inside an island it stays native.
+  chunked and double-buffered (``collectives.staging``); inside an island it stays native.
 * ``all_to_all``, ``broadcast``, ``reduce``, ``gather``, ``scatter`` copy to the host, run the
   gloo op over ``layout.host_group`` and copy back: correct and simple; they are rarely hot.
 
@@ -19,17 +19,12 @@ values. Float sums add in a different order (island first, then across islands),
 ``sum``/``avg`` may differ from the flat path in the last bits; integer-valued floats are exact.
 Every rank of the group gets the same bits, whatever its device (``avg`` divides once, on the host).
 
-Knobs (read once per communicator; every rank must agree, and the bridge checks that):
-``HAL_BRIDGE_CHUNK_BYTES`` — size of one staged chunk on the wire (default 4 MiB);
-``HAL_BRIDGE_STAGE`` — ``auto`` (stage device tensors only) or ``always`` (stage host tensors
-too, through ordinary host buffers: runs the device code path on a CPU-only machine).
+The knobs ``HAL_BRIDGE_CHUNK_BYTES`` and ``HAL_BRIDGE_STAGE`` are described in ``collectives.staging``.
 """
 from __future__ import annotations
 
 import datetime
-import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,16 +33,13 @@ from hal.backend import Backend
 from hal.backend_registry import get_backend
 from hal.downgrades import Downgrade, record_downgrade
 
-from .validation import CollectiveError, CollectiveTimeout, all_gather_single
+from .p2p import P2P
+from .process_groups import Island, Layout
+from .staging import (CHUNK_ENV, Lane, StagingPipeline, chunk_bytes_from_env, stage_mode_from_env, tag_poster,
+                      wait_all)
+from .validation import CollectiveError, all_gather_single
 
-if TYPE_CHECKING:
-    from .communicator import P2P, Communicator
-    from .process_groups import Island
-
-CHUNK_ENV = "HAL_BRIDGE_CHUNK_BYTES"
-STAGE_ENV = "HAL_BRIDGE_STAGE"
-DEFAULT_CHUNK_BYTES = 4 << 20
-STAGE_MODES = ("auto", "always")
+HostRoute = Callable[[str, torch.Tensor, "str | None"], bool]  # (op, tensor, reduce op) -> go through the host?
 
 _DIST_OPS = {
     "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
@@ -55,216 +47,38 @@ _DIST_OPS = {
 }  # fmt: skip
 
 
-def _wait(works: Sequence[Any], timeout: datetime.timedelta, what: str) -> None:
-    """Wait for every work item, turning a timeout or peer failure into one clear error."""
-    for work in works:
-        try:
-            work.wait(timeout=timeout)
-        except RuntimeError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise CollectiveTimeout(
-                f"bridge {what}: failed or did not complete within {timeout.total_seconds():g} s ({first}); "
-                "a peer crashed, hung or skipped this call — check the other ranks' logs"
-            ) from None
-
-
-def _chunk_bytes_from_env() -> int:
-    text = os.environ.get(CHUNK_ENV, "").strip()
-    if not text:
-        return DEFAULT_CHUNK_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 64:
-        raise CollectiveError(f"{CHUNK_ENV}={text!r}: give the chunk size in bytes, at least 64 (e.g. {DEFAULT_CHUNK_BYTES})")
-    return value
-
-
-def _stage_mode_from_env() -> str:
-    mode = os.environ.get(STAGE_ENV, "auto").strip() or "auto"
-    if mode not in STAGE_MODES:
-        raise CollectiveError(f"{STAGE_ENV}={mode!r}: use one of {', '.join(STAGE_MODES)}")
-    return mode
-
-
-# --- the chunked, double-buffered pipeline --------------------------------------------------------
-@dataclass
-class _Lane:
-    """One tensor moving through the pipeline.
-
-    ``reads``: the wire op reads each chunk (send, all-reduce); ``writes``: it writes each chunk
-    (recv, all-reduce). ``post`` starts the wire op on one host chunk and returns its work.
-    """
-
-    flat: torch.Tensor  # 1-D contiguous view of this rank's tensor, on its device
-    reads: bool
-    writes: bool
-    post: Callable[[torch.Tensor, int], Any]  # (host chunk, chunk index) -> work
-    after: Callable[[torch.Tensor], None] | None = None  # applied to each host chunk once its wire op is done
-    slots: list[torch.Tensor] = field(default_factory=list)  # two host staging buffers (bytes)
-    staged: list[Any] = field(default_factory=lambda: [None, None])  # event: chunk copied into slot
-    drained: list[Any] = field(default_factory=lambda: [None, None])  # event: slot copied back out
-
-    def chunks(self, elems: int) -> int:
-        return -(-self.flat.numel() // elems)
-
-    def span(self, k: int, elems: int) -> tuple[int, int]:
-        start = k * elems
-        return start, min(start + elems, self.flat.numel())
-
-
-class _Pipeline:
-    """Moves lanes chunk by chunk over the wire, overlapping device↔host copies with the network.
-
-    Two chunks of a lane are on the wire at once, so the network never waits for the host
-    between chunks. Without staging (host tensors) they go straight from and into the tensor.
-    With staging every lane has two host slots (double buffering): chunk k travels from slot
-    k%2; when chunk k-1 is done, its slot is refilled with chunk k+1 (device→host, one side
-    stream) or drained into the tensor (host→device, another) while chunk k is still on the
-    wire. Chunk k of every lane is posted in round k on every rank before chunk k-1 is awaited,
-    so matched sends and receives always meet and the rounds cannot deadlock.
-    """
-
-    def __init__(self, backend: Backend, stage: bool, chunk_bytes: int, pool: list[torch.Tensor], streams: list[Any]) -> None:
-        self.backend = backend
-        self.stage = stage
-        self.chunk_bytes = chunk_bytes
-        self.pool = pool  # host staging buffers kept across calls (pinning is expensive)
-        self.streams = streams  # the two copy streams, made once per bridge
-
-    def run(self, lanes: Sequence[_Lane], timeout: datetime.timedelta, what: str) -> None:
-        lanes = [lane for lane in lanes if lane.flat.numel()]
-        if not lanes:
-            return
-        if self.stage:
-            self._prepare_staging(lanes)
-        previous: list[tuple[_Lane, int, Any]] = []
-        for k in range(max(self._chunks(lane) for lane in lanes)):
-            current = [(lane, k, self._post(lane, k)) for lane in lanes if k < self._chunks(lane)]
-            self._retire(previous, timeout, what)  # chunk k-1 finishes while chunk k is on the wire
-            previous = current
-        self._retire(previous, timeout, what)
-        if self.stage:
-            for lane in lanes:
-                for event in lane.drained:
-                    if event is not None:
-                        event.synchronize()
-
-    def _elems(self, lane: _Lane) -> int:
-        return max(1, self.chunk_bytes // lane.flat.element_size())
-
-    def _chunks(self, lane: _Lane) -> int:
-        return lane.chunks(self._elems(lane))
-
-    def _host_chunk(self, lane: _Lane, k: int) -> torch.Tensor:
-        """Where chunk k is on the host: its slot, or the tensor itself when nothing is staged."""
-        if self.stage:
-            return self._slot_view(lane, k)
-        start, stop = lane.span(k, self._elems(lane))
-        return lane.flat[start:stop]
-
-    def _post(self, lane: _Lane, k: int) -> Any:
-        """Put chunk k on the wire: from the tensor itself, or from its slot once that is ready."""
-        if not self.stage:
-            return lane.post(self._host_chunk(lane, k), k)
-        s = k % 2
-        if lane.reads:
-            lane.staged[s].synchronize()  # chunk k has reached host memory
-        elif lane.drained[s] is not None:
-            lane.drained[s].synchronize()  # chunk k-2 has left this slot
-        return lane.post(self._host_chunk(lane, k), k)
-
-    def _retire(self, posted: Sequence[tuple[_Lane, int, Any]], timeout: datetime.timedelta, what: str) -> None:
-        """Wait for chunk j of each lane, then drain its slot and refill it with chunk j+2."""
-        _wait([work for _, _, work in posted], timeout, what)
-        for lane, j, _ in posted:
-            if lane.after is not None:
-                lane.after(self._host_chunk(lane, j))
-        if not self.stage:
-            return
-        d2h, h2d = self.streams
-        for lane, j, _ in posted:
-            if lane.writes:
-                self._stage_in(lane, j, h2d)
-            if lane.reads and j + 2 < self._chunks(lane):
-                self._stage_out(lane, j + 2, d2h)
-
-    def _prepare_staging(self, lanes: Sequence[_Lane]) -> None:
-        be = self.backend
-        if not self.streams:
-            self.streams.extend([be.Stream(), be.Stream()])
-        ready = be.Event()  # the tensors' producers (current stream) finish before the side streams touch them
-        ready.record(be.current_stream())
-        for stream in self.streams:
-            ready.wait(stream)
-        self._assign_slots(lanes)
-        for lane in lanes:
-            for k in range(min(2, self._chunks(lane)) if lane.reads else 0):
-                self._stage_out(lane, k, self.streams[0])
-
-    def _assign_slots(self, lanes: Sequence[_Lane]) -> None:
-        needed = 2 * len(lanes)
-        while len(self.pool) < needed:
-            self.pool.append(self._new_slot())
-        for i, lane in enumerate(lanes):
-            lane.slots = self.pool[2 * i : 2 * i + 2]
-
-    def _new_slot(self) -> torch.Tensor:
-        buf = torch.empty(self.chunk_bytes, dtype=torch.uint8)
-        # Page-locked memory lets device copies run asynchronously; the host backend has no device.
-        return buf if self.backend.device_type == "cpu" else buf.pin_memory()
-
-    def _slot_view(self, lane: _Lane, k: int) -> torch.Tensor:
-        start, stop = lane.span(k, self._elems(lane))
-        size = (stop - start) * lane.flat.element_size()
-        return lane.slots[k % 2][:size].view(lane.flat.dtype)
-
-    def _stage_out(self, lane: _Lane, k: int, stream: Any) -> None:
-        """Device→host copy of chunk k into its slot, queued on ``stream``."""
-        s = k % 2
-        if lane.drained[s] is not None:
-            lane.drained[s].wait(stream)  # the slot's previous chunk must have been copied back first
-        start, stop = lane.span(k, self._elems(lane))
-        with self.backend.stream(stream):
-            self._slot_view(lane, k).copy_(lane.flat[start:stop], non_blocking=True)
-            event = self.backend.Event()
-            event.record(stream)
-        lane.staged[s] = event
-
-    def _stage_in(self, lane: _Lane, k: int, stream: Any) -> None:
-        """Host→device copy of chunk k out of its slot, queued on ``stream``."""
-        s = k % 2
-        start, stop = lane.span(k, self._elems(lane))
-        with self.backend.stream(stream):
-            lane.flat[start:stop].copy_(self._slot_view(lane, k), non_blocking=True)
-            event = self.backend.Event()
-            event.record(stream)
-        lane.drained[s] = event
-
-
 # --- the bridge ----------------------------------------------------------------------------------------
 class Bridge:
-    """Runs a Communicator's calls when its group spans several islands (see the module doc)."""
+    """Runs a Communicator's calls when its group spans several islands (see the module doc).
 
-    def __init__(self, comm: "Communicator") -> None:
-        self.comm = comm
-        self.layout = comm.layout
-        self.rank = comm.rank
-        self.backend = comm.backend
-        self.device = comm.device
-        self.island: "Island" = self.layout.island_of(self.rank)
+    It is given what it needs (layout, rank, device, timeout, the CCL-gap check), so it never
+    imports the communicator that owns it.
+    """
+
+    def __init__(
+        self,
+        layout: Layout,
+        rank: int,
+        backend: Backend,
+        device: torch.device,
+        timeout: datetime.timedelta,
+        host_route: HostRoute,
+    ) -> None:
+        """``host_route`` tells whether the island's CCL has a gap for a call (the communicator's check)."""
+        self.layout = layout
+        self.rank = rank
+        self.backend = backend
+        self.device = device
+        self.timeout = timeout
+        self._host_route = host_route
+        self.island: Island = self.layout.island_of(self.rank)
         self.is_leader = self.rank == self.island.leader
         self.islands = tuple(sorted(self.layout.islands, key=lambda i: i.leader))  # leaders-group order
-        self.chunk_bytes = _chunk_bytes_from_env()
-        self.stage_mode = _stage_mode_from_env()
+        self.chunk_bytes = chunk_bytes_from_env()
+        self.stage_mode = stage_mode_from_env()
         self._agree_on_settings()
         self._pool: list[torch.Tensor] = []
         self._streams: list[Any] = []
-
-    @property
-    def timeout(self) -> datetime.timedelta:
-        return self.comm.timeout
 
     @property
     def stages(self) -> bool:
@@ -275,14 +89,14 @@ class Bridge:
         """Every rank must chunk alike, or sends and receives would not pair up: check it once."""
         mine = torch.tensor([self.chunk_bytes], dtype=torch.int64)
         seen = torch.empty(self.layout.size, dtype=torch.int64)
-        _wait([all_gather_single(seen, mine, group=self.layout.host_group, async_op=True)], self.timeout, "setup")
+        wait_all([all_gather_single(seen, mine, group=self.layout.host_group, async_op=True)], self.timeout, "setup")
         values = seen.tolist()
         if len(set(values)) != 1:
             where = "; ".join(f"rank {r}: {v}" for r, v in zip(self.layout.ranks, values))
             raise CollectiveError(f"{CHUNK_ENV} differs between ranks ({where}); set the same value on every rank")
 
-    def _pipeline(self) -> _Pipeline:
-        return _Pipeline(self.backend, self.stages, self.chunk_bytes, self._pool, self._streams)
+    def _pipeline(self) -> StagingPipeline:
+        return StagingPipeline(self.backend, self.stages, self.chunk_bytes, self._pool, self._streams)
 
     # --- all_reduce / reduce_scatter / all_gather: hierarchical -----------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -341,7 +155,7 @@ class Bridge:
         def average(chunk: torch.Tensor) -> None:
             chunk.div_(size)  # on the host, identically on every leader, as the flat gloo path does
 
-        lane = _Lane(work.view(-1), True, True, post, after=average if op == "avg" else None)
+        lane = Lane(work.view(-1), True, True, post, after=average if op == "avg" else None)
         self._pipeline().run([lane], self.timeout, "all_reduce (leaders)")
 
     def _leaders_exchange_blocks(self, block: torch.Tensor, rows_of: dict[int, int]) -> dict[int, torch.Tensor]:
@@ -354,7 +168,7 @@ class Bridge:
         gathered = [torch.empty_like(host) for _ in self.islands]
         if longest:
             work = dist.all_gather(gathered, host, group=self.layout.leaders_group, async_op=True)
-            _wait([work], self.timeout, "all_gather (leaders)")
+            wait_all([work], self.timeout, "all_gather (leaders)")
         pieces: dict[int, torch.Tensor] = {}
         for island, got, n in zip(self.islands, gathered, block_rows):
             split = list(got[:n].split([rows_of[r] for r in island.ranks]))
@@ -364,7 +178,7 @@ class Bridge:
     # --- inside one island: the native CCL ---------------------------------------------------------
     def _native(self, what: str, tensor: torch.Tensor, reduce_op: str | None = None) -> torch.Tensor:
         """The tensor to hand the island's CCL: itself, or a host copy where the CCL has a gap."""
-        host_route = self.comm._gap(what, tensor, reduce_op)
+        host_route = self._host_route(what, tensor, reduce_op)
         if not host_route and reduce_op is not None and reduce_op not in get_backend(self.island.backend).ccl_reduce_ops:
             record_downgrade(Downgrade("ccl", f"{what} {reduce_op} on {self.island.backend}", reduce_op, "host gloo",
                                        f"{self.island.backend}'s CCL has no {reduce_op} reduction"))
@@ -376,7 +190,7 @@ class Bridge:
             return
         buf = self._native("all_reduce", work, op)
         task = dist.reduce(buf, dst=self.island.leader, op=_DIST_OPS[op], group=self.island.group, async_op=True)
-        _wait([task], self.timeout, "reduce (island)")
+        wait_all([task], self.timeout, "reduce (island)")
         if buf is not work and self.is_leader:
             work.copy_(buf)
 
@@ -385,7 +199,7 @@ class Bridge:
             return
         buf = self._native("broadcast", work)
         task = dist.broadcast(buf, src=self.island.leader, group=self.island.group, async_op=True)
-        _wait([task], self.timeout, "broadcast (island)")
+        wait_all([task], self.timeout, "broadcast (island)")
         if buf is not work:
             work.copy_(buf)
 
@@ -401,7 +215,7 @@ class Bridge:
             buf = torch.cat([buf, buf.new_zeros((longest - buf.shape[0], *buf.shape[1:]))])
         out = buf.new_empty((longest * len(island_rows), *buf.shape[1:]))
         task = all_gather_single(out, buf.contiguous(), group=self.island.group, async_op=True)
-        _wait([task], self.timeout, "all_gather (island)")
+        wait_all([task], self.timeout, "all_gather (island)")
         return torch.cat([p[:n] for p, n in zip(out.split(longest), island_rows)])
 
     # --- host-staged ops over the host group -------------------------------------------------------
@@ -414,19 +228,19 @@ class Bridge:
             input_split_sizes=None if input_splits is None else list(input_splits),
             group=self.layout.host_group, async_op=True,
         )
-        _wait([task], self.timeout, "all_to_all")
+        wait_all([task], self.timeout, "all_to_all")
         return out.to(tensor.device)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         host = self._to_host(tensor) if self.rank == src else self._host_like(tensor)
-        _wait([dist.broadcast(host, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "broadcast")
+        wait_all([dist.broadcast(host, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "broadcast")
         return self._fill(tensor, host)
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str) -> torch.Tensor:
         """Reduce onto ``dst``; the other ranks' tensors are left as they were."""
         host = self._to_host(tensor).clone()
         task = dist.reduce(host, dst=dst, op=_DIST_OPS["sum" if op == "avg" else op], group=self.layout.host_group, async_op=True)
-        _wait([task], self.timeout, "reduce")
+        wait_all([task], self.timeout, "reduce")
         if self.rank == dst:
             if op == "avg":
                 host.div_(self.layout.size)
@@ -436,13 +250,13 @@ class Bridge:
     def gather(self, tensor: torch.Tensor, dst: int) -> list[torch.Tensor] | None:
         host = self._to_host(tensor)
         out = [torch.empty_like(host) for _ in self.layout.ranks] if self.rank == dst else None
-        _wait([dist.gather(host, out, dst=dst, group=self.layout.host_group, async_op=True)], self.timeout, "gather")
+        wait_all([dist.gather(host, out, dst=dst, group=self.layout.host_group, async_op=True)], self.timeout, "gather")
         return None if out is None else [o.to(tensor.device) for o in out]
 
     def scatter(self, out: torch.Tensor, chunks: Sequence[torch.Tensor] | None, src: int) -> torch.Tensor:
         host = self._host_like(out)
         send = [self._to_host(c) for c in chunks] if self.rank == src and chunks is not None else None
-        _wait([dist.scatter(host, send, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "scatter")
+        wait_all([dist.scatter(host, send, src=src, group=self.layout.host_group, async_op=True)], self.timeout, "scatter")
         return self._fill(out, host)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -458,7 +272,7 @@ class Bridge:
         return target
 
     # --- point to point -------------------------------------------------------------------------
-    def batch_p2p(self, ops: Sequence["P2P"]) -> list[torch.Tensor]:
+    def batch_p2p(self, ops: Sequence[P2P]) -> list[torch.Tensor]:
         """Native inside the island; across islands chunked through (pinned) host memory.
 
         Same-island operations are posted first (they do not block), then the cross-island lanes
@@ -470,7 +284,7 @@ class Bridge:
         works = self._post_native(native, native_bufs)
         lanes, copy_backs = self._p2p_lanes(bridged)
         self._pipeline().run(lanes, self.timeout, "send/recv")
-        _wait(works, self.timeout, "send/recv (island)")
+        wait_all(works, self.timeout, "send/recv (island)")
         for p, buf in zip(native, native_bufs):
             if p.kind == "recv" and buf is not p.tensor:
                 p.tensor.copy_(buf)
@@ -478,7 +292,7 @@ class Bridge:
             target.copy_(flat.view(target.shape))
         return [p.tensor for p in ops if p.kind == "recv"]
 
-    def _post_native(self, ops: Sequence["P2P"], bufs: Sequence[torch.Tensor]) -> list[Any]:
+    def _post_native(self, ops: Sequence[P2P], bufs: Sequence[torch.Tensor]) -> list[Any]:
         if not ops:
             return []
         group = self.island.group
@@ -488,9 +302,9 @@ class Bridge:
         ]
         return list(dist.batch_isend_irecv(torch_ops))
 
-    def _p2p_lanes(self, ops: Sequence["P2P"]) -> tuple[list[_Lane], list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _p2p_lanes(self, ops: Sequence[P2P]) -> tuple[list[Lane], list[tuple[torch.Tensor, torch.Tensor]]]:
         """One lane per cross-island op, numbered among this rank's ops of that kind with that peer."""
-        lanes: list[_Lane] = []
+        lanes: list[Lane] = []
         copy_backs: list[tuple[torch.Tensor, torch.Tensor]] = []
         counts: dict[tuple[str, int], int] = {}
         group = self.layout.host_group
@@ -499,20 +313,11 @@ class Bridge:
             counts[(p.kind, p.peer)] = tag + 1
             if p.kind == "send":
                 flat = p.tensor.detach().contiguous().view(-1)
-                post = _poster(dist.isend, p.peer, group, tag)
+                post = tag_poster(dist.isend, p.peer, group, tag)
             else:
                 flat = p.tensor.view(-1) if p.tensor.is_contiguous() else torch.empty(p.tensor.numel(), dtype=p.tensor.dtype, device=p.tensor.device)
                 if not p.tensor.is_contiguous():
                     copy_backs.append((p.tensor, flat))
-                post = _poster(dist.irecv, p.peer, group, tag)
-            lanes.append(_Lane(flat, p.kind == "send", p.kind == "recv", post))
+                post = tag_poster(dist.irecv, p.peer, group, tag)
+            lanes.append(Lane(flat, p.kind == "send", p.kind == "recv", post))
         return lanes, copy_backs
-
-
-def _poster(fn: Callable[..., Any], peer: int, group: dist.ProcessGroup | None, index: int) -> Callable[[torch.Tensor, int], Any]:
-    """Chunks alternate between two tags per operation, so the two in flight can never be confused."""
-
-    def post(chunk: torch.Tensor, k: int) -> Any:
-        return fn(chunk, peer, group=group, tag=2 * index + k % 2)
-
-    return post

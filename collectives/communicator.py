@@ -11,7 +11,6 @@ are global ranks, as in torch.distributed.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -21,6 +20,9 @@ from hal.backend import Backend, CclGap
 from hal.backend_registry import get_backend
 from hal.downgrades import Downgrade, record_downgrade
 
+from .bridge import Bridge
+from .p2p import P2P
+from .p2p_check import check_peers
 from .process_groups import Layout, World, current_world, make_layout
 from .validation import (
     REDUCE_OPS, CallSignature, CollectiveError, CollectiveTimeout, all_gather_single, check, exchange,
@@ -69,15 +71,6 @@ class Handle:
         return self._done or all(w.is_completed() for w in self._works)
 
 
-@dataclass(frozen=True)
-class P2P:
-    """One point-to-point operation for ``batch_p2p``: ``kind`` is "send" or "recv"."""
-
-    kind: str
-    tensor: torch.Tensor
-    peer: int
-
-
 class Communicator:
     """Collectives over a set of ranks; native inside an island, bridged across islands."""
 
@@ -96,11 +89,9 @@ class Communicator:
         self._seq = 0
         self._gaps: dict[tuple[str, torch.dtype, str | None], CclGap | None] = {}
         self._island_backend = get_backend(layout.island_of(self.rank).backend) if self.is_member else self.backend
-        self._bridge: Any = None
+        self._bridge: Bridge | None = None
         if layout.is_heterogeneous and self.is_member:
-            from .bridge import Bridge
-
-            self._bridge = Bridge(self)
+            self._bridge = Bridge(layout, self.rank, self.backend, self.device, self.timeout, self._gap)
 
     # --- who and where ----------------------------------------------------------------------
     @property
@@ -418,9 +409,7 @@ class Communicator:
             if not self._on_my_device(p.tensor):
                 raise CollectiveError(f"{p.kind}: tensor is on {p.tensor.device}, this rank's device is {self.device}; move it with .to(device)")
         if self.validate:
-            from .p2p_check import check_peers
-
-            check_peers(self, ops, timeout or self.timeout)
+            check_peers(self.layout.host_group, self.rank, ops, timeout or self.timeout)
         if self._bridge is not None:
             return self._done(self._bridge.batch_p2p(ops), async_op)
         buffers = [(p, self._group_for(p.kind, p.tensor, None)) for p in ops]

@@ -9,18 +9,16 @@ where the data transfer itself would not.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
+from .p2p import P2P
 from .validation import CallSignature, CollectiveError, CollectiveTimeout
 
-if TYPE_CHECKING:
-    from .communicator import Communicator, P2P
 
-
-def _signature(op: "P2P") -> CallSignature:
+def _signature(op: P2P) -> CallSignature:
     return CallSignature(op.kind, 0, op.tensor.dtype, tuple(op.tensor.shape), op.tensor.device.type, True)
 
 
@@ -47,9 +45,9 @@ def _verdict(send: CallSignature, recv: CallSignature, sender: int, receiver: in
     return None
 
 
-def check_peers(comm: "Communicator", ops: Sequence["P2P"], timeout: datetime.timedelta) -> None:
-    """Exchange signatures with every peer in ``ops`` and raise the same error on both sides."""
-    group = comm.layout.host_group
+def check_peers(group: dist.ProcessGroup | None, rank: int, ops: Sequence[P2P], timeout: datetime.timedelta) -> None:
+    """Exchange signatures over ``group`` (the host group) with every peer in ``ops``; raise the same
+    error on both sides. ``rank`` is this rank's global rank."""
     mine = [_signature(op).encode() for op in ops]
     theirs = [torch.empty_like(m) for m in mine]
     # Round 1: senders tell receivers what is coming.
@@ -61,7 +59,7 @@ def check_peers(comm: "Communicator", ops: Sequence["P2P"], timeout: datetime.ti
     for m, t, op in zip(mine, theirs, ops):
         me, peer = CallSignature.decode(m.tolist()), CallSignature.decode(t.tolist())
         send, recv = (me, peer) if op.kind == "send" else (peer, me)
-        sender, receiver = (comm.rank, op.peer) if op.kind == "send" else (op.peer, comm.rank)
+        sender, receiver = (rank, op.peer) if op.kind == "send" else (op.peer, rank)
         problem = _verdict(send, recv, sender, receiver)
         if problem:
             raise CollectiveError(problem)

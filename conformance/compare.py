@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import ERROR_METRICS, as_float, atomic_write, check_report_dir, fmt, json_safe, load_results
+from .report import atomic_write, check_report_dir
+from .results import ERROR_METRICS, as_float, fmt, json_safe, load_results
 
 FLOORS: dict[str, float] = {"tol_ratio": 0.01, "rel_l2": 1e-6, "max_rel": 1e-6, "max_abs": 1e-6, "ulp": 1.0}
 DEFAULT_FACTOR = 2.0

@@ -10,7 +10,7 @@ import html
 from typing import Any, Callable
 
 from . import plots
-from .report import (CASE_COLUMNS, STATUSES, by_suite, case_row, counts_rows, failing_metric, failures, fmt,
+from .results import (CASE_COLUMNS, STATUSES, by_suite, case_row, counts_rows, failing_metric, failures, fmt,
                      metadata_rows, title, verdict_line, worst_by_tol_ratio)
 
 CSS = """

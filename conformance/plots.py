@@ -12,7 +12,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from .report import as_float
+from .results import as_float
 
 INSTALL_HINT = "pip install 'hetero-hal[report]'"
 RATIO_LOW, RATIO_HIGH = 1e-6, 1e6  # the tol_ratio axis; points outside sit on its edges

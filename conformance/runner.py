@@ -97,7 +97,7 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The results.json document (see ``conformance.report`` for the schema)."""
-        from .report import json_safe
+        from .results import json_safe
 
         return json_safe({**self.meta, "verdict": "fail" if self.failed else "pass", "counts": self.counts(),
                           "cases": [r.to_dict() for r in self.results]})
@@ -359,7 +359,7 @@ class Progress:
 
 
 def _meta(ctx: Context, backend_reason: str, the_plan: Plan, started: datetime.datetime) -> dict[str, Any]:
-    from .report import KIND, SCHEMA_VERSION
+    from .results import KIND, SCHEMA_VERSION
 
     backend = ctx.backend
     try:

@@ -205,7 +205,8 @@ class Backend(abc.ABC):
 
     # --- operators ---------------------------------------------------------------------------
     def register_ops(self, registry: "OpRegistry") -> None:
-        """Add this backend's own operator implementations (fused vendor ops). Default: none."""
+        """Add a plug-in backend's own operator implementations. Default: none; the built-in backends'
+        fused ops are kernel modules in ``hal.kernels`` (entry-point group ``hal.kernels``)."""
 
     # --- helpers for subclasses ----------------------------------------------------------------
     def __repr__(self) -> str:

@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
 from importlib import metadata
 
 from .backend import Backend
 from .errors import ConfigError
+from .plugins import BUILTIN_DISTRIBUTION, LoadProblem, entry_points, is_builtin, origin
 
 ENTRY_POINT_GROUP = "hal.backends"
-
-
-@dataclass(frozen=True)
-class LoadProblem:
-    """A backend that could not be loaded; shown by ``hal devices`` instead of crashing it."""
-
-    name: str
-    origin: str
-    reason: str
 
 
 def _load_class(target: str) -> type[Backend]:
@@ -37,12 +28,7 @@ def _load_class(target: str) -> type[Backend]:
     return cls
 
 
-BUILTIN_DISTRIBUTION = "hetero-hal"
 BUILTIN_ORDER: tuple[str, ...] = ("cpu", "cuda", "rocm", "ascend", "cambricon")
-
-
-def _is_builtin(ep: metadata.EntryPoint) -> bool:
-    return ep.dist is not None and ep.dist.name.replace("_", "-").lower() == BUILTIN_DISTRIBUTION
 
 
 def _builtin_rank(ep: metadata.EntryPoint) -> tuple[int, str]:
@@ -53,8 +39,8 @@ def _builtin_rank(ep: metadata.EntryPoint) -> tuple[int, str]:
 def _discover() -> tuple[dict[str, Backend], tuple[LoadProblem, ...]]:
     """Built-ins and plug-ins both arrive through the entry-point group: this contract layer never
     imports a vendor module by name (hetero-hal's own distribution declares the built-in five)."""
-    points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-    builtins = sorted((ep for ep in points if _is_builtin(ep)), key=_builtin_rank)
+    points = entry_points(ENTRY_POINT_GROUP)
+    builtins = sorted((ep for ep in points if is_builtin(ep)), key=_builtin_rank)
     if not builtins:
         raise ConfigError(
             f"no built-in backends registered: the '{ENTRY_POINT_GROUP}' entry points of {BUILTIN_DISTRIBUTION} "
@@ -63,19 +49,19 @@ def _discover() -> tuple[dict[str, Backend], tuple[LoadProblem, ...]]:
     builtin_names = {ep.name: ep.value for ep in builtins}
     found: dict[str, Backend] = {ep.name: _load_class(ep.value)() for ep in builtins}
     problems: list[LoadProblem] = []
-    for ep in sorted((ep for ep in points if not _is_builtin(ep)), key=lambda e: e.name):
-        origin = f"entry point {ep.name} = {ep.value}" + (f" ({ep.dist.name})" if ep.dist else "")
+    for ep in sorted((ep for ep in points if not is_builtin(ep)), key=lambda e: e.name):
+        where = origin(ep)
         if ep.name in builtin_names:
             if ep.value != builtin_names[ep.name]:
-                problems.append(LoadProblem(ep.name, origin, f"ignored: '{ep.name}' is a built-in backend name"))
+                problems.append(LoadProblem(ep.name, where, f"ignored: '{ep.name}' is a built-in backend name"))
             continue
         try:
             instance = _load_class(ep.value)()
         except Exception as exc:  # a broken plug-in must not break hal for everyone else
-            problems.append(LoadProblem(ep.name, origin, f"failed to load: {type(exc).__name__}: {exc}"))
+            problems.append(LoadProblem(ep.name, where, f"failed to load: {type(exc).__name__}: {exc}"))
             continue
         if instance.name != ep.name:
-            problems.append(LoadProblem(ep.name, origin, f"ignored: class declares name {instance.name!r}"))
+            problems.append(LoadProblem(ep.name, where, f"ignored: class declares name {instance.name!r}"))
             continue
         found[ep.name] = instance
     return found, tuple(problems)

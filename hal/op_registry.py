@@ -5,22 +5,39 @@ tensor's backend and dtype by priority (vendor fused op, Triton kernel, referenc
 cached per (device type, dtype, fallback policy), so a call costs a dict lookup. When a better
 implementation is registered but cannot run here (vendor op missing, Triton absent), the
 registry falls back to the next one and records the downgrade under the user's fallback policy.
+
+Implementations beyond the reference live in kernel modules (``hal.kernels.*``), each declared in the
+``hal.kernels`` entry-point group as ``name = "module:register"``; this contract layer loads them from
+that group, never by module name, once, before the first listing or dispatch. A kernel module that
+fails to load is kept in ``load_problems()`` and warned about; the other kernels still load.
 """
 from __future__ import annotations
 
+import importlib
 import threading
+import warnings
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Callable, Iterable
 
 import torch
 
 from .downgrades import Downgrade, _state as _fallback_state, record_downgrade
 from .errors import ConfigError
+from .plugins import LoadProblem, entry_points, is_builtin, origin
 
+KERNEL_ENTRY_POINT_GROUP = "hal.kernels"
 REFERENCE = "reference"
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 Requirement = Callable[[], "str | None"]  # returns why it cannot run here, or None
+BackendOf = Callable[[str], str]  # torch device type -> name of the hal backend that owns it
+Contributor = Callable[["OpRegistry"], None]  # adds implementations to a registry
+Contributors = Callable[[], Iterable[tuple[str, Contributor]]]  # (who, contributor) pairs
+
+
+class KernelLoadWarning(UserWarning):
+    """A kernel module declared in the ``hal.kernels`` entry points could not be loaded."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +106,29 @@ class Op:
 
 
 class OpRegistry:
-    """Named ops → implementations, chosen by backend, dtype and priority."""
+    """Named ops → implementations, chosen by backend, dtype and priority.
 
-    def __init__(self) -> None:
+    What lies above the contract floor comes in as arguments, so this module imports neither
+    backends nor kernels: ``backend_of`` maps a tensor's device type to its hal backend (dispatch),
+    ``kernels`` lists the kernel entry points (default: the ``hal.kernels`` group) and
+    ``contributors`` yields further (who, contributor) pairs, e.g. plug-in backends' ``register_ops``.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend_of: BackendOf | None = None,
+        kernels: Callable[[], Iterable[metadata.EntryPoint]] | None = None,
+        contributors: Contributors | None = None,
+    ) -> None:
         self._defs: dict[str, OpDef] = {}
         self._handles: dict[str, Op] = {}
         self._lock = threading.RLock()
-        self._backend_ops_loaded = False
+        self._backend_of = backend_of
+        self._kernels = kernels or kernel_entry_points
+        self._contributors = contributors
+        self._extensions_loaded = False
+        self._load_problems: tuple[LoadProblem, ...] = ()
 
     # --- building the registry -----------------------------------------------------------------
     def define(
@@ -158,7 +191,7 @@ class OpRegistry:
 
     # --- asking it ------------------------------------------------------------------------------
     def names(self) -> list[str]:
-        self._load_backend_ops()
+        self._load_extensions()
         return list(self._defs)
 
     def op(self, name: str) -> Op:
@@ -166,7 +199,7 @@ class OpRegistry:
         return self._handles[name]
 
     def definition(self, name: str) -> OpDef:
-        self._load_backend_ops()
+        self._load_extensions()
         return self._definition(name)
 
     def implementations(self, op: str) -> list[OpImpl]:
@@ -195,10 +228,15 @@ class OpRegistry:
             )
         return choice.impl
 
-    def _dispatch_target(self, op: str, device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
-        from .backend_registry import backend_for_device_type
+    def load_problems(self) -> tuple[LoadProblem, ...]:
+        """Kernel modules (and contributors) that failed to load, in load order."""
+        self._load_extensions()
+        return self._load_problems
 
-        return self.select(op, backend_for_device_type(device_type).name, dtype).fn
+    def _dispatch_target(self, op: str, device_type: str, dtype: torch.dtype) -> Callable[..., Any]:
+        if self._backend_of is None:
+            raise ConfigError("this op registry was built without backend_of: it cannot dispatch on a tensor's device")
+        return self.select(op, self._backend_of(device_type), dtype).fn
 
     def clear_caches(self) -> None:
         for handle in self._handles.values():
@@ -211,18 +249,43 @@ class OpRegistry:
         except KeyError:
             raise ConfigError(f"unknown op {op!r}; known ops: {', '.join(self._defs)}") from None
 
-    def _load_backend_ops(self) -> None:
-        """Let every registered backend add its own implementations, once, on first use."""
-        if self._backend_ops_loaded:
+    def _load_extensions(self) -> None:
+        """Let every kernel module, then every contributor, add its implementations, once, on first use."""
+        if self._extensions_loaded:
             return
         with self._lock:
-            if self._backend_ops_loaded:
+            if self._extensions_loaded:
                 return
-            self._backend_ops_loaded = True
-            from .backend_registry import all_backends
+            self._extensions_loaded = True
+            problems = list(load_kernels(self, self._kernels()))
+            for who, contribute in self._contributors() if self._contributors else ():
+                try:
+                    contribute(self)
+                except Exception as exc:  # one broken plug-in must not take the registry down
+                    problems.append(LoadProblem(who, who, f"failed to register ops: {type(exc).__name__}: {exc}"))
+            for problem in problems:
+                warnings.warn(f"{problem.name}: {problem.reason} ({problem.origin})", KernelLoadWarning, stacklevel=3)
+            self._load_problems = tuple(problems)
 
-            for backend in all_backends().values():
-                backend.register_ops(self)
+
+def kernel_entry_points() -> list[metadata.EntryPoint]:
+    """The ``hal.kernels`` group: hetero-hal's own kernel modules first, then third parties', by name."""
+    return sorted(entry_points(KERNEL_ENTRY_POINT_GROUP), key=lambda ep: (not is_builtin(ep), ep.name))
+
+
+def load_kernels(registry: OpRegistry, points: Iterable[metadata.EntryPoint]) -> list[LoadProblem]:
+    """Import each kernel module and call its ``register(registry)``; a failure becomes a LoadProblem."""
+    problems: list[LoadProblem] = []
+    for ep in points:
+        try:
+            module_name, _, attr = ep.value.partition(":")
+            register = getattr(importlib.import_module(module_name), attr)
+            if not callable(register):
+                raise TypeError(f"{ep.value} is not callable")
+            register(registry)
+        except Exception as exc:  # a broken kernel module must not break every op for everyone
+            problems.append(LoadProblem(ep.name, origin(ep), f"failed to load: {type(exc).__name__}: {exc}"))
+    return problems
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,7 +1,8 @@
 """The standard ops every backend serves, with their reference (plain PyTorch) implementations.
 
 Use them as functions: ``from hal import ops; y = ops.rms_norm(x, w, eps=1e-6)``. Vendor fused
-ops and Triton kernels register further implementations in ``registry``; callers never change.
+ops and Triton kernels (``hal.kernels.*``) register further implementations in ``registry``; callers
+never change.
 Reference semantics are the contract every other implementation must match.
 """
 from __future__ import annotations
@@ -9,9 +10,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .op_registry import FLOAT_DTYPES, OpRegistry
+from .backend_registry import all_backends, backend_for_device_type
+from .op_registry import FLOAT_DTYPES, Contributor, OpRegistry
 
-registry = OpRegistry()
+
+def _backend_name(device_type: str) -> str:
+    return backend_for_device_type(device_type).name
+
+
+def _backend_contributors() -> list[tuple[str, Contributor]]:
+    """Plug-in backends may still add their own implementations (built-in ones live in hal.kernels)."""
+    return [(f"backend {backend.name}", backend.register_ops) for backend in all_backends().values()]
+
+
+# Kernel modules arrive through the hal.kernels entry points (op_registry.kernel_entry_points).
+registry = OpRegistry(backend_of=_backend_name, contributors=_backend_contributors)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -1,338 +1,39 @@
-"""Run an unmodified CUDA-written script on another backend (``hal run --backend X script.py``).
+"""The patch session: ``migrate(backend)`` applies the mapping table's rows on enter and restores
+every patched attribute on exit, even on error.
 
-Modelled on Ascend's ``transfer_to_npu`` and Cambricon's ``gpu_migration``, which patch torch
-once, globally and for good. This shim differs on purpose:
-
-* **Scoped.** ``migrate(backend)`` patches on enter and restores every attribute on exit, even on
-  error; a wrapper that leaks out (a module-level alias) is a pass-through once the scope ends.
-* **Table-driven.** ``MAPPING`` lists every patched target; the code below only interprets it.
-* **Never changes a dtype.** fp64 stays fp64 (no ``DoubleTensor -> FloatTensor``); CUDA autocast
-  keeps CUDA's fp16 default on targets whose own default is bf16.
-* **Only the script is translated.** torch's own modules keep seeing the real CUDA module (the
-  ``is_cuda``/``is_available`` answers of the CUDA build), so torch never takes a CUDA-only path
-  for a host tensor; libraries outside torch are translated like the script.
-
-For a backend whose torch device type is already ``cuda`` (cuda, rocm) nothing differs: the
-script's CUDA module is the backend's own, the CCL stays ``nccl`` (RCCL answers to that name) and
-HIP honours ``CUDA_VISIBLE_DEVICES`` itself (renaming it would apply the mask twice). ``plan``
-is then empty and ``migrate`` patches nothing.
-
-The CUDA module is named only through strings ("cuda.synchronize") and ``getattr`` so that hal's
-rule — no direct use of the CUDA module in hal/ — stays checkable by grep. While a scope is
-active the patches are process-wide (module attributes), so every thread sees them.
+One scope is active at a time (nested entries for the same backend share it). Each row kind has a
+builder and each adapter named in the table has a function here; the wrappers they make pass
+through to the CUDA original once the scope has ended, so an alias that leaks out stays harmless.
+While a scope is active the patches are process-wide (module attributes), so every thread sees them.
 """
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
-import importlib
 import inspect
 import logging
 import os
-import re
-import runpy
 import sys
 import threading
-import traceback
 import types
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
-from .backend import Backend
-from .errors import HalError, UnsupportedError
-
-__all__ = [
-    "MAPPING",
-    "CudaLocationMap",
-    "Kind",
-    "MigrationWarning",
-    "Patch",
-    "map_ccl",
-    "map_device",
-    "migrate",
-    "plan",
-    "rewrite_map_location",
-    "run_script",
-]
+from ..backend import Backend
+from ..errors import UnsupportedError
+from .mapping import (CUDA, _REAL_DEVICE, Kind, Patch, _location, _resolve, map_ccl, map_device, plan,
+                      rewrite_map_location)
 
 _log = logging.getLogger("hal.migration")
-
-CUDA = "cuda"
-_CUDA_STRING = re.compile(r"\s*cuda(?::(\d+))?\s*")
 _MISSING = object()
-# The real classes, taken from paths the shim never patches.
-_REAL_DEVICE: type = torch._C.device
+# The real class, taken from a path the shim never patches.
 _REAL_AUTOCAST: type = torch.amp.autocast_mode.autocast
 
 
 class MigrationWarning(UserWarning):
     """A CUDA call the target cannot honour exactly; emitted once per name and scope."""
-
-
-class Kind(str, enum.Enum):
-    DEVICE_FUNCTION = "device-function"  # CUDA-module function -> backend method ``to``
-    DEVICE_ARGUMENT = "device-argument"  # rewrite CUDA device arguments named in ``args``
-    CCL_NAME = "ccl-name"  # rewrite "nccl" in ``args`` -> backend.process_group_backend()
-    ENV_VAR = "env-var"  # copy a CUDA env var to the backend's name for it
-    NO_EQUIVALENT = "no-equivalent"  # warn once, then call the CUDA original
-    ADAPTER = "adapter"  # a hal adapter named by ``to`` (device class, autocast, torch.load...)
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One patched target. ``where`` is a dotted path under ``torch`` or ``env:NAME``.
-
-    ``args`` names the arguments that carry a device or CCL name: ``"1|device="`` is position 1
-    (counting ``self`` for methods) or keyword ``device``. For DEVICE_FUNCTION it lists the CUDA
-    parameter names passed, in order, to the backend method (``device`` becomes an index), and
-    a ``note`` there marks an approximation that is warned about once.
-    """
-
-    where: str
-    kind: Kind
-    to: str = ""
-    args: str = ""
-    note: str = ""
-
-    @property
-    def name(self) -> str:
-        """What a user wrote: ``torch.<where>`` or the env var."""
-        return self.where[4:] if self.is_env else f"torch.{self.where}"
-
-    @property
-    def is_env(self) -> bool:
-        return self.where.startswith("env:")
-
-
-def _fn(name: str, to: str | None = None, args: str = "", note: str = "") -> Patch:
-    return Patch(f"{CUDA}.{name}", Kind.DEVICE_FUNCTION, to or name, args, note)
-
-
-def _dev(where: str, args: str = "device=") -> Patch:
-    return Patch(where, Kind.DEVICE_ARGUMENT, "target device", args)
-
-
-def _adapter(where: str, adapter: str, note: str) -> Patch:
-    return Patch(where, Kind.ADAPTER, adapter, note=note)
-
-
-_MAX_RESERVED_NOTE = "peak allocated bytes: equal to the peak reserved on cpu (both peak RSS), a lower bound elsewhere"
-
-# Factories that take device= (transfer_to_npu's and gpu_migration's lists, public names only).
-_FACTORIES: tuple[str, ...] = (
-    "tensor", "as_tensor", "asarray", "zeros", "zeros_like", "ones", "ones_like", "empty", "empty_like",
-    "empty_strided", "empty_permuted", "full", "full_like", "rand", "rand_like", "randn", "randn_like",
-    "randint", "randint_like", "randperm", "arange", "range", "linspace", "logspace", "eye", "normal",
-    "scalar_tensor", "tril_indices", "triu_indices", "from_file", "sparse_coo_tensor", "sparse_csr_tensor",
-    "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor", "sparse_compressed_tensor",
-    "hann_window", "hamming_window", "bartlett_window", "blackman_window", "kaiser_window",
-)  # fmt: skip
-_NEW_METHODS: tuple[str, ...] = ("new_tensor", "new_empty", "new_empty_strided", "new_full", "new_ones", "new_zeros")
-
-_EXPLICIT: tuple[Patch, ...] = (
-    # --- the CUDA module: functions with a backend equivalent ------------------------------------
-    _fn("is_available"),
-    _fn("device_count"),
-    _fn("set_device", args="device"),
-    _fn("current_device"),
-    _fn("get_device_name", "device_name", "device"),
-    _fn("synchronize", args="device"),
-    _fn("manual_seed", args="seed"),
-    _fn("manual_seed_all", args="seed"),
-    _fn("get_rng_state", args="device"),
-    _fn("set_rng_state", args="new_state,device"),
-    _fn("memory_allocated", args="device"),
-    _fn("max_memory_allocated", args="device"),
-    _fn("memory_reserved", args="device"),
-    _fn("max_memory_reserved", "max_memory_allocated", "device", _MAX_RESERVED_NOTE),
-    _fn("memory_cached", "memory_reserved", "device"),
-    _fn("max_memory_cached", "max_memory_allocated", "device", _MAX_RESERVED_NOTE),
-    _fn("reset_peak_memory_stats", args="device"),
-    _fn("reset_max_memory_allocated", "reset_peak_memory_stats", "device"),
-    _fn("reset_max_memory_cached", "reset_peak_memory_stats", "device"),
-    _fn("empty_cache"),
-    _fn("mem_get_info", args="device"),
-    _fn("Stream", args="device"),  # a priority hint is not carried over
-    _fn("Event", args="enable_timing"),
-    _fn("stream", args="stream"),
-    _fn("current_stream", args="device"),
-    _fn("is_bf16_supported", "native:bf16"),
-    _fn("is_tf32_supported", "native:tf32"),
-    _adapter(f"{CUDA}.device", "device_context", "context manager -> backend.set_device / restore"),
-    # --- autocast and loss scaling (dtype made explicit: CUDA's fp16 default) ---------------------
-    _adapter(f"{CUDA}.amp.autocast", "cuda_autocast", "torch.autocast(target, dtype=float16 unless given)"),
-    _adapter(f"{CUDA}.amp.GradScaler", "cuda_grad_scaler", "backend.grad_scaler(...)"),
-    _adapter("autocast", "autocast", "device_type cuda -> target; dtype None -> CUDA's autocast dtype"),
-    _adapter("amp.autocast", "autocast", "device_type cuda -> target; dtype None -> CUDA's autocast dtype"),
-    _adapter("amp.GradScaler", "grad_scaler", "device 'cuda' (the default) -> backend.grad_scaler(...)"),
-    _adapter("backends.cuda.matmul", "tf32_switch", "allow_tf32 -> backend.set_reduced_precision_matmul"),
-    # --- devices ------------------------------------------------------------------------------
-    _adapter("device", "device_class", "class proxy: cuda / cuda:N / int N -> target; isinstance kept"),
-    _dev("Generator", "0|device="),
-    _dev("set_default_device", "0|device="),
-    *(_dev(name) for name in _FACTORIES),
-    _adapter("load", "map_location", "map_location rewritten; None -> cuda locations map to the target"),
-    _dev("Tensor.to", "1|device="),
-    *(_dev(f"Tensor.{name}") for name in _NEW_METHODS),
-    _adapter(f"Tensor.{CUDA}", "tensor_to_target", "-> Tensor.to(target)"),
-    _adapter(f"Tensor.is_{CUDA}", "is_target", "-> tensor is on the target device type (torch's own code sees the truth)"),
-    _adapter("Tensor.pin_memory", "pin_memory", "cpu: a plain host copy; elsewhere device argument rewritten"),
-    _dev("nn.Module.to", "1|device="),
-    _dev("nn.Module.to_empty", "device="),
-    _adapter(f"nn.Module.{CUDA}", "module_to_target", "-> Module.to(target)"),
-    _adapter("nn.parallel.DistributedDataParallel.__init__", "ddp_devices", "device_ids/output_device: None on cpu"),
-    # --- distributed --------------------------------------------------------------------------
-    Patch("distributed.init_process_group", Kind.CCL_NAME, "backend.process_group_backend()", "0|backend="),
-    Patch("distributed.new_group", Kind.CCL_NAME, "backend.process_group_backend()", "2|backend="),
-    # --- environment variables (read when the runtime initialises) -------------------------------
-    Patch("env:CUDA_VISIBLE_DEVICES", Kind.ENV_VAR, "backend.visible_devices_env"),
-    Patch("env:PYTORCH_CUDA_ALLOC_CONF", Kind.ENV_VAR, "PYTORCH_{DEVICE}_ALLOC_CONF"),
-)
-
-
-def _resolve(where: str) -> tuple[Any, str]:
-    """(owner, attribute) for a dotted path under torch; imports submodules torch loads lazily."""
-    *path, attr = where.split(".")
-    owner: Any = torch
-    for i, part in enumerate(path):
-        if not hasattr(owner, part):
-            importlib.import_module("torch." + ".".join(path[: i + 1]))
-        owner = getattr(owner, part)
-    return owner, attr
-
-
-def _exists(row: Patch) -> bool:
-    if row.is_env:
-        return True
-    try:
-        owner, attr = _resolve(row.where)
-    except (ImportError, AttributeError):
-        return False
-    return hasattr(owner, attr)
-
-
-def _unmapped_cuda_functions(explicit: tuple[Patch, ...]) -> tuple[Patch, ...]:
-    """Every other public function of the CUDA module: warn once, call the original.
-
-    Classes (CUDAGraph, legacy ``FloatTensor`` types, ...) are left alone: a wrapper would break
-    ``isinstance`` checks, and they cannot be built on a non-CUDA target anyway.
-    """
-    module = getattr(torch, CUDA)
-    known = {row.where for row in explicit}
-    names = sorted(getattr(module, "__all__", ()))
-    return tuple(
-        Patch(f"{CUDA}.{name}", Kind.NO_EQUIVALENT, "CUDA original")
-        for name in names
-        if f"{CUDA}.{name}" not in known and isinstance(getattr(module, name, None), types.FunctionType)
-    )
-
-
-MAPPING: tuple[Patch, ...] = tuple(
-    row for row in _EXPLICIT + _unmapped_cuda_functions(_EXPLICIT) if _exists(row)
-)
-
-
-def plan(backend: Backend) -> tuple[Patch, ...]:
-    """The rows ``migrate(backend)`` applies: none for a cuda-type backend (nothing differs)."""
-    return () if backend.device_type == CUDA else MAPPING
-
-
-# --- pure mapping helpers (unit-testable without a session) ------------------------------------
-def _target_spec(device_type: str, index: int | None) -> str:
-    """cuda:N -> <target>:N; the host has one device, so every ordinal becomes plain "cpu"."""
-    if device_type == "cpu" or index is None:
-        return device_type
-    return f"{device_type}:{index}"
-
-
-def map_device(value: Any, device_type: str, *, ints: bool = True) -> Any:
-    """Rewrite a CUDA device (string, torch.device, or an ordinal when ``ints``) to ``device_type``.
-
-    Strings stay strings and devices stay devices; anything that is not a CUDA device (dtypes,
-    tensors, "cpu", "meta") is returned unchanged.
-    """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and ints:
-        return _REAL_DEVICE(_target_spec(device_type, value))
-    if isinstance(value, str):
-        match = _CUDA_STRING.fullmatch(value)
-        if match is None:
-            return value
-        return _target_spec(device_type, None if match.group(1) is None else int(match.group(1)))
-    if isinstance(value, _REAL_DEVICE) and value.type == CUDA:
-        return _REAL_DEVICE(_target_spec(device_type, value.index))
-    return value
-
-
-def map_ccl(name: Any, backend: Backend) -> Any:
-    """"nccl" -> the backend's process-group string; "cuda:nccl" pairs -> "<type>:<ccl>"."""
-    if not isinstance(name, str) or "nccl" not in name.lower():
-        return name
-    if ":" not in name:
-        return backend.process_group_backend()
-    parts: list[str] = []
-    for pair in (p.strip() for p in name.split(",") if p.strip()):
-        _, _, ccl = pair.partition(":")
-        if ccl.strip().lower() == "nccl":
-            if backend.device_type == "cpu":
-                continue  # host tensors are served by the cpu:gloo part
-            pair = f"{backend.device_type}:{backend.ccl}"
-        parts.append(pair)
-    return ",".join(parts) if parts else backend.process_group_backend()
-
-
-class CudaLocationMap(dict):
-    """A ``map_location`` dict that also sends every unlisted CUDA location tag to the target.
-
-    Keys are the *saved* location tags, so they are never rewritten (transfer_to_npu rewrites
-    them, which stops ``{"cuda:1": "cuda:0"}`` from matching anything); values are.
-    """
-
-    def __init__(self, entries: dict[str, Any], device_type: str) -> None:
-        super().__init__({key: _location(map_device(value, device_type, ints=False)) for key, value in entries.items()})
-        self.device_type = device_type
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            return self[key]
-        mapped = map_device(key, self.device_type, ints=False)
-        return mapped if mapped != key else default
-
-
-def _location(value: Any) -> Any:
-    return str(value) if isinstance(value, _REAL_DEVICE) else value
-
-
-def rewrite_map_location(map_location: Any, device_type: str) -> Any:
-    """The ``map_location`` that loads a CUDA-saved checkpoint onto ``device_type``."""
-    if map_location is None or isinstance(map_location, dict):
-        return CudaLocationMap(map_location or {}, device_type)
-    if isinstance(map_location, bytes):
-        map_location = map_location.decode()
-    if isinstance(map_location, (str, _REAL_DEVICE)):
-        return map_device(map_location, device_type, ints=False)
-    if callable(map_location):
-        return _fallback_restore(map_location, device_type)
-    return map_location
-
-
-def _fallback_restore(fn: Callable[[Any, str], Any], device_type: str) -> Callable[[Any, str], Any]:
-    """A callable map_location returning None means "default restore" — which would target CUDA."""
-
-    @functools.wraps(fn)
-    def restore(storage: Any, location: str) -> Any:
-        result = fn(storage, location)
-        if result is None:
-            target = map_device(location, device_type, ints=False)
-            result = torch.serialization.default_restore_location(storage, target)
-        return result
-
-    return restore
 
 
 _ArgSpec = tuple[frozenset[int], frozenset[str]]
@@ -858,42 +559,3 @@ class _Migration(contextlib.AbstractContextManager):
 def migrate(backend: Backend) -> _Migration:
     """Run the enclosed CUDA-written code on ``backend``; every patch is undone on exit."""
     return _Migration(backend)
-
-
-# --- running a script ----------------------------------------------------------------------------
-def run_script(backend: Backend, path: str, argv: list[str]) -> int:
-    """Run ``path`` as ``__main__`` under ``migrate(backend)``; its exit code, like ``python path``.
-
-    hal errors (e.g. the backend is unavailable) propagate for the CLI to print as one line;
-    any other uncaught exception prints its traceback and gives 1, as Python does.
-    """
-    script = os.path.abspath(path)
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(script))
-    try:
-        with migrate(backend):
-            backend.require_available()
-            runpy.run_path(script, run_name="__main__")
-        return 0
-    except SystemExit as exc:
-        return _exit_code(exc.code)
-    except HalError:
-        raise
-    except Exception:
-        traceback.print_exc()
-        return 1
-    finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
-def _exit_code(code: Any) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1

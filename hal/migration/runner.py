@@ -1,0 +1,50 @@
+"""The script runner behind ``hal run``: a CUDA-written script as ``__main__`` inside ``migrate``."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+from ..backend import Backend
+from ..errors import HalError
+from .session import migrate
+
+
+def run_script(backend: Backend, path: str, argv: list[str]) -> int:
+    """Run ``path`` as ``__main__`` under ``migrate(backend)``; its exit code, like ``python path``.
+
+    hal errors (e.g. the backend is unavailable) propagate for the CLI to print as one line;
+    any other uncaught exception prints its traceback and gives 1, as Python does.
+    """
+    script = os.path.abspath(path)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        with migrate(backend):
+            backend.require_available()
+            runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except HalError:
+        raise
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
