@@ -31,7 +31,8 @@ def ops_report(backend_name: str) -> dict[str, Any]:
                 "fallback_from": [{"impl": n, "reason": r} for n, r in choice.skipped],
             }
         table[op] = row
-    return {"backend": backend_name, "ops": table}
+    problems = [p.__dict__ for p in registry.load_problems()]
+    return {"backend": backend_name, "ops": table, "load_problems": problems}
 
 
 def _print_ops(report: dict[str, Any]) -> None:
@@ -51,6 +52,8 @@ def _print_ops(report: dict[str, Any]) -> None:
         print(op.ljust(width) + "".join(cells))
     for what, why in notes.items():
         print(f"* {what} not used: {why}")
+    for p in report["load_problems"]:
+        print(f"kernel module {p['name']}: {p['reason']} [{p['origin']}]")
 
 
 def run(args: argparse.Namespace) -> int:
