@@ -32,3 +32,39 @@ def has_cuda() -> bool:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# --- the fast lane ------------------------------------------------------------------------------------
+# `pytest -m "not multiprocess and not slow"` runs the in-process tests alone (about two minutes on two
+# cores); the README's plain `pytest` runs everything. A test module that starts processes (ranks, the hal
+# command, pip) is listed here; a listed module's tests are all marked. The guard below fails any unmarked
+# test that starts a process, so the fast lane cannot silently grow slow.
+MULTIPROCESS_MODULES = frozenset({
+    "test_bench", "test_bridge", "test_checkpointing", "test_cli", "test_collectives", "test_collectives_cuda",
+    "test_config", "test_conformance_cli", "test_conformance_collectives", "test_conformance_report",
+    "test_conformance_training", "test_contract", "test_cuda", "test_engine", "test_engine_cuda",
+    "test_kernel_plugins", "test_launch", "test_layout", "test_migration", "test_ops", "test_parallel_model",
+    "test_pipeline_bench", "test_plan", "test_plugin_backend", "test_reshard", "test_topology", "test_train",
+    "test_vendor_backends", "test_zero",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in MULTIPROCESS_MODULES:
+            item.add_marker(pytest.mark.multiprocess)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_where_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unmarked test that starts a process fails, naming the list to add its module to."""
+    if request.node.get_closest_marker("multiprocess") is not None:
+        return
+    import multiprocessing.process
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: add its module to MULTIPROCESS_MODULES "
+                             "in tests/conftest.py (or mark the test multiprocess)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)

@@ -208,3 +208,22 @@ def test_hal_devices_loads_neither_the_engine_nor_conformance() -> None:
                            "with contextlib.redirect_stdout(io.StringIO()):\n    main(['devices'])")
     heavy = sorted(m for m in loaded if m.startswith(("hal.parallel", "hal.conformance.", "hal.collectives")))
     assert heavy == ["hal.conformance.suite_names"]
+
+
+# --- the fast lane -------------------------------------------------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+
+def test_the_fast_lane_refuses_a_test_that_starts_a_process(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_sneaky="""
+        import subprocess, sys
+        def test_starts_one():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        def test_stays_in_process():
+            assert sum(range(4)) == 6
+    """)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_starts_one starts a process: add its module to MULTIPROCESS_MODULES*"])
