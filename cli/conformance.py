@@ -48,6 +48,7 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--world-size", type=int, metavar="N",
                    help="ranks for collectives and training (default: every device; 4 processes on cpu)")
     r.add_argument("--seed", type=int, default=None, help="the seed every case starts from (default 1234)")
+    r.add_argument("--overwrite", action="store_true", help="replace a report already in --report DIR (refused otherwise)")
     r.set_defaults(func=cmd_run)
 
     c = inner.add_parser(
@@ -64,7 +65,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--factor", type=float, default=2.0, help="allowed ratio of B's error to A's (default 2)")
     c.add_argument("--floor", type=float, help="one absolute floor for every metric (default: per metric, see above)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.add_argument("--report", metavar="DIR", help="also write compare.json and compare.txt there")
+    c.add_argument("--report", metavar="DIR", help="also write compare.json and compare.txt (every case) there")
+    c.add_argument("--all", action="store_true", help="list every common case, not only the worse ones")
+    c.add_argument("--overwrite", action="store_true", help="replace a comparison already in --report DIR")
     c.set_defaults(func=cmd_compare)
 
 
@@ -91,7 +94,7 @@ def _list(the_plan: Any, as_json: bool) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hal.conformance import runner
-    from hal.conformance.report import check_report_dir, default_report_dir, summary_text, write_reports
+    from hal.conformance.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
 
     seed = runner.DEFAULT_SEED if args.seed is None else args.seed
     ctx, reason = runner.build_context(args.backend, world_size=args.world_size, seed=seed)
@@ -100,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _list(the_plan, args.json)
     target = Path(args.report) if args.report else default_report_dir(ctx.backend_name)
     existed = target.is_dir()
-    directory = check_report_dir(target)
+    directory = check_report_dir(target, refuse_existing=() if args.overwrite else REPORT_FILES)
     try:
         result = runner.execute(ctx, the_plan, backend_reason=reason)
     except BaseException:  # Ctrl-C: leave no empty report directory behind
@@ -125,11 +128,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from hal.conformance.compare import compare_files, format_text
 
-    cmp, written = compare_files(args.a, args.b, factor=args.factor, floor=args.floor, report_dir=args.report)
+    cmp, written = compare_files(args.a, args.b, factor=args.factor, floor=args.floor, report_dir=args.report,
+                                 overwrite=args.overwrite)
+    if cmp.setting_differences:
+        print(f"hal: warning: A and B ran with different settings ({'; '.join(cmp.setting_differences)})", file=sys.stderr)
     if args.json:
         print(json.dumps(cmp.to_dict(), indent=2, allow_nan=False))
     else:
-        sys.stdout.write(format_text(cmp))
+        sys.stdout.write(format_text(cmp, every_case=args.all))
         if written:
             print(f"written: {', '.join(str(p) for p in written)}")
     return cmp.exit_code

@@ -29,6 +29,10 @@ DEFAULT_FACTOR = 2.0
 FAILING = ("fail", "error")
 NOT_RUN = ("skip", "unsupported")
 
+COMPARE_FILES: tuple[str, ...] = ("compare.json", "compare.txt")
+# run settings that must match for two runs' cases to be the same inputs and the same selection
+COMPARED_SETTINGS: tuple[str, ...] = ("seed", "suites", "patterns", "max_world_size", "hal_version")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -106,6 +110,12 @@ class Comparison:
     only_b: list[str]
 
     @property
+    def setting_differences(self) -> list[str]:
+        """Run settings that differ between A and B: then the cases are not of the same inputs or selection."""
+        return [f"{key} {self.a.get(key)!r} vs {self.b.get(key)!r}" for key in COMPARED_SETTINGS
+                if self.a.get(key) != self.b.get(key)]
+
+    @property
     def worse(self) -> list[Row]:
         return [r for r in self.rows if r.verdict == "worse"]
 
@@ -120,6 +130,7 @@ class Comparison:
         return json_safe({
             "kind": "hal-conformance-compare", "schema": 1, "a": side(self.a, self.a_path), "b": side(self.b, self.b_path),
             "factor": self.factor, "floors": self.floors, "verdict": "worse" if self.worse else "ok",
+            "setting_differences": self.setting_differences,
             "counts": {v: sum(r.verdict == v for r in self.rows) for v in ("worse", "ok", "not compared")},
             "cases": [r.to_dict() for r in self.rows], "only_in_a": self.only_a, "only_in_b": self.only_b,
         })
@@ -143,32 +154,43 @@ def _side(doc: dict[str, Any]) -> str:
     return f"{doc.get('backend')} on {device.get('name')} ({doc.get('verification')})"
 
 
-def format_text(cmp: Comparison) -> str:
-    """The side-by-side table: worse cases first, then the rest by B/A."""
+def verdict_line(cmp: Comparison) -> str:
+    counts = {v: sum(r.verdict == v for r in cmp.rows) for v in ("worse", "ok", "not compared")}
+    return (f"verdict: {'WORSE' if cmp.worse else 'OK'}: {counts['worse']} worse, {counts['ok']} within "
+            f"{fmt(cmp.factor)}x, {counts['not compared']} not compared, of {len(cmp.rows)} common case(s); "
+            f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
+
+
+def format_text(cmp: Comparison, *, every_case: bool = False, listed: int = 10) -> str:
+    """The verdict first, then the worse cases (every case with ``every_case``: the report file's form)."""
     floors = ", ".join(f"{k} {fmt(v)}" for k, v in cmp.floors.items())
-    out = [f"A: {cmp.a_path}: {_side(cmp.a)}", f"B: {cmp.b_path}: {_side(cmp.b)}",
-           f"B is worse on a case when its error > {fmt(cmp.factor)} x max(A's error, floor) (floors: {floors}), "
-           "or when A passed and B failed", ""]
+    out = [f"A: {cmp.a_path}: {_side(cmp.a)}", f"B: {cmp.b_path}: {_side(cmp.b)}"]
+    if cmp.setting_differences:
+        out.append(f"warning: A and B ran with different settings ({'; '.join(cmp.setting_differences)}): "
+                   "their cases are not of the same inputs or selection")
+    out += [f"B is worse on a case when its error > {fmt(cmp.factor)} x max(A's error, floor) (floors: {floors}), "
+            "or when A passed and B failed", verdict_line(cmp), ""]
+    shown = cmp.rows if every_case else cmp.worse
     header = ["case", "metric", "A", "B", "B/A", "verdict"]
     rows = [[r.id, r.metric or "status", fmt(r.a) if r.metric else r.status_a, fmt(r.b) if r.metric else r.status_b,
-             fmt(r.ratio) if r.ratio is not None else "—", r.verdict + (f" ({r.why})" if r.why else "")] for r in cmp.rows]
+             fmt(r.ratio) if r.ratio is not None else "—", r.verdict + (f" ({r.why})" if r.why else "")] for r in shown]
     if rows:
         widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header) - 1)]
         for row in [header, *rows]:
             out.append("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
                        + "  " + row[-1])
+    if len(shown) < len(cmp.rows):
+        out.append(f"({len(cmp.rows) - len(shown)} case(s) within the factor or not compared are not listed; --all lists them)")
     for label, ids in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
         if ids:
-            out += ["", f"{label} ({len(ids)}):", *(f"  {i}" for i in ids)]
-    counts = {v: sum(r.verdict == v for r in cmp.rows) for v in ("worse", "ok", "not compared")}
-    out += ["", f"verdict: {'WORSE' if cmp.worse else 'OK'}: {counts['worse']} worse, {counts['ok']} within "
-            f"{fmt(cmp.factor)}x, {counts['not compared']} not compared, of {len(cmp.rows)} common case(s); "
-            f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B"]
+            head = ids if every_case else ids[:listed]
+            more = [f"  ... and {len(ids) - len(head)} more (--all lists them)"] if len(head) < len(ids) else []
+            out += ["", f"{label} ({len(ids)}):", *(f"  {i}" for i in head), *more]
     return "\n".join(out) + "\n"
 
 
 def compare_files(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, floor: float | None = None,
-                  report_dir: str | None = None) -> tuple[Comparison, list[Path]]:
+                  report_dir: str | None = None, overwrite: bool = False) -> tuple[Comparison, list[Path]]:
     """Check the arguments, compare two results files, and write compare.json/compare.txt only with a report dir."""
     from hal.errors import ConfigError
 
@@ -177,12 +199,13 @@ def compare_files(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, f
     if floor is not None and not (floor >= 0 and math.isfinite(floor)):
         raise ConfigError(f"--floor {floor}: give a non-negative number")
     a, b = load_results(a_path), load_results(b_path)
-    directory = check_report_dir(report_dir) if report_dir else None
+    refuse = () if overwrite else COMPARE_FILES
+    directory = check_report_dir(report_dir, refuse_existing=refuse) if report_dir else None
     floors = {k: floor for k in FLOORS} if floor is not None else None
     cmp = compare(a, b, factor=factor, floors=floors, a_path=a_path, b_path=b_path)
     written: list[Path] = []
     if directory is not None:
-        written = [Path(directory) / "compare.json", Path(directory) / "compare.txt"]
+        written = [Path(directory) / name for name in COMPARE_FILES]
         atomic_write(written[0], json.dumps(cmp.to_dict(), indent=2, allow_nan=False) + "\n")
-        atomic_write(written[1], format_text(cmp))
+        atomic_write(written[1], format_text(cmp, every_case=True))
     return cmp, written

@@ -10,7 +10,7 @@ import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from hal.errors import ConfigError
 from hal.run_dirs import new_run_dir
@@ -105,11 +105,16 @@ def default_report_dir(backend: str) -> Path:
     return new_run_dir(f"conformance-{backend}")
 
 
-def check_report_dir(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` if needed and prove it writable — before the run, so no run's work is lost."""
+def check_report_dir(path: str | os.PathLike[str], *, refuse_existing: Sequence[str] = ()) -> Path:
+    """Create ``path`` if needed and prove it writable — before the run, so no run's work is lost. A file
+    named in ``refuse_existing`` already there is an earlier report: refused, never silently replaced."""
     directory = Path(path)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"--report {path}: exists and is not a directory; give a directory")
+    earlier = [name for name in refuse_existing if (directory / name).exists()]
+    if earlier:
+        raise ConfigError(f"--report {path}: already holds a report ({', '.join(earlier)}); give a new directory, "
+                          "or add --overwrite to replace it")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=directory)

@@ -147,6 +147,47 @@ def test_compare_within_factor_exits_0_and_lists_unmatched_cases(runs: dict[str,
     assert loose.returncode == 0, loose.stdout
 
 
+def test_compare_shows_the_verdict_first_and_only_worse_cases_unless_all(runs: dict[str, Path], tmp_path: Path) -> None:
+    from hal.cli import main
+
+    short = run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]))
+    lines = short.stdout.splitlines()
+    assert lines[3].startswith("verdict: WORSE: 1 worse"), lines[:5]
+    assert not any("  ok" in line for line in lines) and "not listed; --all lists them" in short.stdout
+    every = run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--all")
+    assert sum(line.rstrip().endswith("  ok") for line in every.stdout.splitlines()) >= 2
+    assert "not listed" not in every.stdout
+    main(["conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path)])
+    assert (tmp_path / "compare.txt").read_text().count("  ok") >= 2  # the file keeps every case
+
+
+def test_compare_warns_when_the_runs_differ_in_seed_or_selection(runs: dict[str, Path], tmp_path: Path) -> None:
+    doc = json.loads(runs["a"].read_text())
+    doc["seed"] = 7
+    reseeded = tmp_path / "results.json"
+    reseeded.write_text(json.dumps(doc))
+    out = run_hal("conformance", "compare", str(runs["a"]), str(reseeded))
+    assert "hal: warning: A and B ran with different settings (seed 1234 vs 7)" in out.stderr
+    assert "warning: A and B ran with different settings (seed 1234 vs 7)" in out.stdout
+    selection = json.loads(run_hal("conformance", "compare", str(runs["a"]), str(runs["c"]), "--json").stdout)
+    assert selection["setting_differences"] == ["patterns [] vs ['ops::']"]
+    same = json.loads(run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--json").stdout)
+    assert same["setting_differences"] == []
+
+
+def test_a_report_directory_holding_a_report_is_refused_unless_overwrite(runs: dict[str, Path], tmp_path: Path) -> None:
+    earlier = runs["a"].parent
+    before = (earlier / "results.json").read_bytes()
+    _one_line_error(run_hal("conformance", "run", "--suite", PLANTED, "--report", str(earlier)),
+                    "already holds a report (results.json, summary.md, report.html)")
+    assert (earlier / "results.json").read_bytes() == before
+    run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path))
+    _one_line_error(run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path)),
+                    "already holds a report (compare.json, compare.txt)")
+    again = run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path), "--overwrite")
+    assert again.returncode == 1 and "written:" in again.stdout
+
+
 def test_compare_bad_files_exit_2(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hal.cli import main
 
