@@ -1,13 +1,14 @@
-"""The pipeline engine: one rank's share of a training step under GPipe or 1F1B.
+"""The pipeline engine: one rank's share of a training step under a registered schedule (GPipe, 1F1B).
 
 Each rank runs its stage's module on the micro-batches its (stage, dp) coordinate owns.
 Activations cross stage boundaries through ``parallel.reshard`` (slice intersection, batched P2P,
-the collectives bridge between islands); gradients return the same way. The schedules follow
-Megatron's non-interleaved structure: warm-up forwards, a steady 1F1B phase whose sends and
-receives are posted together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so
-blocking P2P cannot deadlock), and cool-down backwards. Batches that only send are left in flight
-while the rank computes on (``_post``) and waited for at the end of the schedule. GPipe is the
-same code with every forward in the warm-up.
+the collectives bridge between islands); gradients return the same way. What a rank does, in which
+order, is data: the plan's schedule (``parallel.schedules``: GPipe, 1F1B) gives each stage a
+program of compute actions and P2P batches, and ``step_lazy`` executes it. 1F1B follows Megatron's
+non-interleaved structure: warm-up forwards, a steady phase whose sends and receives are posted
+together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so blocking P2P cannot
+deadlock), and cool-down backwards. Batches that only send are left in flight while the rank
+computes on (``_post``) and waited for at the end of the schedule.
 
 Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
 send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
@@ -34,9 +35,9 @@ from .model import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
+from .schedules import Kind, P2PBatch, get_schedule
 from .topology import RankGroups, Topology
 
-SCHEDULES = ("gpipe", "1f1b")
 BUCKET_BYTES = 16 * 2**20
 
 
@@ -73,8 +74,7 @@ class PipelineEngine:
     ) -> None:
         """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
         forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
-        if plan.schedule not in SCHEDULES:
-            raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
         self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
@@ -97,6 +97,8 @@ class PipelineEngine:
         self.recv_boundary = None if self.first else Boundary(layouts[k - 1], layouts[k], mbs, self.seq)
         self.send_boundary = None if self.last else Boundary(layouts[k], layouts[k + 1], mbs, self.seq)
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+        # This rank's actions for every step: the plan fixes the stage, the stage count and M.
+        self.program = self.schedule.program(topology.num_stages, plan.micro_batches, self.coord.stage)
         self.times = StepTimes()  # the last step's breakdown
         self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
@@ -238,45 +240,7 @@ class PipelineEngine:
         """
         self.times = StepTimes()
         started = self.clock()
-        M, S = self.plan.micro_batches, self.topology.num_stages
-        warmup = M if self.plan.schedule == "gpipe" else min(S - self.coord.stage - 1, M)
-        steady = M - warmup
-        pending: list[_InFlight] = []
-        losses: list[torch.Tensor] = []
-        prev, nxt = self.groups.prev_boundary, self.groups.next_boundary
-        next_m = 0
-
-        def forward_one(received: torch.Tensor | None) -> _InFlight:
-            nonlocal next_m
-            item = self._forward(tokens, next_m, received)
-            next_m += 1
-            if self.last:
-                losses.append(item.output.detach())
-            pending.append(item)
-            return item
-
-        for _ in range(warmup):
-            (received,) = self._post(prev, self._recv_fwd_ops())
-            item = forward_one(received)
-            self._post(nxt, self._send_fwd_ops(item.output))
-        received = self._post(prev, self._recv_fwd_ops())[0] if steady else None
-        for i in range(steady):
-            item = forward_one(received)
-            send, recv = self._send_fwd_ops(item.output), self._recv_bwd_ops(item.output)
-            grad = self._post(nxt, send, recv)[1]
-            oldest = pending.pop(0)
-            input_grad = self._backward(oldest, grad)
-            if i == steady - 1:
-                self._post(prev, self._send_bwd_ops(input_grad))
-                received = None
-            else:
-                received = self._post(prev, self._send_bwd_ops(input_grad), self._recv_fwd_ops())[1]
-        while pending:
-            oldest = pending.pop(0)
-            (grad,) = self._post(nxt, self._recv_bwd_ops(oldest.output))
-            input_grad = self._backward(oldest, grad)
-            self._post(prev, self._send_bwd_ops(input_grad))
-        self._drain_sends()
+        losses = self._execute(tokens)
         self.times.schedule = self.clock() - started
         with self._timed("grad_sync"):
             if self.reduce_dp_grads:
@@ -284,6 +248,55 @@ class PipelineEngine:
             if self.module.needs_tied_grad_sync:
                 sync_tied_embedding_grads(self.module, self.groups.embedding)
         return self._step_loss(losses)
+
+    def _execute(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Run this stage's program (``self.program``) in order; the last stage's scaled losses, by micro-batch.
+
+        Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its boundary
+        (``_post``: pure sends stay in flight, a batch that receives is waited on). State lives per
+        micro-batch only between the action that makes it and the one that consumes it.
+        """
+        pending: dict[int, _InFlight] = {}  # forwarded, backward still to come
+        received: dict[int, torch.Tensor] = {}  # RECV_F results, waiting for their forward
+        grads: dict[int, torch.Tensor] = {}  # RECV_B results, waiting for their backward
+        input_grads: dict[int, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
+        losses: list[torch.Tensor] = []
+        for step in self.program:
+            if isinstance(step, P2PBatch):
+                self._communicate(step, pending, received, grads, input_grads)
+            elif step.kind is Kind.FORWARD:
+                item = self._forward(tokens, step.micro_batch, received.pop(step.micro_batch, None))
+                if self.last:
+                    losses.append(item.output.detach())
+                pending[step.micro_batch] = item
+            elif step.kind is Kind.BACKWARD:
+                item = pending.pop(step.micro_batch)
+                input_grads[step.micro_batch] = self._backward(item, grads.pop(step.micro_batch, None))
+            else:
+                raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
+        self._drain_sends()
+        return losses
+
+    def _communicate(self, batch: P2PBatch, pending: dict[int, _InFlight], received: dict[int, torch.Tensor],
+                     grads: dict[int, torch.Tensor], input_grads: dict[int, torch.Tensor | None]) -> None:
+        """Post one P2P batch and file what it received under its micro-batch."""
+        posted = []
+        for a in batch.actions:
+            m = a.micro_batch
+            if a.kind is Kind.RECV_FORWARD:
+                posted.append(self._recv_fwd_ops())
+            elif a.kind is Kind.SEND_FORWARD:
+                posted.append(self._send_fwd_ops(pending[m].output))
+            elif a.kind is Kind.RECV_BACKWARD:
+                posted.append(self._recv_bwd_ops(pending[m].output))
+            else:
+                posted.append(self._send_bwd_ops(input_grads.pop(m)))
+        comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
+        for a, value in zip(batch.actions, self._post(comm, *posted)):
+            if a.kind is Kind.RECV_FORWARD:
+                received[a.micro_batch] = value
+            elif a.kind is Kind.RECV_BACKWARD:
+                grads[a.micro_batch] = value
 
     # --- after the schedule -----------------------------------------------------------------------------------
     def _sync_dp_grads(self) -> None:
