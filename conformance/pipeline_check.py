@@ -61,7 +61,7 @@ def tokens(seed: int, step: int, model: ModelConfig, data: str = "corpus") -> to
 
 def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.device) -> dict[str, Any]:
     """The plain single-device run: losses per step and step-1 gradients (float64, host)."""
-    from hal.parallel.model import full_model
+    from hal.parallel.models.llama import full_model
 
     net = full_model(model, seed).to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
@@ -83,7 +83,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
 def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     """This rank's share of the plan through the engine: last-stage losses, full step-1 gradients (one TP rank)."""
     from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model import gather_full_grads
+    from hal.parallel.models.llama import gather_full_grads
     from hal.parallel.plan import parse_plan, validate_plan
     from hal.parallel.topology import Topology, build_groups
 

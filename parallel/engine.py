@@ -31,7 +31,7 @@ import torch
 
 from hal.collectives import Communicator
 
-from .model import Stage, build_stage, sync_tied_embedding_grads
+from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops

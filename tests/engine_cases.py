@@ -23,7 +23,7 @@ def model_config(tied: bool) -> ModelConfig:
 
 def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
-    from hal.parallel.model import full_model
+    from hal.parallel.models.llama import full_model
     from hal.parallel.plan import parse_plan
 
     plan = parse_plan(plan_raw)
@@ -48,7 +48,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
     from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model import gather_full_grads
+    from hal.parallel.models.llama import gather_full_grads
     from hal.parallel.plan import parse_plan
     from hal.parallel.topology import Topology, build_groups
 

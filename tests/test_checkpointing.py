@@ -39,7 +39,7 @@ def test_saving_shrinks_to_one_input_per_layer() -> None:
 
 
 def test_no_grad_forward_skips_checkpointing() -> None:
-    from hal.parallel.model import build_stage
+    from hal.parallel.models.llama import build_stage
 
     cfg = cases.config(16)
     ids, labels = cases.data(16)
@@ -50,7 +50,7 @@ def test_no_grad_forward_skips_checkpointing() -> None:
 
 
 def test_build_stage_default_is_off() -> None:
-    from hal.parallel.model import build_stage
+    from hal.parallel.models.llama import build_stage
 
     cfg = cases.config(16)
     assert not build_stage(cfg, range(3), first=True, last=True, tp_comm=None, sp=False, seed=0).checkpoint

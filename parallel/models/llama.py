@@ -29,12 +29,12 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from hal import ops
 from hal.errors import ConfigError
 
-from .layers import (
+from ..layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
     vocab_parallel_cross_entropy,
 )
-from .model_config import ModelConfig
-from .tp_comm import TPComm, tp_size
+from ..model_config import ModelConfig
+from ..tp_comm import TPComm, tp_size
 
 # --- deterministic initialisation ---------------------------------------------------------------
 
