@@ -61,6 +61,7 @@ def tokens(seed: int, step: int, model: ModelConfig, data: str = "corpus") -> to
 
 def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.device) -> dict[str, Any]:
     """The plain single-device run: losses per step and step-1 gradients (float64, host)."""
+    from hal.parallel.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
 
     net = full_model(model, seed).to(device)
@@ -71,7 +72,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
     for step in range(steps):
         t = tokens(seed, step, model).to(device)
         opt.zero_grad(set_to_none=True)
-        loss = net(t[..., :-1].reshape(-1, seq), t[..., 1:].reshape(-1, seq))
+        loss = vocab_parallel_cross_entropy(net(t[..., :-1].reshape(-1, seq)), t[..., 1:].reshape(-1, seq), None)
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in net.named_parameters()}

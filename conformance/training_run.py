@@ -127,6 +127,7 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool) -> RunResult:
+    from hal.parallel.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
 
     if precision not in PRECISIONS:
@@ -144,7 +145,7 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
             tokens = batch(settings, step).to(device)
             opt.zero_grad(set_to_none=True)
             with backend.autocast(autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext():
-                loss = model(tokens[:, :-1], tokens[:, 1:])
+                loss = vocab_parallel_cross_entropy(model(tokens[:, :-1]), tokens[:, 1:], None)
             scaler.scale(loss).backward()
             scaler.unscale_(opt)
             if step == 0:

@@ -15,8 +15,9 @@ send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync,
 time. On an accelerator set ``engine.sync_for_timing = True`` to synchronize the device before each
 clock read (through the hal backend), so asynchronous kernels are charged to the phase that queued them.
 
-Loss convention (``parallel.reshard`` explains why): a micro-batch's loss is its token sum over the
-token count of the whole micro-batch, divided by the number of micro-batches; weight gradients are
+Loss convention (``parallel.reshard`` explains why): the last stage returns logits and the engine
+applies ``loss_fn`` (``parallel.loss``); a micro-batch's loss is its token sum over the token count of
+the whole micro-batch, divided by the number of micro-batches; weight gradients are
 then SUMMED over a stage's dp replicas (bucketed all-reduce), so every split computes the gradient of
 the same global loss.
 """
@@ -31,6 +32,7 @@ import torch
 
 from hal.collectives import Communicator
 
+from .loss import LossFn, token_sum_cross_entropy
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
@@ -70,10 +72,13 @@ class PipelineEngine:
     def __init__(
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
         seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
-        autocast: Callable[[], ContextManager[Any]] | None = None,
+        autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
     ) -> None:
         """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
-        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
+        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
+        ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
+        (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
+        over the whole micro-batch's token count (``parallel.loss``)."""
         self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
@@ -89,6 +94,7 @@ class PipelineEngine:
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
         )
+        self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
         if self.module.needs_tied_grad_sync and groups.embedding is None:
             raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
@@ -198,14 +204,13 @@ class PipelineEngine:
     def _forward_stage(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         if self.first:
             x: torch.Tensor | None = None
-            out = self.module(self._inputs(tokens, m), self._labels(tokens, m) if self.last else None,
-                              token_count=self._token_count())
+            out = self.module(self._inputs(tokens, m))
         else:
             assert received is not None
             x = received.requires_grad_(True)
-            out = self.module(x, self._labels(tokens, m) if self.last else None, token_count=self._token_count())
+            out = self.module(x)
         if self.last:
-            out = out / self.plan.micro_batches
+            out = self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches
         return _InFlight(x, out)
 
     def _token_count(self) -> int:
