@@ -71,10 +71,3 @@ class P2PBatch:
 
 Step = Union[Action, P2PBatch]  # one item of a stage's program: a compute action or a P2P batch
 
-
-def FORWARD(m: int) -> Action:  # noqa: N802 - reads like the schedule notation
-    return Action(Kind.FORWARD, m)
-
-
-def BACKWARD(m: int) -> Action:  # noqa: N802
-    return Action(Kind.BACKWARD, m)

@@ -1,7 +1,7 @@
 """GPipe: every forward, then every backward (all M micro-batches' activations live at once)."""
 from __future__ import annotations
 
-from .action import BACKWARD, FORWARD, Action
+from .action import Action, Kind
 from .base import Schedule
 
 
@@ -9,4 +9,5 @@ class GPipe(Schedule):
     name = "gpipe"
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
-        return [FORWARD(m) for m in range(num_micro_batches)] + [BACKWARD(m) for m in range(num_micro_batches)]
+        forwards = [Action(Kind.FORWARD, m) for m in range(num_micro_batches)]
+        return forwards + [Action(Kind.BACKWARD, m) for m in range(num_micro_batches)]

@@ -7,7 +7,7 @@ neighbour posts the mirror batch at the same time, so blocking P2P (gloo) cannot
 """
 from __future__ import annotations
 
-from .action import BACKWARD, FORWARD, Action
+from .action import Action, Kind
 from .base import Schedule
 
 
@@ -21,10 +21,10 @@ class OneFOneB(Schedule):
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
         w = warmup(num_stages, num_micro_batches, stage)
-        order = [FORWARD(m) for m in range(w)]
+        order = [Action(Kind.FORWARD, m) for m in range(w)]
         for i in range(num_micro_batches - w):
-            order += [FORWARD(w + i), BACKWARD(i)]
-        return order + [BACKWARD(m) for m in range(num_micro_batches - w, num_micro_batches)]
+            order += [Action(Kind.FORWARD, w + i), Action(Kind.BACKWARD, i)]
+        return order + [Action(Kind.BACKWARD, m) for m in range(num_micro_batches - w, num_micro_batches)]
 
     def fuses(self, num_stages: int, num_micro_batches: int, stage: int, index: int) -> bool:
         """The steady phase: from its first forward to its last backward's predecessor."""
