@@ -70,4 +70,3 @@ class P2PBatch:
 
 
 Step = Union[Action, P2PBatch]  # one item of a stage's program: a compute action or a P2P batch
-
