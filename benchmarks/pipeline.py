@@ -1,11 +1,11 @@
 """Pipeline throughput: hal's 1F1B engine against torch.distributed.pipelining's Schedule1F1B.
 
-The same model (a Llama-style decoder from ``parallel.model``, about 1.1B parameters by default:
+The same model (a Llama-style decoder from ``parallel.models.llama``, about 1.1B parameters by default:
 hidden 2048, 24 layers, 16 heads / 4 kv-heads, SwiGLU 5632, vocab 32000, sequence 2048, bf16
 weights) is split into P equal stages, one GPU each. Both schedules run on the SAME stage modules
-(torch's ``PipelineStage`` wraps ours; its last stage returns logits and its ``loss_fn`` is our
-cross-entropy), the same micro-batches and the same tokens. Per step both do forward and backward
-of every micro-batch (no optimizer). The rounds alternate ours / torch so drift hits both.
+(torch's ``PipelineStage`` wraps ours as they are: the last stage returns logits, and torch's
+``loss_fn`` is the engine's), the same micro-batches and the same tokens. Per step both do forward
+and backward of every micro-batch (no optimizer). The rounds alternate ours / torch so drift hits both.
 
 Reported, with the card:
   * tokens/s of each and the ratio ours/torch (goal >= 1.0);
@@ -149,41 +149,16 @@ def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
             "idle_fraction": 1.0 - compute / schedule}
 
 
-class _LogitsStage(torch.nn.Module):
-    """Our stage module for torch's PipelineStage: identical compute, the last stage returns logits."""
-
-    def __init__(self, stage: torch.nn.Module) -> None:
-        super().__init__()
-        self.stage = stage
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from hal import ops
-        from hal.parallel.layers import parallel_input
-
-        st = self.stage
-        h = st.embed(x) if st.first else x
-        for layer in st.layers.values():
-            h = st._run_layer(layer, h)
-        if not st.last:
-            return h
-        return ops.linear(parallel_input(st.norm(h), st.tp_comm, st.sp), st.head_weight)
-
-
 def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size: int, rank: int) -> Any:
     """A closure running one Schedule1F1B step over the same modules and tokens."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from hal.parallel.layers import vocab_parallel_cross_entropy
-
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
-    stage = PipelineStage(_LogitsStage(engine.module), rank, world_size, engine.device, group=group)
+    stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
     M = tokens.shape[0]
-
-    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_cross_entropy(logits, target, None)
-
-    schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=loss_fn)
+    # The engine's loss: the token sum over one micro-batch's tokens, the mean of each of torch's chunks.
+    schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=engine.loss_fn)
     x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1).contiguous()  # torch checks input strides
     y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1).contiguous()
 

@@ -61,7 +61,8 @@ def tokens(seed: int, step: int, model: ModelConfig, data: str = "corpus") -> to
 
 def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.device) -> dict[str, Any]:
     """The plain single-device run: losses per step and step-1 gradients (float64, host)."""
-    from hal.parallel.model import full_model
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import full_model
 
     net = full_model(model, seed).to(device)
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
@@ -71,7 +72,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
     for step in range(steps):
         t = tokens(seed, step, model).to(device)
         opt.zero_grad(set_to_none=True)
-        loss = net(t[..., :-1].reshape(-1, seq), t[..., 1:].reshape(-1, seq))
+        loss = vocab_parallel_cross_entropy(net(t[..., :-1].reshape(-1, seq)), t[..., 1:].reshape(-1, seq), None)
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in net.named_parameters()}
@@ -83,7 +84,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
 def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     """This rank's share of the plan through the engine: last-stage losses, full step-1 gradients (one TP rank)."""
     from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model import gather_full_grads
+    from hal.parallel.models.llama import gather_full_grads
     from hal.parallel.plan import parse_plan, validate_plan
     from hal.parallel.topology import Topology, build_groups
 

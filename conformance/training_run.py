@@ -1,6 +1,6 @@
 """Small, exactly repeatable training runs of the reference model, on the backend or as the reference.
 
-The model is ``parallel.model.full_model`` (the Llama-style decoder the engine trains) at a toy size;
+The model is ``parallel.models.llama.full_model`` (the Llama-style decoder the engine trains) at a toy size;
 the data are byte windows of the shipped corpus (``parallel.data.global_batch``), a pure function of
 (seed, step); the optimizer is AdamW. Weights depend only on (seed, parameter name), so every run
 starts identical whatever device or dtype it runs in.
@@ -127,7 +127,8 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool) -> RunResult:
-    from hal.parallel.model import full_model
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import full_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is unknown here; use one of {', '.join(PRECISIONS)}")
@@ -144,7 +145,7 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
             tokens = batch(settings, step).to(device)
             opt.zero_grad(set_to_none=True)
             with backend.autocast(autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext():
-                loss = model(tokens[:, :-1], tokens[:, 1:])
+                loss = vocab_parallel_cross_entropy(model(tokens[:, :-1]), tokens[:, 1:], None)
             scaler.scale(loss).backward()
             scaler.unscale_(opt)
             if step == 0:

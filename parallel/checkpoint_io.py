@@ -11,7 +11,7 @@ A checkpoint does not depend on the plan, the TP/DP split or the devices that wr
         stage-1.pt           ... one file per pipeline stage of the plan that wrote it
         rng.pt               the host RNG state
 
-Parameters are stored unsharded under their global names (``parallel.model``: ``layers.3.mlp.down.weight``),
+Parameters are stored unsharded under their global names (``parallel.models.llama``: ``layers.3.mlp.down.weight``),
 AdamW's per-element state (``exp_avg``, ``exp_avg_sq``) in the same full shapes, all on the CPU.
 Inside a stage the TP group gathers its shards (``gather_full_params``); dp replicas are identical, so
 one rank per stage (dp 0, tp 0) writes. Loading cuts each full tensor back to this run's TP shard with
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from hal.errors import ConfigError
 
 from .layers import local_shard, param_meta
-from .model import _gather_full, gather_full_params
+from .models.llama import _gather_full, gather_full_params
 from .model_config import ModelConfig
 
 FORMAT = "hetero-hal-checkpoint/1"

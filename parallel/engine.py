@@ -1,21 +1,23 @@
-"""The pipeline engine: one rank's share of a training step under GPipe or 1F1B.
+"""The pipeline engine: one rank's share of a training step under a registered schedule (GPipe, 1F1B).
 
 Each rank runs its stage's module on the micro-batches its (stage, dp) coordinate owns.
 Activations cross stage boundaries through ``parallel.reshard`` (slice intersection, batched P2P,
-the collectives bridge between islands); gradients return the same way. The schedules follow
-Megatron's non-interleaved structure: warm-up forwards, a steady 1F1B phase whose sends and
-receives are posted together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so
-blocking P2P cannot deadlock), and cool-down backwards. Batches that only send are left in flight
-while the rank computes on (``_post``) and waited for at the end of the schedule. GPipe is the
-same code with every forward in the warm-up.
+the collectives bridge between islands); gradients return the same way. What a rank does, in which
+order, is data: the plan's schedule (``parallel.schedules``: GPipe, 1F1B) gives each stage a
+program of compute actions and P2P batches, and ``step_lazy`` executes it. 1F1B follows Megatron's
+non-interleaved structure: warm-up forwards, a steady phase whose sends and receives are posted
+together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so blocking P2P cannot
+deadlock), and cool-down backwards. Batches that only send are left in flight while the rank
+computes on (``_post``) and waited for at the end of the schedule.
 
 Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
 send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
 time. On an accelerator set ``engine.sync_for_timing = True`` to synchronize the device before each
 clock read (through the hal backend), so asynchronous kernels are charged to the phase that queued them.
 
-Loss convention (``parallel.reshard`` explains why): a micro-batch's loss is its token sum over the
-token count of the whole micro-batch, divided by the number of micro-batches; weight gradients are
+Loss convention (``parallel.reshard`` explains why): the last stage returns logits and the engine
+applies ``loss_fn`` (``parallel.loss``); a micro-batch's loss is its token sum over the token count of
+the whole micro-batch, divided by the number of micro-batches; weight gradients are
 then SUMMED over a stage's dp replicas (bucketed all-reduce), so every split computes the gradient of
 the same global loss.
 """
@@ -30,13 +32,14 @@ import torch
 
 from hal.collectives import Communicator
 
-from .model import Stage, build_stage, sync_tied_embedding_grads
+from .loss import LossFn, token_sum_cross_entropy
+from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
+from .schedules import Kind, P2PBatch, get_schedule
 from .topology import RankGroups, Topology
 
-SCHEDULES = ("gpipe", "1f1b")
 BUCKET_BYTES = 16 * 2**20
 
 
@@ -69,12 +72,14 @@ class PipelineEngine:
     def __init__(
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
         seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
-        autocast: Callable[[], ContextManager[Any]] | None = None,
+        autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
     ) -> None:
         """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
-        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
-        if plan.schedule not in SCHEDULES:
-            raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
+        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
+        ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
+        (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
+        over the whole micro-batch's token count (``parallel.loss``)."""
+        self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
         self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
@@ -89,6 +94,7 @@ class PipelineEngine:
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
         )
+        self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
         if self.module.needs_tied_grad_sync and groups.embedding is None:
             raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
@@ -97,6 +103,8 @@ class PipelineEngine:
         self.recv_boundary = None if self.first else Boundary(layouts[k - 1], layouts[k], mbs, self.seq)
         self.send_boundary = None if self.last else Boundary(layouts[k], layouts[k + 1], mbs, self.seq)
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+        # This rank's actions for every step: the plan fixes the stage, the stage count and M.
+        self.program = self.schedule.program(topology.num_stages, plan.micro_batches, self.coord.stage)
         self.times = StepTimes()  # the last step's breakdown
         self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
@@ -196,14 +204,13 @@ class PipelineEngine:
     def _forward_stage(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         if self.first:
             x: torch.Tensor | None = None
-            out = self.module(self._inputs(tokens, m), self._labels(tokens, m) if self.last else None,
-                              token_count=self._token_count())
+            out = self.module(self._inputs(tokens, m))
         else:
             assert received is not None
             x = received.requires_grad_(True)
-            out = self.module(x, self._labels(tokens, m) if self.last else None, token_count=self._token_count())
+            out = self.module(x)
         if self.last:
-            out = out / self.plan.micro_batches
+            out = self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches
         return _InFlight(x, out)
 
     def _token_count(self) -> int:
@@ -238,45 +245,7 @@ class PipelineEngine:
         """
         self.times = StepTimes()
         started = self.clock()
-        M, S = self.plan.micro_batches, self.topology.num_stages
-        warmup = M if self.plan.schedule == "gpipe" else min(S - self.coord.stage - 1, M)
-        steady = M - warmup
-        pending: list[_InFlight] = []
-        losses: list[torch.Tensor] = []
-        prev, nxt = self.groups.prev_boundary, self.groups.next_boundary
-        next_m = 0
-
-        def forward_one(received: torch.Tensor | None) -> _InFlight:
-            nonlocal next_m
-            item = self._forward(tokens, next_m, received)
-            next_m += 1
-            if self.last:
-                losses.append(item.output.detach())
-            pending.append(item)
-            return item
-
-        for _ in range(warmup):
-            (received,) = self._post(prev, self._recv_fwd_ops())
-            item = forward_one(received)
-            self._post(nxt, self._send_fwd_ops(item.output))
-        received = self._post(prev, self._recv_fwd_ops())[0] if steady else None
-        for i in range(steady):
-            item = forward_one(received)
-            send, recv = self._send_fwd_ops(item.output), self._recv_bwd_ops(item.output)
-            grad = self._post(nxt, send, recv)[1]
-            oldest = pending.pop(0)
-            input_grad = self._backward(oldest, grad)
-            if i == steady - 1:
-                self._post(prev, self._send_bwd_ops(input_grad))
-                received = None
-            else:
-                received = self._post(prev, self._send_bwd_ops(input_grad), self._recv_fwd_ops())[1]
-        while pending:
-            oldest = pending.pop(0)
-            (grad,) = self._post(nxt, self._recv_bwd_ops(oldest.output))
-            input_grad = self._backward(oldest, grad)
-            self._post(prev, self._send_bwd_ops(input_grad))
-        self._drain_sends()
+        losses = self._execute(tokens)
         self.times.schedule = self.clock() - started
         with self._timed("grad_sync"):
             if self.reduce_dp_grads:
@@ -284,6 +253,55 @@ class PipelineEngine:
             if self.module.needs_tied_grad_sync:
                 sync_tied_embedding_grads(self.module, self.groups.embedding)
         return self._step_loss(losses)
+
+    def _execute(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Run this stage's program (``self.program``) in order; the last stage's scaled losses, by micro-batch.
+
+        Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its boundary
+        (``_post``: pure sends stay in flight, a batch that receives is waited on). State lives per
+        micro-batch only between the action that makes it and the one that consumes it.
+        """
+        pending: dict[int, _InFlight] = {}  # forwarded, backward still to come
+        received: dict[int, torch.Tensor] = {}  # RECV_F results, waiting for their forward
+        grads: dict[int, torch.Tensor] = {}  # RECV_B results, waiting for their backward
+        input_grads: dict[int, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
+        losses: list[torch.Tensor] = []
+        for step in self.program:
+            if isinstance(step, P2PBatch):
+                self._communicate(step, pending, received, grads, input_grads)
+            elif step.kind is Kind.FORWARD:
+                item = self._forward(tokens, step.micro_batch, received.pop(step.micro_batch, None))
+                if self.last:
+                    losses.append(item.output.detach())
+                pending[step.micro_batch] = item
+            elif step.kind is Kind.BACKWARD:
+                item = pending.pop(step.micro_batch)
+                input_grads[step.micro_batch] = self._backward(item, grads.pop(step.micro_batch, None))
+            else:
+                raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
+        self._drain_sends()
+        return losses
+
+    def _communicate(self, batch: P2PBatch, pending: dict[int, _InFlight], received: dict[int, torch.Tensor],
+                     grads: dict[int, torch.Tensor], input_grads: dict[int, torch.Tensor | None]) -> None:
+        """Post one P2P batch and file what it received under its micro-batch."""
+        posted = []
+        for a in batch.actions:
+            m = a.micro_batch
+            if a.kind is Kind.RECV_FORWARD:
+                posted.append(self._recv_fwd_ops())
+            elif a.kind is Kind.SEND_FORWARD:
+                posted.append(self._send_fwd_ops(pending[m].output))
+            elif a.kind is Kind.RECV_BACKWARD:
+                posted.append(self._recv_bwd_ops(pending[m].output))
+            else:
+                posted.append(self._send_bwd_ops(input_grads.pop(m)))
+        comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
+        for a, value in zip(batch.actions, self._post(comm, *posted)):
+            if a.kind is Kind.RECV_FORWARD:
+                received[a.micro_batch] = value
+            elif a.kind is Kind.RECV_BACKWARD:
+                grads[a.micro_batch] = value
 
     # --- after the schedule -----------------------------------------------------------------------------------
     def _sync_dp_grads(self) -> None:

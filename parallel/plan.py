@@ -39,8 +39,8 @@ from hal.config import HalConfig
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig
+from .schedules import schedule_names
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
 PARALLEL_KEYS: tuple[str, ...] = ("stages", "schedule", "micro_batches", "micro_batch_size", "zero1")
 STAGE_KEYS: tuple[str, ...] = ("backend", "devices", "layers", "tp", "dp", "sp", "checkpoint")
@@ -230,7 +230,7 @@ def parse_plan(raw: Any, origin: str = "config") -> ParallelPlan:
     default_mbs = math.lcm(*(s.dp for s in stages))
     return ParallelPlan(
         stages=stages,
-        schedule=_choice(origin, "parallel.schedule", raw.get("schedule", "1f1b"), SCHEDULES),
+        schedule=_choice(origin, "parallel.schedule", raw.get("schedule", "1f1b"), schedule_names()),
         micro_batches=_positive_int(origin, "parallel.micro_batches", raw.get("micro_batches", len(stages)), "micro_batches: 8"),
         micro_batch_size=_positive_int(origin, "parallel.micro_batch_size", raw.get("micro_batch_size", default_mbs), "micro_batch_size: 4"),
         zero1=_flag(origin, "parallel.zero1", raw.get("zero1", False)),

@@ -49,7 +49,8 @@ class CountingComm:
 
 def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, layers: range | None = None) -> dict[str, Any]:
     """Loss, gradients (local shards, and the input's when not first), saved tensors and collectives."""
-    from hal.parallel.model import build_stage
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import build_stage
 
     cfg = config(seq)
     layers = layers if layers is not None else range(cfg.num_layers)
@@ -68,7 +69,7 @@ def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, l
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = stage(x, labels)
+        loss = vocab_parallel_cross_entropy(stage(x), labels, stage.tp_comm)
     forward = dict(counter.counts) if counter else {}
     loss.backward()
     backward = {k: v - forward[k] for k, v in counter.counts.items()} if counter else {}

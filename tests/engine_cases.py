@@ -23,7 +23,8 @@ def model_config(tied: bool) -> ModelConfig:
 
 def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
-    from hal.parallel.model import full_model
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import full_model
     from hal.parallel.plan import parse_plan
 
     plan = parse_plan(plan_raw)
@@ -35,7 +36,7 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
         x = tokens[..., :-1].reshape(-1, MODEL.max_seq_len)
         y = tokens[..., 1:].reshape(-1, MODEL.max_seq_len)
         opt.zero_grad()
-        loss = model(x, y)
+        loss = vocab_parallel_cross_entropy(model(x), y, None)
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -48,7 +49,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
     from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model import gather_full_grads
+    from hal.parallel.models.llama import gather_full_grads
     from hal.parallel.plan import parse_plan
     from hal.parallel.topology import Topology, build_groups
 
@@ -105,3 +106,37 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     else:
         store.wait(["stage0_forwards_done"], datetime.timedelta(seconds=20))
     return engine.step(batch(0, 0, micro_batches, 2, MODEL.max_seq_len, MODEL.vocab_size))
+
+
+def first_half_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A loss other than the default: the mean cross-entropy of each sequence's first half only."""
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+
+    masked = labels.clone()
+    masked[:, labels.shape[1] // 2:] = -100
+    return vocab_parallel_cross_entropy(logits, masked, None)
+
+
+def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
+    """One stage on one rank: the step loss with the default loss and with ``first_half_loss``, and what it saw."""
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
+
+    plan = parse_plan({"schedule": "1f1b", "micro_batches": micro_batches, "micro_batch_size": 2,
+                       "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]})
+    topology = Topology.from_plan(plan)
+    groups = build_groups(topology, current_world(), validate=False)
+    seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def recording(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        seen.append((tuple(logits.shape), tuple(labels.shape)))
+        return first_half_loss(logits, labels)
+
+    tokens = batch(0, 0, micro_batches, 2, MODEL.max_seq_len, MODEL.vocab_size)
+    losses = {}
+    for name, fn in (("default", None), ("first_half", recording)):
+        engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"), loss_fn=fn)
+        losses[name] = engine.step(tokens)
+    return {"losses": losses, "seen": seen}

@@ -27,11 +27,12 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(config: ModelConfig) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss, full grads, full params) of the single-process model."""
-    from hal.parallel.model import full_model, gather_full_grads, gather_full_params
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import full_model, gather_full_grads, gather_full_params
 
     model = full_model(config, SEED)
     ids, labels = data()
-    loss = model(ids, labels)
+    loss = vocab_parallel_cross_entropy(model(ids), labels, None)
     loss.backward()
     return loss.item(), gather_full_grads(model), gather_full_params(model)
 
@@ -49,7 +50,8 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[
 def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
     """tp=world over the whole model, for sp off/on and untied/tied embeddings."""
     from hal.collectives import world_communicator
-    from hal.parallel.model import build_stage, gather_full_grads, gather_full_params
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import build_stage, gather_full_grads, gather_full_params
 
     comm = world_communicator()
     ids, labels = data()
@@ -60,8 +62,8 @@ def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
         stage = build_stage(config, range(config.num_layers), first=True, last=True, tp_comm=comm, sp=sp, seed=SEED)
         local_shapes = {n: tuple(p.shape) for n, p in stage.named_parameters()}
         with torch.no_grad():
-            halved = stage(ids, labels, token_count=2 * BATCH * SEQ).item()
-        loss = stage(ids, labels)
+            halved = vocab_parallel_cross_entropy(stage(ids), labels, comm, token_count=2 * BATCH * SEQ).item()
+        loss = vocab_parallel_cross_entropy(stage(ids), labels, comm)
         loss.backward()
         rows.append({"halved": halved,
             "case": f"tp{world} sp={sp} tied={tied}", "loss": loss.item(), "ref_loss": ref_loss,
@@ -74,7 +76,8 @@ def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
 def pipeline_tied_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """Two stages on two processes (tp=1 each), tied embeddings summed by sync_tied_embedding_grads."""
     from hal.collectives import world_communicator
-    from hal.parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()
     config = small_config(tied=True)
@@ -89,7 +92,7 @@ def pipeline_tied_two_ranks(rank: int, world: int) -> dict[str, Any]:
         h.backward(comm.recv(torch.empty(shape), src=1)[0])
     else:
         h = comm.recv(torch.empty(shape), src=0)[0].requires_grad_()
-        loss = stage(h, labels)
+        loss = vocab_parallel_cross_entropy(stage(h), labels, None)
         loss.backward()
         comm.send(h.grad, dst=0)
     sync_tied_embedding_grads(stage, comm)
@@ -108,7 +111,8 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         sum runs over all four ranks (different TP degrees: full-vocab path).
     """
     from hal.collectives import world_communicator
-    from hal.parallel.model import build_stage, gather_full_grads, sync_tied_embedding_grads
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()
     groups = {r: comm.subgroup(r) for r in ((0, 1), (2, 3), (0, 2), (1, 3))}  # every rank creates every group
@@ -130,7 +134,7 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         h.backward(comm.recv(torch.empty(shard), src=2 + t)[0])
     else:
         h = comm.recv(torch.empty(shard), src=t)[0].requires_grad_()
-        loss = stage(h, labels)
+        loss = vocab_parallel_cross_entropy(stage(h), labels, tp_pair)
         loss.backward()
         comm.send(h.grad.contiguous(), dst=t)
     sync_tied_embedding_grads(stage, groups[(t, 2 + t)])
@@ -150,7 +154,7 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         replica = rank - 2
         stage = build_stage(config, range(1, 2), first=False, last=True, tp_comm=None, sp=False, seed=SEED)
         h = comm.recv(torch.empty(1, SEQ, hidden), src=0)[0].requires_grad_()
-        loss = stage(h, labels[replica:replica + 1], token_count=BATCH * SEQ)  # a term of the global mean
+        loss = vocab_parallel_cross_entropy(stage(h), labels[replica:replica + 1], None, token_count=BATCH * SEQ)  # a term of the global mean
         loss.backward()
         for dst in (0, 1):
             comm.send(h.grad.contiguous(), dst=dst)

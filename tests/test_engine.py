@@ -63,3 +63,23 @@ def test_sends_overlap_compute(tmp_path) -> None:  # type: ignore[no-untyped-def
     ref = reference({"schedule": "gpipe", "micro_batches": 4, "micro_batch_size": 2,
                      "stages": [{"backend": "cpu", "devices": 2, "layers": 4}]}, 1, 0.0)
     assert values[0] is None and abs(values[1] - ref["losses"][0]) <= 1e-5 * ref["losses"][0]
+
+
+def test_loss_fn_is_the_engines_to_choose() -> None:
+    """The last stage returns logits; ``loss_fn`` turns each micro-batch's into its loss (default: the token mean)."""
+    from hal.parallel.models.llama import full_model
+
+    from .engine_cases import MODEL, batch, first_half_loss
+
+    M = 3
+    values = ok_values(run_world("tests.engine_cases", "loss_fn_run", 1, deadline_s=120, micro_batches=M), 1)
+    got = values[0]
+    assert got["seen"] == [((2, MODEL.max_seq_len, MODEL.vocab_size), (2, MODEL.max_seq_len))] * M
+    ref = reference({"schedule": "1f1b", "micro_batches": M, "micro_batch_size": 2,
+                     "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}, 1, 0.0)
+    assert abs(got["losses"]["default"] - ref["losses"][0]) <= 1e-5 * ref["losses"][0]
+    model, tokens = full_model(MODEL, 0), batch(0, 0, M, 2, MODEL.max_seq_len, MODEL.vocab_size)
+    with torch.no_grad():
+        want = sum(float(first_half_loss(model(tokens[m, :, :-1]), tokens[m, :, 1:])) for m in range(M)) / M
+    assert abs(got["losses"]["first_half"] - want) <= 1e-5 * want
+    assert abs(want - ref["losses"][0]) > 1e-3  # the two losses differ: the test can tell them apart

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_parameter_count_matches_the_built_model() -> None:
-    from hal.parallel.model import full_model
+    from hal.parallel.models.llama import full_model
     from hal.parallel.model_config import ModelConfig
 
     model = PRESETS["tiny"]

@@ -2,7 +2,8 @@
 
     stage = build_stage(config, range(0, 3), first=True, last=False, tp_comm=tp, sp=True, seed=0)
     hidden = stage(ids)                 # first stage: token ids (B, S) → hidden
-    loss = last_stage(hidden, labels)   # last stage: hidden → mean cross-entropy
+    logits = last_stage(hidden)         # last stage: hidden → logits (this TP rank's vocab slice)
+    loss = vocab_parallel_cross_entropy(logits, labels, tp)   # the loss is the caller's (parallel.loss)
 
 Parameter names are global and independent of the split: ``embed.weight``,
 ``layers.<i>.attn_norm.weight``, ``layers.<i>.attn.qkv.weight``, ``layers.<i>.attn.out.weight``,
@@ -29,12 +30,11 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from hal import ops
 from hal.errors import ConfigError
 
-from .layers import (
+from ..layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
-    vocab_parallel_cross_entropy,
 )
-from .model_config import ModelConfig
-from .tp_comm import TPComm, tp_size
+from ..model_config import ModelConfig
+from ..tp_comm import TPComm, tp_size
 
 # --- deterministic initialisation ---------------------------------------------------------------
 
@@ -141,14 +141,13 @@ def _out_std(config: ModelConfig) -> float:
 
 
 class Stage(nn.Module):
-    """One pipeline stage: its decoder layers, plus the embedding (first) and norm/head/loss (last).
+    """One pipeline stage: its decoder layers, plus the embedding (first) and norm/head (last).
 
-    ``forward(x, labels=None)``: x is token ids (B, S) on the first stage, else the hidden state
-    (B, S, H) — (B, S/tp, H), this rank's contiguous seq chunk, under SP. Returns the hidden
-    state in the same layout, or on the last stage the cross-entropy against ``labels`` (B, S)
-    (full sequence, every TP rank; ``-100`` is ignored), identical on every TP rank: the mean over
-    this micro-batch's tokens, or their sum over ``token_count`` — pass the global micro-batch's
-    token count when DP splits it, then SUM weight gradients over DP replicas (``parallel.reshard``).
+    ``forward(x)``: x is token ids (B, S) on the first stage, else the hidden state (B, S, H) —
+    (B, S/tp, H), this rank's contiguous seq chunk, under SP. Returns the hidden state in the same
+    layout, or on the last stage the logits (B, S, V/tp) of this TP rank's vocab slice over the full
+    sequence. The loss is not the stage's: the engine (or any caller) applies a loss function to the
+    logits (``parallel.loss``), so torch's ``PipelineStage`` can run this module as it is.
     """
 
     def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
@@ -201,16 +200,13 @@ class Stage(nn.Module):
             return _checkpoint(layer, h, use_reentrant=False, preserve_rng_state=False)
         return layer(h)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, *, token_count: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x) if self.first else x
         for layer in self.layers.values():
             h = self._run_layer(layer, h)
         if not self.last:
             return h
-        if labels is None:
-            raise ValueError("the last stage needs labels (B, S) to compute the loss")
-        logits = ops.linear(parallel_input(self.norm(h), self.tp_comm, self.sp), self.head_weight)
-        return vocab_parallel_cross_entropy(logits, labels, self.tp_comm, token_count=token_count)
+        return ops.linear(parallel_input(self.norm(h), self.tp_comm, self.sp), self.head_weight)
 
 
 def check_tp(config: ModelConfig, tp: int) -> None:

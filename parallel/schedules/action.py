@@ -1,0 +1,72 @@
+"""What a pipeline rank does, as data: compute and point-to-point actions on micro-batches.
+
+A schedule is a list of these per stage (``Schedule.program``); the engine executes it and the
+simulator plays it. Like torch.distributed.pipelining's actions, an action names its kind and its
+micro-batch; unlike torch's, communication that must be posted together (Megatron's
+``send_forward_recv_backward``) is one ``P2PBatch``, so the grouping the runtime relies on to keep
+blocking P2P from deadlocking is part of the schedule, not an accident of the executor.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+
+class Kind(enum.Enum):
+    """An action's kind; the value is its short name in printed schedules (``F0``, ``SEND_F0``)."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # input and weight gradients together
+    BACKWARD_INPUT = "I"  # reserved: the input-gradient half of a split backward (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"  # reserved: the weight-gradient half
+    SEND_FORWARD = "SEND_F"  # this stage's output of a micro-batch, to the next stage
+    RECV_FORWARD = "RECV_F"  # a micro-batch's input, from the previous stage
+    SEND_BACKWARD = "SEND_B"  # the gradient of a micro-batch's input, to the previous stage
+    RECV_BACKWARD = "RECV_B"  # the gradient of a micro-batch's output, from the next stage
+
+    @property
+    def is_compute(self) -> bool:
+        return self in _COMPUTE
+
+    @property
+    def to_next_stage(self) -> bool:
+        """True for the traffic over the boundary with the next stage (forward sends, gradient receives)."""
+        return self in (Kind.SEND_FORWARD, Kind.RECV_BACKWARD)
+
+
+_COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT})
+
+
+@dataclass(frozen=True)
+class Action:
+    """One kind of work on one micro-batch of this stage."""
+
+    kind: Kind
+    micro_batch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.micro_batch}"
+
+
+@dataclass(frozen=True)
+class P2PBatch:
+    """Communication actions posted together over one stage boundary (one batched P2P call)."""
+
+    actions: tuple[Action, ...]
+
+    def __post_init__(self) -> None:
+        if not self.actions or any(a.kind.is_compute for a in self.actions):
+            raise ValueError(f"a P2P batch holds one or more communication actions, got {[str(a) for a in self.actions]}")
+        if len({a.kind.to_next_stage for a in self.actions}) != 1:
+            raise ValueError(f"a P2P batch crosses one boundary; {[str(a) for a in self.actions]} cross two")
+
+    @property
+    def to_next_stage(self) -> bool:
+        return self.actions[0].kind.to_next_stage
+
+    def __str__(self) -> str:
+        return "+".join(str(a) for a in self.actions)
+
+
+Step = Union[Action, P2PBatch]  # one item of a stage's program: a compute action or a P2P batch

@@ -1,0 +1,20 @@
+"""The one table of schedules by name: the plan validates against it and the engine runs from it."""
+from __future__ import annotations
+
+from .base import Schedule
+from .gpipe import GPipe
+from .one_f_one_b import OneFOneB
+
+_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB)}
+
+
+def schedule_names() -> tuple[str, ...]:
+    """Every registered schedule's name, in registration order (the order error messages list them)."""
+    return tuple(_SCHEDULES)
+
+
+def get_schedule(name: str) -> Schedule:
+    """The schedule called ``name``; ValueError naming the known ones otherwise."""
+    if name not in _SCHEDULES:
+        raise ValueError(f"schedule {name!r} is unknown; use one of {', '.join(_SCHEDULES)}")
+    return _SCHEDULES[name]()

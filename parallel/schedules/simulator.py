@@ -1,0 +1,125 @@
+"""Play a schedule in one process: timeline, makespan, bubbles and live activations, or the deadlock.
+
+Each stage runs its compute actions in its program's order, one at a time, each as soon as the
+stage is free and its inputs exist: forward m at stage s needs forward m at s-1 (plus ``p2p_s``),
+backward m at s needs backward m at s+1 (plus ``p2p_s``) and forward m at s. Sends never block
+(the engine keeps pure sends in flight), so communication costs only its latency on the receiver.
+This checks a schedule before it runs on a cluster and says what its bubble should be.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence, Union
+
+from .action import Action, Kind, P2PBatch, Step
+from .base import Schedule
+
+Times = Union[float, Sequence[float]]  # one value for every stage, or one per stage
+
+
+class Deadlock(RuntimeError):
+    """The action lists cannot all finish: every unfinished stage waits on something that never comes."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One compute action's run on one stage."""
+
+    stage: int
+    action: Action
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Simulation:
+    timeline: tuple[Span, ...]  # in the order they were played; filter by ``stage`` for one stage's
+    makespan: float
+    bubble: tuple[float, ...]  # per stage: the share of the makespan it was idle
+    bubble_overall: float  # idle share of all stages' time together
+    peak_in_flight: tuple[int, ...]  # per stage: most micro-batches forwarded but not yet backwarded
+
+
+def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
+             forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0) -> Simulation:
+    """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list})."""
+    S, M = num_stages, num_micro_batches
+    orders = [_compute(schedule.program(S, M, s) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
+    fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
+    done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, stage) -> end time
+    at = [0] * S  # next action per stage
+    free = [0.0] * S
+    live, peak = [0] * S, [0] * S
+    timeline: list[Span] = []
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(S):
+            while at[s] < len(orders[s]):
+                action = orders[s][at[s]]
+                ready = _ready(action, s, S, done, p2p_s)
+                if ready is None:
+                    break
+                start = max(free[s], ready)
+                end = start + (fwd[s] if action.kind is Kind.FORWARD else bwd[s])
+                done[(action.kind, action.micro_batch, s)] = end
+                free[s] = end
+                timeline.append(Span(s, action, start, end))
+                live[s] += 1 if action.kind is Kind.FORWARD else -1
+                peak[s] = max(peak[s], live[s])
+                at[s] += 1
+                progressed = True
+    stuck = [s for s in range(S) if at[s] < len(orders[s])]
+    if stuck:
+        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, S)}" for s in stuck)
+        raise Deadlock(f"the schedule cannot progress: {waits}")
+    makespan = max(free)
+    busy = [sum(sp.end - sp.start for sp in timeline if sp.stage == s) for s in range(S)]
+    bubble = tuple(1.0 - b / makespan for b in busy) if makespan > 0 else tuple(0.0 for _ in busy)
+    overall = 1.0 - sum(busy) / (S * makespan) if makespan > 0 else 0.0
+    return Simulation(tuple(timeline), makespan, bubble, overall, tuple(peak))
+
+
+def _compute(steps: Sequence[Step]) -> list[Action]:
+    """The compute actions of a program (communication is modelled by the dependencies)."""
+    out = []
+    for step in steps:
+        if isinstance(step, P2PBatch):
+            continue
+        if step.kind not in (Kind.FORWARD, Kind.BACKWARD):
+            raise ValueError(f"the simulator plays forward and backward actions; {step} is not one")
+        out.append(step)
+    return out
+
+
+def _ready(action: Action, s: int, S: int, done: Mapping[tuple[Kind, int, int], float], p2p_s: float) -> float | None:
+    """When ``action``'s inputs are all there (None: not yet)."""
+    m = action.micro_batch
+    if action.kind is Kind.FORWARD:
+        if s == 0:
+            return 0.0
+        upstream = done.get((Kind.FORWARD, m, s - 1))
+        return None if upstream is None else upstream + p2p_s
+    own = done.get((Kind.FORWARD, m, s))
+    if own is None:
+        return None
+    if s == S - 1:
+        return own
+    downstream = done.get((Kind.BACKWARD, m, s + 1))
+    return None if downstream is None else max(own, downstream + p2p_s)
+
+
+def _needs(action: Action, s: int, S: int) -> str:
+    m = action.micro_batch
+    if action.kind is Kind.FORWARD:
+        return f"F{m} on stage {s - 1}"
+    if s == S - 1:
+        return f"F{m} on stage {s}"
+    return f"F{m} on stage {s} and B{m} on stage {s + 1}"
+
+
+def _per_stage(value: Times, S: int, what: str) -> list[float]:
+    values = [float(value)] * S if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(values) != S or any(v < 0 for v in values):
+        raise ValueError(f"{what}: one non-negative time, or one per stage ({S}); got {value!r}")
+    return values

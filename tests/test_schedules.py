@@ -1,0 +1,109 @@
+"""Schedules as data: the orders GPipe and 1F1B prescribe, their simulated bubble and memory, deadlocks, the registry."""
+from __future__ import annotations
+
+import pytest
+
+from hal.parallel.plan import parse_plan
+from hal.errors import ConfigError
+from hal.parallel.schedules import (
+    Action, Deadlock, GPipe, Kind, OneFOneB, P2PBatch, get_schedule, schedule_names, simulate,
+)
+
+
+def _names(steps: list) -> list[str]:
+    return [str(s) for s in steps]
+
+
+def test_gpipe_order_is_every_forward_then_every_backward() -> None:
+    for s in range(3):
+        assert _names(GPipe().compute_order(3, 2, s)) == ["F0", "F1", "B0", "B1"]
+    # communication: a receive right before its compute, a send right after, each posted alone
+    assert _names(GPipe().program(3, 2, 1)) == [
+        "RECV_F0", "F0", "SEND_F0", "RECV_F1", "F1", "SEND_F1", "RECV_B0", "B0", "SEND_B0", "RECV_B1", "B1", "SEND_B1"]
+    assert _names(GPipe().program(2, 2, 0)) == ["F0", "SEND_F0", "F1", "SEND_F1", "RECV_B0", "B0", "RECV_B1", "B1"]
+
+
+def test_1f1b_order_warms_up_alternates_and_cools_down() -> None:
+    sch = OneFOneB()
+    assert _names(sch.compute_order(3, 4, 0)) == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+    assert _names(sch.compute_order(3, 4, 1)) == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
+    assert _names(sch.compute_order(3, 4, 2)) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+    assert _names(sch.compute_order(4, 2, 0)) == ["F0", "F1", "B0", "B1"]  # M < S - 1: all warm-up
+
+
+def test_1f1b_steady_phase_posts_each_send_with_the_opposite_receive() -> None:
+    """send_forward_recv_backward / send_backward_recv_forward: the batches that keep blocking P2P deadlock-free."""
+    assert _names(OneFOneB().program(3, 3, 1)) == [
+        "RECV_F0", "F0", "SEND_F0", "RECV_F1", "F1", "SEND_F1+RECV_B0", "B0", "SEND_B0+RECV_F2", "F2", "SEND_F2+RECV_B1",
+        "B1", "SEND_B1", "RECV_B2", "B2", "SEND_B2"]
+    assert _names(OneFOneB().program(2, 2, 0)) == ["F0", "SEND_F0", "F1", "SEND_F1+RECV_B0", "B0", "RECV_B1", "B1"]
+    assert _names(OneFOneB().program(2, 2, 1)) == ["RECV_F0", "F0", "B0", "SEND_B0+RECV_F1", "F1", "B1", "SEND_B1"]
+    fused = [s for s in OneFOneB().program(3, 3, 1) if isinstance(s, P2PBatch) and len(s.actions) == 2]
+    assert all(s.actions[0].kind.name.startswith("SEND") and s.actions[1].kind.name.startswith("RECV") for s in fused)
+
+
+def test_a_p2p_batch_crosses_one_boundary() -> None:
+    with pytest.raises(ValueError, match="crosses one boundary"):
+        P2PBatch((Action(Kind.SEND_FORWARD, 0), Action(Kind.RECV_FORWARD, 1)))
+    with pytest.raises(ValueError, match="communication actions"):
+        P2PBatch((Action(Kind.FORWARD, 0),))
+
+
+@pytest.mark.parametrize("S,M", [(2, 2), (3, 5), (4, 8), (4, 3), (1, 4)])
+def test_peak_in_flight(S: int, M: int) -> None:
+    assert simulate(OneFOneB(), S, M).peak_in_flight == tuple(min(S - s, M) for s in range(S))
+    assert simulate(GPipe(), S, M).peak_in_flight == (M,) * S
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("S,M", [(2, 4), (3, 5), (4, 8), (4, 4)])
+@pytest.mark.parametrize("f,b", [(1.0, 1.0), (1.0, 2.0)])
+def test_bubble_with_equal_stages(name: str, S: int, M: int, f: float, b: float) -> None:
+    sim = simulate(get_schedule(name), S, M, forward_s=f, backward_s=b)
+    ideal = (S - 1) / (M + S - 1)
+    assert sim.makespan == pytest.approx((M + S - 1) * (f + b))
+    assert sim.bubble_overall == pytest.approx(ideal)
+    assert sim.bubble == pytest.approx([ideal] * S)
+    assert len(sim.timeline) == 2 * S * M
+
+
+def test_timeline_respects_dependencies_and_latency() -> None:
+    sim = simulate(OneFOneB(), 3, 4, forward_s=[1.0, 2.0, 1.0], backward_s=2.0, p2p_s=0.5)
+    end = {(sp.action.kind, sp.action.micro_batch, sp.stage): sp.end for sp in sim.timeline}
+    for sp in sim.timeline:
+        k, m, s = sp.action.kind, sp.action.micro_batch, sp.stage
+        if k is Kind.FORWARD and s > 0:
+            assert sp.start >= end[(Kind.FORWARD, m, s - 1)] + 0.5
+        if k is Kind.BACKWARD:
+            assert sp.start >= end[(Kind.FORWARD, m, s)]
+            if s < 2:
+                assert sp.start >= end[(Kind.BACKWARD, m, s + 1)] + 0.5
+    assert sim.makespan == max(sp.end for sp in sim.timeline)
+    assert sim.bubble[1] < sim.bubble[0]  # the slow middle stage is the busiest
+
+
+def test_a_broken_order_is_reported_as_a_deadlock() -> None:
+    good = {s: OneFOneB().compute_order(2, 2, s) for s in range(2)}
+    assert simulate(good, 2, 2).makespan > 0
+    broken = dict(good)
+    broken[1] = [Action(Kind.BACKWARD, 0), Action(Kind.FORWARD, 0), Action(Kind.FORWARD, 1), Action(Kind.BACKWARD, 1)]
+    with pytest.raises(Deadlock, match="stage 1 at B0 waits for F0 on stage 1"):
+        simulate(broken, 2, 2)
+    crossed = {0: [Action(Kind.FORWARD, 1), Action(Kind.FORWARD, 0), Action(Kind.BACKWARD, 0), Action(Kind.BACKWARD, 1)],
+               1: [Action(Kind.FORWARD, 0), Action(Kind.BACKWARD, 0), Action(Kind.FORWARD, 1), Action(Kind.BACKWARD, 1)]}
+    assert simulate(crossed, 2, 2).makespan > 0  # out of order but still possible
+    cyclic = {0: [Action(Kind.FORWARD, 0), Action(Kind.BACKWARD, 0), Action(Kind.FORWARD, 1), Action(Kind.BACKWARD, 1)],
+              1: [Action(Kind.FORWARD, 1), Action(Kind.FORWARD, 0), Action(Kind.BACKWARD, 0), Action(Kind.BACKWARD, 1)]}
+    with pytest.raises(Deadlock, match="stage 0 at B0 .*stage 1 at F1 waits for F1 on stage 0"):
+        simulate(cyclic, 2, 2)
+
+
+def test_registry_names_and_unknown_names() -> None:
+    assert schedule_names() == ("gpipe", "1f1b")
+    assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
+    with pytest.raises(ValueError, match="schedule 'zb' is unknown; use one of gpipe, 1f1b"):
+        get_schedule("zb")
+    stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
+    assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule == "gpipe"
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b"):
+        parse_plan({"schedule": "gpipee", "stages": stages})
