@@ -35,7 +35,7 @@ from pathlib import Path
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import new_run_dir
 
-from .plan import RunConfig
+from .run_config import RunConfig
 from .topology import Topology
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # so ranks import this checkout, installed or not
@@ -117,7 +117,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
             check_backends: bool = True) -> TrainJob:
     """Validate the whole run; one ConfigError line for the first problem."""
     from .data import check_corpus
-    from .plan import load_run_config
+    from .run_config import load_run_config
 
     if steps is not None and steps < 1:
         raise ConfigError(f"hal train: --steps {steps} is not a step count; give 1 or more")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from hal.errors import HalError
 
 from .data import global_batch
-from .plan import RunConfig
+from .run_config import RunConfig
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -88,7 +88,7 @@ def setup(args: argparse.Namespace) -> RankRun:
 
     from .checkpoint_io import load_checkpoint, resolve
     from .engine import PipelineEngine
-    from .plan import load_run_config
+    from .run_config import load_run_config
     from .topology import build_groups
 
     run = load_run_config(args.config, check_backends=False)

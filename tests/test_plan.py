@@ -16,7 +16,8 @@ import pytest
 from hal.config import load_config
 from hal.errors import ConfigError
 from hal.parallel.model_config import ModelConfig
-from hal.parallel.plan import ParallelPlan, StagePlan, TrainConfig, load_run_config, parse_plan, parse_train, validate_plan
+from hal.parallel.plan import ParallelPlan, StagePlan, parse_plan, validate_plan
+from hal.parallel.run_config import TrainConfig, load_run_config, parse_train
 from hal.parallel.topology import Coord, Topology
 
 from .conftest import REPO, run_hal
