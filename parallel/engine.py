@@ -28,6 +28,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from hal.backend import Backend
 from hal.collectives import Communicator
 
 from .model import Stage, build_stage, sync_tied_embedding_grads
@@ -68,10 +69,11 @@ class PipelineEngine:
 
     def __init__(
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
-        seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
+        backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None,
     ) -> None:
-        """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
+        """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
+        ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
         forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it."""
         if plan.schedule not in SCHEDULES:
             raise ValueError(f"schedule {plan.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
@@ -81,7 +83,7 @@ class PipelineEngine:
         self.mesh = topology.stages[self.coord.stage]
         self.first = self.coord.stage == 0
         self.last = self.coord.stage == topology.num_stages - 1
-        self.device, self.dtype = device, dtype
+        self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
         self.seq = seq_len or model.max_seq_len
         tp_comm = groups.tp if self.mesh.tp > 1 else None
@@ -108,9 +110,7 @@ class PipelineEngine:
     def clock(self) -> float:
         """A timestamp (seconds) after the device finished queued work, when ``sync_for_timing`` is on."""
         if self.sync_for_timing and self.device.type != "cpu":
-            from hal.backend_registry import get_backend
-
-            get_backend(self.mesh.backend).synchronize()
+            self.backend.synchronize()
         return time.perf_counter()
 
     @contextlib.contextmanager
