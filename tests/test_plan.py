@@ -74,7 +74,7 @@ INVALID = [
      ["micro_batches 2 is fewer than the 3 stages", "schedule: gpipe"]),
     ("train-key-typo", MODEL + _parallel() + "train: {stpes: 10}\n", ["'train.stpes'", "did you mean 'steps'"]),
     ("train-seq-too-long", MODEL + _parallel() + "train: {seq_len: 128}\n", ["train.seq_len 128 exceeds model.max_seq_len 64"]),
-    ("model-key-typo", MODEL.replace("num_layers", "num_layer") + _parallel(), ["unknown key 'model.num_layer'"]),
+    ("model-key-typo", MODEL.replace("num_layers", "num_layer") + _parallel(), ["unknown key 'model.num_layer'", "did you mean 'num_layers'"]),
 ]
 
 
