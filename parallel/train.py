@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import new_run_dir
@@ -43,6 +43,9 @@ from hal.run_dirs import new_run_dir
 from .job import Job, job_text, write_job
 from .run_config import RunConfig
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from hal.precision import PrecisionPlan
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # so ranks import this checkout, installed or not
 DEFAULT_PORT = 29500
@@ -54,7 +57,7 @@ DEFAULT_PORT = 29500
 TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed")
 
 
-def _stage_precision(run: RunConfig, fallback: str) -> list[Any]:
+def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
     """Each stage's precision plan, resolved once here (None where the backend is not available on this host).
 
     hal train runs fp32, tf32 or bf16-mixed; each stage's backend must give that without loss scaling.
@@ -72,7 +75,7 @@ def _stage_precision(run: RunConfig, fallback: str) -> list[Any]:
     if precision not in TRAIN_PRECISIONS:
         raise ConfigError(f"{where}: precision {precision!r}: hal train supports {', '.join(TRAIN_PRECISIONS)} "
                           "(fp16 loss scaling across pipeline stages is not implemented); use bf16-mixed")
-    plans = []
+    plans: list[PrecisionPlan | None] = []
     for index, stage in enumerate(run.plan.stages):
         backend = get_backend(stage.backend)
         if not backend.is_available():
