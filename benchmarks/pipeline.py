@@ -84,7 +84,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
         dtype = getattr(torch, opts["dtype"])
-        engine = PipelineEngine(model, plan, topology, groups, seed=0, device=device, dtype=dtype, seq_len=opts["seq"])
+        engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype, seq_len=opts["seq"])
         M, mbs, seq = plan.micro_batches, plan.micro_batch_size, opts["seq"]
         gen = torch.Generator().manual_seed(1)  # the same tokens on every rank
         tokens = torch.randint(0, model.vocab_size, (M, mbs, seq + 1), generator=gen).to(device)

@@ -69,7 +69,7 @@ def format_plan(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the config and print its topology; a problem raises one ConfigError line (exit 2)."""
-    from hal.parallel.plan import load_run_config
+    from hal.parallel.run_config import load_run_config
     from hal.parallel.plan_report import plan_report
 
     report = plan_report(load_run_config(args.config))

@@ -93,7 +93,7 @@ def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     validate_plan(plan, model, world_size=world.size, check_backends=False, origin="conformance pipeline plan")
     topology = Topology.from_plan(plan)
     groups = build_groups(topology, world)
-    engine = PipelineEngine(model, plan, topology, groups, seed=spec["seed"], device=world.device)
+    engine = PipelineEngine(model, plan, topology, groups, backend=world.backend, seed=spec["seed"], device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=LR)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}

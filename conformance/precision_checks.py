@@ -372,6 +372,8 @@ def params_equal(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) 
 
 # --- precision-policy rules ------------------------------------------------------------------------
 
+# The oracle's own mode -> autocast dtype table, independent of hal.precision.MODES on purpose: the
+# policy cases check resolve_precision against it, so it must not be the map under test.
 MODE_AUTOCAST: dict[str, torch.dtype | None] = {
     "fp32": None, "tf32": None, "hf32": None,
     "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16, "fp8-mixed": torch.bfloat16,

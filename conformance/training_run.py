@@ -19,10 +19,12 @@ import torch
 
 from hal.backend import Backend
 from hal.parallel.model_config import ModelConfig
+from hal.precision import MODES, autocast_dtype
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                     ffn_hidden_size=128, max_seq_len=32)
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+# The modes these runs cover, with their autocast dtype from the one map (hal.precision.MODES).
+PRECISIONS: dict[str, torch.dtype | None] = {mode: autocast_dtype(mode) for mode in ("fp32", "bf16-mixed", "fp16-mixed")}
 
 
 @dataclass(frozen=True)
@@ -132,19 +134,19 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is unknown here; use one of {', '.join(PRECISIONS)}")
-    autocast_dtype = PRECISIONS[precision]
+    dtype = PRECISIONS[precision]
     backend.manual_seed(settings.seed)  # nothing in the model draws random numbers; seeded anyway
     model = full_model(settings.model, settings.seed).to(device=device, dtype=param_dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr)
-    scaler = backend.grad_scaler(enabled=autocast_dtype is torch.float16)
+    scaler = backend.grad_scaler(enabled=MODES[precision].loss_scaling)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
-    context = plain_fp32_matmul(backend) if autocast_dtype is None else contextlib.nullcontext()
+    context = plain_fp32_matmul(backend) if dtype is None else contextlib.nullcontext()
     with context:
         for step in range(settings.steps if steps is None else steps):
             tokens = batch(settings, step).to(device)
             opt.zero_grad(set_to_none=True)
-            with backend.autocast(autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext():
+            with backend.autocast(dtype) if dtype is not None else contextlib.nullcontext():
                 loss = vocab_parallel_cross_entropy(model(tokens[:, :-1]), tokens[:, 1:], None)
             scaler.scale(loss).backward()
             scaler.unscale_(opt)

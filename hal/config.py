@@ -8,12 +8,15 @@ silently keep the last one).
 
 The same file may also carry the engine's sections ``model:``, ``parallel:`` and ``train:``
 (``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
-checks only that each is a mapping and keeps it as a plain dict: ``parallel/plan.py`` parses and
-validates them. The data flows config → plan; ``hal`` never imports ``parallel`` at import time.
+checks only that each is a mapping and keeps it as a plain dict: ``hal.parallel.run_config``
+parses them with the same schema machinery (``hal.config_schema``). The data flows config → run
+config; ``hal`` never imports ``parallel`` at import time.
+
+The top level is declared once, as ``HalConfig``'s fields (rule, default, choices); the file, the
+environment and the flags are all checked by those declarations.
 """
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,29 +24,56 @@ from typing import Any, Mapping
 
 import yaml
 
+from .config_schema import Choice, Custom, RawSection, check_value, key, reject_unknown, section_specs
 from .downgrades import FALLBACK_MODES
 from .errors import ConfigError
+from .precision import PRECISIONS
 
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "fp8-mixed")
 ENV_VARS: dict[str, str] = {"backend": "HAL_BACKEND", "precision": "HAL_PRECISION", "fallback": "HAL_FALLBACK"}
-KEYS: tuple[str, ...] = ("backend", "devices", "precision", "fallback")
-SECTIONS: tuple[str, ...] = ("model", "parallel", "train")  # parsed by parallel/plan.py, not here
 MAX_CONFIG_BYTES = 1 << 20
 
 Devices = "str | tuple[int, ...]"  # "all" or explicit indices
 
 
+def _backend_choices() -> list[str]:
+    from .backend_registry import backend_names
+
+    return ["auto", *backend_names()]
+
+
+def _check_devices(origin: str, name: str, value: Any) -> str | tuple[int, ...]:
+    fix = "use 'all', one index like 0, or a list like [0, 1]"
+    if value == "all":
+        return "all"
+    if isinstance(value, bool):
+        raise ConfigError(f"{origin}: key '{name}' must be 'all', an index or a list of indices, got {value!r}; {fix}")
+    if isinstance(value, int):
+        value = [value]
+    if isinstance(value, str):
+        raise ConfigError(f"{origin}: key '{name}': {value!r} is not allowed; {fix}")
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{origin}: key '{name}' must be 'all', an index or a non-empty list, got {value!r}; {fix}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise ConfigError(f"{origin}: key '{name}': {item!r} is not a device index (an integer ≥ 0); {fix}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{origin}: key '{name}': {value!r} lists a device twice; list each index once")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class HalConfig:
-    backend: str = "auto"
-    devices: str | tuple[int, ...] = "all"
-    precision: str = "fp32"
-    fallback: str = "warn"
-    origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})
+    """The top level of the config file: hal's own keys, then the engine's sections (plain dicts)."""
+
+    backend: str = key(Choice(_backend_choices), "auto")
+    devices: str | tuple[int, ...] = key(Custom(_check_devices), "all")
+    precision: str = key(Choice(PRECISIONS), "fp32")
+    fallback: str = key(Choice(FALLBACK_MODES), "warn")
     # The engine's sections as read from the file (None where the file has none).
-    model: Mapping[str, Any] | None = None
-    parallel: Mapping[str, Any] | None = None
-    train: Mapping[str, Any] | None = None
+    model: Mapping[str, Any] | None = key(RawSection(), None)
+    parallel: Mapping[str, Any] | None = key(RawSection(), None)
+    train: Mapping[str, Any] | None = key(RawSection(), None)
+    origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})  # not a config key
 
     def section(self, name: str) -> Mapping[str, Any] | None:
         """``model``, ``parallel`` or ``train`` as a plain mapping, or None when the file has none."""
@@ -61,55 +91,12 @@ class HalConfig:
         }
 
 
-# --- validation of single values (shared by file, env and CLI) --------------------------------------
+SECTIONS: tuple[str, ...] = tuple(n for n, s in section_specs(HalConfig).items() if isinstance(s.rule, RawSection))
+KEYS: tuple[str, ...] = tuple(n for n in section_specs(HalConfig) if n not in SECTIONS)
 
 
 def _allowed(values: tuple[str, ...] | list[str]) -> str:
     return ", ".join(values)
-
-
-def _check_choice(origin: str, key: str, value: Any, choices: tuple[str, ...] | list[str]) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{origin}: key '{key}' must be a string, got {type(value).__name__} {value!r}; use one of {_allowed(choices)}")
-    if value not in choices:
-        hint = difflib.get_close_matches(value, choices, n=1)
-        maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise ConfigError(f"{origin}: key '{key}': {value!r} is not allowed{maybe}; use one of {_allowed(choices)}")
-    return value
-
-
-def _check_backend(origin: str, value: Any) -> str:
-    from .backend_registry import backend_names
-
-    return _check_choice(origin, "backend", value, ["auto", *backend_names()])
-
-
-def _check_devices(origin: str, value: Any) -> str | tuple[int, ...]:
-    fix = "use 'all', one index like 0, or a list like [0, 1]"
-    if value == "all":
-        return "all"
-    if isinstance(value, bool):
-        raise ConfigError(f"{origin}: key 'devices' must be 'all', an index or a list of indices, got {value!r}; {fix}")
-    if isinstance(value, int):
-        value = [value]
-    if isinstance(value, str):
-        raise ConfigError(f"{origin}: key 'devices': {value!r} is not allowed; {fix}")
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{origin}: key 'devices' must be 'all', an index or a non-empty list, got {value!r}; {fix}")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ConfigError(f"{origin}: key 'devices': {item!r} is not a device index (an integer ≥ 0); {fix}")
-    if len(set(value)) != len(value):
-        raise ConfigError(f"{origin}: key 'devices': {value!r} lists a device twice; list each index once")
-    return tuple(value)
-
-
-_CHECKS = {
-    "backend": _check_backend,
-    "devices": _check_devices,
-    "precision": lambda origin, v: _check_choice(origin, "precision", v, PRECISIONS),
-    "fallback": lambda origin, v: _check_choice(origin, "fallback", v, FALLBACK_MODES),
-}
 
 
 # --- reading a file -----------------------------------------------------------------------------------
@@ -166,25 +153,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(
             f"{origin}: the top level must be a mapping of keys ({_allowed(KEYS + SECTIONS)}), got a {type(data).__name__}"
         )
-    allowed = KEYS + SECTIONS
-    for key, value in data.items():
-        if not isinstance(key, str) or key not in allowed:
-            hint = difflib.get_close_matches(str(key), allowed, n=1)
-            maybe = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise ConfigError(f"{origin}: unknown key {key!r}{maybe}; allowed keys: {_allowed(allowed)}")
-        if key in SECTIONS:
-            _check_section(origin, key, value)
+    reject_unknown(origin, "", data, KEYS + SECTIONS)
+    for name in SECTIONS:
+        if name in data:
+            check_value(origin, HalConfig, name, data[name])
     return data
-
-
-def _check_section(origin: str, key: str, value: Any) -> None:
-    """A section must be a mapping with string keys; its contents are parallel/plan.py's business."""
-    if not isinstance(value, dict):
-        got = "nothing" if value is None else f"a {type(value).__name__}"
-        raise ConfigError(f"{origin}: section '{key}' must be a mapping of keys, got {got}; indent its keys under '{key}:'")
-    bad = [k for k in value if not isinstance(k, str)]
-    if bad:
-        raise ConfigError(f"{origin}: section '{key}' has a non-string key {bad[0]!r}; quote it or use a key name (see README, Configuration)")
 
 
 # --- putting the layers together ----------------------------------------------------------------------
@@ -213,6 +186,6 @@ def load_config(
             layers.append((f"--{key}", {key: value}))
     for origin, values in layers:
         for key, value in values.items():
-            checked = _CHECKS[key](origin, value)
+            checked = check_value(origin, HalConfig, key, value)
             config = replace(config, **{key: checked}, origins={**config.origins, key: origin})
     return config

@@ -17,15 +17,48 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager, Mapping
 
-import torch
-
-from .backend import Backend
 from .capabilities import DeviceCapabilities, DtypeSupport
-from .config import PRECISIONS
 from .downgrades import Downgrade, FallbackMode, record_downgrade
 from .errors import UnsupportedError
+
+if TYPE_CHECKING:  # torch loads on first use: hal.config reads PRECISIONS, and ``hal --help`` loads no torch
+    import torch
+
+    from .backend import Backend
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a precision mode means when the device has it natively."""
+
+    autocast: str | None  # torch dtype name of the autocast region; None: no autocast
+    loss_scaling: bool  # dynamic loss scaling (GradScaler)
+
+
+# The one precision-name -> dtype/autocast map: config choices (hal.config), the policy below,
+# hal train's job file and the conformance training runs all read it.
+MODES: Mapping[str, Mode] = {
+    "fp32": Mode(None, False),
+    "tf32": Mode(None, False),
+    "bf16-mixed": Mode("bfloat16", False),
+    "fp16-mixed": Mode("float16", True),
+    "fp8-mixed": Mode("bfloat16", False),  # the ops around the fp8 matmuls run under bf16 autocast
+}
+PRECISIONS: tuple[str, ...] = tuple(MODES)
+
+
+def dtype_named(name: str | None) -> "torch.dtype | None":
+    """``"bfloat16"`` -> ``torch.bfloat16`` (None stays None)."""
+    import torch
+
+    return None if name is None else getattr(torch, name)
+
+
+def autocast_dtype(mode: str) -> "torch.dtype | None":
+    """The autocast dtype of precision ``mode`` (None for fp32/tf32)."""
+    return dtype_named(MODES[mode].autocast)
 
 
 @dataclass(frozen=True)
@@ -52,6 +85,19 @@ class PrecisionPlan:
         """Set the backend's process-wide switches (reduced-precision matmul) to match the plan."""
         backend.set_reduced_precision_matmul(self.reduced_precision_matmul is not None)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (dtype names), so a plan resolved in one process can be handed to another."""
+        return {"requested": self.requested, "mode": self.mode, "autocast_dtype": _dtype_name(self.autocast_dtype),
+                "loss_scaling": self.loss_scaling, "reduced_precision_matmul": self.reduced_precision_matmul,
+                "fp8_dtype": _dtype_name(self.fp8_dtype), "downgrades": [d.to_dict() for d in self.downgrades]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PrecisionPlan":
+        """The inverse of ``to_dict``: the plan as resolved elsewhere, with no new resolution."""
+        return cls(data["requested"], data["mode"], dtype_named(data["autocast_dtype"]), bool(data["loss_scaling"]),
+                   data["reduced_precision_matmul"], dtype_named(data["fp8_dtype"]),
+                   tuple(Downgrade(**d) for d in data["downgrades"]))
+
     def describe(self) -> str:
         parts = [self.mode]
         if self.mode != self.requested:
@@ -67,10 +113,22 @@ class PrecisionPlan:
         return ", ".join(parts)
 
 
+def _dtype_name(dtype: "torch.dtype | None") -> str | None:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _native(requested: str, mode: str, downgrades: list[Downgrade] | None = None, fp8: "torch.dtype | None" = None) -> PrecisionPlan:
+    """A plan that runs ``mode`` as MODES defines it."""
+    m = MODES[mode]
+    return PrecisionPlan(requested, mode, dtype_named(m.autocast), m.loss_scaling, None, fp8, tuple(downgrades or ()))
+
+
 def resolve_precision(
     requested: str, backend: Backend, caps: DeviceCapabilities, fallback: FallbackMode | None = None
 ) -> PrecisionPlan:
     """Resolve ``requested`` against ``caps``; every change is recorded (or refused) per ``fallback``."""
+    import torch
+
     if requested not in PRECISIONS:
         raise UnsupportedError(f"precision {requested!r} is unknown; use one of {', '.join(PRECISIONS)}")
     downgrades: list[Downgrade] = []
@@ -81,7 +139,7 @@ def resolve_precision(
 
     device = caps.name
     if requested == "fp32":
-        return PrecisionPlan(requested, "fp32", None, False, None, None)
+        return _native(requested, "fp32")
     if requested == "tf32":
         if caps.is_native("tf32") and backend.reduced_precision_matmul_format == "tf32":
             return PrecisionPlan(requested, "tf32", None, False, "tf32", None)
@@ -93,21 +151,21 @@ def resolve_precision(
         return PrecisionPlan(requested, "fp32", None, False, None, None, tuple(downgrades))
     if requested == "bf16-mixed":
         if caps.is_native("bf16"):
-            return PrecisionPlan(requested, "bf16-mixed", torch.bfloat16, False, None, None)
+            return _native(requested, "bf16-mixed")
         if caps.is_native("fp16"):
             downgrade("fp16-mixed", f"{device} has no native bf16; fp16 with dynamic loss scaling instead")
-            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None, tuple(downgrades))
+            return _native(requested, "fp16-mixed", downgrades)
         if caps.support("bf16") is DtypeSupport.EMULATED:
             downgrade("bf16-mixed (emulated)", f"{device} has neither native bf16 nor native fp16; bf16 runs emulated")
-            return PrecisionPlan(requested, "bf16-mixed", torch.bfloat16, False, None, None, tuple(downgrades))
+            return _native(requested, "bf16-mixed", downgrades)
         raise UnsupportedError(f"precision bf16-mixed: {device} supports neither bf16 nor fp16; use precision fp32")
     if requested == "fp16-mixed":
         support = caps.support("fp16")
         if support is DtypeSupport.NATIVE:
-            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None)
+            return _native(requested, "fp16-mixed")
         if support is DtypeSupport.EMULATED:
             downgrade("fp16-mixed (emulated)", f"{device} has no native fp16; fp16 runs emulated")
-            return PrecisionPlan(requested, "fp16-mixed", torch.float16, True, None, None, tuple(downgrades))
+            return _native(requested, "fp16-mixed", downgrades)
         raise UnsupportedError(f"precision fp16-mixed: {device} has no fp16 ({support}); use fp32 or bf16-mixed")
     # fp8-mixed: no fallback by design — an fp8 run that silently is not fp8 would mislead.
     if not caps.is_native("fp8_e4m3"):
@@ -123,5 +181,5 @@ def resolve_precision(
         if bf16 is not DtypeSupport.EMULATED:
             raise UnsupportedError(f"precision fp8-mixed runs the other ops in bf16, which {device} lacks ({bf16}); use fp32")
         downgrade("fp8-mixed (bf16 emulated)", f"{device} has native fp8 but only emulated bf16 for the ops around the fp8 matmuls")
-        return PrecisionPlan(requested, "fp8-mixed", torch.bfloat16, False, None, torch.float8_e4m3fn, tuple(downgrades))
-    return PrecisionPlan(requested, "fp8-mixed", torch.bfloat16, False, None, torch.float8_e4m3fn)
+        return _native(requested, "fp8-mixed", downgrades, torch.float8_e4m3fn)
+    return _native(requested, "fp8-mixed", fp8=torch.float8_e4m3fn)

@@ -30,6 +30,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from hal.backend import Backend
 from hal.collectives import Communicator
 
 from .loss import LossFn, token_sum_cross_entropy
@@ -71,10 +72,11 @@ class PipelineEngine:
 
     def __init__(
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
-        seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
+        backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
     ) -> None:
-        """``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
+        """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
+        ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
         forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
         ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
         (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
@@ -86,7 +88,7 @@ class PipelineEngine:
         self.mesh = topology.stages[self.coord.stage]
         self.first = self.coord.stage == 0
         self.last = self.coord.stage == topology.num_stages - 1
-        self.device, self.dtype = device, dtype
+        self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
         self.seq = seq_len or model.max_seq_len
         tp_comm = groups.tp if self.mesh.tp > 1 else None
@@ -116,9 +118,7 @@ class PipelineEngine:
     def clock(self) -> float:
         """A timestamp (seconds) after the device finished queued work, when ``sync_for_timing`` is on."""
         if self.sync_for_timing and self.device.type != "cpu":
-            from hal.backend_registry import get_backend
-
-            get_backend(self.mesh.backend).synchronize()
+            self.backend.synchronize()
         return time.perf_counter()
 
     @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """The parallel plan: which stage runs which layers, on which backend, with which intra-op grid.
 
-The ``parallel:`` and ``train:`` sections of the hal config (``hal.config`` keeps them as plain
-dicts) are parsed here into frozen dataclasses, and ``validate_plan`` checks a plan against the
-model *before any process starts* — every problem is one ``ConfigError`` line naming the stage or
+The ``parallel:`` section of the hal config is declared here once, as the ``StagePlan`` and
+``ParallelPlan`` dataclasses (``hal.config_schema`` rules on their fields; the whole file is
+``run_config``), and ``validate_plan`` checks a plan against the model *before any process starts* — every problem is one ``ConfigError`` line naming the stage or
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
@@ -29,35 +29,37 @@ Meaning of the degrees (the engine relies on these):
 """
 from __future__ import annotations
 
-import difflib
 import math
-import os
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from hal.config import HalConfig
+from hal.config_schema import Choice, Custom, Flag, ListOf, PositiveInt, check_choice, key, parse_section
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig
 from .schedules import schedule_names
 
-DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
-PARALLEL_KEYS: tuple[str, ...] = ("stages", "schedule", "micro_batches", "micro_batch_size", "zero1")
-STAGE_KEYS: tuple[str, ...] = ("backend", "devices", "layers", "tp", "dp", "sp", "checkpoint")
-STAGE_REQUIRED: tuple[str, ...] = ("backend", "devices", "layers")
+def _stage_backend(origin: str, name: str, value: Any) -> str:
+    """A stage names a registered backend explicitly: 'auto' would make the topology depend on the host."""
+    from hal.backend_registry import backend_names
+
+    names = backend_names()
+    if value == "auto":
+        raise ConfigError(f"{origin}: key '{name}': 'auto' is not allowed for a stage; name its backend, one of {', '.join(names)}")
+    return check_choice(origin, name, value, names)
 
 
 @dataclass(frozen=True)
 class StagePlan:
     """One pipeline stage: its backend, its devices (= tp × dp ranks) and its share of the layers."""
 
-    backend: str
-    devices: int
-    layers: int
-    tp: int = 1
-    dp: int = 1
-    sp: bool = False
-    checkpoint: bool = False  # activation checkpointing for this stage's layers
+    backend: str = key(Custom(_stage_backend), example="backend: cpu")
+    devices: int = key(PositiveInt(), example="devices: 2")
+    layers: int = key(PositiveInt(), example="layers: 2")
+    tp: int = key(PositiveInt(), 1, example="tp: 2")
+    dp: int = key(PositiveInt(), 1, example="dp: 2")
+    sp: bool = key(Flag(), False)
+    checkpoint: bool = key(Flag(), False)  # activation checkpointing for this stage's layers
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,13 +67,19 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class ParallelPlan:
-    """The whole hybrid strategy: stages in pipeline order, the schedule and the micro-batching."""
+    """The whole hybrid strategy: stages in pipeline order, the schedule and the micro-batching.
 
-    stages: tuple[StagePlan, ...]
-    schedule: str
-    micro_batches: int
-    micro_batch_size: int
-    zero1: bool = False
+    YAML defaults: ``schedule`` 1f1b; ``micro_batches`` the number of stages (the fewest that fill
+    a 1F1B pipeline); ``micro_batch_size`` the lcm of the stages' dp (the fewest rows every stage
+    can split evenly). ``hal plan`` shows the values in effect.
+    """
+
+    stages: tuple[StagePlan, ...] = key(ListOf(StagePlan, "stage"), example="stages: [{backend: cpu, devices: 1, layers: 4}]")
+    schedule: str = key(Choice(schedule_names), "1f1b", positional=True)
+    micro_batches: int = key(PositiveInt(), example="micro_batches: 8", derive=lambda v: len(v["stages"]))
+    micro_batch_size: int = key(PositiveInt(), example="micro_batch_size: 4",
+                                derive=lambda v: math.lcm(*(s.dp for s in v["stages"])))
+    zero1: bool = key(Flag(), False)
 
     @property
     def num_stages(self) -> int:
@@ -96,172 +104,17 @@ class ParallelPlan:
             "zero1": self.zero1,
         }
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """The ``train:`` section: how long, how fast, on what data, and where results go."""
-
-    steps: int = 20
-    lr: float = 1e-3
-    seed: int = 0
-    weight_decay: float = 0.0
-    data: str = "synthetic"  # synthetic | corpus (the byte-level text shipped with the repository)
-    seq_len: int | None = None  # tokens per row; None means model.max_seq_len
-    log_file: str | None = None  # per-step JSON lines (default: <run dir>/train.jsonl)
-    checkpoint_dir: str | None = None  # device-agnostic checkpoints (default: <run dir>/checkpoints)
-    checkpoint_every: int | None = None  # save every N steps as well as at the end (None: at the end only)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --- one-line errors -----------------------------------------------------------------------------
-
-
-def _did_you_mean(value: str, choices: Sequence[str]) -> str:
-    hint = difflib.get_close_matches(value, list(choices), n=1)
-    return f" (did you mean '{hint[0]}'?)" if hint else ""
-
-
-def _reject_unknown(origin: str, where: str, raw: Mapping[str, Any], allowed: Sequence[str]) -> None:
-    for key in raw:
-        if key not in allowed:
-            maybe = _did_you_mean(str(key), allowed)
-            raise ConfigError(f"{origin}: unknown key '{where}.{key}'{maybe}; allowed keys in {where}: {', '.join(allowed)}")
-
-
-def _positive_int(origin: str, key: str, value: Any, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}; e.g. {example}")
-    return value
-
-
-def _flag(origin: str, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{origin}: key '{key}' must be true or false, got {value!r}")
-    return value
-
-
-def _choice(origin: str, key: str, value: Any, choices: Sequence[str]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        maybe = _did_you_mean(value, choices) if isinstance(value, str) else ""
-        raise ConfigError(f"{origin}: key '{key}': {value!r} is not allowed{maybe}; use one of {', '.join(choices)}")
-    return value
-
-
-def _number(origin: str, key: str, value: Any, *, positive: bool) -> float:
-    # PyYAML reads ``1e-3`` (no dot) as a string (YAML 1.1); a number written that way is still a number.
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
-        bound = "a positive number" if positive else "a number ≥ 0"
-        raise ConfigError(f"{origin}: key '{key}' must be {bound}, got {value!r}")
-    return float(value)
-
-
-def _optional_path(origin: str, key: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{origin}: key '{key}' must be a path (a non-empty string) or null, got {value!r}")
-    return value
-
-
-# --- parsing ------------------------------------------------------------------------------------
-
-
-def _parse_backend(origin: str, key: str, value: Any) -> str:
-    """A stage names a registered backend explicitly: 'auto' would make the topology depend on the host."""
-    from hal.backend_registry import backend_names
-
-    names = backend_names()
-    if value == "auto":
-        raise ConfigError(f"{origin}: key '{key}': 'auto' is not allowed for a stage; name its backend, one of {', '.join(names)}")
-    return _choice(origin, key, value, names)
-
-
-def _parse_stage(origin: str, index: int, raw: Any) -> StagePlan:
-    where = f"parallel.stages[{index}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(
-            f"{origin}: '{where}' must be a mapping like {{backend: cpu, devices: 2, layers: 2, tp: 2}}, got {raw!r}"
-        )
-    _reject_unknown(origin, where, raw, STAGE_KEYS)
-    missing = [k for k in STAGE_REQUIRED if k not in raw]
-    if missing:
-        raise ConfigError(f"{origin}: '{where}' is missing key '{missing[0]}'; every stage needs {', '.join(STAGE_REQUIRED)}")
-    return StagePlan(
-        backend=_parse_backend(origin, f"{where}.backend", raw["backend"]),
-        devices=_positive_int(origin, f"{where}.devices", raw["devices"], "devices: 2"),
-        layers=_positive_int(origin, f"{where}.layers", raw["layers"], "layers: 2"),
-        tp=_positive_int(origin, f"{where}.tp", raw.get("tp", 1), "tp: 2"),
-        dp=_positive_int(origin, f"{where}.dp", raw.get("dp", 1), "dp: 2"),
-        sp=_flag(origin, f"{where}.sp", raw.get("sp", False)),
-        checkpoint=_flag(origin, f"{where}.checkpoint", raw.get("checkpoint", False)),
-    )
-
-
-def _parse_stages(origin: str, raw: Any) -> tuple[StagePlan, ...]:
-    if raw is None:
-        raise ConfigError(f"{origin}: 'parallel' has no 'stages'; add a list, e.g. stages: [{{backend: cpu, devices: 1, layers: 4}}]")
-    if not isinstance(raw, list):
-        raise ConfigError(f"{origin}: key 'parallel.stages' must be a list of stages, got {type(raw).__name__} {raw!r}")
-    if not raw:
-        raise ConfigError(f"{origin}: key 'parallel.stages' is empty; give at least one stage, e.g. [{{backend: cpu, devices: 1, layers: 4}}]")
-    return tuple(_parse_stage(origin, i, s) for i, s in enumerate(raw))
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ParallelPlan":
+        """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
+        return cls(tuple(StagePlan(**s) for s in data["stages"]), data["schedule"], data["micro_batches"],
+                   data["micro_batch_size"], data["zero1"])
 
 
 def parse_plan(raw: Any, origin: str = "config") -> ParallelPlan:
-    """The ``parallel:`` section as a ParallelPlan: keys, types and choices (no model checks yet).
-
-    Defaults: ``schedule`` 1f1b; ``micro_batches`` the number of stages (the fewest that fill a
-    1F1B pipeline); ``micro_batch_size`` the lcm of the stages' dp (the fewest rows every stage
-    can split evenly). ``hal plan`` shows the values in effect.
-    """
-    if not isinstance(raw, Mapping):
-        got = "nothing" if raw is None else type(raw).__name__
-        raise ConfigError(f"{origin}: section 'parallel' must be a mapping with a 'stages' list, got {got}")
-    _reject_unknown(origin, "parallel", raw, PARALLEL_KEYS)
-    stages = _parse_stages(origin, raw.get("stages"))
-    default_mbs = math.lcm(*(s.dp for s in stages))
-    return ParallelPlan(
-        stages=stages,
-        schedule=_choice(origin, "parallel.schedule", raw.get("schedule", "1f1b"), schedule_names()),
-        micro_batches=_positive_int(origin, "parallel.micro_batches", raw.get("micro_batches", len(stages)), "micro_batches: 8"),
-        micro_batch_size=_positive_int(origin, "parallel.micro_batch_size", raw.get("micro_batch_size", default_mbs), "micro_batch_size: 4"),
-        zero1=_flag(origin, "parallel.zero1", raw.get("zero1", False)),
-    )
-
-
-def parse_train(raw: Any, origin: str = "config") -> TrainConfig:
-    """The ``train:`` section (absent or empty means the defaults)."""
-    if raw is None:
-        return TrainConfig()
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{origin}: section 'train' must be a mapping of keys, got {type(raw).__name__}")
-    allowed = tuple(f.name for f in fields(TrainConfig))
-    _reject_unknown(origin, "train", raw, allowed)
-    d = TrainConfig()
-    seed = raw.get("seed", d.seed)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"{origin}: key 'train.seed' must be an integer ≥ 0, got {seed!r}")
-    seq_len = raw.get("seq_len")
-    return TrainConfig(
-        steps=_positive_int(origin, "train.steps", raw.get("steps", d.steps), "steps: 20"),
-        lr=_number(origin, "train.lr", raw.get("lr", d.lr), positive=True),
-        seed=seed,
-        weight_decay=_number(origin, "train.weight_decay", raw.get("weight_decay", d.weight_decay), positive=False),
-        data=_choice(origin, "train.data", raw.get("data", d.data), DATA_SOURCES),
-        seq_len=None if seq_len is None else _positive_int(origin, "train.seq_len", seq_len, "seq_len: 64"),
-        log_file=_optional_path(origin, "train.log_file", raw.get("log_file")),
-        checkpoint_dir=_optional_path(origin, "train.checkpoint_dir", raw.get("checkpoint_dir")),
-        checkpoint_every=None if raw.get("checkpoint_every") is None
-        else _positive_int(origin, "train.checkpoint_every", raw["checkpoint_every"], "checkpoint_every: 10"),
-    )
+    """The ``parallel:`` section as a ParallelPlan: keys, types and choices (no model checks yet)."""
+    plan: ParallelPlan = parse_section(origin, "parallel", raw, ParallelPlan)
+    return plan
 
 
 # --- validation against the model, the world and the backends -------------------------------------
@@ -388,55 +241,3 @@ def validate_plan(
         _check_world(origin, plan, world_size)
     if check_backends:
         _check_backends(origin, plan, single_host)
-
-
-# --- the whole run config from one file -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything one training run needs from its YAML file, parsed and validated."""
-
-    origin: str
-    hal: HalConfig  # backend, devices, precision, fallback (and the raw sections)
-    model: ModelConfig
-    plan: ParallelPlan
-    train: TrainConfig
-
-
-def load_run_config(
-    path: str | os.PathLike[str],
-    *,
-    world_size: int | None = None,
-    check_backends: bool = True,
-    single_host: bool = True,
-    env: Mapping[str, str] | None = None,
-) -> RunConfig:
-    """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise."""
-    from hal.config import load_config
-
-    origin = str(path)
-    config = load_config(path, env=env)
-    if config.parallel is None:
-        raise ConfigError(f"{origin}: no 'parallel' section; add one with a list of stages (see examples/hetero_cpu.yaml)")
-    model = ModelConfig.from_mapping(config.model or {}, origin)
-    plan = parse_plan(config.parallel, origin)
-    train = parse_train(config.train, origin)
-    if train.seq_len is not None and train.seq_len > model.max_seq_len:
-        raise ConfigError(
-            f"{origin}: train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}; "
-            f"lower seq_len or raise max_seq_len"
-        )
-    _check_data(origin, train, model)
-    validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
-                  single_host=single_host, origin=origin)
-    return RunConfig(origin, config, model, plan, train)
-
-
-def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:
-    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256."""
-    if train.data == "corpus" and model.vocab_size != 256:
-        raise ConfigError(
-            f"{origin}: train.data 'corpus' is byte-level text (token ids 0..255) but model.vocab_size is "
-            f"{model.vocab_size}; set model.vocab_size: 256 or use data: synthetic"
-        )

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plan import RunConfig
+from .run_config import RunConfig
 from .topology import Topology
 
 

@@ -10,15 +10,20 @@ Local run: one process per rank, started and watched by torchrun's process machi
 group, SIGTERM then SIGKILL for all when one fails or on Ctrl-C). Plain torchrun is not used here
 because it gives every rank the same environment, and each rank must run with ``HAL_BACKEND`` of
 its own stage (stages own consecutive ranks; ``LOCAL_RANK`` counts a rank among this host's ranks of
-the same backend, so each backend's ranks take devices 0, 1, ... of that backend). Each rank runs
-``python -m parallel.trainer`` (see there). The exit status is the worst status among the ranks that
+the same backend, so each backend's ranks take devices 0, 1, ... of that backend). The validated run
+is written once to ``<run dir>/job.json`` (``parallel.job``) and each rank runs
+``python -m hal.parallel.trainer <run dir>/job.json`` (see there): ranks never read the YAML. The exit status is the worst status among the ranks that
 failed on their own, as for ``hal launch``.
 
 Several nodes: ``--print-multinode NODES`` prints one plain torchrun line per node and starts nothing.
 The ranks are cut into NODES contiguous blocks — at stage boundaries when there are enough stages,
 otherwise also between TP groups (a TP group never spans nodes) — and the lines use torchrun's static
 rendezvous (``--master-addr``/``--node-rank``), under which node i's ranks follow node i-1's: the node
-rank decides which stages a node runs, which dynamic (c10d) rendezvous does not guarantee.
+rank decides which stages a node runs, which dynamic (c10d) rendezvous does not guarantee. The
+output starts with a shell here-document that writes the job file; run it on every node (or once on
+a filesystem the nodes share) so that the run directory path holds it everywhere. Nothing is written
+or started by ``--print-multinode`` itself. Its job file leaves each stage's precision plan to the
+ranks (``stage_precision`` null): the printing host's devices are not the nodes'.
 """
 from __future__ import annotations
 
@@ -29,40 +34,21 @@ import shlex
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import new_run_dir
 
-from .plan import RunConfig
+from .job import Job, job_text, write_job
+from .run_config import RunConfig
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from hal.precision import PrecisionPlan
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # so ranks import this checkout, installed or not
 DEFAULT_PORT = 29500
-
-
-@dataclass(frozen=True)
-class TrainJob:
-    """A validated run: what every rank is told, decided before any process starts."""
-
-    run: RunConfig
-    topology: Topology
-    steps: int
-    run_dir: Path
-    log_file: Path
-    checkpoint_dir: Path | None
-    resume: Path | None  # the resolved checkpoint directory
-    start: int  # steps already done (from the checkpoint)
-
-    def rank_args(self) -> list[str]:
-        """Arguments of ``python -m parallel.trainer`` (the same on every rank)."""
-        args = [self.run.origin, "--steps", str(self.steps), "--run-dir", str(self.run_dir), "--log-file", str(self.log_file)]
-        if self.checkpoint_dir is not None:
-            args += ["--checkpoint-dir", str(self.checkpoint_dir)]
-        if self.resume is not None:
-            args += ["--resume", str(self.resume)]
-        return args
 
 
 # --- validation -------------------------------------------------------------------------------------------
@@ -71,8 +57,10 @@ class TrainJob:
 TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed")
 
 
-def _check_precision(run: RunConfig) -> None:
-    """hal train runs fp32, tf32 or bf16-mixed; each stage's backend must give that without loss scaling.
+def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
+    """Each stage's precision plan, resolved once here (None where the backend is not available on this host).
+
+    hal train runs fp32, tf32 or bf16-mixed; each stage's backend must give that without loss scaling.
 
     fp16-mixed needs dynamic loss scaling, and a pipeline needs ONE scale and one inf/NaN verdict
     across every stage (not a GradScaler per rank), which the engine does not have yet; fp8-mixed
@@ -87,14 +75,18 @@ def _check_precision(run: RunConfig) -> None:
     if precision not in TRAIN_PRECISIONS:
         raise ConfigError(f"{where}: precision {precision!r}: hal train supports {', '.join(TRAIN_PRECISIONS)} "
                           "(fp16 loss scaling across pipeline stages is not implemented); use bf16-mixed")
+    plans: list[PrecisionPlan | None] = []
     for index, stage in enumerate(run.plan.stages):
         backend = get_backend(stage.backend)
         if not backend.is_available():
-            continue  # the plan check reports unavailable backends with their reason
-        plan = resolve_precision(precision, backend, backend.capabilities(), "allow")
+            plans.append(None)  # the plan check reports unavailable backends with their reason
+            continue
+        plan = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
         if plan.loss_scaling:
             raise ConfigError(f"{where}: precision {precision!r}: stage {index}'s device ({stage.backend}) would need fp16 "
                               "with loss scaling, which hal train does not do across stages; use fp32")
+        plans.append(plan)
+    return plans
 
 
 def _default_run_dir(config: str) -> Path:
@@ -114,15 +106,19 @@ def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path 
 
 
 def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
-            check_backends: bool = True) -> TrainJob:
-    """Validate the whole run; one ConfigError line for the first problem."""
+            check_backends: bool = True) -> Job:
+    """Validate the whole run; one ConfigError line for the first problem.
+
+    ``check_backends`` False (``--print-multinode``): this host is not where the ranks run, so
+    backends are not probed and each stage's precision is left to its ranks.
+    """
     from .data import check_corpus
-    from .plan import load_run_config
+    from .run_config import load_run_config
 
     if steps is not None and steps < 1:
         raise ConfigError(f"hal train: --steps {steps} is not a step count; give 1 or more")
     run = load_run_config(config, check_backends=check_backends)
-    _check_precision(run)
+    precision = _stage_precision(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)
     total = steps or run.train.steps
@@ -130,7 +126,10 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     directory = Path(run_dir) if run_dir else _default_run_dir(config)
     log_file = Path(run.train.log_file) if run.train.log_file else directory / "train.jsonl"
     ckpt_dir = Path(run.train.checkpoint_dir) if run.train.checkpoint_dir else directory / "checkpoints"
-    return TrainJob(run, Topology.from_plan(run.plan), total, directory, log_file, ckpt_dir, checkpoint, start)
+    stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
+    hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
+    return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
+               directory, log_file, ckpt_dir, checkpoint)
 
 
 # --- the ranks' environment ----------------------------------------------------------------------------------
@@ -142,7 +141,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def rank_envs(job: TrainJob, port: int) -> dict[int, dict[str, str]]:
+def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
     """torchrun's variables for every local rank, plus HAL_BACKEND of its stage."""
     topology, world = job.topology, job.topology.world_size
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
@@ -156,7 +155,7 @@ def rank_envs(job: TrainJob, port: int) -> dict[int, dict[str, str]]:
         envs[rank] = {
             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HAL_BACKEND": backend,
-            "HAL_PRECISION": job.run.hal.precision, "HAL_FALLBACK": job.run.hal.fallback,
+            "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
             "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
         }
     return envs
@@ -195,9 +194,12 @@ def split_nodes(topology: Topology, nodes: int) -> list[range]:
     return [range(cuts[a], cuts[b]) for a, b in zip(path, path[1:])]
 
 
-def multinode_lines(job: TrainJob, nodes: int) -> list[str]:
-    """One torchrun command per node (static rendezvous: the node rank fixes which ranks it runs)."""
-    lines = []
+def multinode_lines(job: Job, nodes: int) -> list[str]:
+    """The job file as a here-document (run on every node), then one torchrun command per node
+    (static rendezvous: the node rank fixes which ranks it runs)."""
+    marker = "HAL_JOB_EOF"
+    lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
+             f"mkdir -p {shlex.quote(str(job.run_dir))} && cat > {shlex.quote(str(job.path))} <<'{marker}'\n{job_text(job)}{marker}"]
     for node, ranks in enumerate(split_nodes(job.topology, nodes)):
         backends = sorted({job.topology.backend_of(r) for r in ranks})
         env = f"HAL_BACKEND={backends[0]} " if len(backends) == 1 else ""  # mixed node: each rank takes its stage's
@@ -213,7 +215,7 @@ def multinode_lines(job: TrainJob, nodes: int) -> list[str]:
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchelastic turns these into SignalException
 
 
-def run_local(job: TrainJob) -> int:
+def run_local(job: Job) -> int:
     """Start every rank, wait; on the first failure or a signal stop them all. The worst rank's status."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -244,7 +246,7 @@ def run_local(job: TrainJob) -> int:
 # --- the command ------------------------------------------------------------------------------------------------
 
 
-def _describe(job: TrainJob) -> str:
+def _describe(job: Job) -> str:
     parts = []
     for m in job.topology.stages:
         grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
@@ -254,7 +256,7 @@ def _describe(job: TrainJob) -> str:
     return f"hal train: {job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
 
 
-def _report(job: TrainJob, as_json: bool) -> None:
+def _report(job: Job, as_json: bool) -> None:
     path = job.run_dir / "summary.json"
     if not path.is_file():
         raise HalError(f"hal train: the ranks finished but wrote no {path}; see their output above")
@@ -279,10 +281,11 @@ def train_main(config: str, *, steps: int | None = None, resume: str | None = No
         return 0
     job = prepare(config, steps=steps, resume=resume, run_dir=run_dir)
     print(_describe(job), file=sys.stderr)
+    write_job(job)
     status = run_local(job)
     if status == 0:
         _report(job, as_json)
     return status
 
 
-__all__ = ["TrainJob", "multinode_lines", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]
+__all__ = ["Job", "multinode_lines", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]

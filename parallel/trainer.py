@@ -3,13 +3,15 @@
 Started by ``hal train`` (``parallel.train``) once per rank of the plan, or by plain torchrun on
 several nodes (``hal train --print-multinode``):
 
-    python -m parallel.trainer CONFIG --steps N --run-dir DIR [--log-file F] [--checkpoint-dir C] [--resume CKPT]
+    python -m hal.parallel.trainer RUN_DIR/job.json
 
 with the torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``)
-and ``HAL_BACKEND`` = the backend of this rank's stage (taken from the plan when unset). Every rank
-re-reads the config (``hal train`` validated it before starting anything), joins the world
-(``collectives.init_distributed``), builds the topology's groups and its ``PipelineEngine``, and
-steps AdamW over batches that are a pure function of (seed, step) (``parallel.data``).
+and ``HAL_BACKEND`` = the backend of this rank's stage (taken from the topology when unset). The job
+file (``parallel.job``) is the run ``hal train`` validated before starting anything: a rank never
+reads the YAML and validates nothing again. It resolves its backend once, joins the world
+(``collectives.init_distributed``), builds the topology's groups and its ``PipelineEngine`` (handed
+that backend object), and steps AdamW over batches that are a pure function of (seed, step)
+(``parallel.data``).
 
 The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
 breakdown each step (one small gather on the host group), prints the progress line on stderr and
@@ -18,7 +20,6 @@ directory, which ``hal train`` prints with ``--json``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from hal.errors import HalError
 
 from .data import global_batch
-from .plan import RunConfig
+from .job import Job
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -45,7 +46,7 @@ TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "sch
 class RankRun:
     """Everything one rank trains with."""
 
-    run: RunConfig
+    job: Job
     topology: Topology
     engine: Any  # PipelineEngine
     optimizer: Any  # torch.optim.AdamW or parallel.zero.Zero1AdamW
@@ -59,60 +60,64 @@ class RankRun:
 # --- setup ---------------------------------------------------------------------------------------------
 
 
-def _make_optimizer(engine: Any, groups: Any, run: RunConfig) -> Any:
+def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
     """AdamW with the config's lr and weight decay; state sharded over the stage's dp group under zero1."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
-    hyper = {"lr": run.train.lr, "weight_decay": run.train.weight_decay}
-    if run.plan.zero1:
+    hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
+    if job.plan.zero1:
         from .zero import Zero1AdamW
 
         return Zero1AdamW(params, groups.dp, **hyper)
     return torch.optim.AdamW(params, **hyper)
 
 
-def _precision_plan(backend: Any, run: RunConfig) -> Any:
-    """This rank's precision plan (``hal train`` checked it before starting); switches applied.
+def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
+    """This rank's precision plan, switches applied: the one ``hal train`` resolved for this stage.
 
-    A downgrade on this rank's device is recorded and shown under the run's fallback policy.
+    Only where the job leaves it open (``--print-multinode``: the printing host could not see this
+    stage's devices) is it resolved here, under the run's fallback policy.
     """
-    from hal.precision import resolve_precision
+    from hal.precision import PrecisionPlan, resolve_precision
 
-    plan = resolve_precision(run.hal.precision, backend, backend.capabilities(), run.hal.fallback)
+    given = job.stage_precision[stage]
+    if given is not None:
+        plan = PrecisionPlan.from_dict(given)
+    else:
+        plan = resolve_precision(job.precision, backend, backend.capabilities(), job.fallback)  # type: ignore[arg-type]
     plan.apply(backend)
     return plan
 
 
-def setup(args: argparse.Namespace) -> RankRun:
+def setup(job: Job) -> RankRun:
     """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
+    from hal.backend_registry import get_backend
     from hal.collectives import init_distributed
 
-    from .checkpoint_io import load_checkpoint, resolve
+    from .checkpoint_io import load_checkpoint
     from .engine import PipelineEngine
-    from .plan import load_run_config
     from .topology import build_groups
 
-    run = load_run_config(args.config, check_backends=False)
-    topology = Topology.from_plan(run.plan)
+    topology = job.topology
     rank = int(os.environ.get("RANK", "0"))
-    backend = os.environ.get("HAL_BACKEND") or topology.backend_of(rank)
-    world = init_distributed(backend)
+    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or topology.backend_of(rank)))
+    backend = world.backend  # resolved once; everything below is handed this object
     groups = build_groups(topology, world, validate=False,  # the engine's calls are fixed by the plan
-                          tied_embeddings=run.model.tie_embeddings)
-    torch.manual_seed(run.train.seed)
-    seq = run.train.seq_len or run.model.max_seq_len
-    precision = _precision_plan(world.backend, run)
-    engine = PipelineEngine(run.model, run.plan, topology, groups, seed=run.train.seed, device=world.device, seq_len=seq,
-                            autocast=lambda: precision.autocast(world.backend))
+                          tied_embeddings=job.model.tie_embeddings)
+    torch.manual_seed(job.train.seed)
+    seq = job.train.seq_len or job.model.max_seq_len
+    precision = _precision_plan(backend, job, topology.stage_of(world.rank))
+    engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
+                            seq_len=seq, autocast=lambda: precision.autocast(backend))
     engine.sync_for_timing = True
-    optimizer = _make_optimizer(engine, groups, run)
+    optimizer = _make_optimizer(engine, groups, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
     # except where a tied embedding must be summed across stages first (that needs the full dp sum).
-    engine.reduce_dp_grads = not (run.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
+    engine.reduce_dp_grads = not (job.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
     start = 0
-    if args.resume:
-        start = int(load_checkpoint(resolve(args.resume), engine, optimizer)["step"])
+    if job.resume is not None:
+        start = int(load_checkpoint(job.resume, engine, optimizer)["step"])
     writer = topology.stages[-1].offset
-    return RankRun(run, topology, engine, optimizer, world.rank, writer, seq, start, args.steps)
+    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps)
 
 
 # --- one step ------------------------------------------------------------------------------------------
@@ -120,8 +125,8 @@ def setup(args: argparse.Namespace) -> RankRun:
 
 def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
-    plan, train = r.run.plan, r.run.train
-    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.run.model.vocab_size)
+    plan, train = r.job.plan, r.job.train
+    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size)
     started = r.engine.clock()
     r.optimizer.zero_grad(set_to_none=True)
     loss = r.engine.step(tokens)
@@ -194,14 +199,14 @@ class Progress:
             self.stream.flush()
 
 
-def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, args: argparse.Namespace, checkpoint: str | None) -> dict[str, Any]:
+def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoint: str | None) -> dict[str, Any]:
     tokens = sum(rec["tokens"] for rec in records)
     return {
-        "config": r.run.origin, "precision": r.run.hal.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
+        "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else None, "log_file": args.log_file, "checkpoint": checkpoint,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
                     "layers": list(m.layer_range)} for m in r.topology.stages],
     }
@@ -211,29 +216,30 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, args: arg
 
 
 def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
-    train = r.run.train
-    return {"model": r.run.model.to_dict(), "plan": r.run.plan.to_dict(), "train": train.to_dict(), "config": r.run.origin,
+    train = r.job.train
+    return {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
             "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq}}
 
 
-def _save(r: RankRun, args: argparse.Namespace, done: int) -> str:
+def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
     from .checkpoint_io import save_checkpoint
 
-    return str(save_checkpoint(args.checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done)))
+    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done)))
 
 
-def _open_log(path: str, resumed: bool) -> TextIO:
+def _open_log(path: Path, resumed: bool) -> TextIO:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return open(path, "a" if resumed else "w", encoding="utf-8")
 
 
-def train(r: RankRun, args: argparse.Namespace) -> None:
+def train(r: RankRun) -> None:
     """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
     is_writer = r.rank == r.writer
-    every = r.run.train.checkpoint_every
-    plan = r.run.plan
+    every = r.job.train.checkpoint_every
+    plan = r.job.plan
+    checkpoint_dir = r.job.checkpoint_dir
     tokens = plan.global_batch_size * r.seq
-    log = _open_log(args.log_file, r.start > 0) if is_writer else None
+    log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
     progress = Progress(r.steps) if is_writer else None
     records: list[dict[str, Any]] = []
     checkpoint = None
@@ -250,40 +256,37 @@ def train(r: RankRun, args: argparse.Namespace) -> None:
                 log.flush()
                 progress.update(record)
             done = step + 1
-            if args.checkpoint_dir and (done == r.steps or (every and done % every == 0)):
-                checkpoint = _save(r, args, done)
+            if checkpoint_dir is not None and (done == r.steps or (every and done % every == 0)):
+                checkpoint = _save(r, checkpoint_dir, done)
     finally:
         if progress is not None:
             progress.close()
         if log is not None:
             log.close()
     if is_writer:
-        summary = _summary(r, records, time.perf_counter() - began, args, checkpoint)
-        Path(args.run_dir, "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        summary = _summary(r, records, time.perf_counter() - began, checkpoint)
+        Path(r.job.run_dir, "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 # --- entry point ----------------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m parallel.trainer", description="One rank of hal train (started by hal train or torchrun).")
-    p.add_argument("config")
-    p.add_argument("--steps", type=int, required=True, help="train until this many steps are done in total")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--log-file", required=True)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--resume")
-    return p.parse_args(argv)
+USAGE = "usage: python -m hal.parallel.trainer RUN_DIR/job.json  (one rank of hal train, started by hal train or torchrun)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
     from hal.collectives import shutdown
 
-    args = parse_args(argv)
+    from .job import load_job
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
     rank = os.environ.get("RANK", "?")
     try:
-        train(setup(args), args)
+        train(setup(load_job(args[0])))
         return 0
     except HalError as exc:
         print(f"hal train: rank {rank}: error: {exc}", file=sys.stderr)

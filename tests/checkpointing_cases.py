@@ -108,8 +108,9 @@ def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
 
     plan = parse_plan(ENGINE_PLAN)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
-    engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"))
+    joined = current_world()
+    groups = build_groups(topology, joined)
+    engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     engine.module.checkpoint = True  # what build_stage(..., checkpoint=mesh.checkpoint) will set
     opt = torch.optim.AdamW(engine.module.parameters(), lr=ENGINE_LR)
     losses = []

@@ -57,7 +57,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     topology = Topology.from_plan(plan)
     world = current_world()
     groups = build_groups(topology, world, tied_embeddings=tied)
-    engine = PipelineEngine(model_config(tied), plan, topology, groups, seed=seed, device=world.device)
+    engine = PipelineEngine(model_config(tied), plan, topology, groups, backend=world.backend, seed=seed, device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):
@@ -90,8 +90,9 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world(), validate=False)  # as hal train: peer checks would rendezvous too
-    engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"))
+    joined = current_world()
+    groups = build_groups(topology, joined, validate=False)  # as hal train: peer checks would rendezvous too
+    engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     store = dist.FileStore(gate, world)
     if rank == 0:
         forwards = 0

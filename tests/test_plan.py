@@ -16,7 +16,8 @@ import pytest
 from hal.config import load_config
 from hal.errors import ConfigError
 from hal.parallel.model_config import ModelConfig
-from hal.parallel.plan import ParallelPlan, StagePlan, TrainConfig, load_run_config, parse_plan, parse_train, validate_plan
+from hal.parallel.plan import ParallelPlan, StagePlan, parse_plan, validate_plan
+from hal.parallel.run_config import TrainConfig, load_run_config, parse_train
 from hal.parallel.topology import Coord, Topology
 
 from .conftest import REPO, run_hal
@@ -73,7 +74,7 @@ INVALID = [
      ["micro_batches 2 is fewer than the 3 stages", "schedule: gpipe"]),
     ("train-key-typo", MODEL + _parallel() + "train: {stpes: 10}\n", ["'train.stpes'", "did you mean 'steps'"]),
     ("train-seq-too-long", MODEL + _parallel() + "train: {seq_len: 128}\n", ["train.seq_len 128 exceeds model.max_seq_len 64"]),
-    ("model-key-typo", MODEL.replace("num_layers", "num_layer") + _parallel(), ["unknown key 'model.num_layer'"]),
+    ("model-key-typo", MODEL.replace("num_layers", "num_layer") + _parallel(), ["unknown key 'model.num_layer'", "did you mean 'num_layers'"]),
 ]
 
 

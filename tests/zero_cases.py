@@ -204,10 +204,11 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
 
     plan = parse_plan(ENGINE_PLAN)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
+    joined = current_world()
+    groups = build_groups(topology, joined)
     out: dict[str, list[float]] = {}
     for how in ("step", "rs"):
-        engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"))
+        engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
         if how == "rs":
             engine.reduce_dp_grads = False  # the reduce-scatter sums instead
         opt = Zero1AdamW(engine.module.parameters(), groups.dp, lr=ENGINE_LR)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..cases import Case, Context, Outcome, skip, unsupported
+from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
 from ..pipeline_check import choose_plan, compare, single_device_run, world_of
 from ..spawn import JobFailed, run_job
 from ..training_run import (
@@ -86,7 +86,7 @@ def _precision_blocked(ctx: Context, precision: str) -> str | None:
     dtype = PRECISIONS[precision]
     if dtype is not None and not ctx.dtype_supported(dtype):
         name = str(dtype).replace("torch.", "")
-        return f"{ctx.capabilities.name} has no {name} (capabilities: {ctx.capabilities.support('bf16' if dtype is torch.bfloat16 else 'fp16')})"
+        return f"{ctx.capabilities.name} has no {name} (capabilities: {ctx.capabilities.support(CAPABILITY_KEY[dtype])})"
     return None
 
 

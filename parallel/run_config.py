@@ -1,0 +1,97 @@
+"""The run config: the whole YAML file of a training run — hal's keys plus ``model:``, ``parallel:`` and ``train:``.
+
+``hal.config`` reads the file and checks the top level; the sections are parsed here with the same
+schema machinery (``hal.config_schema``): ``model:`` by ``ModelConfig``, ``parallel:`` by
+``ParallelPlan`` (``parallel.plan``, which also checks the plan against the model), and ``train:``
+declared below. Every problem is one ``ConfigError`` line, before any process starts.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from hal.config import HalConfig
+from hal.config_schema import Choice, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, key, parse_section
+from hal.errors import ConfigError
+
+from .model_config import ModelConfig
+from .plan import ParallelPlan, parse_plan, validate_plan
+
+DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train:`` section: how long, how fast, on what data, and where results go."""
+
+    steps: int = key(PositiveInt(), 20)
+    lr: float = key(Number(positive=True), 1e-3)
+    seed: int = key(NonNegativeInt(), 0)
+    weight_decay: float = key(Number(positive=False), 0.0)
+    data: str = key(Choice(DATA_SOURCES), "synthetic")  # synthetic | corpus (the byte-level text shipped with the repository)
+    seq_len: int | None = key(Nullable(PositiveInt()), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
+    log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
+    checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)
+    # save every N steps as well as at the end (None: at the end only)
+    checkpoint_every: int | None = key(Nullable(PositiveInt()), None, example="checkpoint_every: 10")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_train(raw: Any, origin: str = "config") -> TrainConfig:
+    """The ``train:`` section (absent means the defaults)."""
+    if raw is None:
+        return TrainConfig()
+    train: TrainConfig = parse_section(origin, "train", raw, TrainConfig)
+    return train
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs from its YAML file, parsed and validated."""
+
+    origin: str
+    hal: HalConfig  # backend, devices, precision, fallback (and the raw sections)
+    model: ModelConfig
+    plan: ParallelPlan
+    train: TrainConfig
+
+
+def load_run_config(
+    path: str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    check_backends: bool = True,
+    single_host: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise."""
+    from hal.config import load_config
+
+    origin = str(path)
+    config = load_config(path, env=env)
+    if config.parallel is None:
+        raise ConfigError(f"{origin}: no 'parallel' section; add one with a list of stages (see examples/hetero_cpu.yaml)")
+    model = ModelConfig.from_mapping(config.model or {}, origin)
+    plan = parse_plan(config.parallel, origin)
+    train = parse_train(config.train, origin)
+    if train.seq_len is not None and train.seq_len > model.max_seq_len:
+        raise ConfigError(
+            f"{origin}: train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}; "
+            f"lower seq_len or raise max_seq_len"
+        )
+    _check_data(origin, train, model)
+    validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
+                  single_host=single_host, origin=origin)
+    return RunConfig(origin, config, model, plan, train)
+
+
+def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:
+    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256."""
+    if train.data == "corpus" and model.vocab_size != 256:
+        raise ConfigError(
+            f"{origin}: train.data 'corpus' is byte-level text (token ids 0..255) but model.vocab_size is "
+            f"{model.vocab_size}; set model.vocab_size: 256 or use data: synthetic"
+        )
