@@ -37,7 +37,7 @@ def _processes_with(marker: str) -> list[str]:
 
 
 def _assert_none_left(marker: str) -> None:
-    deadline = time.monotonic() + 2  # torchrun reaps its ranks before it returns; allow the kernel a moment
+    deadline = time.monotonic() + 2  # the launcher reaps its ranks before it returns; allow the kernel a moment
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_with(marker), _processes_with(marker)
