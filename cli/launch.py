@@ -28,7 +28,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate, then print the multi-node lines (stderr) or run the ranks and report how each ended."""
     from hal.errors import HalError
-    from hal.launch.ranks import signal_name
     from hal.launch.script import plan_launch, run_launch
 
     script_args = list(args.script_args)
@@ -41,10 +40,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = plan_launch(args.nproc, args.script, script_args, backend=args.backend, config=args.config)
     print(f"hal launch: {plan.nproc} rank(s) on backend {plan.backend.name}: {plan.command_line()}", file=sys.stderr)
-    report = run_launch(plan)
+    return print_report(run_launch(plan), "hal launch")
+
+
+def print_report(report: Any, who: str) -> int:
+    """The launcher's report on stderr, one line per rank that did not end ok; the run's exit status."""
+    from hal.launch.ranks import signal_name
+
     if report.interrupted:
-        print(f"hal launch: stopped by {signal_name(report.interrupted)}; every rank was stopped", file=sys.stderr)
+        print(f"{who}: stopped by {signal_name(report.interrupted)}; every rank was stopped", file=sys.stderr)
     else:
         for line in report.lines():
-            print(f"hal launch: {line}", file=sys.stderr)
-    return report.exit_status
+            print(f"{who}: {line}", file=sys.stderr)
+    return int(report.exit_status)

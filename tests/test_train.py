@@ -217,7 +217,7 @@ def test_print_multinode_gives_one_torchrun_line_per_node_and_starts_nothing(tmp
     assert len(commands) == 2
     for node, line in enumerate(commands):
         assert line.startswith("HAL_BACKEND=cpu torchrun ") and f"--node-rank={node}" in line
-        assert "--nproc-per-node=2" in line and "--nnodes=2" in line and "-m parallel.trainer" in line
+        assert "--nproc-per-node=2" in line and "--nnodes=2" in line and "-m hal.parallel.trainer" in line
     assert not (tmp_path / "shared").exists()
 
 
