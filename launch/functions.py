@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
 
-from .entry import result_path
 from .env import INIT_METHOD_ENV, free_port, import_path, rank_env
+from .names import result_path
 from .ranks import LaunchFailed, LaunchReport, Output, spawn_ranks
 
 
@@ -36,7 +36,7 @@ def run_function(
     world_size: int,
     kwargs: Mapping[str, Any] | None = None,
     *,
-    deadline_s: float,
+    deadline_s: float | None,
     what: str = "",
     env: Mapping[str, str] | None = None,
     per_rank_env: Callable[[int], Mapping[str, str]] | None = None,
@@ -44,7 +44,7 @@ def run_function(
     echo_stderr: IO[str] | None = None,
     term_grace_s: float = 5.0,
 ) -> FunctionRun:
-    """``target(**kwargs)`` on ``world_size`` ranks within ``deadline_s``; LaunchFailed names every rank's fate.
+    """``target(**kwargs)`` on ``world_size`` ranks within ``deadline_s`` (None: no limit); LaunchFailed names every rank's fate.
 
     ``env`` is added to every rank's environment, ``per_rank_env(rank)`` to one rank's (e.g. its
     HAL_BACKEND). Every rank gets HAL_INIT_METHOD, a ``file://`` store in a directory private to
