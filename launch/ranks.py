@@ -28,6 +28,8 @@ Fate = Literal["ok", "exit", "signal", "stopped", "timed out"]
 Output = Literal["inherit", "devnull", "merge"]  # a rank's stdout: ours, dropped, or into its stderr tail
 POLL_S = 0.05
 TAIL_LINES = 40
+# A rank whose last line says a peer went away failed because of another rank: its report line comes after.
+CONSEQUENCE = ("CollectiveTimeout", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def signal_name(number: int) -> str:
@@ -93,7 +95,9 @@ class LaunchReport:
 
     @property
     def causes(self) -> list[RankFate]:
-        return [f for f in self.fates if f.failed_on_its_own]
+        """Ranks that failed on their own: root causes first, then those that lost a peer; else in order seen."""
+        own = [f for f in self.fates if f.failed_on_its_own]
+        return sorted(own, key=lambda f: any(m in f.last_line for m in CONSEQUENCE))
 
     @property
     def exit_status(self) -> int:
@@ -144,6 +148,7 @@ class _Tail:
 
     def __init__(self, pipe: IO[bytes], echo: IO[str] | None, lock: threading.Lock) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.closed_at: float | None = None  # when the pipe closed: the rank's exit, seen closer than a poll sees it
         self._thread = threading.Thread(target=self._pump, args=(pipe, echo, lock), daemon=True)
         self._thread.start()
 
@@ -155,6 +160,7 @@ class _Tail:
                 with lock:
                     echo.write(line)
                     echo.flush()
+        self.closed_at = time.monotonic()
         pipe.close()
 
     def join(self, timeout_s: float = 2.0) -> None:
@@ -216,6 +222,7 @@ class _Watch:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     tails: list[_Tail] = field(default_factory=list)
     seen: dict[int, tuple[Fate, int]] = field(default_factory=dict)  # rank -> fate, in the order seen
+    seen_at: dict[int, float] = field(default_factory=dict)
     stopping: Fate | None = None  # once set ("stopped" / "timed out"), a rank that ends badly ended by our hand
 
     def poll(self) -> None:
@@ -224,6 +231,12 @@ class _Watch:
                 how = _exited(p.pid)
                 if how is not None:
                     self.seen[rank] = how if how[0] == "ok" or self.stopping is None else (self.stopping, 0)
+                    self.seen_at[rank] = time.monotonic()
+
+    def _ended_at(self, rank: int) -> float:
+        """Ranks seen in one poll are ordered by when their pipe closed (a crash before its peers' consequences)."""
+        closed = self.tails[rank].closed_at if rank < len(self.tails) else None
+        return min(self.seen_at[rank], closed) if closed is not None else self.seen_at[rank]
 
     def failed(self) -> bool:
         return any(fate != "ok" for fate, _ in self.seen.values())
@@ -232,7 +245,7 @@ class _Watch:
         return [r for r in range(len(self.procs)) if r not in self.seen]
 
     def fates(self) -> tuple[RankFate, ...]:
-        ranks = [*self.seen, *self.running()]
+        ranks = [*sorted(self.seen, key=self._ended_at), *self.running()]
         out = []
         for rank in ranks:
             fate, code = self.seen.get(rank, (self.stopping or "stopped", 0))
