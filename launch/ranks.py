@@ -114,17 +114,21 @@ class LaunchReport:
         first = self.causes[0] if self.causes else None
         return f"rank {first.rank} failed" if first else "another rank failed"
 
-    def lines(self) -> list[str]:
-        """One line per rank that did not end ok: causes first, then the ranks stopped or timed out."""
+    def entries(self) -> list[tuple[RankFate, str]]:
+        """Each rank that did not end ok with its report line: causes first, then the ranks stopped or timed out."""
         out = []
         for f in [*self.causes, *(f for f in self.fates if not f.failed_on_its_own and f.fate != "ok")]:
             if f.fate == "stopped":
-                out.append(f.describe(self._why_stopped()))
+                out.append((f, f.describe(self._why_stopped())))
             elif f.fate == "timed out":
-                out.append(f.describe(f"{self.deadline_s:g} s"))
+                out.append((f, f.describe(f"{self.deadline_s:g} s")))
             else:
-                out.append(f.describe())
+                out.append((f, f.describe()))
         return out
+
+    def lines(self) -> list[str]:
+        """One line per rank that did not end ok (see ``entries``)."""
+        return [line for _, line in self.entries()]
 
     def summary(self) -> str:
         """The report as one line (for an exception message)."""
