@@ -201,9 +201,12 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _exited(pid: int) -> tuple[Fate, int] | None:
-    """How ``pid`` ended, without reaping it (the zombie keeps its process group id reserved)."""
-    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+def _exited(proc: subprocess.Popen[bytes]) -> tuple[Fate, int] | None:
+    """How the rank ended, without reaping it where the OS allows (the zombie keeps its group id reserved)."""
+    if not hasattr(os, "waitid"):  # no waitid (older macOS Pythons): poll reaps; the final group kill may then miss
+        code = proc.poll()
+        return None if code is None else ("ok", 0) if code == 0 else ("exit", code) if code > 0 else ("signal", -code)
+    info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     if info is None or info.si_pid == 0:
         return None
     if info.si_code == os.CLD_EXITED:
@@ -232,7 +235,7 @@ class _Watch:
     def poll(self) -> None:
         for rank, p in enumerate(self.procs):
             if rank not in self.seen:
-                how = _exited(p.pid)
+                how = _exited(p)
                 if how is not None:
                     self.seen[rank] = how if how[0] == "ok" or self.stopping is None else (self.stopping, 0)
                     self.seen_at[rank] = time.monotonic()

@@ -237,3 +237,18 @@ def test_run_function_returns_values_or_raises_one_report() -> None:
     with pytest.raises(LaunchFailed, match=r"^demo: rank \d failed \(exit status 1\): ValueError: .*not 'module:callable'") as info:
         run_function("no-colon", 2, deadline_s=60, what="demo")
     assert not any(_alive(pid) for pid in info.value.pids)
+
+
+def test_report_puts_the_root_cause_before_ranks_that_lost_a_peer() -> None:
+    from hal.launch import LaunchReport, RankFate
+
+    lost = RankFate(0, 10, "exit", 1, "CollectiveTimeout: all_reduce ... Connection closed by peer")
+    cause = RankFate(1, 11, "exit", 2, "RuntimeError: planted")
+    stopped = RankFate(2, 12, "stopped")
+    report = LaunchReport((lost, cause, stopped), 1.0)
+    assert report.lines() == [
+        "rank 1 failed (exit status 2): RuntimeError: planted",
+        "rank 0 failed (exit status 1): CollectiveTimeout: all_reduce ... Connection closed by peer",
+        "rank 2 stopped by the launcher after rank 1 failed",
+    ]
+    assert report.exit_status == 2 and not report.ok
