@@ -1,23 +1,25 @@
 """hal.launch — the one way to start ranks: local subprocess ranks, and torchrun lines for several nodes.
 
-Top floor: it may import every floor below, and nothing below imports it. How the libraries that
-need ranks get them without an upward import:
+Top floor (with ``cli/``): it may import every floor below, and nothing below imports it. How the
+code that needs ranks gets them without an upward import:
 
 - commands (``hal launch``, ``hal train``, ``hal bench collectives``) live in ``cli/``, on this
-  floor, and call the launcher directly (``hal train`` hands ``parallel.train`` a spawner);
-- a rank's work is a function named by ``"module:function"`` (``run_function``); each rank is
-  ``python -m hal.launch.entry``, which imports that name, so the owning library (e.g.
-  ``hal.conformance.worker``, ``hal.collectives.bench``) never imports the launcher;
-- the conformance suites run their multi-rank jobs through ``Context.launch``, a callable the
-  caller puts there (``hal conformance run`` passes ``hal.launch.jobs.conformance_launcher()``);
-  without one those cases are skipped with that reason.
+  floor, and call the launcher directly; ``parallel.train`` takes its spawner as an argument
+  (``cli/train.py`` passes one built on ``spawn_ranks``);
+- a rank's work is a function named ``"module:function"`` (``run_function``): each rank is
+  ``python -m hal.launch.entry``, which imports that name, so the library owning the function
+  (``hal.collectives.bench``, ``hal.conformance.worker``) never imports the launcher;
+- the conformance suites start their multi-rank jobs through ``Context.launch``, a callable the
+  caller puts there (``hal conformance run`` passes ``run_function``; see ``conformance.jobs``).
 
 Local ranks (``spawn_ranks``): each rank is a subprocess in its own session (process group) with
 torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) plus the
-caller's (HAL_BACKEND, ...). On the first failure, at the deadline, or on SIGINT/SIGTERM/SIGHUP to
-the launcher, every rank's whole process group gets SIGTERM, then SIGKILL; every rank is reaped,
-and one ``LaunchReport`` names each rank's fate (ok / exit status N / killed by signal S / stopped
-by the launcher / timed out) with its last stderr line.
+caller's (HAL_BACKEND, ...); ``run_function`` adds HAL_INIT_METHOD, a ``file://`` rendezvous private
+to the run. On the first failure, at the deadline, or on SIGINT/SIGTERM/SIGHUP to the launcher,
+every rank's whole process group gets SIGTERM, then SIGKILL; every rank is reaped, and one
+``LaunchReport`` names each rank's fate (ok / exit status N / killed by signal S / stopped by the
+launcher / timed out) with its last stderr line. Several nodes: ``hal.launch.torchrun`` prints the
+plain torchrun line each node runs (hal starts nothing remotely).
 """
 if __name__ != "hal.launch":
     raise ImportError(f"this folder installs as 'hal.launch', not {__name__!r}: pip install -e . and import hal.launch")
