@@ -1,70 +1,46 @@
-"""Start one process per rank for a benchmark, collect each rank's report, leave nothing running.
+"""The benchmarks' rank API, on hal.launch: ``launch_ranks(rank_main, world_size, opts, timeout_s)``.
 
-Each rank runs ``rank_main(rank, world_size, store_path, opts)`` and returns a JSON-able dict
-(or raises: the traceback comes back as ``{"error": ...}``). Used by the benchmarks that need
-their own world (``bridge.py``, ``pipeline.py``); the torch.multiprocessing spawn context keeps
-CUDA usable in the children.
+Each rank runs ``rank_main(rank, world_size, store_path, opts)`` and returns a JSON-able dict. The
+ranks are hal.launch's local ranks (own process groups, the deadline, every rank stopped on the
+first failure); ``rank_main`` travels by name, so it must be a module-level function of an
+importable module (a benchmark run as a script is found as ``benchmarks.<script>``).
 """
 from __future__ import annotations
 
 import os
-import queue
-import shutil
-import tempfile
-import time
-import traceback
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 RankMain = Callable[[int, int, str, dict[str, Any]], dict[str, Any]]
 
 
-def _child(rank_main: RankMain, rank: int, world_size: int, store: str, opts: dict[str, Any], results: Any) -> None:
-    os.environ["LOCAL_RANK"] = str(rank)  # one device per rank, as torchrun would pin it
-    try:
-        results.put((rank, rank_main(rank, world_size, store, opts)))
-    except BaseException:  # noqa: BLE001 - the parent prints it and stops the others
-        results.put((rank, {"error": traceback.format_exc()}))
+def _name(fn: RankMain) -> str:
+    module = fn.__module__
+    if module == "__main__":  # ``python benchmarks/x.py``: the ranks import it as benchmarks.x
+        path = Path(sys.modules["__main__"].__file__ or "").resolve()
+        module = f"{path.parent.name}.{path.stem}"
+    return f"{module}:{fn.__qualname__}"
+
+
+def _rank(target: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """One rank (run by hal.launch.entry): the benchmark's rank function with its place in the world."""
+    from hal.launch.names import resolve
+
+    store = os.environ["HAL_INIT_METHOD"].removeprefix("file://")
+    return resolve(target, "rank function")(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), store, opts)
 
 
 def launch_ranks(rank_main: RankMain, world_size: int, opts: dict[str, Any], timeout_s: float) -> dict[int, dict[str, Any]]:
-    """Spawn ``world_size`` ranks; return {rank: report}. Stops all of them on error or timeout."""
-    import torch.multiprocessing as mp
+    """Run ``world_size`` ranks; {rank: report}, or {rank: {"error": its fate}} for each rank that did not end ok."""
+    from hal.launch import LaunchFailed, run_function
 
-    ctx = mp.get_context("spawn")
-    results: Any = ctx.Queue()
-    tmp = tempfile.mkdtemp(prefix="hal-bench-")
-    store = os.path.join(tmp, "store")
-    procs = [ctx.Process(target=_child, args=(rank_main, r, world_size, store, opts, results), daemon=True)
-             for r in range(world_size)]
-    reports: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
     try:
-        for p in procs:
-            p.start()
-        while len(reports) < world_size and time.monotonic() < deadline:
-            try:
-                rank, report = results.get(timeout=1.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    break  # a rank died without reporting (killed, segfault)
-                continue
-            reports[rank] = report
-            if "error" in report:
-                deadline = min(deadline, time.monotonic() + 5)  # give the others a moment to report theirs
-    finally:
-        stop(procs)
-        results.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return reports
-
-
-def stop(procs: list[Any]) -> None:
-    for p in procs:
-        p.join(timeout=5)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
+        run = run_function("benchmarks.spawn:_rank", world_size, {"target": _name(rank_main), "opts": opts},
+                           deadline_s=timeout_s, what="benchmark", echo_stderr=sys.stderr)
+    except LaunchFailed as exc:
+        return {f.rank: {"error": line} for f, line in exc.report.entries()} or {0: {"error": str(exc)}}
+    return dict(enumerate(run.values))
 
 
 def failures(reports: dict[int, dict[str, Any]], world_size: int, timeout_s: float) -> list[str]:

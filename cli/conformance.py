@@ -95,9 +95,10 @@ def _list(the_plan: Any, as_json: bool) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from hal.conformance import runner
     from hal.conformance.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
+    from hal.launch import run_function
 
     seed = runner.DEFAULT_SEED if args.seed is None else args.seed
-    ctx, reason = runner.build_context(args.backend, world_size=args.world_size, seed=seed)
+    ctx, reason = runner.build_context(args.backend, world_size=args.world_size, seed=seed, launch=run_function)
     the_plan = runner.plan(ctx, args.suite, args.patterns)
     if args.list:
         return _list(the_plan, args.json)

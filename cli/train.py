@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, Sequence
 
 NAME = "train"
 
@@ -28,7 +29,48 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_multinode is not None:
+        print("\n".join(multinode_lines(args)))
+        return 0
     from hal.parallel.train import train_main
 
-    return train_main(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, as_json=args.json,
-                      print_multinode=args.print_multinode)
+    return train_main(args.config, spawn=spawn_ranks, steps=args.steps, resume=args.resume, run_dir=args.run_dir,
+                      as_json=args.json)
+
+
+def multinode_lines(args: argparse.Namespace) -> list[str]:
+    """The job file as a here-document (run on every node, or once on a shared filesystem), then one
+    torchrun command per node block of the plan (static rendezvous: the node rank fixes its ranks)."""
+    import shlex
+
+    from hal.errors import ConfigError
+    from hal.launch import torchrun
+    from hal.parallel.job import job_text
+    from hal.parallel.train import prepare, split_nodes
+
+    nodes = args.print_multinode
+    if nodes < 1:
+        raise ConfigError(f"hal train: --print-multinode {nodes} is not a node count; give 1 or more")
+    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False)
+    marker = "HAL_JOB_EOF"
+    lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
+             f"mkdir -p {shlex.quote(str(job.run_dir))} && cat > {shlex.quote(str(job.path))} <<'{marker}'\n{job_text(job)}{marker}"]
+    for node, ranks in enumerate(split_nodes(job.topology, nodes)):
+        backends = sorted({job.topology.backend_of(r) for r in ranks})
+        env = {"HAL_BACKEND": backends[0]} if len(backends) == 1 else {}  # mixed node: each rank takes its stage's
+        program = ["-m", "hal.parallel.trainer", *job.rank_args()]
+        line = torchrun.static_line(nodes, node, len(ranks), program, env)
+        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{line}")
+    return lines
+
+
+def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]]) -> int:
+    """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed."""
+    import os
+
+    from hal.launch import spawn_ranks as spawn
+
+    from .launch import print_report
+
+    report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=sys.stderr)
+    return print_report(report, "hal train")

@@ -1,8 +1,8 @@
-"""``hal bench collectives``: nccl-tests-style timings of hal's collective API against raw torch.distributed.
+"""The measurement library of ``hal bench collectives``: nccl-tests-style timings of hal's collective API
+against raw torch.distributed, returned as data (the command — ranks, table, JSON — is ``cli/bench.py``).
 
-The command spawns N ranks itself (``torch.multiprocessing``, a ``file://`` rendezvous, one
-rank per device on accelerators) and, for every op × dtype × size, times K iterations after W
-warm-ups twice on the same process group: through ``collectives.Communicator`` with
+Each of N ranks (one per device on accelerators; started by hal.launch, joining through
+``bench_in_world``) times, for every op × dtype × size, K iterations after W warm-ups twice on the same process group: through ``collectives.Communicator`` with
 ``validate=False`` ("ours") and through the plain ``torch.distributed`` call ("raw"). Validation
 — the cross-rank check of every call — is a correctness feature with its own cost; it is off
 here so the ratio shows what the API itself costs. Each timing is bracketed by a barrier and
@@ -32,15 +32,11 @@ buffers are zeroed before the check so an element nobody wrote counts as wrong.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import platform
 import re
 import statistics
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -152,7 +148,7 @@ class BenchPlan:
     ops: tuple[str, ...]
     iters: int
     warmup: int
-    stream_table: bool = False  # rank 0 prints table rows to stdout as they are measured
+    stream_table: bool = False  # the command shows table rows as they are measured (else one JSON document)
     rounds: int = 5  # ours and raw measured alternately this many times; the median is reported
 
 
@@ -437,10 +433,6 @@ def _header(rank: BenchRank) -> dict[str, Any]:
     }
 
 
-def _progress(message: str) -> None:
-    print(f"hal bench: {message}", file=sys.stderr, flush=True)
-
-
 def _points(plan: BenchPlan, op: str, dtype: torch.dtype) -> list[Shape]:
     """This op's distinct shapes (tiny sizes can round to the same buffers for split ops)."""
     shapes: dict[int, Shape] = {}
@@ -450,158 +442,63 @@ def _points(plan: BenchPlan, op: str, dtype: torch.dtype) -> list[Shape]:
     return list(shapes.values())
 
 
-def run_bench_rank(rank: BenchRank) -> dict[str, Any]:
-    """Time and check every (op, dtype, size) of ``rank.plan`` on this rank (``hal bench collectives``, conformance)."""
-    plan, lead = rank.plan, rank.world.rank == 0
+Progress = Callable[[int, int, str, str, list[Shape]], None]  # (number, of, op, dtype name, shapes)
+
+
+def run_bench_rank(
+    rank: BenchRank,
+    *,
+    on_header: Callable[[dict[str, Any]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Time and check every (op, dtype, size) of ``rank.plan`` on this rank (``hal bench collectives``, conformance).
+
+    The callbacks see the header, each row and each op/dtype's start as they come (the command
+    streams its table with them); the result is the whole report.
+    """
+    plan = rank.plan
     header = _header(rank)
-    if lead and plan.stream_table:
-        print("\n".join(format_header(header)), flush=True)
+    if on_header:
+        on_header(header)
     rows: list[dict[str, Any]] = []
     combos = [(op, name) for op in plan.ops for name in plan.dtypes]
     for number, (op, name) in enumerate(combos, 1):
         points = _points(plan, op, DTYPES[name])
-        if lead:
-            span = _human(points[0].size) + (f"..{_human(points[-1].size)}" if len(points) > 1 else "")
-            _progress(f"[{number}/{len(combos)}] {op} {name}: {len(points)} size(s), {span}")
+        if on_progress:
+            on_progress(number, len(combos), op, name, points)
         for shape in points:
             row = rank.measure(op, DTYPES[name], shape)
             rows.append(row)
-            if lead and plan.stream_table:
-                print(format_row(row), flush=True)
+            if on_row:
+                on_row(row)
     return {"header": header, "rows": rows, "correct": all(r["ours"]["wrong"] == 0 and r["raw"]["wrong"] == 0 for r in rows)}
 
 
-def _worker(rank: int, plan: BenchPlan, init_file: str, report_path: str) -> None:
-    """One spawned rank: join the world, measure everything, rank 0 writes the report."""
-    os.environ["LOCAL_RANK"] = str(rank)  # init_distributed pins the rank's device from it
+def bench_in_world(
+    plan: BenchPlan,
+    *,
+    on_header: Callable[[dict[str, Any]], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Progress | None = None,
+) -> dict[str, Any] | None:
+    """One launched rank (RANK, WORLD_SIZE, LOCAL_RANK and HAL_INIT_METHOD from its launcher): join, measure, leave.
+
+    Rank 0 returns the report, the others None.
+    """
     os.environ.pop("HAL_ISLANDS", None)  # the benchmark measures one native group, not the bridge
     from . import init_distributed, shutdown, world_communicator
 
     world = init_distributed(
-        plan.backend, init_method=f"file://{init_file}", rank=rank, world_size=plan.world_size,
+        plan.backend, init_method=os.environ.get("HAL_INIT_METHOD"), world_size=plan.world_size,
         timeout=datetime.timedelta(minutes=10),
     )
     if world.device.type == "cpu":
         torch.set_num_threads(1)  # N ranks share the host: one compute thread each (torchrun's default)
     try:
-        report = run_bench_rank(BenchRank(world, world_communicator(validate=False), plan))
-        if rank == 0:
-            with open(report_path, "w", encoding="utf-8") as fh:
-                json.dump(report, fh)
+        report = run_bench_rank(
+            BenchRank(world, world_communicator(validate=False), plan), on_header=on_header, on_row=on_row, on_progress=on_progress,
+        )
     finally:
         shutdown()
-
-
-# --- the parent process ----------------------------------------------------------------------------------
-
-
-def run_bench(plan: BenchPlan) -> dict[str, Any]:
-    """Spawn the ranks, wait for them, return rank 0's report; BenchFailed if a rank dies."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="hal-bench-") as tmp:
-        init_file, report_path = os.path.join(tmp, "rendezvous"), os.path.join(tmp, "report.json")
-        context = mp.start_processes(
-            _worker, args=(plan, init_file, report_path), nprocs=plan.world_size, join=False, start_method="spawn"
-        )
-        try:
-            while not context.join():
-                pass
-        except mp.ProcessRaisedException as exc:
-            raise BenchFailed(f"bench collectives: a rank failed: {_last_line(str(exc))}") from None
-        except mp.ProcessExitedException as exc:
-            raise BenchFailed(f"bench collectives: a rank died: {_last_line(str(exc))}") from None
-        finally:
-            for process in context.processes:  # Ctrl-C or a failure: leave no rank behind
-                if process.is_alive():
-                    process.terminate()
-                process.join(timeout=10)
-        with open(report_path, encoding="utf-8") as fh:
-            return json.load(fh)
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no message"
-
-
-def bench_main(
-    *, backend: str | None, world_size: int | None, sizes: str | None, dtypes: str | None, ops: str | None,
-    iters: int, warmup: int, as_json: bool, rounds: int = 5,
-) -> int:
-    """The ``hal bench collectives`` command: 0 when every result is exact, 1 otherwise."""
-    plan = make_plan(
-        backend=backend, world_size=world_size, sizes=sizes, dtypes=dtypes, ops=ops, iters=iters, warmup=warmup,
-        stream_table=not as_json, rounds=rounds,
-    )
-    started = time.monotonic()
-    try:
-        report = run_bench(plan)
-    except BenchFailed as exc:
-        print(f"hal: error: {exc}", file=sys.stderr)
-        return 1
-    if as_json:
-        print(json.dumps(report, indent=2))
-    bad = [r for r in report["rows"] if r["ours"]["wrong"] or r["raw"]["wrong"]]
-    took = time.monotonic() - started
-    if bad:
-        first = bad[0]
-        _progress(f"{len(bad)} of {len(report['rows'])} results have wrong elements (first: {first['op']} {first['dtype']} "
-                  f"{first['size']} B); {took:.1f} s")
-        return 1
-    _progress(f"{len(report['rows'])} results, every element correct; {took:.1f} s")
-    return 0
-
-
-# --- the table ------------------------------------------------------------------------------------------
-
-_COLS = "{:>12}  {:>12}  {:>8}  {:>14}"
-_SIDE = "  {:>9}  {:>7}  {:>7}  {:>6}"
-
-
-def format_header(header: dict[str, Any]) -> list[str]:
-    """nccl-tests-style comment lines and column titles."""
-    factors = ", ".join(f"{op} {f:.3g}" for op, f in header["bus_factors"].items())
-    lines = [
-        f"# hal bench collectives: backend {header['backend']} ({header['process_group_backend']}), "
-        f"world size {header['world_size']}, torch {header['torch']}, iters {header['iters']}, warmup {header['warmup']}",
-        *(f"#   {d}" for d in header["devices"]),
-        f"# ours = {header['ours']}; raw = {header['raw']}",
-        f"# {header['validation']}",
-        f"# size: {header['size_convention']}; busbw = algbw x ({factors}) per nccl-tests doc/PERFORMANCE.md",
-        "#" + (_COLS + "  {:^35}  {:^35}").format("", "", "", "", "--- ours ---", "--- raw ---")[1:],
-        "#" + (_COLS + _SIDE + _SIDE + "  {:>6}").format(
-            "size(B)", "count", "type", "op", "time(us)", "algbw", "busbw", "#wrong", "time(us)", "algbw", "busbw", "#wrong", "ratio"
-        )[1:],
-        "#" + (_COLS + _SIDE + _SIDE + "  {:>6}").format(
-            "", "(elements)", "", "", "", "(GB/s)", "(GB/s)", "", "", "(GB/s)", "(GB/s)", "", "busbw"
-        )[1:],
-    ]
-    return lines
-
-
-def format_row(row: dict[str, Any]) -> str:
-    """One measurement: ours and raw side by side, then busbw ours/raw."""
-    def side(s: dict[str, Any]) -> tuple[str, str, str, str]:
-        return _fmt_time(s["time_us"]), f"{s['algbw_gbps']:.2f}", f"{s['busbw_gbps']:.2f}", str(s["wrong"])
-
-    ratio = "-" if row["busbw_ratio"] is None else f"{row['busbw_ratio']:.2f}"
-    return (_COLS + _SIDE + _SIDE + "  {:>6}").format(
-        row["size"], row["count"], row["dtype"], row["op"], *side(row["ours"]), *side(row["raw"]), ratio
-    )
-
-
-def format_table(report: dict[str, Any]) -> str:
-    return "\n".join([*format_header(report["header"]), *(format_row(r) for r in report["rows"])])
-
-
-def _fmt_time(us: float) -> str:
-    """nccl-tests' precision: fewer decimals for longer times."""
-    return f"{us:.0f}" if us >= 10000 else f"{us:.1f}" if us >= 100 else f"{us:.2f}"
-
-
-def _human(size: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return f"{size}B"
+    return report if world.rank == 0 else None

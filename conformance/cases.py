@@ -67,6 +67,7 @@ class Context:
     seed: int = 1234
     max_world_size: int = 1  # process slots for collectives/training (devices, or CPU processes)
     options: dict[str, Any] = field(default_factory=dict)  # suite-specific knobs (e.g. steps, sizes)
+    launch: Callable[..., Any] | None = None  # starts multi-rank jobs (conformance.jobs); hal.launch.run_function
 
     @property
     def backend_name(self) -> str:

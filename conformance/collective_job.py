@@ -1,6 +1,6 @@
 """The collectives job on one rank: run every check, then ``hal bench collectives``' measurement loop.
 
-Started by ``conformance.worker`` (job ``collectives``) on every rank of one world size. Each rank
+Started by ``conformance.worker.run_rank`` (job ``collectives``) on every rank of one world size. Each rank
 regenerates every rank's inputs from the seed, so it can compute the exact or float64 reference
 locally and judge its own result (``conformance.collective_checks``); the parent merges the ranks'
 verdicts. A check that raises becomes an ``error`` verdict and the others still run.

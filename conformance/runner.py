@@ -111,12 +111,13 @@ def _empty_counts() -> dict[str, Any]:
 
 
 def build_context(backend: str | None = None, *, world_size: int | None = None, seed: int = DEFAULT_SEED,
-                  options: dict[str, Any] | None = None) -> tuple[Context, str]:
+                  options: dict[str, Any] | None = None, launch: Callable[..., Any] | None = None) -> tuple[Context, str]:
     """The Context for ``backend`` (None: HAL_BACKEND or auto) on device 0, and why that backend.
 
     ``max_world_size``: every device on an accelerator (``world_size`` may ask for fewer), 4 CPU
     processes on cpu unless ``world_size`` says otherwise. Raises a one-line HalError for an unknown or
-    unavailable backend and a bad world size.
+    unavailable backend and a bad world size. ``launch`` starts the multi-rank jobs (collectives,
+    training): ``hal.launch.run_function``, from the floor above; without it those cases error.
     """
     from hal.config import load_config
     from hal.selection import choose_backend
@@ -135,7 +136,7 @@ def build_context(backend: str | None = None, *, world_size: int | None = None, 
         slots = world_size or count
     chosen.set_device(0)
     ctx = Context(backend=chosen, device=chosen.device(0), capabilities=chosen.capabilities(0), seed=seed,
-                  max_world_size=slots, options=dict(options or {}))
+                  max_world_size=slots, options=dict(options or {}), launch=launch)
     return ctx, reason
 
 
@@ -409,7 +410,8 @@ def execute(ctx: Context, the_plan: Plan, *, backend_reason: str = "", progress:
 
 def run(backend: str | None = None, *, suites: str | Sequence[str] | None = None,
         patterns: str | Sequence[str] | None = None, world_size: int | None = None, seed: int = DEFAULT_SEED,
-        options: dict[str, Any] | None = None, progress: bool = True, stream: TextIO | None = None) -> RunResult:
+        options: dict[str, Any] | None = None, progress: bool = True, stream: TextIO | None = None,
+        launch: Callable[..., Any] | None = None) -> RunResult:
     """Build the context, plan and execute: ``hal conformance run`` without the files."""
-    ctx, reason = build_context(backend, world_size=world_size, seed=seed, options=options)
+    ctx, reason = build_context(backend, world_size=world_size, seed=seed, options=options, launch=launch)
     return execute(ctx, plan(ctx, suites, patterns), backend_reason=reason, progress=progress, stream=stream)

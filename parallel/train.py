@@ -5,17 +5,17 @@ section, every stage's backend (available, enough devices), the data, the precis
 ``--resume`` the checkpoint against the model and the step count — and a problem is one
 ``hal: error:`` line and exit 2 with nothing started.
 
-Local run: one process per rank, started and watched by torchrun's process machinery
-(``torch.distributed.elastic.multiprocessing.start_processes``: every rank in its own process
-group, SIGTERM then SIGKILL for all when one fails or on Ctrl-C). Plain torchrun is not used here
-because it gives every rank the same environment, and each rank must run with ``HAL_BACKEND`` of
-its own stage (stages own consecutive ranks; ``LOCAL_RANK`` counts a rank among this host's ranks of
-the same backend, so each backend's ranks take devices 0, 1, ... of that backend). The validated run
-is written once to ``<run dir>/job.json`` (``parallel.job``) and each rank runs
-``python -m hal.parallel.trainer <run dir>/job.json`` (see there): ranks never read the YAML. The exit status is the worst status among the ranks that
-failed on their own, as for ``hal launch``.
+Local run: one process per rank, started and watched by the spawner the caller hands in (``hal train``
+passes hal.launch's: every rank in its own process group, SIGTERM then SIGKILL for all when one fails
+or on Ctrl-C). Each rank has an environment of its own: ``HAL_BACKEND`` of its stage (stages own
+consecutive ranks; ``LOCAL_RANK`` counts a rank among this host's ranks of the same backend, so each
+backend's ranks take devices 0, 1, ... of that backend). The validated run is written once to
+``<run dir>/job.json`` (``parallel.job``) and each rank runs ``python -m hal.parallel.trainer <run
+dir>/job.json`` (see there): ranks never read the YAML. The exit status is the worst status among the
+ranks that failed on their own, as for ``hal launch``.
 
-Several nodes: ``--print-multinode NODES`` prints one plain torchrun line per node and starts nothing.
+Several nodes: ``hal train --print-multinode NODES`` prints one plain torchrun line per node (hal.launch's
+torchrun path, from ``cli/train.py``) for the node blocks ``split_nodes`` chooses, and starts nothing.
 The ranks are cut into NODES contiguous blocks — at stage boundaries when there are enough stages,
 otherwise also between TP groups (a TP group never spans nodes) — and the lines use torchrun's static
 rendezvous (``--master-addr``/``--node-rank``), under which node i's ranks follow node i-1's: the node
@@ -28,19 +28,16 @@ ranks (``stage_precision`` null): the printing host's devices are not the nodes'
 from __future__ import annotations
 
 import json
-import logging
 import os
-import shlex
-import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import new_run_dir
 
-from .job import Job, job_text, write_job
+from .job import Job, write_job
 from .run_config import RunConfig
 from .topology import Topology
 
@@ -48,7 +45,8 @@ if TYPE_CHECKING:
     from hal.precision import PrecisionPlan
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # so ranks import this checkout, installed or not
-DEFAULT_PORT = 29500
+RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
+"""Runs one command per rank with that rank's (extra) environment, reports failures itself; the exit status."""
 
 
 # --- validation -------------------------------------------------------------------------------------------
@@ -194,53 +192,15 @@ def split_nodes(topology: Topology, nodes: int) -> list[range]:
     return [range(cuts[a], cuts[b]) for a, b in zip(path, path[1:])]
 
 
-def multinode_lines(job: Job, nodes: int) -> list[str]:
-    """The job file as a here-document (run on every node), then one torchrun command per node
-    (static rendezvous: the node rank fixes which ranks it runs)."""
-    marker = "HAL_JOB_EOF"
-    lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
-             f"mkdir -p {shlex.quote(str(job.run_dir))} && cat > {shlex.quote(str(job.path))} <<'{marker}'\n{job_text(job)}{marker}"]
-    for node, ranks in enumerate(split_nodes(job.topology, nodes)):
-        backends = sorted({job.topology.backend_of(r) for r in ranks})
-        env = f"HAL_BACKEND={backends[0]} " if len(backends) == 1 else ""  # mixed node: each rank takes its stage's
-        args = [f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={len(ranks)}",
-                "--master-addr=NODE0_HOST", f"--master-port={DEFAULT_PORT}", "-m", "hal.parallel.trainer", *job.rank_args()]
-        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{env}torchrun {shlex.join(args)}")
-    return lines
-
-
 # --- the local run ------------------------------------------------------------------------------------------------
 
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # torchelastic turns these into SignalException
-
-
-def run_local(job: Job) -> int:
-    """Start every rank, wait; on the first failure or a signal stop them all. The worst rank's status."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    from hal.collectives.launch import _report_failures
-
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # we report failures ourselves
+def run_local(job: Job, spawn: RankSpawner) -> int:
+    """Start every rank through ``spawn`` and wait; the worst rank's status (``spawn`` stops them all on a failure)."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    world = job.topology.world_size
-    args = {r: ("-m", "hal.parallel.trainer", *job.rank_args()) for r in range(world)}
-    previous = {s: signal.getsignal(s) for s in _SIGNALS}
-    context = start_processes("hal-train", sys.executable, args, rank_envs(job, _free_port()), DefaultLogsSpecs(log_dir=os.devnull))
-    try:
-        result = context.wait()
-    except (KeyboardInterrupt, SignalException) as exc:
-        signum = int(exc.sigval) if isinstance(exc, SignalException) else int(signal.SIGINT)
-        context.close(timeout=5)
-        print(f"hal train: stopped by {signal.Signals(signum).name}; every rank was stopped", file=sys.stderr)
-        return 128 + signum
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if result is not None and result.is_failed():
-        return _report_failures(result, who="hal train")
-    return 0
+    command = [sys.executable, "-m", "hal.parallel.trainer", *job.rank_args()]
+    envs = rank_envs(job, _free_port())
+    return spawn([command] * job.topology.world_size, [envs[r] for r in range(job.topology.world_size)])
 
 
 # --- the command ------------------------------------------------------------------------------------------------
@@ -270,22 +230,16 @@ def _report(job: Job, as_json: bool) -> None:
           f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 
-def train_main(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
-               as_json: bool = False, print_multinode: int | None = None) -> int:
-    """The ``hal train`` command: validate, then print the multi-node lines or train here."""
-    if print_multinode is not None:
-        if print_multinode < 1:
-            raise ConfigError(f"hal train: --print-multinode {print_multinode} is not a node count; give 1 or more")
-        job = prepare(config, steps=steps, resume=resume, run_dir=run_dir, check_backends=False)
-        print("\n".join(multinode_lines(job, print_multinode)))
-        return 0
+def train_main(config: str, *, spawn: RankSpawner, steps: int | None = None, resume: str | None = None,
+               run_dir: str | None = None, as_json: bool = False) -> int:
+    """The ``hal train`` command's local run: validate, then train here with ranks started by ``spawn``."""
     job = prepare(config, steps=steps, resume=resume, run_dir=run_dir)
     print(_describe(job), file=sys.stderr)
     write_job(job)
-    status = run_local(job)
+    status = run_local(job, spawn)
     if status == 0:
         _report(job, as_json)
     return status
 
 
-__all__ = ["Job", "multinode_lines", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]
+__all__ = ["Job", "RankSpawner", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]

@@ -1,39 +1,31 @@
 """Run a function on N real processes (gloo, file:// rendezvous) and collect each rank's result.
 
-Children report through a queue and leave with ``os._exit`` so a broken collective cannot hang
-interpreter teardown; the parent kills anything still alive at the deadline, so a test never
-leaves a process behind.
+The ranks are hal.launch's local ranks (each in its own process group, the whole run bounded by
+``deadline_s``, every rank stopped and reaped on a crash or at the deadline), so a test never
+leaves a process behind. A rank's exception is its result (``("error", ...)``), not a crash.
 """
 from __future__ import annotations
 
 import datetime
 import importlib
-import multiprocessing as mp
 import os
-import queue
-import tempfile
-import time
 import traceback
 from typing import Any, Sequence
 
 
-def _child(module: str, fn: str, rank: int, world: int, store: str, islands: Sequence[int] | None,
-           timeout_s: float, kwargs: dict[str, Any], results: Any, backend: str | Sequence[str] = "cpu") -> None:
+def _rank(module: str, fn: str, islands: Sequence[int] | None, timeout_s: float, backend: str | Sequence[str],
+          kwargs: dict[str, Any]) -> tuple:
+    """One rank (run by hal.launch.entry): join the world, run ``module.fn(rank, world, **kwargs)``; the outcome."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
         from hal.collectives import init_distributed
 
-        os.environ["LOCAL_RANK"] = str(rank)  # one device per rank, as torchrun would set it
         mine = backend if isinstance(backend, str) else backend[rank]
-        init_distributed(mine, init_method=f"file://{store}", rank=rank, world_size=world,
+        init_distributed(mine, init_method=os.environ["HAL_INIT_METHOD"], rank=rank, world_size=world,
                          timeout=datetime.timedelta(seconds=timeout_s), islands=islands)
-        value = getattr(importlib.import_module(module), fn)(rank, world, **kwargs)
-        results.put((rank, "ok", value))
+        return ("ok", getattr(importlib.import_module(module), fn)(rank, world, **kwargs))
     except BaseException as exc:  # report, never hang
-        results.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-    finally:
-        results.close()
-        results.join_thread()  # flush the queue's feeder thread: os._exit would drop the result
-        os._exit(0)
+        return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
 def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, islands: Sequence[int] | None = None,
@@ -41,35 +33,18 @@ def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, isla
     """``module.fn(rank, world, **kwargs)`` on ``world`` processes; {rank: ("ok", value) | ("error", msg, tb)}.
 
     ``backend``: one hal backend for every rank, or one per rank (a mixed, multi-island world).
+    A rank that dies (signal, exit) or a run past ``deadline_s`` fails with the launcher's report.
     """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [
-            ctx.Process(target=_child, args=(module, fn, r, world, store, islands, collective_timeout_s, kwargs, results, backend))
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        out: dict[int, tuple] = {}
-        end = time.monotonic() + deadline_s
-        while len(out) < world and time.monotonic() < end:
-            try:
-                rank, *rest = results.get(timeout=0.5)
-                out[rank] = tuple(rest)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs) and results.empty():
-                    break
-        for p in procs:
-            p.join(timeout=max(0.1, end - time.monotonic()))
-        alive = [p for p in procs if p.is_alive()]
-        for p in alive:
-            p.kill()
-            p.join()
-        if alive:
-            raise AssertionError(f"{len(alive)} rank(s) still running after {deadline_s} s (killed); results so far: {out}")
-    return out
+    from hal.launch import LaunchFailed, run_function
+
+    args = {"module": module, "fn": fn, "islands": list(islands) if islands is not None else None,
+            "timeout_s": collective_timeout_s, "backend": backend if isinstance(backend, str) else list(backend),
+            "kwargs": kwargs}
+    try:
+        run = run_function("tests.dist_harness:_rank", world, args, deadline_s=deadline_s, what=f"{module}.{fn} on {world} rank(s)")
+    except LaunchFailed as exc:
+        raise AssertionError(str(exc)) from None
+    return dict(enumerate(run.values))
 
 
 def ok_values(results: dict[int, tuple], world: int) -> dict[int, Any]:

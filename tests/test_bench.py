@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from hal.cli import bench as bench_cmd
 from hal.collectives import bench
 from hal.collectives.bench import OPS, ROOT, count_wrong, fill_input, shape_for
 from hal.errors import ConfigError
@@ -129,8 +130,8 @@ def test_any_wrong_element_makes_the_exit_status_1(monkeypatch: pytest.MonkeyPat
     good = {"ours": {"wrong": 0}, "raw": {"wrong": 0}, "op": "all_reduce", "dtype": "float32", "size": 8}
     bad = {**good, "raw": {"wrong": 2}}
     for rows, status in (([good], 0), ([good, bad], 1)):
-        monkeypatch.setattr(bench, "run_bench", lambda plan, rows=rows: {"header": {}, "rows": rows})
-        assert bench.bench_main(backend="cpu", world_size=2, sizes="8B", dtypes=None, ops=None, iters=1, warmup=0, as_json=False) == status
+        monkeypatch.setattr(bench_cmd, "run_bench", lambda plan, rows=rows: {"header": {}, "rows": rows})
+        assert bench_cmd.bench_main(backend="cpu", world_size=2, sizes="8B", dtypes=None, ops=None, iters=1, warmup=0, as_json=False) == status
     assert "1 of 2 results have wrong elements" in capsys.readouterr().err
 
 

@@ -14,12 +14,13 @@ from hal.conformance.pipeline_check import compare, single_device_run
 from hal.conformance.suites import training as suite
 from hal.conformance.training_run import MODEL
 from hal import get_backend
+from hal.launch import run_function
 from hal.ops import _rms_norm, _swiglu, registry
 
 
 def _ctx(slots: int = 4, **options: Any) -> Context:
     cpu = get_backend("cpu")
-    return Context(cpu, torch.device("cpu"), cpu.capabilities(), max_world_size=slots, options=dict(options))
+    return Context(cpu, torch.device("cpu"), cpu.capabilities(), max_world_size=slots, options=dict(options), launch=run_function)
 
 
 def _run(ctx: Context, *prefixes: str) -> dict[str, Outcome]:

@@ -107,7 +107,7 @@ FORBIDDEN = re.compile(r"torch\.cuda\b|\.cuda\(")
 def test_no_torch_cuda_outside_backends() -> None:
     """The house rule: only backends/ may touch torch.cuda (examples are user code, tests probe it)."""
     offenders = []
-    for package in ("hal", "collectives", "kernels", "parallel", "conformance", "benchmarks"):
+    for package in ("hal", "collectives", "kernels", "parallel", "conformance", "launch", "benchmarks"):
         for path in (REPO / package).rglob("*.py"):
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if FORBIDDEN.search(line):

@@ -37,7 +37,7 @@ def _processes_with(marker: str) -> list[str]:
 
 
 def _assert_none_left(marker: str) -> None:
-    deadline = time.monotonic() + 2  # torchrun reaps its ranks before it returns; allow the kernel a moment
+    deadline = time.monotonic() + 2  # the launcher reaps its ranks before it returns; allow the kernel a moment
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_with(marker), _processes_with(marker)
@@ -142,3 +142,113 @@ def test_print_multinode_prints_plain_torchrun_lines_and_starts_nothing() -> Non
         assert line.startswith("HAL_BACKEND=cpu torchrun --nnodes=2 --nproc-per-node=4 ")
         assert f"--node-rank={node}" in line and "--rdzv-endpoint=NODE0_HOST:29500" in line
         assert line.endswith(f"{PROBE} --sleep '1 2'")
+
+
+# --- the launcher itself (hal.launch.spawn_ranks / run_function), on plain Python ranks ------------------------
+
+RANK_BODY = """
+import os, signal, subprocess, sys, time
+rank = int(os.environ["RANK"])
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a helper in the rank's group
+with open(os.path.join(sys.argv[1], f"helper{rank}"), "w") as fh:
+    fh.write(str(helper.pid))
+mode = sys.argv[2] if rank == 1 else "sleep"
+if mode == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    mode = "sleep"
+time.sleep(0.5)  # both helpers exist before anything fails
+if mode == "exit":
+    print("rank 1 gives up: planted error", file=sys.stderr, flush=True)
+    sys.exit(3)
+if mode == "sigkill":
+    print("about to die", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (/proc, no psutil)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _spawn_two(tmp_path, mode: str, **options):  # type: ignore[no-untyped-def]
+    from hal.launch import rank_env, spawn_ranks
+
+    command = [sys.executable, "-c", RANK_BODY, str(tmp_path), mode]
+    envs = [rank_env(r, 2, 29400) for r in range(2)]
+    started = time.monotonic()
+    report = spawn_ranks([command, command], envs, stdout="devnull", **options)
+    helpers = [int((tmp_path / f"helper{r}").read_text()) for r in range(2)]
+    return report, helpers, time.monotonic() - started
+
+
+def _assert_all_gone(report, helpers) -> None:  # type: ignore[no-untyped-def]
+    """The ranks are reaped; their helpers (not our children) get a moment for SIGKILL to land."""
+    assert not [pid for pid in report.pids if _alive(pid)]
+    deadline = time.monotonic() + 2
+    while any(_alive(pid) for pid in helpers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in helpers if _alive(pid)]
+    assert not left, f"still running: {left}"
+
+
+def test_launcher_names_a_failing_rank_stops_the_rest_and_leaves_no_process(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    report, helpers, took = _spawn_two(tmp_path, "exit", deadline_s=60)
+    fates = {f.rank: f for f in report.fates}
+    assert fates[1].fate == "exit" and fates[1].code == 3 and fates[1].last_line == "rank 1 gives up: planted error"
+    assert fates[0].fate == "stopped"
+    assert report.exit_status == 3 and not report.ok and not report.timed_out and took < 30
+    assert report.lines() == [
+        "rank 1 failed (exit status 3): rank 1 gives up: planted error", "rank 0 stopped by the launcher after rank 1 failed",
+    ]
+    _assert_all_gone(report, helpers)
+
+
+def test_launcher_reports_sigkill_as_sigkill(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    report, helpers, _ = _spawn_two(tmp_path, "sigkill", deadline_s=60)
+    fates = {f.rank: f for f in report.fates}
+    assert fates[1].fate == "signal" and fates[1].code == signal.SIGKILL
+    assert report.lines()[0] == "rank 1 failed (killed by SIGKILL): about to die"
+    assert "SIGTERM" not in report.summary() and fates[0].fate == "stopped"
+    assert report.exit_status == 128 + signal.SIGKILL
+    _assert_all_gone(report, helpers)
+
+
+def test_launcher_deadline_kills_hanging_ranks_even_those_ignoring_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    report, helpers, took = _spawn_two(tmp_path, "ignore-term", deadline_s=2, term_grace_s=1)
+    assert report.timed_out and report.exit_status == 124 and took < 20
+    assert [f.fate for f in report.fates] == ["timed out", "timed out"]
+    assert "rank 0 timed out after 2 s (killed)" in report.summary()
+    _assert_all_gone(report, helpers)
+
+
+def test_run_function_returns_values_or_raises_one_report() -> None:
+    from hal.launch import LaunchFailed, run_function
+
+    run = run_function("os:getenv", 3, {"key": "RANK"}, deadline_s=60)
+    assert run.values == ["0", "1", "2"]
+    with pytest.raises(LaunchFailed, match=r"^demo: rank \d failed \(exit status 1\): ValueError: .*not 'module:callable'") as info:
+        run_function("no-colon", 2, deadline_s=60, what="demo")
+    assert not any(_alive(pid) for pid in info.value.pids)
+
+
+def test_report_puts_the_root_cause_before_ranks_that_lost_a_peer() -> None:
+    from hal.launch import LaunchReport, RankFate
+
+    lost = RankFate(0, 10, "exit", 1, "CollectiveTimeout: all_reduce ... Connection closed by peer")
+    cause = RankFate(1, 11, "exit", 2, "RuntimeError: planted")
+    stopped = RankFate(2, 12, "stopped")
+    report = LaunchReport((lost, cause, stopped), 1.0)
+    assert report.lines() == [
+        "rank 1 failed (exit status 2): RuntimeError: planted",
+        "rank 0 failed (exit status 1): CollectiveTimeout: all_reduce ... Connection closed by peer",
+        "rank 2 stopped by the launcher after rank 1 failed",
+    ]
+    assert report.exit_status == 2 and not report.ok

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ..cases import Case, Context, Outcome, skip
 from ..collective_checks import DTYPES, Check, merge_ranks, not_runnable, plan_checks
-from ..spawn import JobFailed, JobResult, run_job
+from ..jobs import JobFailed, JobResult, run_job
 
 SUITE = "collectives"
 CPU_BUSBW_SIZES = (1 << 10, 1 << 14, 1 << 18)
@@ -89,7 +89,7 @@ class _Job:
         with self._lock:
             if self._result is None and self._error is None:
                 try:
-                    self._result = run_job("collectives", self.spec, self.world_size, ctx.backend.name, timeout_s=self.timeout_s)
+                    self._result = run_job(ctx.launch, "collectives", self.spec, self.world_size, ctx.backend.name, timeout_s=self.timeout_s)
                 except JobFailed as exc:
                     self._error = str(exc)
             return self._result, self._error

@@ -42,7 +42,7 @@ import torch
 
 from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
 from ..pipeline_check import choose_plan, compare, single_device_run, world_of
-from ..spawn import JobFailed, run_job
+from ..jobs import JobFailed, run_job
 from ..training_run import (
     PRECISIONS, RunResult, Settings, grad_agreement, host_threads, plain_fp32_matmul, reference_curve, reference_grads, train,
 )
@@ -168,7 +168,7 @@ def _pipeline(settings: Settings, name: str, plan: dict[str, Any], timeout_s: fl
     def run(ctx: Context) -> Outcome:
         spec = {"plan": plan, "model": settings.model.to_dict(), "steps": settings.steps, "seed": settings.seed}
         try:
-            job = run_job("pipeline", spec, world_of(plan), ctx.backend.name, timeout_s=timeout_s)
+            job = run_job(ctx.launch, "pipeline", spec, world_of(plan), ctx.backend.name, timeout_s=timeout_s)
         except JobFailed as exc:
             return Outcome("error", reason=str(exc))
         with plain_fp32_matmul(ctx.backend), host_threads(1):

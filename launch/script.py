@@ -1,14 +1,12 @@
-"""``hal launch``: N local ranks of a script under torchrun, each pinned to its device by hal.
+"""``hal launch``'s plan: N local ranks of a script, each pinned to its device by hal — checked before any start.
 
-A thin layer over ``torch.distributed.run`` (torchrun), run in this process: it checks the
-backend and the rank count *before* anything starts, exports ``HAL_BACKEND`` (and the
-config's precision and fallback) to every rank so that ``collectives.init_distributed()``
-with no arguments picks the backend and pins the rank to its device from ``LOCAL_RANK``, and
-then lets torchrun's agent start, watch and stop the ranks. torchrun puts every rank in its
-own process group and, when a rank fails or the launcher gets SIGINT/SIGTERM, signals every
-group (SIGKILL after a grace period), so no rank outlives the launcher. The exit status is
-the worst status among the ranks that failed on their own (a rank killed by signal S counts
-as 128+S; ranks torchrun stopped because another failed do not count).
+The checks (backend, rank count, one rank per device) run before anything starts; every rank gets
+``HAL_BACKEND`` (and the config's precision and fallback) so that ``collectives.init_distributed()``
+with no arguments picks the backend and pins the rank to its device from ``LOCAL_RANK``. The ranks
+are started and stopped by ``hal.launch.ranks.spawn_ranks`` (each in its own process group; on a
+failure or SIGINT/SIGTERM every group is stopped, so no rank outlives the launcher). The exit
+status is the worst status among the ranks that failed on their own (a rank killed by signal S
+counts as 128+S; ranks the launcher stopped because another failed do not count).
 
 Multi-node runs use plain torchrun on every node — ``hal launch`` adds nothing there but the
 environment variable. Run the same line on each node, changing only ``--node-rank``::
@@ -27,16 +25,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 from hal.backend import Backend
 from hal.errors import ConfigError, HalError
 
-DEFAULT_PORT = 29500
+from . import torchrun
+from .env import free_port, rank_env
+from .ranks import LaunchReport, spawn_ranks
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class LaunchPlan:
     env: Mapping[str, str] = field(default_factory=dict)  # exported to every rank
 
     def torchrun_args(self) -> list[str]:
-        """torchrun's own arguments for the single-node run (what ``hal launch`` executes)."""
+        """torchrun's arguments for the same single-node run (shown, so the user can rerun it without hal)."""
         return ["--standalone", f"--nproc-per-node={self.nproc}", self.script, *self.script_args]
 
     def command_line(self) -> str:
@@ -60,16 +59,9 @@ class LaunchPlan:
 
     def multinode_lines(self, nodes: int) -> list[str]:
         """One plain-torchrun command per node; placeholders name what the user must fill in."""
-        env = f"HAL_BACKEND={shlex.quote(self.backend.name)}"
-        lines = []
-        for node in range(nodes):
-            args = [
-                f"--nnodes={nodes}", f"--nproc-per-node={self.nproc}", f"--node-rank={node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=NODE0_HOST:{DEFAULT_PORT}", "--rdzv-id=JOB_ID",
-                self.script, *self.script_args,
-            ]
-            lines.append(f"{env} torchrun {shlex.join(args)}")
-        return lines
+        if nodes < 1:
+            raise HalError(f"hal launch: --print-multinode {nodes} is not a node count; give 1 or more")
+        return torchrun.rendezvous_lines(nodes, self.nproc, [self.script, *self.script_args], {"HAL_BACKEND": self.backend.name})
 
 
 def plan_launch(
@@ -123,66 +115,10 @@ def _check_device_count(nproc: int, backend: Backend, devices: Sequence[int], ex
         env[var] = ",".join(physical[i].strip() for i in devices)
 
 
-def run_launch(plan: LaunchPlan) -> int:
-    """Run the plan under torchrun's agent, in this process; the worst rank's exit status."""
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    os.environ.update(plan.env)
-    if plan.nproc > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, minus its banner
-    try:
-        run(parse_args(plan.torchrun_args()))
-    except ChildFailedError as exc:
-        return _report_failures(exc)
-    except SignalException as exc:
-        print(f"hal launch: stopped by {signal.Signals(exc.sigval).name}; every rank was stopped", file=sys.stderr)
-        return 128 + int(exc.sigval)
-    return 0
-
-
-def _report_failures(exc: Any, who: str = "hal launch") -> int:
-    """One line per failed rank, and the worst status among the ranks that failed on their own.
-
-    When one rank fails, torchrun stops the others with SIGTERM (then SIGKILL); those show up as
-    failures too but are consequences, so they decide the status only when nothing else failed.
-    Statuses follow the shell: exit status N, or 128+S for a rank killed by signal S.
-    """
-    stopped = {-signal.SIGTERM, -signal.SIGKILL}
-    codes = {rank: int(failure.exitcode) for rank, failure in sorted(exc.failures.items())}
-    causes = {rank: code for rank, code in codes.items() if code not in stopped} or codes
-    for rank, code in codes.items():
-        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
-        note = "" if rank in causes else ", stopped by the launcher after another rank failed"
-        print(f"{who}: rank {rank} failed ({how}{note})", file=sys.stderr)
-    return max((128 - code if code < 0 else code) for code in causes.values()) if causes else 1
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def launch_main(
-    nproc: int,
-    script: str,
-    script_args: Sequence[str],
-    *,
-    backend: str | None = None,
-    config: str | None = None,
-    print_multinode: int | None = None,
-) -> int:
-    """The ``hal launch`` command: validate, then print the multi-node lines or run."""
-    if print_multinode is not None:
-        if print_multinode < 1:
-            raise HalError(f"hal launch: --print-multinode {print_multinode} is not a node count; give 1 or more")
-        plan = plan_launch(nproc, script, script_args, backend=backend, config=config, check_devices=False)
-        for line in plan.multinode_lines(print_multinode):
-            print(line, file=sys.stderr)
-        return 0
-    plan = plan_launch(nproc, script, script_args, backend=backend, config=config)
-    print(f"hal launch: {plan.nproc} rank(s) on backend {plan.backend.name}: {plan.command_line()}", file=sys.stderr)
-    return run_launch(plan)
+def run_launch(plan: LaunchPlan, *, echo_stderr: IO[str] | None = None) -> LaunchReport:
+    """Run the plan's ranks until all end, one fails, or this process is signalled; the report."""
+    port = free_port()
+    base = {**os.environ, **plan.env}
+    envs = [rank_env(r, plan.nproc, port, base=base) for r in range(plan.nproc)]
+    command = [sys.executable, "-u", plan.script, *plan.script_args]  # -u: ranks' lines arrive as written
+    return spawn_ranks([command] * plan.nproc, envs, echo_stderr=echo_stderr if echo_stderr is not None else sys.stderr)

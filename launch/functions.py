@@ -1,0 +1,78 @@
+"""Run a Python function on N local ranks and collect what each returns, or raise one failure report.
+
+The function is named, not passed (``"module:function"``): each rank is a fresh interpreter
+(``python -m hal.launch.entry``), so nothing but names and picklable arguments crosses over, and
+the library that owns the function never imports the launcher.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Mapping
+
+from .env import INIT_METHOD_ENV, free_port, import_path, rank_env
+from .names import result_path
+from .ranks import LaunchFailed, LaunchReport, Output, spawn_ranks
+
+
+@dataclass(frozen=True)
+class FunctionRun:
+    """Every rank's returned value (rank order), and the launcher's report of the run."""
+
+    values: list[Any]
+    report: LaunchReport
+
+    @property
+    def seconds(self) -> float:
+        return self.report.seconds
+
+
+def run_function(
+    target: str,
+    world_size: int,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    deadline_s: float | None,
+    what: str = "",
+    env: Mapping[str, str] | None = None,
+    per_rank_env: Callable[[int], Mapping[str, str]] | None = None,
+    stdout: Output = "merge",
+    echo_stderr: IO[str] | None = None,
+    term_grace_s: float = 5.0,
+) -> FunctionRun:
+    """``target(**kwargs)`` on ``world_size`` ranks within ``deadline_s`` (None: no limit); LaunchFailed names every rank's fate.
+
+    ``env`` is added to every rank's environment, ``per_rank_env(rank)`` to one rank's (e.g. its
+    HAL_BACKEND). Every rank gets HAL_INIT_METHOD, a ``file://`` store in a directory private to
+    this run. ``what`` prefixes the failure message (e.g. "collectives job on 2 rank(s) of cpu").
+    """
+    if world_size < 1:
+        raise ValueError(f"world size {world_size} is not a rank count; give 1 or more")
+    with tempfile.TemporaryDirectory(prefix="hal-launch-") as tmp:
+        kwargs_file = os.path.join(tmp, "kwargs.pkl")
+        with open(kwargs_file, "wb") as fh:
+            pickle.dump(dict(kwargs or {}), fh)
+        base = {**os.environ, INIT_METHOD_ENV: f"file://{os.path.join(tmp, 'store')}"}
+        base["PYTHONPATH"] = import_path(base)
+        base.update(env or {})
+        port = free_port()
+        envs = [rank_env(r, world_size, port, base=base, extra=per_rank_env(r) if per_rank_env else None) for r in range(world_size)]
+        commands = [[sys.executable, "-m", "hal.launch.entry", target, kwargs_file, tmp]] * world_size
+        report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr, term_grace_s=term_grace_s)
+        prefix = f"{what}: " if what else ""
+        if report.interrupted:  # every rank is stopped: now let the signal do what it does to this process
+            signal.raise_signal(report.interrupted)
+        if not report.ok:
+            raise LaunchFailed(prefix + report.summary(), report)
+        missing = [r for r in range(world_size) if not os.path.isfile(result_path(tmp, r))]
+        if missing:
+            raise LaunchFailed(f"{prefix}rank(s) {missing} exited without writing a result", report)
+        values = []
+        for r in range(world_size):
+            with open(result_path(tmp, r), "rb") as fh:
+                values.append(pickle.load(fh))
+    return FunctionRun(values, report)

@@ -1,0 +1,326 @@
+"""The local rank spawner: N commands, each in its own session, watched together, stopped together.
+
+Why one process group per rank: a rank may start helpers (data loaders, compilers); killing the
+group kills them too, and a session of its own keeps the terminal's Ctrl-C away from the ranks so
+the launcher alone decides when and how they stop. Exits are detected with ``waitid(WNOWAIT)``,
+which leaves every rank a zombie until the very end: its pid, and so its process group id, cannot
+be reused by an unrelated process before the final SIGKILL of every group.
+
+Fates are decided by what the launcher saw, not guessed from exit codes: a rank that ended before
+the launcher began stopping ended on its own (ok, exit status N, or killed by signal S); a rank
+still running when the launcher stopped the job was "stopped by the launcher" (after another
+rank failed, or after the launcher got a signal) or "timed out" (the deadline passed).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Literal, Mapping, Sequence
+
+from hal.errors import HalError
+
+Fate = Literal["ok", "exit", "signal", "stopped", "timed out"]
+Output = Literal["inherit", "devnull", "merge"]  # a rank's stdout: ours, dropped, or into its stderr tail
+POLL_S = 0.05
+TAIL_LINES = 40
+# A rank whose last line says a peer went away failed because of another rank: its report line comes after.
+CONSEQUENCE = ("CollectiveTimeout", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class RankFate:
+    """How one rank ended, and the last meaningful line it wrote to stderr."""
+
+    rank: int
+    pid: int
+    fate: Fate
+    code: int | None = None  # exit status ("exit"), signal number ("signal")
+    last_line: str = ""
+
+    @property
+    def failed_on_its_own(self) -> bool:
+        return self.fate in ("exit", "signal")
+
+    @property
+    def status(self) -> int:
+        """The shell's view: N for exit status N, 128+S for signal S, 0 for ok."""
+        if self.fate == "exit":
+            return int(self.code or 0)
+        if self.fate == "signal":
+            return 128 + int(self.code or 0)
+        return 0
+
+    def describe(self, cause: str = "") -> str:
+        tail = f": {self.last_line}" if self.last_line else ""
+        if self.fate == "ok":
+            return f"rank {self.rank} ok"
+        if self.fate == "exit":
+            return f"rank {self.rank} failed (exit status {self.code}){tail}"
+        if self.fate == "signal":
+            return f"rank {self.rank} failed (killed by {signal_name(int(self.code or 0))}){tail}"
+        if self.fate == "stopped":
+            return f"rank {self.rank} stopped by the launcher{f' after {cause}' if cause else ''}"
+        return f"rank {self.rank} timed out{f' after {cause}' if cause else ''} (killed){tail}"
+
+
+@dataclass(frozen=True)
+class LaunchReport:
+    """The one failure report of a run: every rank's fate, in the order the launcher saw them end."""
+
+    fates: tuple[RankFate, ...]
+    seconds: float
+    deadline_s: float | None = None
+    timed_out: bool = False
+    interrupted: int | None = None  # the signal the launcher got, if it stopped the ranks for one
+
+    @property
+    def ok(self) -> bool:
+        return all(f.fate == "ok" for f in self.fates) and not self.interrupted
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(f.pid for f in sorted(self.fates, key=lambda f: f.rank))
+
+    @property
+    def causes(self) -> list[RankFate]:
+        """Ranks that failed on their own: root causes first, then those that lost a peer; else in order seen."""
+        own = [f for f in self.fates if f.failed_on_its_own]
+        return sorted(own, key=lambda f: any(m in f.last_line for m in CONSEQUENCE))
+
+    @property
+    def exit_status(self) -> int:
+        """Worst status among ranks that failed on their own; 128+S when interrupted; 124 at the deadline."""
+        if self.interrupted:
+            return 128 + self.interrupted
+        if self.causes:
+            return max(f.status for f in self.causes)
+        return 124 if self.timed_out else 0
+
+    def _why_stopped(self) -> str:
+        if self.interrupted:
+            return signal_name(self.interrupted)
+        first = self.causes[0] if self.causes else None
+        return f"rank {first.rank} failed" if first else "another rank failed"
+
+    def entries(self) -> list[tuple[RankFate, str]]:
+        """Each rank that did not end ok with its report line: causes first, then the ranks stopped or timed out."""
+        out = []
+        for f in [*self.causes, *(f for f in self.fates if not f.failed_on_its_own and f.fate != "ok")]:
+            if f.fate == "stopped":
+                out.append((f, f.describe(self._why_stopped())))
+            elif f.fate == "timed out":
+                out.append((f, f.describe(f"{self.deadline_s:g} s")))
+            else:
+                out.append((f, f.describe()))
+        return out
+
+    def lines(self) -> list[str]:
+        """One line per rank that did not end ok (see ``entries``)."""
+        return [line for _, line in self.entries()]
+
+    def summary(self) -> str:
+        """The report as one line (for an exception message)."""
+        return "; ".join(self.lines()) or "every rank ok"
+
+
+class LaunchFailed(HalError):
+    """A rank failed, the deadline passed or the launcher was signalled; every rank was stopped and reaped."""
+
+    def __init__(self, message: str, report: LaunchReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return self.report.pids
+
+
+class _Tail:
+    """Reads one rank's stderr pipe: echoes each line (optionally) and keeps the last ones."""
+
+    def __init__(self, pipe: IO[bytes], echo: IO[str] | None, lock: threading.Lock) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.closed_at: float | None = None  # when the pipe closed: the rank's exit, seen closer than a poll sees it
+        self._thread = threading.Thread(target=self._pump, args=(pipe, echo, lock), daemon=True)
+        self._thread.start()
+
+    def _pump(self, pipe: IO[bytes], echo: IO[str] | None, lock: threading.Lock) -> None:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            self.lines.append(line.rstrip("\n"))
+            if echo is not None:
+                with lock:
+                    echo.write(line)
+                    echo.flush()
+        self.closed_at = time.monotonic()
+        pipe.close()
+
+    def join(self, timeout_s: float = 2.0) -> None:
+        """Until the pipe closes (every writer gone), or ``timeout_s`` (a helper escaped the group)."""
+        self._thread.join(timeout=timeout_s)
+
+    def last_line(self) -> str:
+        """The last meaningful line (a traceback's last line is the exception); warnings are skipped."""
+        kept = [s.strip() for s in self.lines if s.strip() and "warn" not in s.lower()]
+        return kept[-1][:400] if kept else ""
+
+
+class _Signals:
+    """While ranks run, SIGINT/SIGTERM/SIGHUP to the launcher only note which came (main thread only)."""
+
+    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, enabled: bool) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+        self._enabled = enabled and threading.current_thread() is threading.main_thread()
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.received = self.received or signum
+
+    def __enter__(self) -> "_Signals":
+        if self._enabled:
+            for sig in self.WATCHED:
+                self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> tuple[Fate, int] | None:
+    """How the rank ended, without reaping it where the OS allows (the zombie keeps its group id reserved)."""
+    if not hasattr(os, "waitid"):  # no waitid (older macOS Pythons): poll reaps; the final group kill may then miss
+        code = proc.poll()
+        return None if code is None else ("ok", 0) if code == 0 else ("exit", code) if code > 0 else ("signal", -code)
+    info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return ("ok", 0) if info.si_status == 0 else ("exit", info.si_status)
+    return "signal", info.si_status
+
+
+def _signal_groups(procs: Sequence[subprocess.Popen[bytes]], sig: int) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@dataclass
+class _Watch:
+    """The ranks' processes and what the launcher has seen of them so far."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    tails: list[_Tail] = field(default_factory=list)
+    seen: dict[int, tuple[Fate, int]] = field(default_factory=dict)  # rank -> fate, in the order seen
+    seen_at: dict[int, float] = field(default_factory=dict)
+    stopping: Fate | None = None  # once set ("stopped" / "timed out"), a rank that ends badly ended by our hand
+
+    def poll(self) -> None:
+        for rank, p in enumerate(self.procs):
+            if rank not in self.seen:
+                how = _exited(p)
+                if how is not None:
+                    self.seen[rank] = how if how[0] == "ok" or self.stopping is None else (self.stopping, 0)
+                    self.seen_at[rank] = time.monotonic()
+
+    def _ended_at(self, rank: int) -> float:
+        """Ranks seen in one poll are ordered by when their pipe closed (a crash before its peers' consequences)."""
+        closed = self.tails[rank].closed_at if rank < len(self.tails) else None
+        return min(self.seen_at[rank], closed) if closed is not None else self.seen_at[rank]
+
+    def failed(self) -> bool:
+        return any(fate != "ok" for fate, _ in self.seen.values())
+
+    def running(self) -> list[int]:
+        return [r for r in range(len(self.procs)) if r not in self.seen]
+
+    def fates(self) -> tuple[RankFate, ...]:
+        ranks = [*sorted(self.seen, key=self._ended_at), *self.running()]
+        out = []
+        for rank in ranks:
+            fate, code = self.seen.get(rank, (self.stopping or "stopped", 0))
+            last = self.tails[rank].last_line() if fate != "ok" and rank < len(self.tails) else ""
+            out.append(RankFate(rank, self.procs[rank].pid, fate, code if fate in ("exit", "signal") else None, last))
+        return tuple(out)
+
+
+def spawn_ranks(
+    commands: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]],
+    *,
+    deadline_s: float | None = None,
+    term_grace_s: float = 5.0,
+    stdout: Output = "inherit",
+    echo_stderr: IO[str] | None = None,
+    cwd: str | None = None,
+    handle_signals: bool = True,
+) -> LaunchReport:
+    """Run ``commands[r]`` with environment ``envs[r]`` (complete, not merged) for every rank r; wait for all.
+
+    On the first rank that fails, at ``deadline_s`` (whole run) or on SIGINT/SIGTERM/SIGHUP to this
+    process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
+    Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
+    returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
+    come (None: only the tails are kept for the report).
+    """
+    if len(commands) != len(envs) or not commands:
+        raise ValueError(f"{len(commands)} command(s) for {len(envs)} environment(s); give one of each per rank (1 or more)")
+    started = time.monotonic()
+    lock = threading.Lock()
+    watch = _Watch()
+    stop_at = 0.0
+    out = {"inherit": None, "devnull": subprocess.DEVNULL, "merge": subprocess.PIPE}[stdout]
+    with _Signals(handle_signals) as signals:
+        try:
+            for command, env in zip(commands, envs):
+                p = subprocess.Popen(
+                    list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT if stdout == "merge" else subprocess.PIPE, start_new_session=True,
+                )
+                watch.procs.append(p)
+                pipe = p.stdout if stdout == "merge" else p.stderr
+                assert pipe is not None
+                watch.tails.append(_Tail(pipe, echo_stderr, lock))
+            while True:
+                watch.poll()
+                if not watch.running():
+                    break
+                now = time.monotonic()
+                if watch.stopping is None:
+                    late = deadline_s is not None and now - started > deadline_s
+                    if late or watch.failed() or signals.received:
+                        watch.stopping = "timed out" if late and not watch.failed() and not signals.received else "stopped"
+                        stop_at = now
+                        _signal_groups([watch.procs[r] for r in watch.running()], signal.SIGTERM)
+                elif now - stop_at > term_grace_s:
+                    _signal_groups([watch.procs[r] for r in watch.running()], signal.SIGKILL)
+                time.sleep(POLL_S)
+        except BaseException:
+            watch.stopping = watch.stopping or "stopped"
+            raise
+        finally:
+            _signal_groups(watch.procs, signal.SIGKILL)  # helpers left in any group; ranks not seen to end
+            for p in watch.procs:
+                p.wait()
+            for tail in watch.tails:
+                tail.join()
+    return LaunchReport(
+        watch.fates(), time.monotonic() - started, deadline_s, watch.stopping == "timed out", signals.received,
+    )
