@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     script_args = list(args.script_args)
     if args.print_multinode is not None:
         if args.print_multinode < 1:
-            raise HalError(f"hal launch: --print-multinode {args.print_multinode} is not a node count; give 1 or more")
+            raise HalError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
         plan = plan_launch(args.nproc, args.script, script_args, backend=args.backend, config=args.config, check_devices=False)
         for line in plan.multinode_lines(args.print_multinode):
             print(line, file=sys.stderr)

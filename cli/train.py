@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any, Sequence
 
@@ -30,28 +31,44 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.print_multinode is not None:
-        print("\n".join(multinode_lines(args)))
+        from hal.errors import ConfigError
+        from hal.parallel.train import prepare
+
+        if args.print_multinode < 1:
+            raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
+        job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False)
+        print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
-    from hal.parallel.train import train_main
+    from hal.parallel.train import describe, prepare, read_summary, run_local, write_job
 
-    return train_main(args.config, spawn=spawn_ranks, steps=args.steps, resume=args.resume, run_dir=args.run_dir,
-                      as_json=args.json)
+    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir)
+    print(f"hal train: {describe(job)}", file=sys.stderr)
+    write_job(job)
+    status = run_local(job, spawn_ranks)
+    if status == 0:
+        _print_summary(read_summary(job), args.json)
+    return status
 
 
-def multinode_lines(args: argparse.Namespace) -> list[str]:
+def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    rate = summary["tokens_per_s"] or 0.0
+    print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
+          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s, {summary['wall_s']:.1f} s; "
+          f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
+
+
+def multinode_lines(job: Any, nodes: int) -> list[str]:
     """The job file as a here-document (run on every node, or once on a shared filesystem), then one
     torchrun command per node block of the plan (static rendezvous: the node rank fixes its ranks)."""
     import shlex
 
-    from hal.errors import ConfigError
     from hal.launch import torchrun
     from hal.parallel.job import job_text
-    from hal.parallel.train import prepare, split_nodes
+    from hal.parallel.train import split_nodes
 
-    nodes = args.print_multinode
-    if nodes < 1:
-        raise ConfigError(f"hal train: --print-multinode {nodes} is not a node count; give 1 or more")
-    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False)
     marker = "HAL_JOB_EOF"
     lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
              f"mkdir -p {shlex.quote(str(job.run_dir))} && cat > {shlex.quote(str(job.path))} <<'{marker}'\n{job_text(job)}{marker}"]

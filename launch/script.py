@@ -60,7 +60,7 @@ class LaunchPlan:
     def multinode_lines(self, nodes: int) -> list[str]:
         """One plain-torchrun command per node; placeholders name what the user must fill in."""
         if nodes < 1:
-            raise HalError(f"hal launch: --print-multinode {nodes} is not a node count; give 1 or more")
+            raise HalError(f"--print-multinode {nodes} is not a node count; give 1 or more")
         return torchrun.rendezvous_lines(nodes, self.nproc, [self.script, *self.script_args], {"HAL_BACKEND": self.backend.name})
 
 
@@ -83,9 +83,9 @@ def plan_launch(
     from hal.selection import choose_backend, select_backend
 
     if nproc < 1:
-        raise ConfigError(f"hal launch: --nproc {nproc} is not a rank count; give 1 or more")
+        raise ConfigError(f"--nproc {nproc} is not a rank count; give 1 or more")
     if not Path(script).is_file():
-        raise ConfigError(f"hal launch: script {script!r} not found; give the path of a Python file")
+        raise ConfigError(f"script {script!r} not found; give the path of a Python file")
     cfg = load_config(config, overrides={"backend": backend})
     if not check_devices:  # 'auto' is resolved here: every rank must be told a backend name
         chosen = choose_backend("auto")[0] if cfg.backend == "auto" else get_backend(cfg.backend)
@@ -103,7 +103,7 @@ def _check_device_count(nproc: int, backend: Backend, devices: Sequence[int], ex
     if nproc > len(devices):
         which = f"the config's devices {list(devices)}" if explicit else f"{len(devices)} visible device(s)"
         raise ConfigError(
-            f"hal launch: --nproc {nproc} but backend '{backend.name}' has {which}; "
+            f"--nproc {nproc} but backend '{backend.name}' has {which}; "
             f"use --nproc {len(devices)} or less (one rank per device)"
         )
     var = backend.visible_devices_env

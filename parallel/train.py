@@ -32,7 +32,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import new_run_dir
@@ -114,7 +114,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     from .run_config import load_run_config
 
     if steps is not None and steps < 1:
-        raise ConfigError(f"hal train: --steps {steps} is not a step count; give 1 or more")
+        raise ConfigError(f"--steps {steps} is not a step count; give 1 or more")
     run = load_run_config(config, check_backends=check_backends)
     precision = _stage_precision(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
@@ -175,7 +175,7 @@ def split_nodes(topology: Topology, nodes: int) -> list[range]:
     cuts = _cut_candidates(topology, nodes) + [topology.world_size]
     if nodes > len(cuts) - 1:
         raise ConfigError(
-            f"hal train: --print-multinode {nodes}: the plan has only {len(cuts) - 1} TP group(s) to place, and a TP "
+            f"--print-multinode {nodes}: the plan has only {len(cuts) - 1} TP group(s) to place, and a TP "
             f"group stays on one node; use at most {len(cuts) - 1} nodes"
         )
     inf = (float("inf"), [])
@@ -203,43 +203,27 @@ def run_local(job: Job, spawn: RankSpawner) -> int:
     return spawn([command] * job.topology.world_size, [envs[r] for r in range(job.topology.world_size)])
 
 
-# --- the command ------------------------------------------------------------------------------------------------
+# --- what the command shows ------------------------------------------------------------------------------------
 
 
-def _describe(job: Job) -> str:
+def describe(job: Job) -> str:
+    """One line: every stage's backend, grid, ranks and layers, the steps and the run directory."""
     parts = []
     for m in job.topology.stages:
         grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
         sp = " sp" if m.sp else ""
         parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {m.first_layer}-{m.first_layer + m.layers - 1}")
     resumed = f", resuming at step {job.start}" if job.resume else ""
-    return f"hal train: {job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
+    return f"{job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
 
 
-def _report(job: Job, as_json: bool) -> None:
+def read_summary(job: Job) -> dict[str, Any]:
+    """The summary the writer rank left in the run directory."""
     path = job.run_dir / "summary.json"
     if not path.is_file():
-        raise HalError(f"hal train: the ranks finished but wrote no {path}; see their output above")
-    summary = json.loads(path.read_text(encoding="utf-8"))
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
-    rate = summary["tokens_per_s"] or 0.0
-    print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
-          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s, {summary['wall_s']:.1f} s; "
-          f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
+        raise HalError(f"the ranks finished but wrote no {path}; see their output above")
+    summary: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return summary
 
 
-def train_main(config: str, *, spawn: RankSpawner, steps: int | None = None, resume: str | None = None,
-               run_dir: str | None = None, as_json: bool = False) -> int:
-    """The ``hal train`` command's local run: validate, then train here with ranks started by ``spawn``."""
-    job = prepare(config, steps=steps, resume=resume, run_dir=run_dir)
-    print(_describe(job), file=sys.stderr)
-    write_job(job)
-    status = run_local(job, spawn)
-    if status == 0:
-        _report(job, as_json)
-    return status
-
-
-__all__ = ["Job", "RankSpawner", "prepare", "rank_envs", "run_local", "split_nodes", "train_main"]
+__all__ = ["Job", "RankSpawner", "describe", "prepare", "rank_envs", "read_summary", "run_local", "split_nodes", "write_job"]

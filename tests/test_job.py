@@ -16,7 +16,8 @@ import pytest
 
 from hal.errors import ConfigError
 from hal.parallel.job import JOB_FILE, load_job, write_job
-from hal.parallel.train import multinode_lines, prepare, rank_envs
+from hal.cli.train import multinode_lines
+from hal.parallel.train import prepare, rank_envs
 
 from .conftest import REPO
 
