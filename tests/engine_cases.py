@@ -138,6 +138,6 @@ def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     tokens = batch(0, 0, micro_batches, 2, MODEL.max_seq_len, MODEL.vocab_size)
     losses = {}
     for name, fn in (("default", None), ("first_half", recording)):
-        engine = PipelineEngine(MODEL, plan, topology, groups, seed=0, device=torch.device("cpu"), loss_fn=fn)
+        engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"), loss_fn=fn)
         losses[name] = engine.step(tokens)
     return {"losses": losses, "seen": seen}
