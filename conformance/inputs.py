@@ -51,6 +51,21 @@ class Sample:
     scale: float = 1.0  # what the float inputs were scaled by (large / tiny); 1 otherwise
     magnitude: float = 1.0  # typical size of the result given that scale (the table's atol assumes 1)
     note: str = ""  # what this sample is, for the case description
+    # (float64 leaves, float64 cotangent) -> {leaf: max of the gradient's componentwise scale}; see GradScale
+    grad_scale: "GradScale | None" = None
+
+
+GradScale = Callable[[Leaves, torch.Tensor], dict[str, float]]
+"""For a backward that cancels (softmax's y * (g - sum(y * g)), attention's dS @ K), the largest
+componentwise scale of each gradient: the same formula with every term replaced by its absolute value
+(Higham's |A||B| for a product), so one rounding of each low-precision intermediate is bounded by
+rtol x that scale whatever cancellation the seed happens to draw. The gradient itself can be orders
+of magnitude smaller than the terms it is the difference of."""
+
+
+def _finite_max(t: torch.Tensor) -> float:
+    finite = t[torch.isfinite(t)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
 
 
 def large_scale(dtype: torch.dtype, power: int = 1) -> float:
@@ -211,7 +226,13 @@ def _softmax(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
         leaves["x"] = _poison(leaves["x"], [], [((7, 1), -INF), ((7, 9), -INF), ((11, 0), -INF)])
         note += "; NaN rows and -inf (masked) entries"
     build = lambda t: ((view(t["x"]),), {"dim": -1})
-    return Sample(leaves, build, k=d, grads={"x": GradSpec("normalization", d)}, scale=s, note=note)
+
+    def grad_scale(ref: Leaves, cotangent: torch.Tensor) -> dict[str, float]:
+        y = torch.softmax(view(ref["x"]), dim=-1)
+        delta = (y * cotangent).sum(dim=-1, keepdim=True)
+        return {"x": _finite_max(y * (cotangent.abs() + delta.abs()))}
+
+    return Sample(leaves, build, k=d, grads={"x": GradSpec("normalization", d)}, scale=s, note=note, grad_scale=grad_scale)
 
 
 def _pointwise(cls: str, dtype: torch.dtype, r: _Rng, halves: bool, power: int) -> tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]:
@@ -304,7 +325,32 @@ def _sdpa(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     k = max(d, lk)
     grads = {"q": GradSpec("matmul", max(k, lq), s_qk * s_v), "k": GradSpec("matmul", max(k, lq), s_qk * s_v),
              "v": GradSpec("matmul", max(k, lq))}
-    return Sample(leaves, build, k=k, grads=grads, scale=max(s_qk, s_v) if cls == "large" else s_v, magnitude=s_v, note=note)
+    return Sample(leaves, build, k=k, grads=grads, scale=max(s_qk, s_v) if cls == "large" else s_v, magnitude=s_v, note=note,
+                  grad_scale=lambda ref, cotangent: _sdpa_grad_scale(build, ref, cotangent))
+
+
+def _sdpa_grad_scale(build: Callable[[Leaves], Built], ref: Leaves, d_out: torch.Tensor) -> dict[str, float]:
+    """Attention's backward with every term in absolute value: dV = P^T dO, dS = P * (dO V^T - delta),
+    dQ = dS K / sqrt(d), dK = dS^T Q / sqrt(d); grouped kv heads summed over their query heads."""
+    (q, k, v), kwargs = build(ref)
+    groups = q.shape[-3] // k.shape[-3]
+    k_rep, v_rep = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    factor = 1.0 / math.sqrt(q.shape[-1])
+    scores = q @ k_rep.transpose(-1, -2) * factor
+    if kwargs.get("is_causal"):
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), -INF)
+    if kwargs.get("attn_mask") is not None:
+        scores = scores + kwargs["attn_mask"]
+    p = torch.softmax(scores, dim=-1)
+    delta = (p * (d_out @ v_rep.transpose(-1, -2))).sum(dim=-1, keepdim=True)
+    ds = p * (d_out.abs() @ v_rep.abs().transpose(-1, -2) + delta.abs())
+
+    def per_kv_head(t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-3, (k.shape[-3], groups)).sum(dim=-3)
+
+    return {"q": _finite_max(ds @ k_rep.abs() * factor),
+            "k": _finite_max(per_kv_head(ds.transpose(-1, -2) @ q.abs() * factor)),
+            "v": _finite_max(per_kv_head(p.transpose(-1, -2) @ d_out.abs()))}
 
 
 def _cross_entropy(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:

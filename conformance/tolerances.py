@@ -50,7 +50,11 @@ ops: bf16 / fp16       atol = rtol × max|reference| (a normwise bound) where th
 intermediates          case and the forward of rotary_embedding and scaled_dot_product_attention: autograd and
                        these references materialise intermediates (gradients of intermediates, x·cos and
                        rotate_half(x)·sin, attention probabilities) in the input dtype, so cancellation leaves
-                       one rounding at the scale of the tensor rather than of each element
+                       one rounding at the scale of the tensor rather than of each element. Where the
+                       gradient is itself a difference that cancels (softmax's y·(g − Σy·g), attention's
+                       dS·K), max|reference| depends on how much the seed's draw cancels, so the scale is
+                       the same formula with every term in absolute value (``inputs.GradScale``, Higham's
+                       |A||B|): the verdict is then the same for every seed (tests sweep seeds 0-20)
 collectives: float     rtol = Higham's γ_(K-1) (γ_K for avg) where it exceeds the table's rtol (fp16 at K ≥ 4,
 sum/avg/product        bf16 at K ≥ 6): a reduction over K ranks rounds up to K-1 times in the dtype, on positive
 over K ranks           inputs (``conformance/collective_checks.py``, ``reduction_tolerance``)

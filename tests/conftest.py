@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,9 @@ MULTIPROCESS_MODULES = frozenset({
     "test_pipeline_bench", "test_plan", "test_plugin_backend", "test_reshard", "test_topology", "test_train",
     "test_vendor_backends", "test_zero",
 })
+
+
+platform.platform()  # the stdlib runs `uname -p` once and caches it: run it here, not inside a guarded test
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -179,12 +179,15 @@ def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Samp
     except Exception as exc:  # e.g. a forward-only fused kernel
         return _raised(impl, "backward", exc)
     judged: list[tuple[str, Judgement, Tolerance]] = []
+    scales = (sample.grad_scale({n: t.detach() for n, t in ref_leaves.items()}, cotangent)
+              if sample.grad_scale is not None and dtype in LOW_PRECISION else {})
     for name, spec in sample.grads.items():
         grad, expected = leaves[name].grad, ref_leaves[name].grad
         assert expected is not None, f"the reference gives no gradient for {name}"
         if grad is None:
             return Outcome("fail", failed_metric="grad_missing", reason=f"no gradient reached input {name!r}")
-        tol = _bound(tolerance_for(spec.category, dtype, spec.k), sample, spec.magnitude, expected, dtype in LOW_PRECISION)
+        tol = _bound(tolerance_for(spec.category, dtype, spec.k), sample, spec.magnitude, expected, dtype in LOW_PRECISION,
+                     scales.get(name))
         judged.append((name, judge(grad, expected, tol, dtype), tol))
     # the verdict is the worst gradient's: a failing one first, else the highest tol_ratio
     name, j, tol = max(judged, key=lambda x: (not x[1].passed, x[1].metrics.get("tol_ratio", 0.0)))
@@ -193,8 +196,10 @@ def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Samp
     return outcome
 
 
-def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: torch.Tensor, normwise: bool) -> Tolerance:
-    """The table's bound, adjusted by the two documented overrides (tolerances' docstring says why)."""
+def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: torch.Tensor, normwise: bool,
+           componentwise: float | None = None) -> Tolerance:
+    """The table's bound, adjusted by the documented overrides (tolerances' docstring says why). A
+    ``componentwise`` scale (``inputs.GradScale``) replaces max|reference| in the normwise one."""
     if tol.atol == 0.0:
         return tol
     atol, reasons = tol.atol, []
@@ -205,9 +210,12 @@ def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: to
     if normwise:
         finite = expected.detach()[torch.isfinite(expected.detach())]
         peak = float(finite.abs().max()) if finite.numel() else 0.0
+        of = "max|reference|"
+        if componentwise is not None and componentwise > peak:
+            peak, of = componentwise, "max componentwise scale (every term in absolute value)"
         if tol.rtol * peak > atol:
             atol = tol.rtol * peak
-            reasons.append(f"{tol.dtype} intermediates: atol = rtol x max|reference| ({peak:.3g})")
+            reasons.append(f"{tol.dtype} intermediates: atol = rtol x {of} ({peak:.3g})")
     return override(tol, "; ".join(reasons), atol=atol) if reasons else tol
 
 
