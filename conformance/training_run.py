@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import torch
 
@@ -48,6 +48,7 @@ class RunResult:
     losses: list[float]
     grads: dict[str, torch.Tensor]  # step-1 gradients (before any update), float64 on the host
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # final parameters, as trained (host)
+    skipped: tuple[int, ...] = ()  # steps (0-based) whose update the loss scaler skipped (inf/NaN gradients)
 
 
 def batch(settings: Settings, step: int) -> torch.Tensor:
@@ -116,19 +117,20 @@ def host_threads(count: int | None) -> Iterator[None]:
 
 def train(settings: Settings, backend: Backend, device: torch.device, *, precision: str = "fp32",
           param_dtype: torch.dtype = torch.float32, steps: int | None = None, keep_params: bool = False,
-          threads: int | None = 1) -> RunResult:
+          threads: int | None = 1, skip_steps: Collection[int] = ()) -> RunResult:
     """``steps`` AdamW steps on ``device``; losses per step, step-1 gradients (unscaled) and optionally final weights.
 
     ``precision``: fp32 (plain, reduced-precision matmul off), bf16-mixed (autocast bf16) or
     fp16-mixed (autocast fp16 + the backend's GradScaler). Parameters stay in ``param_dtype``.
     ``threads``: host intra-op threads for the run (``host_threads``; None keeps the process's).
+    ``skip_steps``: steps whose optimizer update is left out, as a loss scaler leaves out an overflowing one.
     """
     with host_threads(threads):
-        return _train(settings, backend, device, precision, param_dtype, steps, keep_params)
+        return _train(settings, backend, device, precision, param_dtype, steps, keep_params, frozenset(skip_steps))
 
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
-           steps: int | None, keep_params: bool) -> RunResult:
+           steps: int | None, keep_params: bool, skip_steps: frozenset[int]) -> RunResult:
     from hal.parallel.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
 
@@ -140,6 +142,7 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr)
     scaler = backend.grad_scaler(enabled=MODES[precision].loss_scaling)
     losses: list[float] = []
+    skipped: list[int] = []
     grads: dict[str, torch.Tensor] = {}
     context = plain_fp32_matmul(backend) if dtype is None else contextlib.nullcontext()
     with context:
@@ -152,19 +155,24 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
             scaler.unscale_(opt)
             if step == 0:
                 grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in model.named_parameters() if p.grad is not None}
-            scaler.step(opt)
-            scaler.update()
+            if step not in skip_steps:
+                scale = scaler.get_scale() if scaler.is_enabled() else None
+                scaler.step(opt)
+                scaler.update()
+                if scale is not None and scaler.get_scale() < scale:  # the scaler backed off: this update was skipped
+                    skipped.append(step)
             losses.append(float(loss.detach().float().cpu()))
     params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()} if keep_params else {}
-    return RunResult(losses, grads, params)
+    return RunResult(losses, grads, params, tuple(skipped))
 
 
-def reference_curve(settings: Settings) -> list[float]:
-    """The fp32 CPU reference loss curve (reference operators only)."""
+def reference_curve(settings: Settings, skip_steps: Collection[int] = ()) -> list[float]:
+    """The fp32 CPU reference loss curve (reference operators only); ``skip_steps``: the updates a loss
+    scaler skipped in the run under test, left out here too, so both curves are the same training."""
     from hal.backend_registry import get_backend
 
     with reference_ops_only():
-        return train(settings, get_backend("cpu"), torch.device("cpu")).losses
+        return train(settings, get_backend("cpu"), torch.device("cpu"), skip_steps=skip_steps).losses
 
 
 def reference_grads(settings: Settings) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@ the training symptoms they cause — a wrong backward in the gradients (naming t
 forward loss still agrees, and a non-deterministic kernel in the determinism check."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Iterator
 
@@ -145,3 +146,18 @@ def test_too_few_slots_skip_the_pipeline_case() -> None:
 def test_bad_step_option_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match="training_steps 1"):
         suite.cases(_ctx(1, training_steps=1))
+
+
+def test_a_skipped_update_is_left_out_of_the_reference_too() -> None:
+    """Seed 8's fp16-mixed run overflows at step 7 and GradScaler skips that update: compared with a reference that
+    updated there, the curve was 15x over its bound; the reference now leaves out the same update."""
+    from hal.conformance.training_run import Settings, reference_curve, train
+
+    settings = Settings(steps=10, seed=8)
+    fp16 = train(settings, get_backend("cpu"), torch.device("cpu"), precision="fp16-mixed")
+    assert fp16.skipped == (6,)
+    plain, skipping = reference_curve(settings), reference_curve(settings, fp16.skipped)
+    assert plain[:7] == skipping[:7] and plain[7:] != skipping[7:]  # the skipped update shows from the next step on
+    outcome = _run(dataclasses.replace(_ctx(1, training_steps=10), seed=8), "loss_curve/fp16")["loss_curve/fp16-mixed"]
+    assert outcome.status == "pass", outcome.reason
+    assert outcome.data["skipped_steps"] == [7] and outcome.metrics["skipped_updates"] == 1.0
