@@ -6,7 +6,8 @@ A checkpoint does not depend on the plan, the TP/DP split or the devices that wr
       latest                 the name of the newest complete checkpoint ("step-000020")
       step-000020/
         meta.json            format, step, the model / plan / train settings it was made with,
-                             the data position, the optimizer's hyperparameters, its files
+                             the data position, the optimizer's hyperparameters, its files and
+                             each file's sha256 (checked before anything is loaded)
         stage-0.pt           {"params": {name: full tensor}, "optimizer": {name: {"exp_avg": full, ...}}}
         stage-1.pt           ... one file per pipeline stage of the plan that wrote it
         rng.pt               the host RNG state
@@ -22,12 +23,22 @@ directory to ``step-N`` only after every writer is done, then points ``latest`` 
 rename). A crash leaves either the old checkpoint or the new one, never a half-written one; a stale
 ``.tmp-*`` directory is ignored and cleared by the next save. The directory must be visible to every
 writer (a shared filesystem when stages run on several nodes).
+
+Resuming: ``hal train --resume`` checks everything in the parent before any rank starts — meta.json's
+fields, every file against its checksum, and the stage files' structure, parameter names, full shapes
+(the model built on the meta device) and finite values, and the RNG state — so a damaged checkpoint is
+one line and exit 2, never a rank's traceback or training from corrupted weights. Files load with
+``weights_only=True``: no pickled code runs.
 """
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import math
 import os
+import re
+import warnings
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,6 +55,8 @@ from .model_config import ModelConfig
 FORMAT = "hetero-hal-checkpoint/1"
 META = "meta.json"
 LATEST = "latest"
+FILE_NAME = re.compile(r"stage-\d{1,4}\.pt|rng\.pt")  # nothing else, so a name can never leave the directory
+CHUNK = 8 * 2**20
 
 
 def step_dirname(step: int) -> str:
@@ -69,12 +82,30 @@ def resolve(path: str | os.PathLike[str]) -> Path:
 
 
 def read_meta(checkpoint: Path) -> dict[str, Any]:
+    """meta.json, its structure checked: one ConfigError line naming the bad field, never a traceback."""
     try:
         meta = json.loads((checkpoint / META).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--resume {checkpoint}: {META} is unreadable ({exc}); the checkpoint is damaged") from None
+    damaged = f"--resume {checkpoint}: {META}"
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{damaged} holds a {type(meta).__name__}, not an object; the checkpoint is damaged")
     if meta.get("format") != FORMAT:
         raise ConfigError(f"--resume {checkpoint}: format {meta.get('format')!r} is not {FORMAT!r}; it was not written by hal train")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"{damaged}: step {step!r} is not a step count (an integer >= 0); the checkpoint is damaged")
+    if not isinstance(meta.get("model"), dict):
+        raise ConfigError(f"{damaged} has no model section; the checkpoint is damaged")
+    files = meta.get("files")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) and FILE_NAME.fullmatch(f) for f in files):
+        raise ConfigError(f"{damaged}: files {files!r} is not a list of stage-K.pt and rng.pt names; the checkpoint is damaged")
+    if "rng.pt" not in files or not any(f.startswith("stage-") for f in files):
+        raise ConfigError(f"{damaged}: files {files!r} lacks rng.pt or a stage file; the checkpoint is damaged")
+    checksums = meta.get("checksums")
+    if checksums is not None and (not isinstance(checksums, dict) or set(checksums) != set(files)
+                                  or not all(isinstance(v, str) for v in checksums.values())):
+        raise ConfigError(f"{damaged}: checksums do not name exactly its files; the checkpoint is damaged")
     return meta
 
 
@@ -88,14 +119,81 @@ def check_compatible(meta: Mapping[str, Any], checkpoint: Path, model: ModelConf
                 f"--resume {checkpoint}: the checkpoint's model.{key} is {saved.get(key)!r} but this config's is "
                 f"{mine[key]!r}; resume with the model it was made with (any plan works)"
             )
-    missing = [name for name in meta.get("files", []) if not (checkpoint / name).is_file()]
-    if missing or not meta.get("files"):
-        raise ConfigError(f"--resume {checkpoint}: file(s) {', '.join(missing) or 'list'} missing; the checkpoint is incomplete")
+    missing = [name for name in meta["files"] if not (checkpoint / name).is_file()]
+    if missing:
+        raise ConfigError(f"--resume {checkpoint}: file(s) {', '.join(missing)} missing; the checkpoint is incomplete")
     if meta["step"] >= steps:
         raise ConfigError(
             f"--resume {checkpoint}: the checkpoint is at step {meta['step']} and the run stops at step {steps}; "
             f"nothing to train — raise --steps above {meta['step']}"
         )
+    verify_checksums(checkpoint, meta)
+    verify_tensors(checkpoint, meta, model)
+
+
+def file_checksum(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def verify_checksums(checkpoint: Path, meta: Mapping[str, Any]) -> None:
+    """Every file's bytes against the checksum recorded at save time: flipped bytes are refused, not trained on."""
+    checksums = meta.get("checksums")
+    if checksums is None:  # written before checksums existed: said, not silently trusted
+        warnings.warn(f"--resume {checkpoint}: the checkpoint records no checksums (an older hal wrote it); its bytes "
+                      "are not verified, only its structure and values", stacklevel=2)
+        return
+    for name in meta["files"]:
+        if file_checksum(checkpoint / name) != checksums[name]:
+            raise ConfigError(f"--resume {checkpoint}: {name} does not match its checksum in {META}; the checkpoint is "
+                              "damaged — resume from another one")
+
+
+def _expected_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's full shape, from the model built on the meta device (no memory, no init)."""
+    from .models.llama import full_model
+
+    with torch.device("meta"):
+        module = full_model(model, 0)
+    return {name: tuple(p.shape) for name, p in module.named_parameters()}
+
+
+def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig) -> None:
+    """The stage files' structure, names, shapes and values, before any rank loads them: one line each."""
+    expected = _expected_shapes(model)
+    seen: set[str] = set()
+    for name in meta["files"]:
+        blob = _load_file(checkpoint / name)
+        where = f"--resume {checkpoint}: {name}"
+        if name == "rng.pt":
+            state = blob.get("torch_cpu") if isinstance(blob, dict) else None
+            if not (torch.is_tensor(state) and state.dtype == torch.uint8 and state.dim() == 1):
+                raise ConfigError(f"{where} does not hold the host RNG state; the checkpoint is damaged")
+            continue
+        if not (isinstance(blob, dict) and isinstance(blob.get("params"), dict) and isinstance(blob.get("optimizer"), dict)):
+            raise ConfigError(f"{where} is not a stage file ({{'params': ..., 'optimizer': ...}}); the checkpoint is damaged")
+        for pname, tensor in blob["params"].items():
+            if pname not in expected:
+                raise ConfigError(f"{where}: parameter {pname!r} is not in this model; the checkpoint is from another model")
+            if not torch.is_tensor(tensor) or tuple(tensor.shape) != expected[pname]:
+                got = tuple(tensor.shape) if torch.is_tensor(tensor) else type(tensor).__name__
+                raise ConfigError(f"{where}: parameter {pname} has shape {got}, this model needs {expected[pname]}")
+            if not bool(torch.isfinite(tensor).all()):
+                raise ConfigError(f"{where}: parameter {pname} holds NaN or inf; resume from an earlier checkpoint")
+            seen.add(pname)
+        for pname, state in blob["optimizer"].items():
+            if not isinstance(state, dict) or not all(torch.is_tensor(v) or isinstance(v, (int, float)) for v in state.values()):
+                raise ConfigError(f"{where}: optimizer state of {pname!r} is malformed; the checkpoint is damaged")
+            if any(not math.isfinite(v) if isinstance(v, float) else not bool(torch.isfinite(v).all())
+                   for v in state.values() if isinstance(v, float) or (torch.is_tensor(v) and v.is_floating_point())):
+                raise ConfigError(f"{where}: optimizer state of {pname} holds NaN or inf; resume from an earlier checkpoint")
+    missing = sorted(set(expected) - seen)
+    if missing:
+        raise ConfigError(f"--resume {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "
+                          "the checkpoint is damaged or from another model")
 
 
 # --- saving (collective over the world) -----------------------------------------------------------------------
@@ -176,6 +274,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
             "optimizer": {"type": "AdamW", "zero1": bool(meta.get("plan", {}).get("zero1")), "hyperparameters": _jsonable(group)},
             "files": [f"stage-{k}.pt" for k in range(engine.topology.num_stages)] + ["rng.pt"],
         }
+        full_meta["checksums"] = {name: file_checksum(tmp / name) for name in full_meta["files"]}
         _write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
         _commit(tmp, final, root)
     return final
@@ -271,4 +370,5 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, 
     return meta
 
 
-__all__ = ["FORMAT", "check_compatible", "load_checkpoint", "read_meta", "resolve", "save_checkpoint", "step_dirname"]
+__all__ = ["FORMAT", "check_compatible", "file_checksum", "load_checkpoint", "read_meta", "resolve", "save_checkpoint",
+           "step_dirname", "verify_checksums", "verify_tensors"]
