@@ -31,6 +31,8 @@ from .precision import PRECISIONS
 
 ENV_VARS: dict[str, str] = {"backend": "HAL_BACKEND", "precision": "HAL_PRECISION", "fallback": "HAL_FALLBACK"}
 MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32  # levels of nesting; the schema itself uses 4
+MAX_CONFIG_VALUES = 100_000  # scalars, keys and collections after alias expansion
 
 Devices = "str | tuple[int, ...]"  # "all" or explicit indices
 
@@ -102,23 +104,55 @@ def _allowed(values: tuple[str, ...] | list[str]) -> str:
 # --- reading a file -----------------------------------------------------------------------------------
 
 
-def _reject_duplicate_keys(text: str, origin: str) -> None:
-    """Walk the composed YAML tree (no construction) and refuse a mapping that repeats a key."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    stack = [root] if root is not None else []
-    while stack:
-        node = stack.pop()
+def _compose(text: str, origin: str) -> yaml.Node | None:
+    """The YAML node graph, before anything is constructed (PyYAML's composer recurses per nesting level)."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ConfigError(f"{origin}: nested too deeply for a config file (limit {MAX_CONFIG_DEPTH} levels); "
+                          "flatten it") from None
+
+
+def check_yaml_tree(root: yaml.Node | None, origin: str) -> None:
+    """Bound the tree that ``safe_load`` would build, and refuse repeated keys, before building it.
+
+    Aliases make a graph: each node is walked once (memoized), so a "billion laughs" file costs its
+    size, not its expansion; the expansion is counted and bounded instead, a node reached again while
+    it is being walked is a recursive anchor, and depth is bounded on the way down.
+    """
+    expanded: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{origin}: nested deeper than {MAX_CONFIG_DEPTH} levels (line {node.start_mark.line + 1}); "
+                              "a config file needs far fewer; flatten it")
+        if id(node) in expanded:
+            return expanded[id(node)]
+        if id(node) in active:
+            raise ConfigError(f"{origin}: a recursive alias (line {node.start_mark.line + 1}) refers to itself; "
+                              "a config value must be finite")
+        active.add(id(node))
+        total = 1
         if isinstance(node, yaml.MappingNode):
             seen: set[str] = set()
             for key_node, value_node in node.value:
                 key = str(key_node.value)
                 if key in seen:
-                    line = key_node.start_mark.line + 1
-                    raise ConfigError(f"{origin}: key '{key}' appears twice (line {line}); keep one")
+                    raise ConfigError(f"{origin}: key '{key}' appears twice (line {key_node.start_mark.line + 1}); keep one")
                 seen.add(key)
-                stack.append(value_node)
+                total += size(key_node, depth + 1) + size(value_node, depth + 1)
         elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+            total += sum(size(child, depth + 1) for child in node.value)
+        if total > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{origin}: expands to more than {MAX_CONFIG_VALUES} values (through aliases or sheer size); "
+                              "a config file needs far fewer; check the anchors (&) and aliases (*)")
+        active.discard(id(node))
+        expanded[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root, 0)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -139,7 +173,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{origin}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save the file as UTF-8"
         ) from None
     try:
-        _reject_duplicate_keys(text, origin)
+        check_yaml_tree(_compose(text, origin), origin)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark

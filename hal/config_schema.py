@@ -32,18 +32,37 @@ class Rule:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class Limit:
+    """An upper bound and why it is there (shown in the message): checked before anything is allocated."""
+
+    maximum: int
+    why: str
+
+    def check(self, origin: str, key: str, value: int, example: str) -> int:
+        if value > self.maximum:
+            raise ConfigError(f"{origin}: key '{key}' is {value}, above the limit {self.maximum} ({self.why}); e.g. {example}")
+        return value
+
+
+@dataclass(frozen=True)
 class PositiveInt(Rule):
+    limit: Limit | None = None
+
     def check(self, origin: str, key: str, value: Any, example: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}; e.g. {example}")
-        return value
+        return self.limit.check(origin, key, value, example) if self.limit else value
 
 
+@dataclass(frozen=True)
 class NonNegativeInt(Rule):
+    limit: Limit | None = None
+
     def check(self, origin: str, key: str, value: Any, example: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{origin}: key '{key}' must be an integer ≥ 0, got {value!r}")
-        return value
+        return self.limit.check(origin, key, value, example) if self.limit else value
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
 
+from hal.limits import check_local_ranks
+
 from .env import INIT_METHOD_ENV, free_port, import_path, rank_env
 from .names import result_path
 from .ranks import LaunchFailed, LaunchReport, Output, spawn_ranks
@@ -52,6 +54,7 @@ def run_function(
     """
     if world_size < 1:
         raise ValueError(f"world size {world_size} is not a rank count; give 1 or more")
+    check_local_ranks(world_size, f"{what}: world size" if what else "world size")
     with tempfile.TemporaryDirectory(prefix="hal-launch-") as tmp:
         kwargs_file = os.path.join(tmp, "kwargs.pkl")
         with open(kwargs_file, "wb") as fh:

@@ -32,6 +32,7 @@ from typing import IO, Mapping, Sequence
 
 from hal.backend import Backend
 from hal.errors import ConfigError, HalError
+from hal.limits import check_local_ranks
 
 from . import torchrun
 from .env import free_port, rank_env
@@ -84,6 +85,7 @@ def plan_launch(
 
     if nproc < 1:
         raise ConfigError(f"--nproc {nproc} is not a rank count; give 1 or more")
+    check_local_ranks(nproc, "--nproc")
     if not Path(script).is_file():
         raise ConfigError(f"script {script!r} not found; give the path of a Python file")
     cfg = load_config(config, overrides={"backend": backend})

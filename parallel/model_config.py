@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from hal import limits
 from hal.config_schema import Flag, Number, PositiveInt, key, parse_section
 from hal.errors import ConfigError
 
@@ -12,13 +13,13 @@ from hal.errors import ConfigError
 class ModelConfig:
     """The ``model:`` section, declared once: each field's rule is what the config file is checked against."""
 
-    vocab_size: int = key(PositiveInt(), 256)  # byte-level tokens by default
-    hidden_size: int = key(PositiveInt(), 64)
-    num_layers: int = key(PositiveInt(), 4)
-    num_heads: int = key(PositiveInt(), 4)
-    num_kv_heads: int = key(PositiveInt(), 2)  # grouped-query attention when fewer than num_heads
-    ffn_hidden_size: int = key(PositiveInt(), 128)  # SwiGLU inner width
-    max_seq_len: int = key(PositiveInt(), 64)
+    vocab_size: int = key(PositiveInt(limits.VOCAB), 256)  # byte-level tokens by default
+    hidden_size: int = key(PositiveInt(limits.WIDTH), 64)
+    num_layers: int = key(PositiveInt(limits.LAYERS), 4)
+    num_heads: int = key(PositiveInt(limits.HEADS), 4)
+    num_kv_heads: int = key(PositiveInt(limits.HEADS), 2)  # grouped-query attention when fewer than num_heads
+    ffn_hidden_size: int = key(PositiveInt(limits.FFN_WIDTH), 128)  # SwiGLU inner width
+    max_seq_len: int = key(PositiveInt(limits.SEQUENCE), 64)
     tie_embeddings: bool = key(Flag(), False)
     rope_theta: float = key(Number(positive=True), 10000.0)
     norm_eps: float = key(Number(positive=True), 1e-6)

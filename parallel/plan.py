@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hal import limits
 from hal.config_schema import Choice, Custom, Flag, ListOf, PositiveInt, check_choice, key, parse_section
 from hal.errors import ConfigError
 
@@ -54,10 +55,10 @@ class StagePlan:
     """One pipeline stage: its backend, its devices (= tp × dp ranks) and its share of the layers."""
 
     backend: str = key(Custom(_stage_backend), example="backend: cpu")
-    devices: int = key(PositiveInt(), example="devices: 2")
-    layers: int = key(PositiveInt(), example="layers: 2")
-    tp: int = key(PositiveInt(), 1, example="tp: 2")
-    dp: int = key(PositiveInt(), 1, example="dp: 2")
+    devices: int = key(PositiveInt(limits.DEVICES), example="devices: 2")
+    layers: int = key(PositiveInt(limits.LAYERS), example="layers: 2")
+    tp: int = key(PositiveInt(limits.DEVICES), 1, example="tp: 2")
+    dp: int = key(PositiveInt(limits.DEVICES), 1, example="dp: 2")
     sp: bool = key(Flag(), False)
     checkpoint: bool = key(Flag(), False)  # activation checkpointing for this stage's layers
 
@@ -76,8 +77,8 @@ class ParallelPlan:
 
     stages: tuple[StagePlan, ...] = key(ListOf(StagePlan, "stage"), example="stages: [{backend: cpu, devices: 1, layers: 4}]")
     schedule: str = key(Choice(schedule_names), "1f1b", positional=True)
-    micro_batches: int = key(PositiveInt(), example="micro_batches: 8", derive=lambda v: len(v["stages"]))
-    micro_batch_size: int = key(PositiveInt(), example="micro_batch_size: 4",
+    micro_batches: int = key(PositiveInt(limits.MICRO_BATCHES), example="micro_batches: 8", derive=lambda v: len(v["stages"]))
+    micro_batch_size: int = key(PositiveInt(limits.ROWS), example="micro_batch_size: 4",
                                 derive=lambda v: math.lcm(*(s.dp for s in v["stages"])))
     zero1: bool = key(Flag(), False)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from hal.config import HalConfig
+from hal import limits
 from hal.config_schema import Choice, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, key, parse_section
 from hal.errors import ConfigError
 
@@ -25,16 +26,16 @@ DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
 class TrainConfig:
     """The ``train:`` section: how long, how fast, on what data, and where results go."""
 
-    steps: int = key(PositiveInt(), 20)
+    steps: int = key(PositiveInt(limits.STEPS), 20)
     lr: float = key(Number(positive=True), 1e-3)
-    seed: int = key(NonNegativeInt(), 0)
+    seed: int = key(NonNegativeInt(limits.SEED), 0)
     weight_decay: float = key(Number(positive=False), 0.0)
     data: str = key(Choice(DATA_SOURCES), "synthetic")  # synthetic | corpus (the byte-level text shipped with the repository)
-    seq_len: int | None = key(Nullable(PositiveInt()), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
+    seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
     log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
     checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)
     # save every N steps as well as at the end (None: at the end only)
-    checkpoint_every: int | None = key(Nullable(PositiveInt()), None, example="checkpoint_every: 10")
+    checkpoint_every: int | None = key(Nullable(PositiveInt(limits.STEPS)), None, example="checkpoint_every: 10")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

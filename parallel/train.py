@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hal.errors import ConfigError, HalError
+from hal.limits import check_local_ranks
 from hal.run_dirs import new_run_dir
 
 from .job import Job, write_job
@@ -116,6 +117,8 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps {steps} is not a step count; give 1 or more")
     run = load_run_config(config, check_backends=check_backends)
+    if check_backends:  # a local run: every rank is a process on this host
+        check_local_ranks(run.plan.world_size, f"{run.origin}: the plan's world size")
     precision = _stage_precision(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)

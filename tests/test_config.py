@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from hal.config import load_config, read_config_file
 from hal.errors import ConfigError
 
-from .conftest import has_cuda, run_hal
+from .conftest import REPO, has_cuda, run_hal
 
 # (id, file bytes, extra CLI args, extra env, words the one-line error must contain)
 MALFORMED = [
@@ -103,3 +104,68 @@ def test_config_command_reports_resolution_as_json(tmp_path) -> None:
     if not has_cuda():
         assert report["backend"] == "cpu" and "cuda unavailable" in report["reason"]
     assert report["config"]["origins"]["precision"] == str(path)
+
+
+# --- hostile input: bounded before anything is built --------------------------------------------------------
+
+HOSTILE_YAML = {
+    "billion laughs": ("a: &a [x,x,x,x,x,x,x,x,x,x]\n"
+                       + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 10) + "]\n" for i in range(9)),
+                       "expands to more than 100000 values"),
+    "recursive anchor": ("a: &x [1, *x]\n", "a recursive alias (line 1) refers to itself"),
+    "deep nesting": ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    "nesting past the limit": ("a: " + "[" * 40 + "]" * 40 + "\n", "nested deeper than 32 levels"),
+    "repeated key behind an alias": ("base: &b {tp: 2, tp: 4}\nother: *b\n", "key 'tp' appears twice"),
+}
+
+
+@pytest.mark.timeout(60)  # the unbounded walk took hours on the billion laughs: a regression fails, not hangs
+@pytest.mark.parametrize("case", HOSTILE_YAML)
+def test_hostile_yaml_is_one_line_before_anything_is_built(case: str, tmp_path: Path) -> None:
+    from hal.config import read_config_file
+
+    text, needle = HOSTILE_YAML[case]
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(path)
+    assert needle in str(caught.value), str(caught.value)
+
+
+ABSURD = {
+    "devices 1e9": (("parallel", "stages", 1), {"devices": 10**9, "dp": 10**9}, "is 1000000000, above the limit 4096"),
+    "micro_batches 1e12": (("parallel",), {"micro_batches": 10**12}, "above the limit 65536 (micro-batches in one step)"),
+    "hidden_size 2**34": (("model",), {"hidden_size": 2**34}, "above the limit 65536 (hidden width)"),
+    "seed 2**70": (("train",), {"seed": 2**70}, "torch generators take a 64-bit seed"),
+    "norm_eps nan": (("model",), {"norm_eps": float("nan")}, "'model.norm_eps' must be a positive number, got nan"),
+    "rope_theta inf": (("model",), {"rope_theta": float("inf")}, "'model.rope_theta' must be a positive number, got inf"),
+}
+
+
+@pytest.mark.parametrize("case", ABSURD)
+def test_absurd_values_are_refused_naming_the_limit(case: str, tmp_path: Path) -> None:
+    import yaml
+
+    from hal.parallel.run_config import load_run_config
+
+    where, change, needle = ABSURD[case]
+    raw = yaml.safe_load((REPO / "examples/hetero_cpu.yaml").read_text(encoding="utf-8"))
+    target = raw
+    for part in where:
+        target = target[part]
+    target.update(change)
+    path = tmp_path / "absurd.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_run_config(str(path))
+    assert needle in str(caught.value), str(caught.value)
+
+
+def test_local_rank_counts_are_bounded_before_anything_starts() -> None:
+    from hal.limits import LOCAL_RANKS, check_local_ranks
+
+    check_local_ranks(LOCAL_RANKS.maximum, "--nproc")
+    with pytest.raises(ConfigError, match=f"--nproc {LOCAL_RANKS.maximum + 1} is above the limit {LOCAL_RANKS.maximum}"):
+        check_local_ranks(LOCAL_RANKS.maximum + 1, "--nproc")
+    result = run_hal("launch", "--nproc", "100000", "--backend", "cpu", "examples/cuda_train.py")
+    assert result.returncode == 2 and "--nproc 100000 is above the limit" in result.stderr
