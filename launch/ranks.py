@@ -17,6 +17,7 @@ import collections
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -201,6 +202,11 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
+def guarded(command: Sequence[str]) -> list[str]:
+    """``command`` run through ``hal.launch.guard``: the rank dies with this process, even on SIGKILL."""
+    return [sys.executable, "-m", "hal.launch.guard", str(os.getpid()), "--", *command]
+
+
 def _exited(proc: subprocess.Popen[bytes]) -> tuple[Fate, int] | None:
     """How the rank ended, without reaping it where the OS allows (the zombie keeps its group id reserved)."""
     if not hasattr(os, "waitid"):  # no waitid (older macOS Pythons): poll reaps; the final group kill may then miss
@@ -291,7 +297,7 @@ def spawn_ranks(
         try:
             for command, env in zip(commands, envs):
                 p = subprocess.Popen(
-                    list(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                    guarded(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT if stdout == "merge" else subprocess.PIPE, start_new_session=True,
                 )
                 watch.procs.append(p)

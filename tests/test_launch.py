@@ -87,6 +87,31 @@ def test_ctrl_c_stops_every_rank() -> None:
     _assert_none_left(marker)
 
 
+def test_ranks_die_with_a_launcher_killed_by_sigkill() -> None:
+    """SIGKILL leaves the launcher no chance to stop its ranks: the kernel's parent-death signal must."""
+    marker = f"halprobe-{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HAL_BACKEND", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hal", "launch", "--nproc", "2", "--backend", "cpu", PROBE, "--sleep", "120", "--marker", marker],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        ready = 0
+        while ready < 2:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.stderr.read()  # type: ignore[union-attr]
+            ready += '"ready"' in line
+        ranks = [p for p in _processes_with(marker) if not p.startswith(f"{proc.pid}:")]
+        assert len(ranks) == 2, ranks
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _assert_none_left(marker)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
