@@ -69,9 +69,12 @@ def format_plan(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the config and print its topology; a problem raises one ConfigError line (exit 2)."""
-    from hal.parallel.run_config import load_run_config
     from hal.parallel.plan_report import plan_report
+    from hal.parallel.run_config import load_run_config
+    from hal.parallel.train import check_training
 
-    report = plan_report(load_run_config(args.config))
+    run = load_run_config(args.config)
+    check_training(run, run.hal.fallback)  # the verdict hal train would give, before anything starts
+    report = plan_report(run)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     return 0

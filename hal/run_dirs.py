@@ -1,6 +1,7 @@
 """Where a run writes when the user names no folder: ``runs/<name>-<date-time>`` (``runs/`` is git-ignored)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -13,3 +14,35 @@ def new_run_dir(name: str) -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def check_creatable_dir(path: Path, what: str) -> None:
+    """``path`` is a writable directory, or can be made one: one ConfigError line otherwise, nothing created.
+
+    Checked before a run starts, so a run directory under a file or in a read-only place fails at once,
+    not after training, with a half-written run behind it.
+    """
+    from .errors import ConfigError
+
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{what} {path}: exists and is not a directory; give a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {path}: not writable; give a directory you can write to")
+        return
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{what} {path}: cannot be created, {ancestor} is a file; give another directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: cannot be created, {ancestor} is not writable; give another directory")
+
+
+def check_creatable_file(path: Path, what: str) -> None:
+    """``path`` can be written as a file: not a directory, and its directory writable or creatable."""
+    from .errors import ConfigError
+
+    if path.is_dir():
+        raise ConfigError(f"{what} {path}: is a directory; give a file path")
+    check_creatable_dir(path.parent, what.replace("file", "file's directory") if "file" in what else what)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from hal.errors import ConfigError, HalError
 from hal.limits import check_local_ranks
-from hal.run_dirs import new_run_dir
+from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 from .job import Job, write_job
 from .run_config import RunConfig
@@ -54,6 +54,17 @@ RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
 
 
 TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed")
+
+
+def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
+    """What hal train (and hal plan, which shows the same verdict) checks beyond the schema: a top-level
+    backend that the stages contradict (hal train would not use it), and each stage's precision."""
+    stage_backends = sorted({stage.backend for stage in run.plan.stages})
+    if run.hal.backend != "auto" and stage_backends != [run.hal.backend]:
+        where = run.hal.origins.get("backend", "config")
+        raise ConfigError(f"{where}: backend {run.hal.backend!r} is not used by hal train: each stage names its own "
+                          f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
+    return _stage_precision(run, fallback)
 
 
 def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
@@ -119,7 +130,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     run = load_run_config(config, check_backends=check_backends)
     if check_backends:  # a local run: every rank is a process on this host
         check_local_ranks(run.plan.world_size, f"{run.origin}: the plan's world size")
-    precision = _stage_precision(run, run.hal.fallback if check_backends else "allow")
+    precision = check_training(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)
     total = steps or run.train.steps
@@ -127,6 +138,9 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     directory = Path(run_dir) if run_dir else _default_run_dir(config)
     log_file = Path(run.train.log_file) if run.train.log_file else directory / "train.jsonl"
     ckpt_dir = Path(run.train.checkpoint_dir) if run.train.checkpoint_dir else directory / "checkpoints"
+    check_creatable_dir(directory, "--run-dir" if run_dir else "run directory")
+    check_creatable_file(log_file, f"{run.origin}: train.log_file" if run.train.log_file else "log file")
+    check_creatable_dir(ckpt_dir, f"{run.origin}: train.checkpoint_dir" if run.train.checkpoint_dir else "checkpoint directory")
     stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
@@ -229,4 +243,4 @@ def read_summary(job: Job) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["Job", "RankSpawner", "describe", "prepare", "rank_envs", "read_summary", "run_local", "split_nodes", "write_job"]
+__all__ = ["Job", "RankSpawner", "check_training", "describe", "prepare", "rank_envs", "read_summary", "run_local", "split_nodes", "write_job"]

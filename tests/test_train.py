@@ -127,18 +127,23 @@ def test_resume_into_another_plan_equals_uninterrupted(half_run: dict[str, Any])
     _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
 
 
-def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path) -> None:
+def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
+    from hal.cli.train import spawn_ranks
+    from hal.parallel.train import prepare, run_local, write_job
+
     damaged = tmp_path / "damaged"
     damaged.mkdir()
     for item in (half_run["checkpoints"] / "step-000003").iterdir():
         (damaged / item.name).write_bytes(item.read_bytes())
-    (damaged / "stage-1.pt").write_bytes(b"not a checkpoint")
     run_dir = tmp_path / "run"
-    result = run_hal("train", str(half_run["config"]), "--resume", str(damaged), "--run-dir", str(run_dir), timeout=TIMEOUT)
-    assert result.returncode == 2, result.stderr
-    assert "stage-1.pt is unreadable" in result.stderr and "the checkpoint is damaged" in result.stderr
-    assert "hal train: rank" in result.stderr
+    job = prepare(str(half_run["config"]), resume=str(damaged), run_dir=str(run_dir))  # passes: the files are intact
+    write_job(job)
+    (damaged / "stage-1.pt").write_bytes(b"not a checkpoint")
+    assert run_local(job, spawn_ranks) == 2
+    err = capfd.readouterr().err
+    assert "stage-1.pt is unreadable" in err and "the checkpoint is damaged" in err
+    assert "hal train: rank" in err
     assert not _processes_mentioning(str(run_dir))
 
 
@@ -150,6 +155,10 @@ BAD = {
     "precision-fp16": ({"precision": "fp16-mixed"}, [], "fp16 loss scaling across pipeline stages is not implemented"),
     "resume-missing": ({}, ["--resume", "no/such/checkpoint"], "no such directory"),
     "steps-zero": ({}, ["--steps", "0"], "--steps 0 is not a step count"),
+    "backend-not-used": ({"backend": "cuda"}, [], "backend 'cuda' is not used by hal train"),
+    "log-file-a-directory": ({"train": {"log_file": "examples"}}, [], "train.log_file examples: is a directory"),
+    "checkpoint-dir-under-a-file": ({"train": {"checkpoint_dir": "README.md/ckpt"}}, [], "README.md is a file"),
+    "run-dir-a-file": ({}, ["--run-dir", "README.md"], "--run-dir README.md: exists and is not a directory"),
 }
 
 
