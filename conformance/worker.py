@@ -12,28 +12,15 @@ A job is a name in ``JOBS`` or any importable ``"module:callable"`` with the sig
 from __future__ import annotations
 
 import datetime
-import importlib
 import os
-from typing import Any, Callable
+from typing import Any
+
+from hal.plugins import resolve
 
 JOBS: dict[str, str] = {
     "collectives": "hal.conformance.collective_job:run_rank",
     "pipeline": "hal.conformance.pipeline_check:run_rank",
 }
-
-
-def resolve(path: str, what: str = "callable") -> Callable[..., Any]:
-    """``"package.module:attr"`` → the object; one clear line when it cannot be imported."""
-    module, sep, attr = path.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"{what} {path!r} is not 'module:callable' (e.g. tests.planted_collectives:make)")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what} {path!r} cannot be imported ({exc}); put its package on PYTHONPATH") from None
-    if not callable(obj):
-        raise ValueError(f"{what} {path!r} is not callable")
-    return obj
 
 
 def run_rank(job: str, spec: dict[str, Any], backend: str, collective_timeout_s: float = 60.0) -> Any:
