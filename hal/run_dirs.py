@@ -1,4 +1,5 @@
-"""Where a run writes when the user names no folder: ``runs/<name>-<date-time>`` (``runs/`` is git-ignored)."""
+"""Where a run writes when the user names no folder (``runs/<name>-<date-time>``, git-ignored), and whether
+the places a run will write can be written, checked before it starts."""
 from __future__ import annotations
 
 import os
@@ -45,4 +46,4 @@ def check_creatable_file(path: Path, what: str) -> None:
 
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; give a file path")
-    check_creatable_dir(path.parent, what.replace("file", "file's directory") if "file" in what else what)
+    check_creatable_dir(path.parent, f"{what}'s directory")
