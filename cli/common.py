@@ -41,3 +41,20 @@ class Parser(argparse.ArgumentParser):
 
 def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def add_config_argument(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
+    """CONFIG as the first argument (as ``hal train F``) or as ``--config F``: both work, one is enough."""
+    parser.add_argument("config_file", nargs="?", metavar="CONFIG", help=f"{help} (or --config CONFIG)")
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.set_defaults(config_required=required)
+
+
+def config_path(args: argparse.Namespace) -> str | None:
+    """The config named either way; one line when both name different files, or none where one is required."""
+    if args.config and args.config_file and args.config != args.config_file:
+        raise HalError(f"two configs given ({args.config_file} and --config {args.config}); give one")
+    path: str | None = args.config or args.config_file
+    if path is None and args.config_required:
+        raise HalError("give a config file: the YAML with model:, parallel: and train: sections")
+    return path

@@ -5,12 +5,14 @@ import argparse
 import json
 from typing import Any
 
+from .common import add_config_argument, config_path
+
 NAME = "config"
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(NAME, help="check a config and show what it resolves to (backend, devices, precision)")
-    p.add_argument("--config", help="YAML config file")
+    add_config_argument(p, "YAML config file")
     p.add_argument("--backend", help="override the backend")
     p.add_argument("--precision", help="override the precision mode")
     p.add_argument("--fallback", help="override the fallback policy (error, warn, allow)")
@@ -22,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from hal.config import load_config
     from hal.selection import select_backend
 
-    config = load_config(args.config, overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
+    config = load_config(config_path(args), overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
     selection = select_backend(config)
     report = {
         "config": config.to_dict(),

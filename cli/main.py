@@ -63,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hal: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hal plan F | head`: the reader left; no traceback, no second error at exit
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

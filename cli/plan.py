@@ -9,6 +9,8 @@ import argparse
 import json
 from typing import Any, Sequence
 
+from .common import add_config_argument, config_path
+
 NAME = "plan"
 
 
@@ -20,7 +22,7 @@ def add_parser(sub: Any) -> None:
         "micro-batching, backends and their device counts) and print the stage table and every rank's "
         "(stage, dp, tp) coordinate. Nothing is started.",
     )
-    p.add_argument("--config", required=True, help="YAML config with model:, parallel: and train: sections")
+    add_config_argument(p, "YAML config with model:, parallel: and train: sections", required=True)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from hal.parallel.run_config import load_run_config
     from hal.parallel.train import check_training
 
-    run = load_run_config(args.config)
+    run = load_run_config(config_path(args))
     check_training(run, run.hal.fallback)  # the verdict hal train would give, before anything starts
     report = plan_report(run)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))

@@ -160,9 +160,9 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     origin = str(path)
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"{origin}: config file not found; check the path given to --config")
+        raise ConfigError(f"{origin}: config file not found; check the path")
     if not p.is_file():
-        raise ConfigError(f"{origin}: is not a file; give --config a YAML file")
+        raise ConfigError(f"{origin}: is not a file; give the path of a YAML file")
     raw = p.read_bytes()
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{origin}: {len(raw)} bytes is too large for a config file (limit {MAX_CONFIG_BYTES}); check the path")

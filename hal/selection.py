@@ -1,8 +1,8 @@
 """Choose the backend and devices a run uses, and say why.
 
 ``auto`` walks a fixed preference — cuda, rocm, ascend, cambricon, then third-party backends in
-name order, then cpu — and takes the first whose probe says available. The reason records every
-backend it passed over and why, so ``hal devices`` and logs can show it.
+name order, then cpu — and takes the first whose probe says available. The reason names every
+backend it passed over in one short line; why each is unavailable is ``hal devices``' per-backend line.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def choose_backend(name: str) -> tuple[Backend, str]:
         backend = get_backend(candidate)
         status = backend.availability()
         if status.available:
-            skipped = f" after {'; '.join(passed)}" if passed else ""
-            return backend, f"auto: first available in {' > '.join(auto_preference())}{skipped}"
-        passed.append(f"{candidate} unavailable ({status.reason})")
+            skipped = f"; passed over {', '.join(passed)} (unavailable here; 'hal devices' says why)" if passed else ""
+            return backend, f"auto: first available of {' > '.join(auto_preference())}{skipped}"
+        passed.append(candidate)
     raise BackendUnavailable("no backend is available, not even cpu; reinstall hetero-hal")  # pragma: no cover
 
 

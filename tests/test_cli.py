@@ -85,6 +85,25 @@ def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:
     assert not lines[0].startswith("hal: error: hal"), "doubled prefix"
 
 
+def test_plan_and_config_take_the_config_as_train_does() -> None:
+    """`hal plan F`, `hal plan --config F` and `hal config F` all work; two different files are one line."""
+    positional, flag = run_hal("plan", "examples/hetero_cpu.yaml"), run_hal("plan", "--config", "examples/hetero_cpu.yaml")
+    assert positional.returncode == flag.returncode == 0 and positional.stdout == flag.stdout
+    assert "from examples/hetero_cpu.yaml" in run_hal("config", "examples/hetero_cpu.yaml").stdout
+    both = run_hal("plan", "--config", "a.yaml", "b.yaml")
+    assert both.returncode == 2 and "two configs given (b.yaml and --config a.yaml)" in both.stderr
+    missing = run_hal("train", "nosuch.yaml")
+    assert missing.returncode == 2 and "nosuch.yaml: config file not found; check the path" in missing.stderr
+    assert "--config" not in missing.stderr  # hal train takes the file as its first argument
+
+
+def test_the_auto_selection_reason_is_one_short_line() -> None:
+    from hal.selection import choose_backend
+
+    _backend, reason = choose_backend("auto")
+    assert len(reason) < 200 and "\n" not in reason, reason
+
+
 def test_readme_main_job_matches_the_cpu_twin() -> None:
     """`hal run --backend cpu examples/cuda_train.py` (the README's migration example) equals the CPU twin."""
     migrated = run_hal("run", "--backend", "cpu", "examples/cuda_train.py", "--steps", "4")

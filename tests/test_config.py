@@ -102,7 +102,7 @@ def test_config_command_reports_resolution_as_json(tmp_path) -> None:
     report = json.loads(result.stdout)
     assert report["reason"].startswith("auto:")
     if not has_cuda():
-        assert report["backend"] == "cpu" and "cuda unavailable" in report["reason"]
+        assert report["backend"] == "cpu" and "passed over cuda" in report["reason"]
     assert report["config"]["origins"]["precision"] == str(path)
 
 

@@ -295,6 +295,6 @@ def test_example_config_is_accepted() -> None:
     assert [s["layers"] for s in report["topology"]["stages"]] == [[0, 1, 2], [3]]
 
 
-def test_plan_needs_config_flag() -> None:
+def test_plan_needs_a_config() -> None:
     result = run_hal("plan")
-    assert result.returncode == 2 and "--config" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.returncode == 2 and "give a config file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
