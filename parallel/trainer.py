@@ -199,6 +199,14 @@ class Progress:
             self.stream.flush()
 
 
+def steady_rate(records: list[dict[str, Any]]) -> float | None:
+    """Tokens per second of the steps after the first: the first step's warm-up (allocator, kernels,
+    autotuning) and checkpoint writes (outside ``step_s``) are not training speed. One step: that step."""
+    steady = records[1:] or records
+    seconds = sum(rec["step_s"] for rec in steady)
+    return sum(rec["tokens"] for rec in steady) / seconds if seconds > 0 else None
+
+
 def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoint: str | None) -> dict[str, Any]:
     tokens = sum(rec["tokens"] for rec in records)
     return {
@@ -206,7 +214,8 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
+        "tokens_per_s": steady_rate(records), "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
+        "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
                     "layers": list(m.layer_range)} for m in r.topology.stages],
     }

@@ -258,3 +258,11 @@ def test_progress_updates_in_place_on_a_terminal() -> None:
     progress.close()
     text = stream.getvalue()
     assert text.count("\r") == 2 and text.count("\n") == 1 and "step 2/20 loss 4.0000 1234 tok/s" in text
+
+
+def test_the_summary_rate_leaves_out_the_first_step_and_checkpoint_writes() -> None:
+    from hal.parallel.trainer import steady_rate
+
+    records = [{"tokens": 100, "step_s": 10.0}, {"tokens": 100, "step_s": 1.0}, {"tokens": 100, "step_s": 1.0}]
+    assert steady_rate(records) == 100.0  # not 300 / 12 (warm-up included) nor less (wall time with a checkpoint)
+    assert steady_rate(records[:1]) == 10.0 and steady_rate([]) is None
