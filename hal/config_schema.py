@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from .errors import ConfigError
 
@@ -46,23 +46,33 @@ class Limit:
 
 
 @dataclass(frozen=True)
-class PositiveInt(Rule):
+class _Integer(Rule):
+    """An int (not a bool) of at least ``minimum``, under an optional ``Limit``."""
+
     limit: Limit | None = None
+    minimum: ClassVar[int]
+
+    def refuse(self, origin: str, key: str, value: Any, example: str) -> ConfigError:
+        raise NotImplementedError
 
     def check(self, origin: str, key: str, value: Any, example: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}; e.g. {example}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+            raise self.refuse(origin, key, value, example)
         return self.limit.check(origin, key, value, example) if self.limit else value
 
 
-@dataclass(frozen=True)
-class NonNegativeInt(Rule):
-    limit: Limit | None = None
+class PositiveInt(_Integer):
+    minimum = 1
 
-    def check(self, origin: str, key: str, value: Any, example: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{origin}: key '{key}' must be an integer ≥ 0, got {value!r}")
-        return self.limit.check(origin, key, value, example) if self.limit else value
+    def refuse(self, origin: str, key: str, value: Any, example: str) -> ConfigError:
+        return ConfigError(f"{origin}: key '{key}' must be a positive integer, got {value!r}; e.g. {example}")
+
+
+class NonNegativeInt(_Integer):
+    minimum = 0
+
+    def refuse(self, origin: str, key: str, value: Any, example: str) -> ConfigError:
+        return ConfigError(f"{origin}: key '{key}' must be an integer ≥ 0, got {value!r}")
 
 
 @dataclass(frozen=True)
