@@ -107,6 +107,7 @@ class CpuBackend(Backend):
     visible_devices_env = None
     reduced_precision_matmul_format = None
     hardware_verification = "host CPU: the whole test suite runs here (CI)"
+    memory_stats_measure = "the process's resident set size (all host memory of the process, not tensor bytes)"
 
     def availability(self) -> Availability:
         return Availability(True, f"host CPU ({_cpu_name(_cpu_features())}, {os.cpu_count()} logical cores)")

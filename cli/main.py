@@ -42,7 +42,8 @@ def _remember_parsers(parser: argparse.ArgumentParser) -> None:
 def _format_warning(message: Any, category: type, filename: str, lineno: int, line: str | None = None) -> str:
     """hal's own warnings (downgrades, migration gaps) as one 'hal: warning:' line; others as usual."""
     if category.__module__.split(".")[0] == "hal":
-        return f"hal: warning: {message}\n"
+        where = f"{filename}:{lineno}: " if getattr(category, "names_script_line", False) else ""
+        return f"hal: warning: {where}{message}\n"
     return _default_format(message, category, filename, lineno, line)
 
 

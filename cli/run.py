@@ -9,6 +9,7 @@ from typing import Any
 from hal.errors import HalError
 
 NAME = "run"
+MAX_DEVICE_COUNT = 64  # more CUDA devices than any one host has
 
 
 def add_parser(sub: Any) -> None:
@@ -19,6 +20,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--backend", help="target backend (overrides HAL_BACKEND and the config file)")
     p.add_argument("--config", help="YAML config file (backend, devices, precision, fallback)")
+    p.add_argument("--device-count", type=int, metavar="N",
+                   help="cpu only: tell the script N CUDA devices exist (all are the one host device), "
+                   "for scripts that insist on several")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     p.set_defaults(func=run)
@@ -33,9 +37,23 @@ def run(args: argparse.Namespace) -> int:
         raise HalError(f"script {args.script!r} not found; give the path of a Python file")
     config = load_config(args.config, overrides={"backend": args.backend})
     selection = select_backend(config)
+    _check_device_count(args.device_count, selection.backend.device_type)
     selection.activate()
     from hal.migration import run_script  # after validation: the shim is only loaded to run something
 
     print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
           f"devices {list(selection.devices)}, precision {selection.precision.describe()}", file=sys.stderr)
-    return run_script(selection.backend, str(script), list(args.script_args))
+    return run_script(selection.backend, str(script), list(args.script_args), device_count=args.device_count)
+
+
+def _check_device_count(count: int | None, device_type: str) -> None:
+    """--device-count is the cpu target's: checked before anything runs."""
+    if count is None:
+        return
+    if device_type != "cpu":
+        raise HalError(f"--device-count is for the cpu target only (its one device shown as N); "
+                       f"backend {device_type!r} shows its real devices: drop --device-count")
+    if count < 1:
+        raise HalError(f"--device-count {count} is not a device count; give 1 or more")
+    if count > MAX_DEVICE_COUNT:
+        raise HalError(f"--device-count {count} is above {MAX_DEVICE_COUNT}, more GPUs than one host holds; give a smaller count")

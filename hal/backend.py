@@ -61,6 +61,9 @@ class Backend(abc.ABC):
     ccl_gaps: ClassVar[tuple[CclGap, ...]] = ()
     # What real hardware this backend was verified on, and how; None = not verified.
     hardware_verification: ClassVar[str | None] = None
+    # What memory_allocated & co. measure when it is not the device allocator's tensor bytes
+    # (the migration shim warns with this text); None = the device allocator's own counters.
+    memory_stats_measure: ClassVar[str | None] = None
 
     # --- discovery ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -2,7 +2,10 @@
 
 The checks (backend, rank count, one rank per device) run before anything starts; every rank gets
 ``HAL_BACKEND`` (and the config's precision and fallback) so that ``collectives.init_distributed()``
-with no arguments picks the backend and pins the rank to its device from ``LOCAL_RANK``. The ranks
+with no arguments picks the backend and pins the rank to its device from ``LOCAL_RANK``. Each rank
+runs the script through the migration shim (``python -m hal.migration SCRIPT``), so a CUDA-written
+script runs unmodified on any backend, as under ``hal run``; on a cuda-type backend the shim
+patches nothing. The ranks
 are started and stopped by ``hal.launch.ranks.spawn_ranks`` (each in its own process group; on a
 failure or SIGINT/SIGTERM every group is stopped, so no rank outlives the launcher). The exit
 status is the worst status among the ranks that failed on their own (a rank killed by signal S
@@ -38,6 +41,8 @@ from . import torchrun
 from .env import free_port, rank_env
 from .ranks import LaunchReport, spawn_ranks
 
+MIGRATION_MODULE = "hal.migration"  # every rank runs the script through the shim
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -51,7 +56,7 @@ class LaunchPlan:
 
     def torchrun_args(self) -> list[str]:
         """torchrun's arguments for the same single-node run (shown, so the user can rerun it without hal)."""
-        return ["--standalone", f"--nproc-per-node={self.nproc}", self.script, *self.script_args]
+        return ["--standalone", f"--nproc-per-node={self.nproc}", "-m", MIGRATION_MODULE, self.script, *self.script_args]
 
     def command_line(self) -> str:
         """The equivalent shell command, for the user to see (and reuse without hal)."""
@@ -62,7 +67,8 @@ class LaunchPlan:
         """One plain-torchrun command per node; placeholders name what the user must fill in."""
         if nodes < 1:
             raise HalError(f"--print-multinode {nodes} is not a node count; give 1 or more")
-        return torchrun.rendezvous_lines(nodes, self.nproc, [self.script, *self.script_args], {"HAL_BACKEND": self.backend.name})
+        return torchrun.rendezvous_lines(nodes, self.nproc, ["-m", MIGRATION_MODULE, self.script, *self.script_args],
+                                         {"HAL_BACKEND": self.backend.name})
 
 
 def plan_launch(
@@ -122,5 +128,6 @@ def run_launch(plan: LaunchPlan, *, echo_stderr: IO[str] | None = None) -> Launc
     port = free_port()
     base = {**os.environ, **plan.env}
     envs = [rank_env(r, plan.nproc, port, base=base) for r in range(plan.nproc)]
-    command = [sys.executable, "-u", plan.script, *plan.script_args]  # -u: ranks' lines arrive as written
+    # -u: ranks' lines arrive as written; the shim module runs the script as __main__.
+    command = [sys.executable, "-u", "-m", MIGRATION_MODULE, plan.script, *plan.script_args]
     return spawn_ranks([command] * plan.nproc, envs, echo_stderr=echo_stderr if echo_stderr is not None else sys.stderr)

@@ -51,7 +51,7 @@ def test_two_cpu_ranks_all_reduce_their_ranks() -> None:
     for r in records:
         assert r["world"] == 2 and r["result"] == 1.0 and r["backend"] == "cpu" and r["device"] == "cpu"
         assert r["local_rank"] == r["rank"]
-    assert "torchrun --standalone --nproc-per-node=2 tests/launch_probe.py" in result.stderr
+    assert "torchrun --standalone --nproc-per-node=2 -m hal.migration tests/launch_probe.py" in result.stderr
 
 
 def test_a_failing_rank_fails_the_launch_and_leaves_no_process() -> None:

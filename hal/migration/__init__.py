@@ -5,8 +5,11 @@ once, globally and for good. This shim differs on purpose:
 
 * **Scoped.** ``migrate(backend)`` patches on enter and restores every attribute on exit, even on
   error; a wrapper that leaks out (a module-level alias) is a pass-through once the scope ends.
-* **Table-driven.** ``MAPPING`` (``mapping``) lists every patched target; the patch session
-  (``session``) only interprets it; ``runner`` runs a script inside a session.
+* **Table-driven.** ``MAPPING`` (``mapping``) lists every patched target; the scope (``scope``)
+  only interprets it with the adapters (``adapters``, ``adapters_runtime``) over the shared state
+  (``session``); ``runner`` runs a script inside a scope, ``child`` enters it in spawned children.
+* **Honest.** Where the target has no exact equivalent the shim warns once, at the script's line,
+  saying what happens instead; what cannot run at all (CUDA graph capture) is refused in one line.
 * **Never changes a dtype.** fp64 stays fp64 (no ``DoubleTensor -> FloatTensor``); CUDA autocast
   keeps CUDA's fp16 default on targets whose own default is bf16.
 * **Only the script is translated.** torch's own modules keep seeing the real CUDA module (the
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 from .mapping import MAPPING, CudaLocationMap, Kind, Patch, map_ccl, map_device, plan, rewrite_map_location
 from .runner import run_script
-from .session import MigrationWarning, migrate
+from .scope import migrate
+from .session import MigrationUnsupported, MigrationWarning
 
 __all__ = [
     "MAPPING",
     "CudaLocationMap",
     "Kind",
+    "MigrationUnsupported",
     "MigrationWarning",
     "Patch",
     "map_ccl",

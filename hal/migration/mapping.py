@@ -13,7 +13,6 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
-import re
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,7 +22,6 @@ import torch
 from ..backend import Backend
 
 CUDA = "cuda"
-_CUDA_STRING = re.compile(r"\s*cuda(?::(\d+))?\s*")
 # The real class, taken from a path the shim never patches.
 _REAL_DEVICE: type = torch._C.device
 
@@ -47,7 +45,7 @@ class Patch:
     a ``note`` there marks an approximation that is warned about once.
     """
 
-    where: str
+    where: str  # dotted path under torch, "py:module.attr" outside torch, or "env:NAME"
     kind: Kind
     to: str = ""
     args: str = ""
@@ -55,12 +53,19 @@ class Patch:
 
     @property
     def name(self) -> str:
-        """What a user wrote: ``torch.<where>`` or the env var."""
-        return self.where[4:] if self.is_env else f"torch.{self.where}"
+        """What a user wrote: ``torch.<where>``, a module path outside torch, or the env var."""
+        if self.is_env:
+            return self.where[4:]
+        return self.where[3:] if self.is_python else f"torch.{self.where}"
 
     @property
     def is_env(self) -> bool:
         return self.where.startswith("env:")
+
+    @property
+    def is_python(self) -> bool:
+        """A target outside torch (the standard library's process starters)."""
+        return self.where.startswith("py:")
 
 
 def _fn(name: str, to: str | None = None, args: str = "", note: str = "") -> Patch:
@@ -76,6 +81,12 @@ def _adapter(where: str, adapter: str, note: str) -> Patch:
 
 
 _MAX_RESERVED_NOTE = "peak allocated bytes: equal to the peak reserved on cpu (both peak RSS), a lower bound elsewhere"
+
+# The legacy tensor types of the CUDA module (``torch.<cuda>.FloatTensor(...)``) and their dtypes.
+_LEGACY_TYPES: tuple[str, ...] = (
+    "DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+    "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor",
+)  # fmt: skip
 
 # Factories that take device= (transfer_to_npu's and gpu_migration's lists, public names only).
 _FACTORIES: tuple[str, ...] = (
@@ -115,8 +126,19 @@ _EXPLICIT: tuple[Patch, ...] = (
     _fn("Event", args="enable_timing"),
     _fn("stream", args="stream"),
     _fn("current_stream", args="device"),
-    _fn("is_bf16_supported", "native:bf16"),
+    _adapter(f"{CUDA}.is_bf16_supported", "bf16_supported", "native bf16, or emulated too when including_emulation (the default)"),
     _fn("is_tf32_supported", "native:tf32"),
+    _adapter(f"{CUDA}.get_device_properties", "device_properties", "name, total_memory, cores; major/minor from the native dtypes (warned)"),
+    _adapter(f"{CUDA}.get_device_capability", "device_capability", "the CUDA capability whose dtypes the target has natively (warned)"),
+    _adapter(f"{CUDA}.is_current_stream_capturing", "never_capturing", "False: nothing is ever captured on the target"),
+    _adapter(f"{CUDA}.make_graphed_callables", "graphed_callables", "the callables returned as they are: they run eagerly (warned)"),
+    _adapter(f"{CUDA}.CUDAGraph", "graph_capture", "refused in one line: a captured graph cannot be replayed on the target"),
+    _adapter(f"{CUDA}.graph", "graph_capture", "refused in one line: a captured graph cannot be replayed on the target"),
+    _adapter(f"{CUDA}.graph_pool_handle", "graph_capture", "refused in one line: graph memory pools belong to CUDA graphs"),
+    *(_adapter(f"{CUDA}.nvtx.{name}", "nvtx", "-> torch.profiler.record_function ranges (warned)")
+      for name in ("range_push", "range_pop", "range_start", "range_end", "range", "mark")),
+    *(_adapter(f"{CUDA}.{name}", "legacy_tensor_type", "class proxy: builds the tensor on the target; isinstance by dtype and device")
+      for name in _LEGACY_TYPES),
     _adapter(f"{CUDA}.device", "device_context", "context manager -> backend.set_device / restore"),
     # --- autocast and loss scaling (dtype made explicit: CUDA's fp16 default) ---------------------
     _adapter(f"{CUDA}.amp.autocast", "cuda_autocast", "torch.autocast(target, dtype=float16 unless given)"),
@@ -124,7 +146,17 @@ _EXPLICIT: tuple[Patch, ...] = (
     _adapter("autocast", "autocast", "device_type cuda -> target; dtype None -> CUDA's autocast dtype"),
     _adapter("amp.autocast", "autocast", "device_type cuda -> target; dtype None -> CUDA's autocast dtype"),
     _adapter("amp.GradScaler", "grad_scaler", "device 'cuda' (the default) -> backend.grad_scaler(...)"),
+    _adapter(f"{CUDA}.amp.custom_fwd", "cuda_custom_fwd", "-> torch.amp.custom_fwd(device_type=target): cast_inputs keeps casting"),
+    _adapter(f"{CUDA}.amp.custom_bwd", "cuda_custom_bwd", "-> torch.amp.custom_bwd(device_type=target)"),
+    _dev("amp.custom_fwd", "device_type="),
+    _dev("amp.custom_bwd", "device_type="),
+    _adapter("is_autocast_enabled", "autocast_query", "'cuda' or no argument -> the target's autocast state"),
+    _adapter("get_autocast_dtype", "autocast_query", "'cuda' -> the target's autocast dtype"),
+    _adapter("set_autocast_dtype", "autocast_query", "'cuda' -> the target's autocast dtype"),
+    _adapter("set_autocast_enabled", "autocast_query", "'cuda' -> the target's autocast state"),
+    _adapter("get_autocast_gpu_dtype", "autocast_gpu_query", "-> the target's autocast dtype"),
     _adapter("backends.cuda.matmul", "tf32_switch", "allow_tf32 -> backend.set_reduced_precision_matmul"),
+    _adapter("backends.cudnn", "cudnn_switch", "allow_tf32 = True warned where convolutions have no such mode"),
     # --- devices ------------------------------------------------------------------------------
     _adapter("device", "device_class", "class proxy: cuda / cuda:N / int N -> target; isinstance kept"),
     _dev("Generator", "0|device="),
@@ -135,14 +167,25 @@ _EXPLICIT: tuple[Patch, ...] = (
     *(_dev(f"Tensor.{name}") for name in _NEW_METHODS),
     _adapter(f"Tensor.{CUDA}", "tensor_to_target", "-> Tensor.to(target)"),
     _adapter(f"Tensor.is_{CUDA}", "is_target", "-> tensor is on the target device type (torch's own code sees the truth)"),
+    _adapter("Tensor.get_device", "get_device", "cpu target: a host tensor is on device 0 (as is_cuda says True)"),
+    _adapter("Tensor.type", "tensor_type", "'torch.<cuda>.XTensor' (string or class) -> .to(target, dtype); no argument -> the CUDA name"),
+    _adapter("set_default_tensor_type", "default_tensor_type", "a CUDA tensor type -> default dtype + default device = target"),
     _adapter("Tensor.pin_memory", "pin_memory", "cpu: a plain host copy; elsewhere device argument rewritten"),
     _dev("nn.Module.to", "1|device="),
     _dev("nn.Module.to_empty", "device="),
     _adapter(f"nn.Module.{CUDA}", "module_to_target", "-> Module.to(target)"),
     _adapter("nn.parallel.DistributedDataParallel.__init__", "ddp_devices", "device_ids/output_device: None on cpu"),
+    *(_adapter(where, "data_parallel", "cpu: the module runs unreplicated on the one host device (warned)")
+      for where in ("nn.DataParallel", "nn.parallel.DataParallel", "nn.parallel.data_parallel.DataParallel")),
+    _adapter("nn.parallel.data_parallel", "data_parallel_function", "cpu: module(*inputs) on the one host device (warned)"),
     # --- distributed --------------------------------------------------------------------------
     Patch("distributed.init_process_group", Kind.CCL_NAME, "backend.process_group_backend()", "0|backend="),
     Patch("distributed.new_group", Kind.CCL_NAME, "backend.process_group_backend()", "2|backend="),
+    _dev("distributed.device_mesh.init_device_mesh", "0|device_type="),
+    _dev("distributed.init_device_mesh", "0|device_type="),
+    _dev("distributed.device_mesh.DeviceMesh", "0|device_type="),
+    # --- child processes: spawn and forkserver children start a fresh interpreter -----------------
+    _adapter("py:multiprocessing.util.spawnv_passfds", "child_processes", "spawn and forkserver children enter the same migration first"),
     # --- environment variables (read when the runtime initialises) -------------------------------
     Patch("env:CUDA_VISIBLE_DEVICES", Kind.ENV_VAR, "backend.visible_devices_env"),
     Patch("env:PYTORCH_CUDA_ALLOC_CONF", Kind.ENV_VAR, "PYTORCH_{DEVICE}_ALLOC_CONF"),
@@ -150,7 +193,10 @@ _EXPLICIT: tuple[Patch, ...] = (
 
 
 def _resolve(where: str) -> tuple[Any, str]:
-    """(owner, attribute) for a dotted path under torch; imports submodules torch loads lazily."""
+    """(owner, attribute) for a dotted path under torch (or ``py:`` outside it); imports lazy submodules."""
+    if where.startswith("py:"):
+        module, _, attr = where[3:].rpartition(".")
+        return importlib.import_module(module), attr
     *path, attr = where.split(".")
     owner: Any = torch
     for i, part in enumerate(path):
@@ -173,8 +219,8 @@ def _exists(row: Patch) -> bool:
 def _unmapped_cuda_functions(explicit: tuple[Patch, ...]) -> tuple[Patch, ...]:
     """Every other public function of the CUDA module: warn once, call the original.
 
-    Classes (CUDAGraph, legacy ``FloatTensor`` types, ...) are left alone: a wrapper would break
-    ``isinstance`` checks, and they cannot be built on a non-CUDA target anyway.
+    Classes not listed above (ExternalStream, allocator classes, ...) are left alone: they cannot
+    be built on a non-CUDA target anyway, and CUDA's own error names them.
     """
     module = getattr(torch, CUDA)
     known = {row.where for row in explicit}
@@ -215,10 +261,13 @@ def map_device(value: Any, device_type: str, *, ints: bool = True) -> Any:
     if isinstance(value, int) and ints:
         return _REAL_DEVICE(_target_spec(device_type, value))
     if isinstance(value, str):
-        match = _CUDA_STRING.fullmatch(value)
-        if match is None:
-            return value
-        return _target_spec(device_type, None if match.group(1) is None else int(match.group(1)))
+        # String methods, not a regex: torch.compile traces this without a graph break.
+        text = value.strip()
+        if text == CUDA:
+            return _target_spec(device_type, None)
+        if text.startswith(CUDA + ":") and text[len(CUDA) + 1:].isdigit():
+            return _target_spec(device_type, int(text[len(CUDA) + 1:]))
+        return value
     if isinstance(value, _REAL_DEVICE) and value.type == CUDA:
         return _REAL_DEVICE(_target_spec(device_type, value.index))
     return value

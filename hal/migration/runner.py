@@ -9,26 +9,32 @@ from typing import Any
 
 from ..backend import Backend
 from ..errors import HalError
-from .session import migrate
+from .scope import migrate
+from .session import MigrationUnsupported
 
 
-def run_script(backend: Backend, path: str, argv: list[str]) -> int:
+def run_script(backend: Backend, path: str, argv: list[str], *, device_count: int | None = None) -> int:
     """Run ``path`` as ``__main__`` under ``migrate(backend)``; its exit code, like ``python path``.
 
-    hal errors (e.g. the backend is unavailable) propagate for the CLI to print as one line;
-    any other uncaught exception prints its traceback and gives 1, as Python does.
+    A CUDA feature the target cannot run (``MigrationUnsupported``) that the script does not catch
+    is one line naming the script's line, exit 1; other hal errors (e.g. the backend is
+    unavailable) propagate for the CLI to print as one line; any other uncaught exception prints
+    its traceback and gives 1, as Python does.
     """
     script = os.path.abspath(path)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(script))
     try:
-        with migrate(backend):
+        with migrate(backend, device_count=device_count):
             backend.require_available()
             runpy.run_path(script, run_name="__main__")
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
+    except MigrationUnsupported as exc:
+        print(f"hal run: error: {exc}", file=sys.stderr)
+        return 1
     except HalError:
         raise
     except Exception:

@@ -1,0 +1,239 @@
+"""``migrate(backend)``: apply the mapping table's rows on enter, restore every patched attribute on exit.
+
+One scope is active at a time (nested entries for the same backend share it). Each row kind has a
+builder here and each adapter named in the table a function in ``adapters`` / ``adapters_runtime``;
+the wrappers they make pass through to the CUDA original once the scope has ended, so an alias that
+leaks out stays harmless. While a scope is active the patches are process-wide (module
+attributes), so every thread sees them.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from ..backend import Backend
+from ..errors import ConfigError, UnsupportedError
+from . import adapters, adapters_runtime
+from .mapping import Kind, Patch, _resolve, map_ccl, plan
+from .session import Session, cuda_function, replace_callable, swap
+
+_log = logging.getLogger("hal.migration")
+_ArgSpec = tuple[frozenset[int], frozenset[str]]
+# Backend methods whose numbers may not be the device allocator's (Backend.memory_stats_measure).
+_MEMORY_STATS = frozenset({"memory_allocated", "max_memory_allocated", "memory_reserved", "mem_get_info"})
+_ADAPTERS = {**adapters.ADAPTERS, **adapters_runtime.ADAPTERS}
+
+
+def parse_arguments(spec: str) -> _ArgSpec:
+    """"1|device=" -> ({1}, {"device"}): parsed once per row, not per call."""
+    parts = [p for p in spec.split("|") if p]
+    return (
+        frozenset(int(p) for p in parts if p.isdigit()),
+        frozenset(p.rstrip("=") for p in parts if p.endswith("=")),
+    )
+
+
+def rewrite_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], spec: _ArgSpec, fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    positions, keywords = spec
+    new_args = tuple(fn(a) if i in positions else a for i, a in enumerate(args))
+    new_kwargs = {k: fn(v) if k in keywords else v for k, v in kwargs.items()}
+    return new_args, new_kwargs
+
+
+# --- builders, one per kind --------------------------------------------------------------------
+def _build_device_function(row: Patch, session: Session, original: Any) -> Any:
+    names = [n for n in row.args.split(",") if n]
+    if row.to.startswith("native:"):
+        dtype = row.to.partition(":")[2]
+        return cuda_function(row, session, original, lambda *a, **k: session.backend.capabilities().is_native(dtype))
+    signature = inspect.signature(original)
+    backend = session.backend
+    method = getattr(backend, row.to)
+    notes = [f"maps to backend.{row.to} on {backend.name}: {row.note}"] if row.note else []
+    if row.to in _MEMORY_STATS and backend.memory_stats_measure:
+        notes.append(f"returns {backend.memory_stats_measure} on {backend.name}")
+    if row.to in ("manual_seed", "manual_seed_all", "set_rng_state") and session.device_type == "cpu":
+        return cuda_function(row, session, original, _host_generator_call(row, session, signature, method, names))
+    if row.to == "device_count" and session.device_count is not None:
+        return cuda_function(row, session, original, lambda: session.device_count)
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = [session.index(bound.arguments[n]) if n == "device" else bound.arguments[n] for n in names]
+        for note in notes:
+            session.warn_once(f"{row.where}:{note}", f"{row.name} {note}")
+        return method(*values)
+
+    return cuda_function(row, session, original, impl)
+
+
+def _host_generator_call(row: Patch, session: Session, signature: inspect.Signature,
+                         method: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
+    """On cpu the device generator IS the host generator: reseeding it changes host random numbers too.
+
+    Warned once — unless the call changes nothing (``torch.manual_seed(s)`` then the same seed here).
+    """
+    import torch
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = [session.index(bound.arguments[n]) if n == "device" else bound.arguments[n] for n in names]
+        before = torch.random.default_generator.get_state()
+        result = method(*values)
+        if not torch.equal(before, torch.random.default_generator.get_state()):
+            session.warn_once("host-generator", f"{row.name} on cpu sets the host generator (the cpu device's "
+                              "own): torch's CPU random numbers drawn after this call change too")
+        return result
+
+    return impl
+
+
+def _build_no_equivalent(row: Patch, session: Session, original: Any) -> Any:
+    message = f"{row.name} has no equivalent on {session.backend.name}; calling the CUDA original"
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        session.warn_once(row.where, message)
+        return original(*args, **kwargs)
+
+    return cuda_function(row, session, original, impl)
+
+
+def _build_device_argument(row: Patch, session: Session, original: Any) -> Any:
+    spec = parse_arguments(row.args)
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = rewrite_arguments(args, kwargs, spec, session.map_device)
+        return original(*args, **kwargs)
+
+    return replace_callable(original, session, impl)
+
+
+def _build_ccl_name(row: Patch, session: Session, original: Any) -> Any:
+    spec = parse_arguments(row.args)
+
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = rewrite_arguments(args, kwargs, spec, lambda name: map_ccl(name, session.backend))
+        return original(*args, **kwargs)
+
+    return replace_callable(original, session, impl)
+
+
+def _build_adapter(row: Patch, session: Session, original: Any) -> Any:
+    return _ADAPTERS[row.to](row, session, original)
+
+
+def _apply_env(row: Patch, session: Session) -> None:
+    """Copy a CUDA env var to the backend's name for it (effective before the runtime starts)."""
+    source = row.where[4:]
+    if source not in os.environ:
+        return
+    backend = session.backend
+    if row.to.startswith("backend."):
+        target = getattr(backend, row.to.partition(".")[2])
+    else:
+        target = None if backend.device_type == "cpu" else row.to.format(DEVICE=backend.device_type.upper())
+    if target is None:
+        session.warn_once(row.where, f"{source} is set but has no equivalent on {backend.name}; ignored")
+    elif target not in os.environ:
+        os.environ[target] = os.environ[source]
+        session.defer(lambda: os.environ.pop(target, None))
+
+
+_BUILDERS: dict[Kind, Callable[[Patch, Session, Any], Any]] = {
+    Kind.DEVICE_FUNCTION: _build_device_function,
+    Kind.DEVICE_ARGUMENT: _build_device_argument,
+    Kind.CCL_NAME: _build_ccl_name,
+    Kind.NO_EQUIVALENT: _build_no_equivalent,
+    Kind.ADAPTER: _build_adapter,
+}
+
+
+def _apply(session: Session, rows: tuple[Patch, ...]) -> None:
+    session.active = True
+    try:
+        for row in rows:
+            if row.is_env:
+                _apply_env(row, session)
+            else:
+                owner, attr = _resolve(row.where)
+                replacement = _BUILDERS[row.kind](row, session, getattr(owner, attr))
+                session.defer(swap(owner, attr, replacement))
+            session.applied.append(row)
+    except BaseException:
+        session.restore()
+        raise
+
+
+def _import_compiler() -> None:
+    """torch.compile's tracer records torch's classes and functions when first imported: import it
+    before any patch, so compiled script code sees the real ones and traces the shim's wrappers."""
+    import torch._dynamo  # noqa: F401
+
+
+# --- the context manager -------------------------------------------------------------------------
+_lock = threading.RLock()
+_current: Session | None = None
+_depth = 0
+
+
+class _Migration(contextlib.AbstractContextManager):
+    """Enter patches (the outermost entry only); the matching outermost exit restores."""
+
+    def __init__(self, backend: Backend, device_count: int | None = None) -> None:
+        if device_count is not None:
+            if backend.device_type != "cpu":
+                raise ConfigError(f"a device count of {device_count} is only for the cpu target (it has one device, "
+                                  f"shown as several); backend '{backend.name}' shows its real devices")
+            if device_count < 1:
+                raise ConfigError(f"device count {device_count} is not a count; give 1 or more")
+        self.backend = backend
+        self.device_count = device_count
+
+    @property
+    def applied(self) -> tuple[Patch, ...]:
+        session = _current
+        return tuple(session.applied) if session is not None and session.backend is self.backend else ()
+
+    def __enter__(self) -> "_Migration":
+        global _current, _depth
+        with _lock:
+            if _current is not None:
+                if _current.backend is not self.backend:
+                    raise UnsupportedError(
+                        f"a migration to backend '{_current.backend.name}' is already active; "
+                        f"leave it before migrating to '{self.backend.name}'"
+                    )
+                _depth += 1
+                return self
+            rows = plan(self.backend)
+            if rows:
+                _import_compiler()
+            session = Session(self.backend, self.device_count)
+            _apply(session, rows)
+            _current, _depth = session, 1
+        _log.info("migrated %d CUDA targets to backend %s", len(session.applied), self.backend.name)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        global _current, _depth
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _current is not None:
+                session, _current = _current, None
+                session.restore()
+        return False
+
+
+def migrate(backend: Backend, *, device_count: int | None = None) -> _Migration:
+    """Run the enclosed CUDA-written code on ``backend``; every patch is undone on exit.
+
+    ``device_count`` (cpu only) is how many CUDA devices the script is told exist — all of them
+    the one host device — for scripts that insist on several.
+    """
+    return _Migration(backend, device_count)
