@@ -64,7 +64,28 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
         where = run.hal.origins.get("backend", "config")
         raise ConfigError(f"{where}: backend {run.hal.backend!r} is not used by hal train: each stage names its own "
                           f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
-    return _stage_precision(run, fallback)
+    plans = _stage_precision(run, fallback)
+    _check_memory(run)
+    return plans
+
+
+def _check_memory(run: RunConfig) -> None:
+    """The training state's lower bound against each available stage's memory (hal.parallel.memory_check)."""
+    from hal.backend_registry import get_backend
+
+    from .memory_check import MemoryPool, check_memory
+
+    pools: dict[int, MemoryPool | None] = {}
+    for index, stage in enumerate(run.plan.stages):
+        backend = get_backend(stage.backend)
+        if not backend.is_available():
+            pools[index] = None
+        elif backend.device_type == "cpu":
+            pools[index] = MemoryPool("host", backend.mem_get_info()[1])
+        else:
+            memory = backend.capabilities().memory_bytes
+            pools[index] = None if memory is None else MemoryPool(backend.name, memory)
+    check_memory(run.model, run.plan, pools, run.origin)
 
 
 def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":

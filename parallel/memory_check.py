@@ -1,0 +1,86 @@
+"""Will the model's training state fit? A lower bound per rank, checked before any process starts.
+
+Each rank of a stage holds fp32 weights, fp32 gradients and AdamW's two fp32 moments for its share
+of the parameters: 16 bytes a parameter (12 + 4/dp under ZeRO-1). Activations, buffers and the
+allocator's slack come on top, so this bound only refuses plans that cannot fit at all — a model of
+terabytes on a 24 GiB host is one line before anything is allocated, not a MemoryError in a rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hal.errors import ConfigError
+
+from .model_config import ModelConfig
+from .plan import ParallelPlan, StagePlan
+
+WEIGHT_AND_GRADIENT_BYTES = 8  # fp32 weights + fp32 gradients, per parameter
+OPTIMIZER_BYTES = 8  # AdamW's two fp32 moments, per parameter
+GIB = 2**30
+
+
+def layer_parameters(model: ModelConfig) -> int:
+    """One decoder layer: q/o projections, k/v at the kv width, the SwiGLU MLP and two norms."""
+    hidden, kv_width = model.hidden_size, model.num_kv_heads * model.head_dim
+    return 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * model.ffn_hidden_size + 2 * hidden
+
+
+def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
+    """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
+    count = plan.stages[index].layers * layer_parameters(model)
+    embedding = model.vocab_size * model.hidden_size
+    if index == 0:
+        count += embedding
+    if index == plan.num_stages - 1:
+        count += model.hidden_size + (0 if model.tie_embeddings and plan.num_stages == 1 else embedding)
+    return count
+
+
+def rank_bytes(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
+    """The lower bound for one rank of stage ``index``: its tp share of weights, gradients and AdamW state."""
+    stage: StagePlan = plan.stages[index]
+    share = stage_parameters(model, plan, index) // stage.tp
+    optimizer = OPTIMIZER_BYTES // stage.dp if plan.zero1 else OPTIMIZER_BYTES
+    return share * (WEIGHT_AND_GRADIENT_BYTES + optimizer)
+
+
+@dataclass(frozen=True)
+class MemoryPool:
+    """Memory that ranks draw from: one accelerator's, or the host's (shared by every cpu rank on it)."""
+
+    what: str
+    bytes: int
+
+
+def check_memory(model: ModelConfig, plan: ParallelPlan, pools: dict[int, MemoryPool | None], origin: str) -> None:
+    """Refuse a plan whose lower bound exceeds the memory its ranks have (pools: stage -> its device's
+    pool, None where unknown). Host pools add up every rank on the host; device pools are per rank."""
+    host_need, host_pool = 0, None
+    for index, pool in pools.items():
+        if pool is None:
+            continue
+        need = rank_bytes(model, plan, index)
+        if pool.what == "host":
+            host_need += need * plan.stages[index].devices
+            host_pool = pool
+        elif need > pool.bytes:
+            raise ConfigError(
+                f"{origin}: stage {index} needs at least {need / GIB:,.1f} GiB a rank for weights, gradients and AdamW "
+                f"state ({_why(model, plan, index)}) but a {pool.what} device has {pool.bytes / GIB:,.1f} GiB; "
+                "shrink the model, give the stage fewer layers or more tp, or turn on zero1")
+    if host_pool is not None and host_need > host_pool.bytes:
+        raise ConfigError(
+            f"{origin}: the cpu ranks need at least {host_need / GIB:,.1f} GiB together for weights, gradients and "
+            f"AdamW state (16 B a parameter; {_stages(model, plan, pools)}) but this host has "
+            f"{host_pool.bytes / GIB:,.1f} GiB of memory; shrink the model (hidden_size, ffn_hidden_size, num_layers, "
+            "vocab_size), or use fewer dp replicas or zero1")
+
+
+def _why(model: ModelConfig, plan: ParallelPlan, index: int) -> str:
+    stage = plan.stages[index]
+    return f"{stage_parameters(model, plan, index) / 1e9:,.2f} G parameters / tp {stage.tp} × 16 B"
+
+
+def _stages(model: ModelConfig, plan: ParallelPlan, pools: dict[int, MemoryPool | None]) -> str:
+    return ", ".join(f"stage {i}: {plan.stages[i].devices} × {rank_bytes(model, plan, i) / GIB:,.1f} GiB"
+                     for i, pool in pools.items() if pool is not None and pool.what == "host")
