@@ -374,3 +374,20 @@ def test_proxy_classes_stay_usable(cpu: CpuBackend) -> None:
             with migrate(get_backend("cuda")):
                 pass
         assert torch.device("cuda").type == "cpu"  # the refused nesting left the scope intact
+
+
+def test_warnings_name_the_scripts_line_under_hal_run(tmp_path: Path) -> None:
+    """The shim's own warnings and torch's warnings raised inside its wrappers both point at the script."""
+    script = tmp_path / "warns.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        a = torch.ones(2)
+        b = torch.tensor(a, device="cuda")
+        n = torch.cuda.memory_allocated()
+        print("done", b.device)
+    """))
+    result = _run(["-m", "hal", "run", "--backend", "cpu", str(script)])
+    assert result.returncode == 0 and "done cpu" in result.stdout, result.stderr
+    assert f"{script}:3: UserWarning: To copy construct from a tensor" in result.stderr
+    assert f"hal: warning: {script}:4: torch.cuda.memory_allocated returns the process's resident set size" in result.stderr
+    assert "hal/migration" not in result.stderr

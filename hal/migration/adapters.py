@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .mapping import CUDA, _REAL_DEVICE, Patch, _location, rewrite_map_location
-from .session import Session, called_by_torch, cuda_function, replace_callable, warnings_at_user_line
+from .session import Session, called_by_torch, cuda_function, replace_callable
 
 # The real objects, taken before any patch (the shim calls them with the target's names).
 _REAL_AUTOCAST: type = torch.amp.autocast_mode.autocast
@@ -69,8 +69,7 @@ def autocast(row: Patch, session: Session, original: Any) -> Any:
             bound.arguments["device_type"] = session.device_type
             if bound.arguments.get("dtype") is None:
                 bound.arguments["dtype"] = _cuda_autocast_dtype()
-        with warnings_at_user_line():
-            return original(*bound.args[1:], **bound.kwargs)
+        return original(*bound.args[1:], **bound.kwargs)
 
     return replace_callable(original, session, impl)
 
@@ -82,8 +81,7 @@ def cuda_autocast(row: Patch, session: Session, original: Any) -> Any:
         bound = signature.bind(None, *args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
-        with warnings_at_user_line():
-            return _REAL_AUTOCAST(session.device_type, dtype=a["dtype"], enabled=a["enabled"], cache_enabled=a["cache_enabled"])
+        return _REAL_AUTOCAST(session.device_type, dtype=a["dtype"], enabled=a["enabled"], cache_enabled=a["cache_enabled"])
 
     return replace_callable(original, session, impl)
 
@@ -140,8 +138,7 @@ def grad_scaler(row: Patch, session: Session, original: Any) -> Any:
         device = options.pop("device")
         if not (isinstance(device, str) and device.startswith(CUDA)):
             return original(device, **options)
-        with warnings_at_user_line():
-            return session.backend.grad_scaler(**options)
+        return session.backend.grad_scaler(**options)
 
     return replace_callable(original, session, impl)
 
@@ -153,8 +150,7 @@ def cuda_grad_scaler(row: Patch, session: Session, original: Any) -> Any:
         bound = signature.bind(None, *args, **kwargs)
         bound.apply_defaults()
         options = {k: v for k, v in bound.arguments.items() if k != "self"}
-        with warnings_at_user_line():
-            return session.backend.grad_scaler(**options)
+        return session.backend.grad_scaler(**options)
 
     return replace_callable(original, session, impl)
 

@@ -13,13 +13,14 @@ import inspect
 import logging
 import os
 import threading
+import warnings
 from typing import Any, Callable
 
 from ..backend import Backend
 from ..errors import ConfigError, UnsupportedError
 from . import adapters, adapters_runtime
 from .mapping import Kind, Patch, _resolve, map_ccl, plan
-from .session import Session, cuda_function, replace_callable, swap
+from .session import Session, cuda_function, relocating_showwarning, replace_callable, swap
 
 _log = logging.getLogger("hal.migration")
 _ArgSpec = tuple[frozenset[int], frozenset[str]]
@@ -157,6 +158,8 @@ _BUILDERS: dict[Kind, Callable[[Patch, Session, Any], Any]] = {
 def _apply(session: Session, rows: tuple[Patch, ...]) -> None:
     session.active = True
     try:
+        if rows:
+            session.defer(swap(warnings, "showwarning", relocating_showwarning(warnings.showwarning)))
         for row in rows:
             if row.is_env:
                 _apply_env(row, session)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
 import types
@@ -74,14 +75,23 @@ def warn_at_user_line(message: str, category: type[Warning] = None) -> None:  # 
                            module=frame.f_globals.get("__name__"))
 
 
-@contextlib.contextmanager
-def warnings_at_user_line() -> Iterator[None]:
-    """Re-emit the warnings torch raises inside an adapter at the script's line, not the adapter's."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for item in caught:
-        warn_at_user_line(str(item.message), item.category)
+_SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def relocating_showwarning(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``warnings.showwarning`` that moves warnings torch raises inside the shim's wrappers (their
+    location is the wrapper's line) to the script's line. Costs nothing per call: only a warning
+    actually shown is looked at."""
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if os.path.abspath(filename).startswith(_SHIM_DIR + os.sep):
+            frame = user_frame()
+            if frame is not None:
+                filename, lineno, line = frame.f_code.co_filename, frame.f_lineno, None
+        previous(message, category, filename, lineno, file, line)
+
+    show.hal_relocating = True  # type: ignore[attr-defined]
+    return show
 
 
 # --- class proxies ---------------------------------------------------------------------------
