@@ -16,7 +16,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hal.errors import HalError
+from .errors import CollectiveError, CollectivePeerLost, CollectiveTimeout
+from .failures import starting, wait_all
+
+__all__ = [
+    "CallSignature", "CollectiveError", "CollectivePeerLost", "CollectiveTimeout", "all_gather_single", "check", "exchange",
+    "reduce_scatter_single",
+]
 
 # torch ≥ 2.13 names the single-tensor forms *_single; older releases only have the long names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -37,14 +43,6 @@ REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min", "product")
 # Which part of the shape must agree across ranks: all of it, or all but dim 0 (uneven splits).
 _SAME_SHAPE = {"all_reduce", "reduce_scatter", "broadcast", "reduce", "gather", "scatter"}
 _TRAILING_SHAPE = {"all_gather", "all_to_all"}
-
-
-class CollectiveError(HalError):
-    """A collective call the ranks disagree on, or one that cannot run as asked."""
-
-
-class CollectiveTimeout(CollectiveError):
-    """Not every rank arrived at a collective within its timeout."""
 
 
 @dataclass(frozen=True)
@@ -136,22 +134,19 @@ def exchange(
     group: dist.ProcessGroup | None,
     ranks: Sequence[int],
     timeout: datetime.timedelta,
+    rank: int = -1,
 ) -> list[CallSignature]:
-    """All-gather every rank's signature over the host group, bounded by ``timeout``."""
+    """All-gather every rank's signature over the host group, bounded by ``timeout`` (``rank``: this rank, for messages)."""
     encoded = mine.encode()
     out = torch.empty(len(ranks) * encoded.numel(), dtype=torch.int64)
-    try:
-        work = all_gather_single(out, encoded, group=group, async_op=True)
-        work.wait(timeout=timeout)
-    except RuntimeError as exc:
-        raise CollectiveTimeout(
-            f"{mine.op} (call #{mine.seq}): not every rank arrived within {timeout.total_seconds():g} s "
-            f"({_first_line(exc)}); a rank crashed, hung or skipped this call — check the other ranks' logs"
-        ) from None
+    _gather(out, encoded, group, ranks, timeout, f"{mine.op} (call #{mine.seq})", rank)
     rows = out.view(len(ranks), -1).tolist()
     return [CallSignature.decode(row) for row in rows]
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
+def _gather(out: torch.Tensor, mine: torch.Tensor, group: dist.ProcessGroup | None, ranks: Sequence[int],
+            timeout: datetime.timedelta, what: str, rank: int) -> None:
+    peers = [r for r in ranks if r != rank]
+    with starting([group], timeout, what, peers, late="not every rank arrived"):
+        work = all_gather_single(out, mine, group=group, async_op=True)
+    wait_all([work], timeout, what, peers, late="not every rank arrived")
