@@ -26,7 +26,8 @@ from .p2p import P2P
 from .p2p_check import check_peers
 from .process_groups import Layout, World, aborted, current_world, make_layout
 from .validation import (
-    REDUCE_OPS, CallSignature, CollectiveError, all_gather_single, check, exchange, reduce_scatter_single,
+    REDUCE_OPS, SPLITS_IN, SPLITS_OUT, CallSignature, CollectiveError, agree_splits, all_gather_single, check, exchange,
+    exchange_split_rows, reduce_scatter_single, split_row,
 )
 
 _TORCH_OPS = {
@@ -149,6 +150,7 @@ class Communicator:
         reduce_op: str | None = None,
         root: int = -1,
         timeout: datetime.timedelta | None = None,
+        splits: int = 0,
     ) -> list[CallSignature] | None:
         self._alive(op)
         if not self.is_member:
@@ -167,7 +169,7 @@ class Communicator:
             return None
         mine = CallSignature(
             op, self._seq, None if tensor is None else tensor.dtype, () if tensor is None else tuple(tensor.shape),
-            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root,
+            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root, splits,
         )
         signatures = exchange(mine, self.layout.host_group, self.ranks, timeout or self.timeout, self.rank)
         check(signatures, self.ranks, self.device.type)
@@ -329,15 +331,32 @@ class Communicator:
         async_op: bool = False,
         timeout: datetime.timedelta | None = None,
     ) -> Any:
-        """Send dim-0 slice i of ``tensor`` to rank i; returns what every rank sent here, in rank order."""
-        self._begin("all_to_all", tensor, timeout=timeout)
-        if input_splits is None and tensor.shape[0] % self.size:
-            raise CollectiveError(f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pass input_splits")
-        if input_splits is not None:
-            if len(input_splits) != self.size or sum(input_splits) != tensor.shape[0] or min(input_splits) < 0:
+        """Send dim-0 slice i of ``tensor`` to rank i; returns what every rank sent here, in rank order.
+
+        With validation on, every rank's split sizes are checked on every rank (``agree_splits``): a
+        bad list on one rank is the same error, naming it, everywhere, and ``output_splits`` is
+        computed when left out. Without it, the sizes each rank receives are exchanged when
+        ``output_splits`` is left out, with a flag per rank, so a bad list still fails everywhere.
+        """
+        given = (SPLITS_IN if input_splits is not None else 0) | (SPLITS_OUT if output_splits is not None else 0)
+        signatures = self._begin("all_to_all", tensor, timeout=timeout, splits=given)
+        if signatures is not None:
+            rows_of = None
+            if any(sig.splits for sig in signatures):
+                mine = split_row(self.size, input_splits, output_splits)
+                rows_of = exchange_split_rows(mine, self.layout.host_group, self.ranks, timeout or self.timeout,
+                                              f"all_to_all (call #{self._seq}) split sizes", self.rank)
+            sends = agree_splits(signatures, rows_of, self.ranks)
+            me = self.group_rank
+            input_splits, output_splits = sends[me], [row[me] for row in sends]
+        else:
+            fits = input_splits is not None and len(input_splits) == self.size and min(input_splits) >= 0 and sum(input_splits) == tensor.shape[0]
+            if input_splits is None and tensor.shape[0] % self.size:
+                raise CollectiveError(f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pass input_splits")
+            if input_splits is not None and output_splits is None:
+                output_splits = self._exchange_splits(list(input_splits) if fits else None, timeout)
+            elif input_splits is not None and not fits:
                 raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes summing to dim 0 ({tensor.shape[0]})")
-            if output_splits is None:
-                output_splits = self._exchange_splits(list(input_splits), timeout)
         rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
         if out is not None:
             _check_out("all_to_all", out, (rows, *tensor.shape[1:]), tensor)
@@ -486,15 +505,28 @@ class Communicator:
             raise CollectiveError(f"all_gather: sizes names {len(known)} ranks, the group has {self.size}")
         return known
 
-    def _exchange_splits(self, input_splits: list[int], timeout: datetime.timedelta | None) -> list[int]:
-        """Tell every rank how much it will receive from each (all_to_all of the split sizes, on the host)."""
-        send = torch.tensor(input_splits, dtype=torch.int64)
+    def _exchange_splits(self, input_splits: list[int] | None, timeout: datetime.timedelta | None) -> list[int]:
+        """How much this rank receives from each (an all_to_all of the split sizes, on the host).
+
+        ``input_splits`` None: this rank's are bad. Each rank sends every other a (size, ok) pair,
+        so every rank learns which ranks' lists are bad and raises the same error.
+        """
+        ok = input_splits is not None
+        send = torch.tensor([[v, 1] for v in input_splits] if ok else [[0, 0]] * self.size, dtype=torch.int64)  # type: ignore[union-attr]
         recv = torch.empty_like(send)
         what = f"all_to_all (call #{self._seq}) split sizes"
         with self._starting(what, self.layout.host_group, timeout):
             work = dist.all_to_all_single(recv, send, group=self.layout.host_group, async_op=True)
         wait_all([work], timeout or self.timeout, what, self.peers)
-        return recv.tolist()
+        rows = recv.tolist()
+        bad = [r for r, (_, fits) in zip(self.ranks, rows) if not fits]
+        if bad:
+            where = ", ".join(f"rank {r}" for r in bad)
+            raise CollectiveError(
+                f"all_to_all: input_splits on {where} must be {self.size} non-negative sizes summing to that rank's dim 0; "
+                f"fix input_splits on {where}"
+            )
+        return [size for size, _ in rows]
 
     def _done(self, result: Any, async_op: bool) -> Any:
         """Bridge calls complete before they return; async callers still get a Handle."""
