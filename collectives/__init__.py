@@ -9,9 +9,9 @@ if __name__ != "hal.collectives":
     raise ImportError(f"this folder installs as 'hal.collectives', not {__name__!r}: pip install -e . and import hal.collectives")
 from .communicator import P2P, Communicator, Handle, world_communicator
 from .process_groups import Island, Layout, World, current_world, init_distributed, shutdown
-from .validation import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError, CollectivePeerLost, CollectiveTimeout
 
 __all__ = [
-    "P2P", "CollectiveError", "CollectiveTimeout", "Communicator", "Handle", "Island", "Layout", "World",
+    "P2P", "CollectiveError", "CollectivePeerLost", "CollectiveTimeout", "Communicator", "Handle", "Island", "Layout", "World",
     "current_world", "init_distributed", "shutdown", "world_communicator",
 ]

@@ -11,7 +11,7 @@ are global ranks, as in torch.distributed.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,12 +21,13 @@ from hal.backend_registry import get_backend
 from hal.downgrades import Downgrade, record_downgrade
 
 from .bridge import Bridge
+from .failures import starting, wait_all
 from .p2p import P2P
 from .p2p_check import check_peers
-from .process_groups import Layout, World, current_world, make_layout
+from .process_groups import Layout, World, aborted, current_world, make_layout
 from .validation import (
-    REDUCE_OPS, CallSignature, CollectiveError, CollectiveTimeout, all_gather_single, check, exchange,
-    reduce_scatter_single,
+    REDUCE_OPS, SPLITS_IN, SPLITS_OUT, CallSignature, CollectiveError, agree_splits, all_gather_single, check, exchange,
+    exchange_split_rows, reduce_scatter_single, split_row,
 )
 
 _TORCH_OPS = {
@@ -41,28 +42,24 @@ class Handle:
     Without an explicit timeout, ``wait`` keeps the CCL's own semantics (on NCCL: the current
     stream waits for the collective, the host does not); the group's timeout and the CCL's
     watchdog still bound it. An explicit per-call timeout makes the host wait, bounded by it.
+    A failure is one named error (``failures``): a timeout, a lost peer, or the CCL's own.
     """
 
-    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], timeout: datetime.timedelta | None, what: str) -> None:
+    def __init__(
+        self, works: Sequence[Any], finish: Callable[[], Any], timeout: datetime.timedelta | None, what: str,
+        peers: Sequence[int] = (),
+    ) -> None:
         self._works = list(works)
         self._finish = finish
         self._timeout = timeout
         self._what = what
+        self._peers = tuple(peers)
         self._done = False
         self._result: Any = None
 
     def wait(self, timeout: datetime.timedelta | None = None) -> Any:
         if not self._done:
-            limit = timeout or self._timeout
-            for work in self._works:
-                try:
-                    work.wait() if limit is None else work.wait(timeout=limit)
-                except RuntimeError as exc:
-                    shown = f"within {limit.total_seconds():g} s" if limit else "before the group timeout"
-                    raise CollectiveTimeout(
-                        f"{self._what}: did not complete {shown} ({str(exc).splitlines()[0][:200]}); "
-                        "a peer crashed, hung or skipped this call"
-                    ) from None
+            wait_all(self._works, timeout or self._timeout, self._what, self._peers)
             self._result = self._finish()
             self._done = True
         return self._result
@@ -87,11 +84,13 @@ class Communicator:
         self.validate = validate
         self.timeout = timeout or self.world.timeout
         self._seq = 0
+        self._peers = tuple(r for r in layout.ranks if r != self.world.rank)
         self._gaps: dict[tuple[str, torch.dtype, str | None], CclGap | None] = {}
         self._island_backend = get_backend(layout.island_of(self.rank).backend) if self.is_member else self.backend
         self._bridge: Bridge | None = None
         if layout.is_heterogeneous and self.is_member:
-            self._bridge = Bridge(layout, self.rank, self.backend, self.device, self.timeout, self._gap)
+            with self._bridged("setup"):
+                self._bridge = Bridge(layout, self.rank, self.backend, self.device, self.timeout, self._gap)
 
     # --- who and where ----------------------------------------------------------------------
     @property
@@ -128,11 +127,17 @@ class Communicator:
         return self.layout.island_of(self.rank).group
 
     @property
+    def peers(self) -> tuple[int, ...]:
+        """The other ranks of this group (who a lost connection can be with)."""
+        return self._peers
+
+    @property
     def path(self) -> str:
         return "bridge" if self.layout.is_heterogeneous else f"native {self.backend.ccl}"
 
     def subgroup(self, ranks: Sequence[int], *, validate: bool | None = None) -> "Communicator":
         """A communicator over ``ranks``. Every rank of the world must call it (torch's rule)."""
+        self._alive("subgroup")
         layout = make_layout(self.world, ranks)
         return Communicator(layout, self.world, validate=self.validate if validate is None else validate, timeout=self.timeout)
 
@@ -145,7 +150,9 @@ class Communicator:
         reduce_op: str | None = None,
         root: int = -1,
         timeout: datetime.timedelta | None = None,
+        splits: int = 0,
     ) -> list[CallSignature] | None:
+        self._alive(op)
         if not self.is_member:
             raise CollectiveError(f"{op}: rank {self.rank} is not in this group ({list(self.ranks)}); call it only on member ranks")
         if reduce_op is not None and reduce_op not in REDUCE_OPS:
@@ -162,11 +169,26 @@ class Communicator:
             return None
         mine = CallSignature(
             op, self._seq, None if tensor is None else tensor.dtype, () if tensor is None else tuple(tensor.shape),
-            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root,
+            "none" if tensor is None else tensor.device.type, device_ok, reduce_op, root, splits,
         )
-        signatures = exchange(mine, self.layout.host_group, self.ranks, timeout or self.timeout)
+        signatures = exchange(mine, self.layout.host_group, self.ranks, timeout or self.timeout, self.rank)
         check(signatures, self.ranks, self.device.type)
         return signatures
+
+    def _alive(self, op: str) -> None:
+        """Refuse at once once a failure aborted this process's groups (they are gone; a call would hang or crash)."""
+        reason = aborted()
+        if reason is not None:
+            raise CollectiveError(f"{op}: this rank's collectives were aborted after an earlier failure ({reason[:300]}); end this rank — it cannot communicate any more")
+
+    def _starting(self, what: str, group: dist.ProcessGroup | None, timeout: datetime.timedelta | None) -> ContextManager[None]:
+        """Start this call's CCL op inside the block: bounded by the call's timeout, start errors named (``failures``)."""
+        return starting([group], timeout or self.timeout, what, self.peers)
+
+    def _bridged(self, what: str) -> ContextManager[None]:
+        """A bridged call: every group it may use is bounded by this communicator's timeout, start errors named."""
+        groups = [self.layout.host_group, self.layout.leaders_group, *(i.group for i in self.layout.islands)]
+        return starting([g for g in groups if g is not None], self.timeout, f"bridge {what}", self.peers)
 
     def _on_my_device(self, tensor: torch.Tensor) -> bool:
         if tensor.device.type != self.device.type:
@@ -198,7 +220,7 @@ class Communicator:
         raise CollectiveError(f"{runs_on.ccl} has no {op} reduction; use one of {', '.join(sorted(runs_on.ccl_reduce_ops))}")
 
     def _run(self, works: Sequence[Any], finish: Callable[[], Any], async_op: bool, what: str, timeout: datetime.timedelta | None) -> Any:
-        handle = Handle(works, finish, timeout, what)
+        handle = Handle(works, finish, timeout, what, self.peers)
         return handle if async_op else handle.wait()
 
     def _group_for(self, op: str, tensor: torch.Tensor, reduce_op: str | None) -> tuple[dist.ProcessGroup | None, torch.Tensor]:
@@ -212,10 +234,12 @@ class Communicator:
         """Reduce ``tensor`` across ranks, in place; returns it."""
         self._begin("all_reduce", tensor, reduce_op=op, timeout=timeout)
         if self._bridge is not None:
-            return self._done(self._bridge.all_reduce(tensor, op), async_op)
+            with self._bridged("all_reduce"):
+                return self._done(self._bridge.all_reduce(tensor, op), async_op)
         group, buf = self._group_for("all_reduce", tensor, op)
         native = self._reduce_with(op, group)
-        work = dist.all_reduce(buf, op=_TORCH_OPS[native], group=group, async_op=True)
+        with self._starting("all_reduce", group, timeout):
+            work = dist.all_reduce(buf, op=_TORCH_OPS[native], group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if native != op:
@@ -245,14 +269,16 @@ class Communicator:
         if out is not None:
             _check_out("all_gather", out, (sum(known), *tensor.shape[1:]), tensor)
         if self._bridge is not None:
-            return self._done(_into(out, self._bridge.all_gather(tensor, known)), async_op), known
+            with self._bridged("all_gather"):
+                return self._done(_into(out, self._bridge.all_gather(tensor, known)), async_op), known
         group, buf = self._group_for("all_gather", tensor, None)
         longest = max(known)
         even = longest * self.size == sum(known)
         padded = buf if buf.shape[0] == longest else _pad_dim0(buf, longest)
         direct = out is not None and even and buf is tensor and out.is_contiguous()
         gathered = out if direct else padded.new_empty((longest * self.size, *buf.shape[1:]))
-        work = all_gather_single(gathered, padded.contiguous(), group=group, async_op=True)
+        with self._starting("all_gather", group, timeout):
+            work = all_gather_single(gathered, padded.contiguous(), group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if direct:
@@ -279,12 +305,14 @@ class Communicator:
         if out is not None:
             _check_out("reduce_scatter", out, shape, tensor)
         if self._bridge is not None:
-            return self._done(_into(out, self._bridge.reduce_scatter(tensor, op)), async_op)
+            with self._bridged("reduce_scatter"):
+                return self._done(_into(out, self._bridge.reduce_scatter(tensor, op)), async_op)
         group, buf = self._group_for("reduce_scatter", tensor, op)
         native = self._reduce_with(op, group)
         direct = out is not None and buf is tensor and out.is_contiguous()
         scattered = out if direct else buf.new_empty(shape)
-        work = reduce_scatter_single(scattered, buf.contiguous(), op=_TORCH_OPS[native], group=group, async_op=True)
+        with self._starting("reduce_scatter", group, timeout):
+            work = reduce_scatter_single(scattered, buf.contiguous(), op=_TORCH_OPS[native], group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if native != op:
@@ -303,27 +331,46 @@ class Communicator:
         async_op: bool = False,
         timeout: datetime.timedelta | None = None,
     ) -> Any:
-        """Send dim-0 slice i of ``tensor`` to rank i; returns what every rank sent here, in rank order."""
-        self._begin("all_to_all", tensor, timeout=timeout)
-        if input_splits is None and tensor.shape[0] % self.size:
-            raise CollectiveError(f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pass input_splits")
-        if input_splits is not None:
-            if len(input_splits) != self.size or sum(input_splits) != tensor.shape[0] or min(input_splits) < 0:
+        """Send dim-0 slice i of ``tensor`` to rank i; returns what every rank sent here, in rank order.
+
+        With validation on, every rank's split sizes are checked on every rank (``agree_splits``): a
+        bad list on one rank is the same error, naming it, everywhere, and ``output_splits`` is
+        computed when left out. Without it, the sizes each rank receives are exchanged when
+        ``output_splits`` is left out, with a flag per rank, so a bad list still fails everywhere.
+        """
+        given = (SPLITS_IN if input_splits is not None else 0) | (SPLITS_OUT if output_splits is not None else 0)
+        signatures = self._begin("all_to_all", tensor, timeout=timeout, splits=given)
+        if signatures is not None:
+            rows_of = None
+            if any(sig.splits for sig in signatures):
+                mine = split_row(self.size, input_splits, output_splits)
+                rows_of = exchange_split_rows(mine, self.layout.host_group, self.ranks, timeout or self.timeout,
+                                              f"all_to_all (call #{self._seq}) split sizes", self.rank)
+            sends = agree_splits(signatures, rows_of, self.ranks)
+            me = self.group_rank
+            input_splits, output_splits = sends[me], [row[me] for row in sends]
+        else:
+            fits = input_splits is not None and len(input_splits) == self.size and min(input_splits) >= 0 and sum(input_splits) == tensor.shape[0]
+            if input_splits is None and tensor.shape[0] % self.size:
+                raise CollectiveError(f"all_to_all: dim 0 ({tensor.shape[0]}) is not divisible by the group size {self.size}; pass input_splits")
+            if input_splits is not None and output_splits is None:
+                output_splits = self._exchange_splits(list(input_splits) if fits else None, timeout)
+            elif input_splits is not None and not fits:
                 raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes summing to dim 0 ({tensor.shape[0]})")
-            if output_splits is None:
-                output_splits = self._exchange_splits(list(input_splits))
         rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
         if out is not None:
             _check_out("all_to_all", out, (rows, *tensor.shape[1:]), tensor)
         if self._bridge is not None:
-            return self._done(_into(out, self._bridge.all_to_all(tensor, input_splits, output_splits)), async_op)
+            with self._bridged("all_to_all"):
+                return self._done(_into(out, self._bridge.all_to_all(tensor, input_splits, output_splits)), async_op)
         group, buf = self._group_for("all_to_all", tensor, None)
         direct = out is not None and buf is tensor and out.is_contiguous()
         received = out if direct else buf.new_empty((rows, *buf.shape[1:]))
-        work = dist.all_to_all_single(
-            received, buf.contiguous(), output_split_sizes=None if output_splits is None else list(output_splits),
-            input_split_sizes=None if input_splits is None else list(input_splits), group=group, async_op=True,
-        )
+        with self._starting("all_to_all", group, timeout):
+            work = dist.all_to_all_single(
+                received, buf.contiguous(), output_split_sizes=None if output_splits is None else list(output_splits),
+                input_split_sizes=None if input_splits is None else list(input_splits), group=group, async_op=True,
+            )
 
         def finish() -> torch.Tensor:
             return received if direct else _into(out, received.to(tensor.device))
@@ -334,19 +381,23 @@ class Communicator:
         """Copy ``src``'s tensor into every rank's ``tensor``; returns it."""
         self._begin("broadcast", tensor, root=src, timeout=timeout)
         if self._bridge is not None:
-            return self._done(self._bridge.broadcast(tensor, src), async_op)
+            with self._bridged("broadcast"):
+                return self._done(self._bridge.broadcast(tensor, src), async_op)
         group, buf = self._group_for("broadcast", tensor, None)
-        work = dist.broadcast(buf, src=src, group=group, async_op=True)
+        with self._starting("broadcast", group, timeout):
+            work = dist.broadcast(buf, src=src, group=group, async_op=True)
         return self._run([work], lambda: _copy_back(tensor, buf), async_op, "broadcast", timeout)
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
         """Reduce into ``dst``'s ``tensor`` (other ranks' tensors are left unspecified, as in torch)."""
         self._begin("reduce", tensor, reduce_op=op, root=dst, timeout=timeout)
         if self._bridge is not None:
-            return self._done(self._bridge.reduce(tensor, dst, op), async_op)
+            with self._bridged("reduce"):
+                return self._done(self._bridge.reduce(tensor, dst, op), async_op)
         group, buf = self._group_for("reduce", tensor, op)
         native = self._reduce_with(op, group)
-        work = dist.reduce(buf, dst=dst, op=_TORCH_OPS[native], group=group, async_op=True)
+        with self._starting("reduce", group, timeout):
+            work = dist.reduce(buf, dst=dst, op=_TORCH_OPS[native], group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if self.rank == dst and native != op:
@@ -359,10 +410,12 @@ class Communicator:
         """Every rank's tensor, as a list on ``dst`` (None elsewhere)."""
         self._begin("gather", tensor, root=dst, timeout=timeout)
         if self._bridge is not None:
-            return self._done(self._bridge.gather(tensor, dst), async_op)
+            with self._bridged("gather"):
+                return self._done(self._bridge.gather(tensor, dst), async_op)
         group, buf = self._group_for("gather", tensor, None)
         out = [torch.empty_like(buf) for _ in range(self.size)] if self.rank == dst else None
-        work = dist.gather(buf.contiguous(), out, dst=dst, group=group, async_op=True)
+        with self._starting("gather", group, timeout):
+            work = dist.gather(buf.contiguous(), out, dst=dst, group=group, async_op=True)
 
         def finish() -> list[torch.Tensor] | None:
             return None if out is None else [o.to(tensor.device) for o in out]
@@ -380,17 +433,20 @@ class Communicator:
         ):
             raise CollectiveError(f"scatter: src needs {self.size} chunks with out's shape {tuple(out.shape)} and dtype {out.dtype}")
         if self._bridge is not None:
-            return self._done(self._bridge.scatter(out, chunks, src), async_op)
+            with self._bridged("scatter"):
+                return self._done(self._bridge.scatter(out, chunks, src), async_op)
         group, buf = self._group_for("scatter", out, None)
         send = None if self.rank != src else [c.to(buf.device).contiguous() for c in chunks]  # type: ignore[union-attr]
-        work = dist.scatter(buf, send, src=src, group=group, async_op=True)
+        with self._starting("scatter", group, timeout):
+            work = dist.scatter(buf, send, src=src, group=group, async_op=True)
         return self._run([work], lambda: _copy_back(out, buf), async_op, "scatter", timeout)
 
     def barrier(self, *, timeout: datetime.timedelta | None = None) -> None:
         """Wait until every rank arrives (bounded by the timeout) — over the host group, any backend."""
         self._begin("barrier", None, timeout=timeout)
         if not self.validate:
-            exchange(CallSignature("barrier", self._seq, None, (), "none", True), self.layout.host_group, self.ranks, timeout or self.timeout)
+            exchange(CallSignature("barrier", self._seq, None, (), "none", True), self.layout.host_group, self.ranks,
+                     timeout or self.timeout, self.rank)
 
     # --- point to point ---------------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
@@ -401,6 +457,7 @@ class Communicator:
 
     def batch_p2p(self, ops: Sequence[P2P], *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
         """Post sends and receives together (no ordering deadlocks); returns the received tensors."""
+        self._alive("batch_p2p")
         for p in ops:
             if p.kind not in ("send", "recv"):
                 raise CollectiveError(f"batch_p2p: kind {p.kind!r} is unknown; use 'send' or 'recv'")
@@ -408,16 +465,21 @@ class Communicator:
                 raise CollectiveError(f"{p.kind}: peer {p.peer} must be another rank of this group ({list(self.ranks)})")
             if not self._on_my_device(p.tensor):
                 raise CollectiveError(f"{p.kind}: tensor is on {p.tensor.device}, this rank's device is {self.device}; move it with .to(device)")
+        what = ops[0].kind if len(ops) == 1 else "batch_p2p"
+        peers = sorted({p.peer for p in ops})
         if self.validate:
             check_peers(self.layout.host_group, self.rank, ops, timeout or self.timeout)
         if self._bridge is not None:
-            return self._done(self._bridge.batch_p2p(ops), async_op)
+            with self._bridged(what):
+                return self._done(self._bridge.batch_p2p(ops), async_op)
         buffers = [(p, self._group_for(p.kind, p.tensor, None)) for p in ops]
         torch_ops = [
             dist.P2POp(dist.isend if p.kind == "send" else dist.irecv, buf, p.peer, group=group)
             for p, (group, buf) in buffers
         ]
-        works = dist.batch_isend_irecv(torch_ops) if torch_ops else []
+        # A send to a peer that is gone fails here, while starting, not in the wait: same named error.
+        with starting([group for _, (group, _) in buffers], timeout or self.timeout, what, peers):
+            works = dist.batch_isend_irecv(torch_ops) if torch_ops else []
 
         def finish() -> list[torch.Tensor]:
             received = []
@@ -426,7 +488,8 @@ class Communicator:
                     received.append(_copy_back(p.tensor, buf))
             return received
 
-        return self._run(works, finish, async_op, "batch_p2p", timeout)
+        handle = Handle(works, finish, timeout, what, peers)
+        return handle if async_op else handle.wait()
 
     # --- helpers ------------------------------------------------------------------------------------
     def _dim0_sizes(self, tensor: torch.Tensor, signatures: list[CallSignature] | None, sizes: Sequence[int] | None) -> list[int]:
@@ -442,12 +505,28 @@ class Communicator:
             raise CollectiveError(f"all_gather: sizes names {len(known)} ranks, the group has {self.size}")
         return known
 
-    def _exchange_splits(self, input_splits: list[int]) -> list[int]:
-        """Tell every rank how much it will receive from each (all_to_all of the split sizes, on the host)."""
-        send = torch.tensor(input_splits, dtype=torch.int64)
+    def _exchange_splits(self, input_splits: list[int] | None, timeout: datetime.timedelta | None) -> list[int]:
+        """How much this rank receives from each (an all_to_all of the split sizes, on the host).
+
+        ``input_splits`` None: this rank's are bad. Each rank sends every other a (size, ok) pair,
+        so every rank learns which ranks' lists are bad and raises the same error.
+        """
+        ok = input_splits is not None
+        send = torch.tensor([[v, 1] for v in input_splits] if ok else [[0, 0]] * self.size, dtype=torch.int64)  # type: ignore[union-attr]
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.layout.host_group)
-        return recv.tolist()
+        what = f"all_to_all (call #{self._seq}) split sizes"
+        with self._starting(what, self.layout.host_group, timeout):
+            work = dist.all_to_all_single(recv, send, group=self.layout.host_group, async_op=True)
+        wait_all([work], timeout or self.timeout, what, self.peers)
+        rows = recv.tolist()
+        bad = [r for r, (_, fits) in zip(self.ranks, rows) if not fits]
+        if bad:
+            where = ", ".join(f"rank {r}" for r in bad)
+            raise CollectiveError(
+                f"all_to_all: input_splits on {where} must be {self.size} non-negative sizes summing to that rank's dim 0; "
+                f"fix input_splits on {where}"
+            )
+        return [size for size, _ in rows]
 
     def _done(self, result: Any, async_op: bool) -> Any:
         """Bridge calls complete before they return; async callers still get a Handle."""

@@ -14,8 +14,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from .failures import starting, wait_all
 from .p2p import P2P
-from .validation import CallSignature, CollectiveError, CollectiveTimeout
+from .validation import CallSignature, CollectiveError
 
 
 def _signature(op: P2P) -> CallSignature:
@@ -25,14 +26,10 @@ def _signature(op: P2P) -> CallSignature:
 def _post(group: dist.ProcessGroup | None, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]], timeout: datetime.timedelta, what: str) -> None:
     ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
     ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
-    try:
-        for work in dist.batch_isend_irecv(ops) if ops else []:
-            work.wait(timeout=timeout)
-    except RuntimeError as exc:
-        raise CollectiveTimeout(
-            f"{what}: the peer did not answer within {timeout.total_seconds():g} s ({str(exc).splitlines()[0][:200]}); "
-            "it crashed, hung or did not post the matching call"
-        ) from None
+    peers = sorted({peer for _, peer in sends + recvs})
+    with starting([group], timeout, what, peers, late="the peer did not answer"):
+        works = dist.batch_isend_irecv(ops) if ops else []
+    wait_all(works, timeout, what, peers, late="the peer did not answer")
 
 
 def _verdict(send: CallSignature, recv: CallSignature, sender: int, receiver: int) -> str | None:

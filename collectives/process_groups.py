@@ -16,6 +16,7 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from hal.backend import Backend
 from hal.backend_registry import get_backend
@@ -73,6 +74,7 @@ class World:
     timeout: datetime.timedelta
 
 _WORLD: World | None = None
+_ABORTED: str | None = None  # why this process's groups were aborted (the first failure), if they were
 
 
 def device_for_rank(backend: Backend) -> torch.device:
@@ -177,15 +179,49 @@ def make_layout(world: World, ranks: Sequence[int]) -> Layout:
     )
 
 
+def group_timeout() -> datetime.timedelta:
+    """The timeout every group of this world was made with (each op's CCL timeout unless a call bounds it)."""
+    return _WORLD.timeout if _WORLD is not None else DEFAULT_TIMEOUT
+
+
 def current_world() -> World:
     if _WORLD is None:
         raise ConfigError("hal collectives are not initialised: call collectives.init_distributed() first")
     return _WORLD
 
 
+def abort_all(reason: str) -> None:
+    """Abort every process group of this process after a failure it cannot recover from (once).
+
+    Why: after a timeout or a lost peer the groups are in an unknown state — an op may be half
+    done, and a late peer could still match it — so later calls must fail at once (``aborted``),
+    and a CCL that queues device work (NCCL) releases the process only through its abort. torch's
+    ``_abort_process_group`` aborts them all (gloo's abort does not stop an op already running in
+    its worker thread: ``failures.starting`` bounds those by the call's timeout instead); a torch
+    without it gets ``destroy_process_group``, which drops them the same way.
+    """
+    global _ABORTED
+    if _ABORTED is not None:
+        return
+    _ABORTED = reason
+    if not dist.is_initialized():
+        return
+    abort = getattr(distributed_c10d, "_abort_process_group", None)
+    try:
+        abort() if abort is not None else dist.destroy_process_group()
+    except (RuntimeError, ValueError) as exc:  # kept in the reason every later call shows
+        _ABORTED = f"{reason} (aborting the process groups failed too: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})"
+
+
+def aborted() -> str | None:
+    """The failure that aborted this process's groups, or None while they are usable."""
+    return _ABORTED
+
+
 def shutdown() -> None:
-    """Destroy every group this module made (safe to call twice)."""
-    global _WORLD
+    """Destroy every group this module made (safe to call twice, and after an abort)."""
+    global _WORLD, _ABORTED
     _WORLD = None
+    _ABORTED = None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from hal.backend import Backend
 
-from .validation import CollectiveError, CollectiveTimeout
+from . import failures
+from .validation import CollectiveError
 
 CHUNK_ENV = "HAL_BRIDGE_CHUNK_BYTES"
 STAGE_ENV = "HAL_BRIDGE_STAGE"
@@ -30,16 +31,8 @@ STAGE_MODES = ("auto", "always")
 
 
 def wait_all(works: Sequence[Any], timeout: datetime.timedelta, what: str) -> None:
-    """Wait for every work item, turning a timeout or peer failure into one clear error."""
-    for work in works:
-        try:
-            work.wait(timeout=timeout)
-        except RuntimeError as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise CollectiveTimeout(
-                f"bridge {what}: failed or did not complete within {timeout.total_seconds():g} s ({first}); "
-                "a peer crashed, hung or skipped this call — check the other ranks' logs"
-            ) from None
+    """Wait for every work item; a timeout or a lost peer is one named error (``failures``) and aborts the groups."""
+    failures.wait_all(works, timeout, f"bridge {what}", ())
 
 
 def chunk_bytes_from_env() -> int:

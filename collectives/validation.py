@@ -4,7 +4,9 @@ Each rank packs its call (op, sequence number, dtype, shape, device, reduce op, 
 small int64 vector and all-gathers it over the host (gloo) group, with the call's timeout. All
 ranks then run the same pure check on the same data, so a mismatch raises the *same* error on
 every rank instead of a hang or a wrong answer — and a rank that never arrives turns into a
-timeout error on the ranks that did. Turn it off (``validate=False``) on hot paths once a job
+timeout error on the ranks that did. An ``all_to_all`` where some rank passed split sizes adds a
+second small all-gather of every rank's split lists (``agree_splits``), so bad splits on one rank
+are the same named error on all of them. Turn it off (``validate=False``) on hot paths once a job
 is known to be right; it costs one small host all-gather per call.
 """
 from __future__ import annotations
@@ -16,7 +18,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hal.errors import HalError
+from .errors import CollectiveError, CollectivePeerLost, CollectiveTimeout
+from .failures import starting, wait_all
+
+__all__ = [
+    "CallSignature", "CollectiveError", "CollectivePeerLost", "CollectiveTimeout", "all_gather_single", "agree_splits",
+    "check", "exchange", "exchange_split_rows", "reduce_scatter_single", "split_row",
+]
 
 # torch ≥ 2.13 names the single-tensor forms *_single; older releases only have the long names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -33,18 +41,11 @@ OPS: tuple[str, ...] = (
     "barrier", "send", "recv",
 )  # fmt: skip
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min", "product")
+SPLITS_IN, SPLITS_OUT = 1, 2  # CallSignature.splits: which all_to_all split lists a rank passed
 
 # Which part of the shape must agree across ranks: all of it, or all but dim 0 (uneven splits).
 _SAME_SHAPE = {"all_reduce", "reduce_scatter", "broadcast", "reduce", "gather", "scatter"}
 _TRAILING_SHAPE = {"all_gather", "all_to_all"}
-
-
-class CollectiveError(HalError):
-    """A collective call the ranks disagree on, or one that cannot run as asked."""
-
-
-class CollectiveTimeout(CollectiveError):
-    """Not every rank arrived at a collective within its timeout."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class CallSignature:
     device_ok: bool
     reduce_op: str | None = None
     root: int = -1
+    splits: int = 0  # all_to_all: SPLITS_IN | SPLITS_OUT for the split lists this rank passed
 
     def encode(self) -> torch.Tensor:
         if len(self.shape) > MAX_DIMS:
@@ -68,7 +70,7 @@ class CallSignature:
         device_code = _code(_DEVICE_TYPES, self.device_type if self.device_type in _DEVICE_TYPES else "other")
         values = [
             OPS.index(self.op), self.seq, dtype_code, len(self.shape), *dims, device_code, int(self.device_ok),
-            -1 if self.reduce_op is None else REDUCE_OPS.index(self.reduce_op), self.root,
+            -1 if self.reduce_op is None else REDUCE_OPS.index(self.reduce_op), self.root, self.splits,
         ]
         return torch.tensor(values, dtype=torch.int64)
 
@@ -80,7 +82,7 @@ class CallSignature:
         return CallSignature(
             op=OPS[row[0]], seq=int(row[1]), dtype=None if row[2] < 0 else _DTYPES[row[2]], shape=dims,
             device_type=_DEVICE_TYPES[rest[0]], device_ok=bool(rest[1]),
-            reduce_op=None if rest[2] < 0 else REDUCE_OPS[rest[2]], root=int(rest[3]),
+            reduce_op=None if rest[2] < 0 else REDUCE_OPS[rest[2]], root=int(rest[3]), splits=int(rest[4]),
         )
 
 
@@ -136,22 +138,90 @@ def exchange(
     group: dist.ProcessGroup | None,
     ranks: Sequence[int],
     timeout: datetime.timedelta,
+    rank: int = -1,
 ) -> list[CallSignature]:
-    """All-gather every rank's signature over the host group, bounded by ``timeout``."""
+    """All-gather every rank's signature over the host group, bounded by ``timeout`` (``rank``: this rank, for messages)."""
     encoded = mine.encode()
     out = torch.empty(len(ranks) * encoded.numel(), dtype=torch.int64)
-    try:
-        work = all_gather_single(out, encoded, group=group, async_op=True)
-        work.wait(timeout=timeout)
-    except RuntimeError as exc:
-        raise CollectiveTimeout(
-            f"{mine.op} (call #{mine.seq}): not every rank arrived within {timeout.total_seconds():g} s "
-            f"({_first_line(exc)}); a rank crashed, hung or skipped this call — check the other ranks' logs"
-        ) from None
+    _gather(out, encoded, group, ranks, timeout, f"{mine.op} (call #{mine.seq})", rank)
     rows = out.view(len(ranks), -1).tolist()
     return [CallSignature.decode(row) for row in rows]
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
+def _gather(out: torch.Tensor, mine: torch.Tensor, group: dist.ProcessGroup | None, ranks: Sequence[int],
+            timeout: datetime.timedelta, what: str, rank: int) -> None:
+    peers = [r for r in ranks if r != rank]
+    with starting([group], timeout, what, peers, late="not every rank arrived"):
+        work = all_gather_single(out, mine, group=group, async_op=True)
+    wait_all([work], timeout, what, peers, late="not every rank arrived")
+
+
+# --- all_to_all split sizes: every rank checks every rank's ---------------------------------------
+def split_row(size: int, input_splits: Sequence[int] | None, output_splits: Sequence[int] | None) -> torch.Tensor:
+    """This rank's split lists as one fixed-length row: for each, its length (-1: not passed) and its first ``size`` sizes."""
+    row: list[int] = []
+    for splits in (input_splits, output_splits):
+        values = [] if splits is None else [int(v) for v in splits]
+        row += [-1 if splits is None else len(values), *values[:size], *[0] * (size - min(size, len(values)))]
+    return torch.tensor(row, dtype=torch.int64)
+
+
+def exchange_split_rows(mine: torch.Tensor, group: dist.ProcessGroup | None, ranks: Sequence[int],
+                        timeout: datetime.timedelta, what: str, rank: int = -1) -> list[list[int]]:
+    """Every rank's ``split_row``, in rank order (a second small all-gather, only when some rank passed splits)."""
+    out = torch.empty(len(ranks) * mine.numel(), dtype=torch.int64)
+    _gather(out, mine, group, ranks, timeout, what, rank)
+    return out.view(len(ranks), -1).tolist()
+
+
+def _splits_of(row: Sequence[int], which: int, size: int) -> list[int] | None:
+    """The input (0) or output (1) split list a rank passed, from its row; None if it passed none."""
+    start = which * (size + 1)
+    count = row[start]
+    if count < 0:
+        return None
+    return list(row[start + 1 : start + 1 + min(count, size)])
+
+
+def _shown(splits: list[int], count: int) -> str:
+    return str(splits) if count == len(splits) else f"[{', '.join(map(str, splits))}, ...] ({count} sizes)"
+
+
+def agree_splits(signatures: Sequence[CallSignature], rows: Sequence[Sequence[int]] | None, ranks: Sequence[int]) -> list[list[int]]:
+    """The send matrix of an all_to_all (row i: what rank i sends to each rank), checked on every rank alike.
+
+    ``rows`` are every rank's ``split_row`` (None when no rank passed splits: each sends equal
+    slices). Every rank runs this on the same data, so a bad split list on one rank raises the
+    same error, naming that rank, on all of them — before any data moves.
+    """
+    size = len(ranks)
+    sends: list[list[int]] = []
+    for i, (r, sig) in enumerate(zip(ranks, signatures)):
+        if not sig.shape:
+            raise CollectiveError(f"all_to_all: rank {r} passed a 0-d tensor; pass a tensor with a dim 0 to split")
+        dim0 = sig.shape[0]
+        given = None if rows is None else _splits_of(rows[i], 0, size)
+        if given is None:
+            if dim0 % size:
+                raise CollectiveError(f"all_to_all: rank {r}'s dim 0 ({dim0}) is not divisible by the group size {size}; pass input_splits on rank {r}")
+            sends.append([dim0 // size] * size)
+            continue
+        count = rows[i][0]  # type: ignore[index]
+        if count != size or min(given) < 0 or sum(given) != dim0:
+            raise CollectiveError(
+                f"all_to_all: rank {r}'s input_splits {_shown(given, count)} must be {size} non-negative sizes summing to "
+                f"its dim 0 ({dim0}); fix input_splits on rank {r}"
+            )
+        sends.append(given)
+    for j, r in enumerate(ranks):
+        expected = _splits_of(rows[j], 1, size) if rows is not None else None
+        if expected is None:
+            continue
+        count = rows[j][size + 1]  # type: ignore[index]
+        column = [sends[i][j] for i in range(size)]
+        if count != size or expected != column:
+            raise CollectiveError(
+                f"all_to_all: rank {r}'s output_splits {_shown(expected, count)} disagree with what the ranks send it "
+                f"{column}; fix output_splits on rank {r} or leave them out to have them computed"
+            )
+    return sends

@@ -30,7 +30,9 @@ Output = Literal["inherit", "devnull", "merge"]  # a rank's stdout: ours, droppe
 POLL_S = 0.05
 TAIL_LINES = 40
 # A rank whose last line says a peer went away failed because of another rank: its report line comes after.
-CONSEQUENCE = ("CollectiveTimeout", "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# (hal.collectives names these CollectiveTimeout / CollectivePeerLost; the rest are the CCLs' own words.)
+CONSEQUENCE = ("CollectiveTimeout", "CollectivePeerLost", "closed the connection", "collectives were aborted",
+               "Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def signal_name(number: int) -> str:

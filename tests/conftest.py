@@ -41,7 +41,8 @@ def repo() -> Path:
 # command, pip) is listed here; a listed module's tests are all marked. The guard below fails any unmarked
 # test that starts a process, so the fast lane cannot silently grow slow.
 MULTIPROCESS_MODULES = frozenset({
-    "test_bench", "test_bridge", "test_checkpointing", "test_cli", "test_collectives", "test_collectives_cuda",
+    "test_bench", "test_bridge", "test_checkpointing", "test_cli", "test_collective_failures", "test_collectives",
+    "test_collectives_cuda",
     "test_checkpoint_validation", "test_config", "test_job", "test_conformance_cli", "test_conformance_collectives", "test_conformance_report",
     "test_conformance_training", "test_contract", "test_cuda", "test_engine", "test_engine_cuda",
     "test_kernel_plugins", "test_launch", "test_layout", "test_migration", "test_migration_corpus", "test_ops", "test_parallel_model",

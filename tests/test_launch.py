@@ -277,3 +277,7 @@ def test_report_puts_the_root_cause_before_ranks_that_lost_a_peer() -> None:
         "rank 2 stopped by the launcher after rank 1 failed",
     ]
     assert report.exit_status == 2 and not report.ok
+    # hal's own names for a lost peer count too, also where a rank entry prints the message without the class.
+    named = RankFate(3, 13, "exit", 2, "hal train: rank 3: error: batch_p2p: rank 1 closed the connection — it exited, ...")
+    killed = RankFate(1, 11, "signal", 9, "")
+    assert LaunchReport((named, killed), 1.0).lines()[0] == "rank 1 failed (killed by SIGKILL)"
