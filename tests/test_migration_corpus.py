@@ -7,6 +7,7 @@ module checks, so the expectation lives with the script::
     # pattern: what real-world pattern the script stands for
     # launch: hal run | hal launch --nproc N      how the migrated run starts (always --backend cpu)
     # args: ARGS                                  arguments of the migrated run (optional)
+    # hal-args: FLAGS                             flags of `hal run` itself, e.g. --device-count 2 (optional)
     # procs: N                                    processes that may each warn once (default: 1, or N under launch)
     # twin: ARGS | none                           the plain-CPU twin: the same file with ARGS, run by plain
     #                                             python (torchrun for launch scripts), no hal anywhere
@@ -62,7 +63,7 @@ POOL_SCRIPTS = 2  # scripts in flight at once (each with its twin)
 HAL_FOLDERS = ("hal", "backends", "collectives", "kernels", "parallel", "conformance", "cli", "launch")
 TORCH_DIR = Path(torch.__file__).resolve().parent
 BANNERS = ("hal run:", "hal launch:")
-KEYS = {"pattern", "launch", "args", "procs", "twin", "compare", "expect", "may-warn"}
+KEYS = {"pattern", "launch", "args", "hal-args", "procs", "twin", "compare", "expect", "may-warn"}
 WARNING_LINE = re.compile(r"^(?P<file>\S.*?):(?P<line>\d+): (?P<category>\w*Warning): (?P<message>.*)$")
 HAL_WARNING = "hal: warning: "  # how the hal command prints hal's own warnings (cli/main.py)
 LOCATION = re.compile(r"(?P<file>[^\s:'\"()]+\.py):(?P<line>\d+)")
@@ -76,6 +77,7 @@ class Spec:
     pattern: str
     nproc: int | None  # None: hal run; N: hal launch --nproc N
     args: tuple[str, ...]
+    hal_args: tuple[str, ...]
     procs: int
     twin: tuple[str, ...] | None
     rtol: float | None  # None with a twin: exact
@@ -139,6 +141,7 @@ def read_spec(path: Path) -> Spec:
     procs = int(one("procs") or (nproc or 1))
     return Spec(
         path=path, pattern=one("pattern") or "", nproc=nproc, args=tuple(shlex.split(one("args", "") or "")),
+        hal_args=tuple(shlex.split(one("hal-args", "") or "")),
         procs=procs, twin=twin, rtol=rtol, outcome=outcome, warns=warns,
         may_warn=tuple(tuple(m.split("|")) for m in fields.get("may-warn", [])), error=errors[0] if errors else None,
     )
@@ -196,7 +199,7 @@ def run_all(commands: list[list[str]], cwd: Path) -> list[Run]:
 def migrated_command(spec: Spec) -> list[str]:
     hal = [sys.executable, "-m", "hal"]
     if spec.nproc is None:
-        return [*hal, "run", "--backend", "cpu", str(spec.path), *spec.args]
+        return [*hal, "run", "--backend", "cpu", *spec.hal_args, str(spec.path), *spec.args]
     return [*hal, "launch", "--nproc", str(spec.nproc), "--backend", "cpu", str(spec.path), *spec.args]
 
 

@@ -285,6 +285,33 @@ def pin_memory(row: Patch, session: Session, original: Any) -> Any:
     return replace_callable(original, session, impl)
 
 
+def record_stream(row: Patch, session: Session, original: Any) -> Any:
+    def impl(self: torch.Tensor, stream: Any) -> None:
+        if session.device_type == "cpu":
+            return None
+        return original(self, stream)
+
+    return replace_callable(original, session, impl)
+
+
+def loader_pinning(row: Patch, session: Session, original: Any) -> Any:
+    """DataLoader(pin_memory=True): pinned host batches only speed up copies to a device; on the cpu
+    target the batches are already where they are used, so pinning is off (same batches, no warning
+    from torch that no accelerator was found)."""
+    signature = inspect.signature(original)
+
+    def impl(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(*args, **kwargs)
+        if session.device_type == "cpu":
+            bound.arguments["pin_memory"] = False
+            bound.arguments.pop("pin_memory_device", None)
+        elif bound.arguments.get("pin_memory_device"):
+            bound.arguments["pin_memory_device"] = _location(session.map_device(bound.arguments["pin_memory_device"], ints=False))
+        original(*bound.args, **bound.kwargs)
+
+    return replace_callable(original, session, impl)
+
+
 def ddp_devices(row: Patch, session: Session, original: Any) -> Any:
     """DDP takes no device_ids for host modules; elsewhere CUDA devices map, ordinals stay."""
 
@@ -320,4 +347,6 @@ ADAPTERS: dict[str, Adapter] = {
     "get_device": get_device,
     "pin_memory": pin_memory,
     "ddp_devices": ddp_devices,
+    "record_stream": record_stream,
+    "loader_pinning": loader_pinning,
 }

@@ -171,6 +171,8 @@ _EXPLICIT: tuple[Patch, ...] = (
     _adapter("Tensor.type", "tensor_type", "'torch.<cuda>.XTensor' (string or class) -> .to(target, dtype); no argument -> the CUDA name"),
     _adapter("set_default_tensor_type", "default_tensor_type", "a CUDA tensor type -> default dtype + default device = target"),
     _adapter("Tensor.pin_memory", "pin_memory", "cpu: a plain host copy; elsewhere device argument rewritten"),
+    _adapter("Tensor.record_stream", "record_stream", "cpu: nothing to record (host memory is not stream-ordered)"),
+    _adapter("utils.data.DataLoader.__init__", "loader_pinning", "cpu: pin_memory off (host batches need no staging); pin_memory_device mapped"),
     _dev("nn.Module.to", "1|device="),
     _dev("nn.Module.to_empty", "device="),
     _adapter(f"nn.Module.{CUDA}", "module_to_target", "-> Module.to(target)"),

@@ -33,7 +33,7 @@ def run_script(backend: Backend, path: str, argv: list[str], *, device_count: in
     except SystemExit as exc:
         return _exit_code(exc.code)
     except MigrationUnsupported as exc:
-        print(f"hal run: error: {exc}", file=sys.stderr)
+        print(f"hal: error: {exc}", file=sys.stderr)
         return 1
     except HalError:
         raise

@@ -9,12 +9,16 @@ attributes), so every thread sees them.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
 import os
+import sys
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..backend import Backend
 from ..errors import ConfigError, UnsupportedError
@@ -173,10 +177,44 @@ def _apply(session: Session, rows: tuple[Patch, ...]) -> None:
         raise
 
 
-def _import_compiler() -> None:
-    """torch.compile's tracer records torch's classes and functions when first imported: import it
-    before any patch, so compiled script code sees the real ones and traces the shim's wrappers."""
-    import torch._dynamo  # noqa: F401
+class _LiftedImports(importlib.abc.MetaPathFinder):
+    """Runs the import of the torch modules that record torch's classes when they are imported with
+    the patches lifted, when the script first needs them: torch.compile's tracer (``torch._dynamo``)
+    and DTensor (``torch.distributed.tensor``, which registers DeviceMesh as an opaque type) must see
+    the real classes; compiled script code then traces the shim's wrappers without graph breaks.
+    Not imported up front: importing the tracer makes gloo's process-group teardown deadlock now and
+    then (DDP + torch.multiprocessing.spawn on torch 2.13), a cost only scripts that compile should pay."""
+
+    NAMES = frozenset({"torch._dynamo", "torch.distributed.tensor"})
+
+    def __init__(self, scope: "_Migration") -> None:
+        self.scope = scope
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.NAMES or not self.scope.active:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _LiftedLoader(spec.loader, self.scope)
+        return spec
+
+
+class _LiftedLoader(importlib.abc.Loader):
+    """The real loader, executing the module with every patch lifted."""
+
+    def __init__(self, loader: Any, scope: "_Migration") -> None:
+        self.loader, self.scope = loader, scope
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with self.scope.lifted():
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and linecache
+        return getattr(self.loader, name)
 
 
 # --- the context manager -------------------------------------------------------------------------
@@ -197,6 +235,36 @@ class _Migration(contextlib.AbstractContextManager):
                 raise ConfigError(f"device count {device_count} is not a count; give 1 or more")
         self.backend = backend
         self.device_count = device_count
+        self._hook: _LiftedImports | None = None
+        self._lifted = 0
+
+    @property
+    def active(self) -> bool:
+        return _current is not None and _current.backend is self.backend
+
+    def _remove_hook(self) -> None:
+        if self._hook is not None and self._hook in sys.meta_path:
+            sys.meta_path.remove(self._hook)
+        self._hook = None
+
+    @contextlib.contextmanager
+    def lifted(self) -> Iterator[None]:
+        """Every patch undone for the enclosed block, then applied afresh (warnings given stay given)."""
+        session = _current
+        assert session is not None
+        with _lock:
+            if self._lifted:  # an import nested in a lifted import: already lifted
+                yield
+                return
+            rows = tuple(session.applied)
+            session.restore()
+            self._lifted += 1
+            try:
+                yield
+            finally:
+                self._lifted -= 1
+                session.applied.clear()
+                _apply(session, rows)
 
     @property
     def applied(self) -> tuple[Patch, ...]:
@@ -215,11 +283,12 @@ class _Migration(contextlib.AbstractContextManager):
                 _depth += 1
                 return self
             rows = plan(self.backend)
-            if rows:
-                _import_compiler()
             session = Session(self.backend, self.device_count)
             _apply(session, rows)
             _current, _depth = session, 1
+            if rows and not _LiftedImports.NAMES <= sys.modules.keys():
+                self._hook = _LiftedImports(self)
+                sys.meta_path.insert(0, self._hook)
         _log.info("migrated %d CUDA targets to backend %s", len(session.applied), self.backend.name)
         return self
 
@@ -229,6 +298,7 @@ class _Migration(contextlib.AbstractContextManager):
             _depth -= 1
             if _depth == 0 and _current is not None:
                 session, _current = _current, None
+                self._remove_hook()
                 session.restore()
         return False
 

@@ -49,8 +49,14 @@ def _compiling() -> bool:
 
 
 def called_by_torch(depth: int) -> bool:
-    """Whether the frame ``depth`` levels above the caller is torch's own code."""
-    return not _compiling() and _from_torch(sys._getframe(depth + 1))
+    """Whether the code that called the shim's wrapper (``depth`` frames above the caller, the shim's
+    own frames such as a class proxy's ``__call__`` skipped) is torch's or hal's own."""
+    if _compiling():
+        return False
+    frame: types.FrameType | None = sys._getframe(depth + 1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(__package__ or "hal.migration"):
+        frame = frame.f_back
+    return _from_torch(frame)
 
 
 def user_frame() -> types.FrameType | None:

@@ -1,15 +1,16 @@
 # pattern: naive model parallel: requires torch.cuda.device_count() >= 2, first half of the model on cuda:0, second half on cuda:1, activations moved with .to("cuda:1")
 # launch: hal run
+# hal-args: --device-count 2
 # twin: --cpu
 # compare: exact
-# expect: warn:cuda:1|device_count
+# expect: warn:cuda:0, cuda:1 all map to the one cpu device
 """The "Single-Machine Model Parallel" tutorial: a two-stage model split over two GPUs.
 
 The host can stand in for both GPUs (every cuda:N maps to it) and the result is then exactly a
-one-device run, so the expected outcome is a completed run equal to the twin, with one warning
-- at the device_count() guard or at the first cuda:1 placement - that the two CUDA devices share
-one host device. Refusing to run (device_count() answering 1 and the script's own guard firing)
-is the outcome this script is here to catch.
+one-device run. The cpu target honestly has one device, so the script's own guard refuses to run
+by default; `hal run --device-count 2` tells it two CUDA devices exist, and the expected outcome
+is then a completed run equal to the twin, with one warning at the first placement that uses the
+second ordinal, saying both CUDA devices share the one host device.
 """
 import argparse
 import json
