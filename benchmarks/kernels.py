@@ -9,10 +9,12 @@ events (median of --iters after --warmup; inputs rotate over enough copies to sp
   * compile — torch.compile of that reference (inductor; --no-compile skips it);
   * triton  — hal.kernels.triton_ops' wrapper (the registry's cuda implementation).
 
-Printed per op and pass: milliseconds, the speed-ups triton/eager and triton/compile, the triton
-kernel's GB/s over the fewest bytes the op must move (and the share of the catalog's HBM bandwidth for
-the card; TFLOP/s for linear_cross_entropy, whose matmuls dominate), the peak memory each variant
-allocates beyond its inputs, and the max relative difference of triton's outputs/gradients from eager.
+Printed per op and pass: each variant's kernel time (the device time of its kernels, from the profiler:
+what a step pays when its host runs ahead of the device), the speed-ups triton/eager and triton/compile
+on it and on wall time (events around each call: at small shapes that is the host's launch cost), the
+triton kernel's GB/s over the fewest bytes the op must move and its share of the catalog's HBM bandwidth
+for the card (TFLOP/s instead for linear_cross_entropy, whose matmuls dominate), the peak memory each
+variant allocates beyond its inputs, and the max relative difference of triton's results from eager.
 
     python benchmarks/kernels.py [--backend cuda] [--hidden 2048] [--tokens 2048] [--vocab 32000]
         [--heads 16] [--kv-heads 4] [--ffn 5632] [--dtype bf16] [--iters 50] [--warmup 10]
@@ -127,6 +129,7 @@ def _runner(fn: Callable[..., Any], sets: list[list[torch.Tensor]], n_grad: int,
 
 
 def _time_ms(backend: Any, run: Callable[[int], Any], iters: int, warmup: int) -> float:
+    """Wall time of one call (device events around each), median: what a host-bound caller sees."""
     for i in range(warmup):
         run(i)
     backend.synchronize()
@@ -139,6 +142,20 @@ def _time_ms(backend: Any, run: Callable[[int], Any], iters: int, warmup: int) -
         pairs.append((start, end))
     backend.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def _kernel_ms(backend: Any, run: Callable[[int], Any], iters: int) -> float:
+    """Device time of one call's kernels (the profiler's sum, launch gaps excluded): what a training step
+    whose host runs ahead of the device pays. At small shapes the wall time is the host's, not this."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            run(i)
+        backend.synchronize()
+    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+                   for e in prof.key_averages())
+    return total_us / iters / 1e3
 
 
 def _peak_mib(backend: Any, run: Callable[[int], Any]) -> float:
@@ -210,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
             cotangents: dict[int, tuple[torch.Tensor, ...]] = {}
             runs = {name: _runner(fn, sets, case.grads, backward, cotangents) for name, fn in variants.items()}
             check = _max_rel_diff(runs["triton"](0), runs["eager"](0))
-            ms = {name: _time_ms(backend, run, a.iters, a.warmup) for name, run in runs.items()}
+            wall = {name: _time_ms(backend, run, a.iters, a.warmup) for name, run in runs.items()}
+            ms = wall if backend.device_type == "cpu" else {name: _kernel_ms(backend, run, a.iters) for name, run in runs.items()}
             mem = {name: _peak_mib(backend, run) for name, run in runs.items()}
             moved = case.bytes_fwd + (case.bytes_bwd if backward else 0)
             flops = case.flops_fwd + (case.flops_bwd if backward else 0)
-            row = {"op": case.op, "pass": "fwd+bwd" if backward else "fwd", "ms": ms, "peak_mib": mem,
-                   "vs_eager": ms["eager"] / ms["triton"],
+            row = {"op": case.op, "pass": "fwd+bwd" if backward else "fwd", "kernel_ms": ms, "wall_ms": wall,
+                   "peak_mib": mem, "vs_eager": ms["eager"] / ms["triton"],
                    "vs_compile": ms["compile"] / ms["triton"] if "compile" in ms else None,
+                   "wall_vs_eager": wall["eager"] / wall["triton"],
+                   "wall_vs_compile": wall["compile"] / wall["triton"] if "compile" in wall else None,
                    "triton_gbps": moved / ms["triton"] / 1e6, "max_rel_diff": check, "registry_picks": chosen.impl.name}
             row["hbm_share"] = row["triton_gbps"] / hbm if hbm else None
             row["triton_tflops"] = flops / ms["triton"] / 1e9 if flops else None
@@ -228,19 +248,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{card}, {a.dtype}, torch {torch.__version__}, triton {result['triton']}; shape {result['shape']}; "
-          f"median of {a.iters} after {a.warmup}")
-    head = f"{'op':22}{'pass':9}{'eager ms':>10}{'compile':>10}{'triton':>10}{'x eager':>9}{'x comp':>8}" \
-           f"{'GB/s':>8}{'%HBM':>6}{'TFLOP/s':>9}  peak MiB e/c/t        rel diff  picks"
-    print(head)
+          f"median of {a.iters} after {a.warmup}; kernel ms = device time of the call's kernels (profiler), "
+          f"x = speed-up of triton over eager / compile on it (wall: on host-bound wall time)")
+    print(f"{'op':22}{'pass':9}{'eager':>8}{'compile':>8}{'triton':>8}{'x eager':>8}{'x comp':>7}"
+          f"{'GB/s':>7}{'%HBM':>5}{'TFLOP/s':>8}{'wall x e/c':>12}  {'peak MiB e/c/t':17}{'rel diff':>9}  picks")
     for r in rows:
-        ms, mem = r["ms"], r["peak_mib"]
-        comp = f"{ms['compile']:10.3f}" if "compile" in ms else f"{'-':>10}"
-        vs_c = f"{r['vs_compile']:8.2f}" if r["vs_compile"] else f"{'-':>8}"
-        share = f"{100 * r['hbm_share']:6.0f}" if r["hbm_share"] else f"{'-':>6}"
-        tf = f"{r['triton_tflops']:9.0f}" if r["triton_tflops"] else f"{'-':>9}"
+        ms, mem = r["kernel_ms"], r["peak_mib"]
+        comp = f"{ms['compile']:8.3f}" if "compile" in ms else f"{'-':>8}"
+        vs_c = f"{r['vs_compile']:7.2f}" if r["vs_compile"] else f"{'-':>7}"
+        share = f"{100 * r['hbm_share']:5.0f}" if r["hbm_share"] and not r["triton_tflops"] else f"{'-':>5}"
+        tf = f"{r['triton_tflops']:8.0f}" if r["triton_tflops"] else f"{'-':>8}"
+        wall = f"{r['wall_vs_eager']:.2f}/" + (f"{r['wall_vs_compile']:.2f}" if r["wall_vs_compile"] else "-")
         peaks = "/".join(f"{mem[k]:.0f}" if k in mem else "-" for k in ("eager", "compile", "triton"))
-        print(f"{r['op']:22}{r['pass']:9}{ms['eager']:10.3f}{comp}{ms['triton']:10.3f}{r['vs_eager']:9.2f}{vs_c}"
-              f"{r['triton_gbps']:8.0f}{share}{tf}  {peaks:20}{r['max_rel_diff']:10.1e}  {r['registry_picks']}")
+        print(f"{r['op']:22}{r['pass']:9}{ms['eager']:8.3f}{comp}{ms['triton']:8.3f}{r['vs_eager']:8.2f}{vs_c}"
+              f"{r['triton_gbps']:7.0f}{share}{tf}{wall:>12}  {peaks:17}{r['max_rel_diff']:9.1e}  {r['registry_picks']}")
     return 0
 
 

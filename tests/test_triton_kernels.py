@@ -38,6 +38,8 @@ from hal.kernels import triton_ops  # noqa: E402  (after TRITON_INTERPRET is set
 from hal.kernels.triton import launch, library, linear_ce, norm  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+# On a GPU, Triton's compiler starts processes (ldconfig, ptxas): the module is then multiprocess-marked.
+pytestmark = [pytest.mark.multiprocess] if ON_GPU else []
 if not ON_GPU and not launch.interpreted(norm._rms_norm_fwd):
     pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set: run this file alone "
                 "(TRITON_INTERPRET=1 pytest tests/test_triton_kernels.py)", allow_module_level=True)
@@ -219,6 +221,15 @@ def test_linear_cross_entropy_with_every_target_ignored_is_nan_with_zero_gradien
     loss.backward()
     assert h.grad is not None and w.grad is not None
     assert not h.grad.any() and not w.grad.any()
+
+
+def test_linear_cross_entropy_backward_runs_once() -> None:
+    """Its gradients are scaled in place (a weight-sized copy saved): a second backward is refused, not wrong."""
+    h, w = (t.float().to(DEVICE).requires_grad_() for t in _ce_leaves(torch.float32, (6,), 8, 10))
+    loss = library.linear_cross_entropy(h, w, _targets((6,), 10).to(DEVICE), chunk_size=4)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward runs once"):
+        loss.backward()
 
 
 def test_linear_cross_entropy_never_holds_more_than_a_chunk_of_logits(monkeypatch: pytest.MonkeyPatch) -> None:

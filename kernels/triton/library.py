@@ -208,12 +208,20 @@ def _linear_ce_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tens
     _, dh, dw = output
     ctx.save_for_backward(dh, dw)
     ctx.mark_non_differentiable(dh, dw)
+    ctx.spent = False
 
 
 def _linear_ce_grad(ctx: Any, d_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple[Any, ...]:
+    """The forward's gradients times d_loss, scaled in place: a (V, H) weight gradient is too large to copy.
+    So the backward runs once; a second one (retain_graph=True) would scale them again, and is refused."""
+    if ctx.spent:
+        raise RuntimeError("hal_triton::linear_cross_entropy's backward runs once: its gradients were computed "
+                           "in the forward and scaled in place (use the reference for retain_graph=True)")
+    ctx.spent = True
     dh, dw = ctx.saved_tensors
-    d_hidden = (dh * d_loss).to(dh.dtype) if ctx.needs_input_grad[0] else None
-    d_weight = (dw * d_loss).to(dw.dtype) if ctx.needs_input_grad[1] else None
+    scale = d_loss.to(torch.float32)
+    d_hidden = dh.mul_(scale) if ctx.needs_input_grad[0] else None
+    d_weight = dw.mul_(scale) if ctx.needs_input_grad[1] else None
     return d_hidden, d_weight, None, None, None, None, None, None
 
 

@@ -55,9 +55,20 @@ def _ce_rows(L, stride_l, T, LOSS, N_VALID, n_cols, ignore_index, MEAN_REDUCTION
             tl.store(row_ptr + start + cols, (g * scale).to(L.dtype.element_ty), mask=mask)
 
 
-def default_chunk(tokens: int, vocab: int, hidden: int) -> int:
-    """Tokens per chunk so one chunk's logits are about the size of the hidden states (Liger's rule)."""
-    return max(1, min(tokens, triton.next_power_of_2(triton.cdiv(tokens, triton.cdiv(vocab, hidden)))))
+LOGITS_BUDGET = 256 * 2**20  # bytes of one chunk's logits (bf16 at vocab 128k: 1024 tokens)
+MIN_CHUNK, MAX_CHUNK = 256, 8192  # tokens: fewer starve the matmuls; more gain nothing
+
+
+def default_chunk(tokens: int, vocab: int, element_size: int) -> int:
+    """Tokens per chunk: as many as keep one chunk's logits within LOGITS_BUDGET, a power of two.
+
+    Each chunk re-reads and re-writes the weight gradient (V x H) in its accumulating matmul, so small
+    chunks cost bandwidth; large ones cost memory. At 2k tokens and vocab 32k this is one chunk — still
+    no fp32 copy of the logits and no separate gradient buffer for them.
+    """
+    fit = max(1, LOGITS_BUDGET // max(1, vocab * element_size))
+    chunk = min(MAX_CHUNK, max(MIN_CHUNK, 1 << (fit.bit_length() - 1)))
+    return max(1, min(tokens, chunk))
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int,
@@ -69,7 +80,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     """
     check_device(_ce_rows, hidden.device)
     n, vocab = hidden.shape[0], weight.shape[0]
-    chunk = chunk_size if chunk_size > 0 else default_chunk(n, vocab, hidden.shape[1])
+    chunk = chunk_size if chunk_size > 0 else default_chunk(n, vocab, hidden.element_size())
     target = target.contiguous()
     per_token = torch.empty((n,), dtype=torch.float32, device=hidden.device)
     n_valid = (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
