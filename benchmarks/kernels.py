@@ -145,17 +145,30 @@ def _time_ms(backend: Any, run: Callable[[int], Any], iters: int, warmup: int) -
 
 
 def _kernel_ms(backend: Any, run: Callable[[int], Any], iters: int) -> float:
-    """Device time of one call's kernels (the profiler's sum, launch gaps excluded): what a training step
-    whose host runs ahead of the device pays. At small shapes the wall time is the host's, not this."""
+    """Device time of one call's kernels, copies and fills (the profiler's device activities; launch gaps
+    excluded): what a training step whose host runs ahead of the device pays. At small shapes the wall
+    time is the host's, not this. Only device events are summed: an aten op's own "device time" is
+    the same kernels again."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    for i in range(2):
+        run(i)
+    backend.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(iters):
             run(i)
         backend.synchronize()
-    total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-                   for e in prof.key_averages())
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type != DeviceType.CPU)
     return total_us / iters / 1e3
+
+
+def _copy_gbps(backend: Any, device: torch.device) -> float:
+    """Measured ceiling: a 1 GiB device-to-device copy, bytes read plus written, timed as the kernels are."""
+    src = torch.empty(2**30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = _kernel_ms(backend, lambda i: dst.copy_(src), 10)
+    return 2 * 2**30 / ms / 1e6
 
 
 def _peak_mib(backend: Any, run: Callable[[int], Any]) -> float:
@@ -208,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     hbm = caps.memory_bandwidth_gbps
     card = backend.device_name(0)
     only = {s for s in a.only.split(",") if s}
+    copy_gbps = _copy_gbps(backend, device) if device.type != "cpu" else None
     rows: list[dict[str, Any]] = []
     for case in _cases(a, device, dtype):
         if only and case.op not in only:
@@ -242,14 +256,15 @@ def main(argv: list[str] | None = None) -> int:
             row["triton_tflops"] = flops / ms["triton"] / 1e9 if flops else None
             rows.append(row)
     result = {"card": card, "backend": backend.name, "dtype": a.dtype, "torch": torch.__version__,
-              "triton": __import__("triton").__version__, "hbm_gbps": hbm,
+              "triton": __import__("triton").__version__, "hbm_gbps": hbm, "copy_gbps": copy_gbps,
               "shape": {k: getattr(a, k) for k in ("hidden", "tokens", "vocab", "heads", "kv_heads", "ffn")}, "rows": rows}
     if a.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{card}, {a.dtype}, torch {torch.__version__}, triton {result['triton']}; shape {result['shape']}; "
           f"median of {a.iters} after {a.warmup}; kernel ms = device time of the call's kernels (profiler), "
-          f"x = speed-up of triton over eager / compile on it (wall: on host-bound wall time)")
+          f"x = speed-up of triton over eager / compile on it (wall: on host-bound wall time); HBM {hbm} GB/s "
+          f"(catalog), a 1 GiB copy measured {copy_gbps or 0:.0f} GB/s")
     print(f"{'op':22}{'pass':9}{'eager':>8}{'compile':>8}{'triton':>8}{'x eager':>8}{'x comp':>7}"
           f"{'GB/s':>7}{'%HBM':>5}{'TFLOP/s':>8}{'wall x e/c':>12}  {'peak MiB e/c/t':17}{'rel diff':>9}  picks")
     for r in rows:

@@ -15,6 +15,11 @@ import triton.language as tl
 
 from .launch import check_device, on_device, program_count, row_block
 
+# The backward's persistent grid; on an H100 (bf16, hidden 2048-4096, 2k-8k rows) 2 programs per SM of
+# 2 rows a step ran 20-25 % faster than 4 x 1 (fewer partial weight-gradient rows to sum, more loads in flight).
+BWD_PROGRAMS_PER_SM = 2
+BWD_ROWS = 2
+
 
 @triton.jit
 def _rms_norm_fwd(X, R, W, Y, H, RSTD, stride_x, stride_r, stride_y, stride_h, n_cols, eps,
@@ -36,26 +41,28 @@ def _rms_norm_fwd(X, R, W, Y, H, RSTD, stride_x, stride_r, stride_y, stride_h, n
 
 @triton.jit
 def _rms_norm_bwd(DY, X, W, RSTD, DRES, DX, DW, stride_dy, stride_x, stride_dres, stride_dx, n_rows, n_cols,
-                  HAS_DRES: tl.constexpr, BLOCK: tl.constexpr):
+                  HAS_DRES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    col_mask = cols < n_cols
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw = tl.zeros((BLOCK,), dtype=tl.float32)
-    for row in range(pid, n_rows, programs):
-        row64 = tl.cast(row, tl.int64)  # the loop variable is a Python int in the interpreter
-        dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        xhat = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row64)
-        xhat = xhat * rstd
-        dw += dy * xhat
-        dxhat = dy * w
-        dx = rstd * (dxhat - xhat * (tl.sum(dxhat * xhat, axis=0) / n_cols))
+    for start in range(pid * ROWS, n_rows, programs * ROWS):  # ROWS rows per step: more loads in flight
+        rows = tl.cast(start, tl.int64) + tl.arange(0, ROWS)  # the loop variable is a Python int in the interpreter
+        row_mask = rows < n_rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = x * rstd[:, None]
+        dw += tl.sum(dy * xhat, axis=0)
+        dxhat = dy * w[None, :]
+        dx = rstd[:, None] * (dxhat - xhat * (tl.sum(dxhat * xhat, axis=1) / n_cols)[:, None])
         if HAS_DRES:
-            dx += tl.load(DRES + row64 * stride_dres + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(DX + row64 * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW + pid.to(tl.int64) * n_cols + cols, dw, mask=mask)
+            dx += tl.load(DRES + rows[:, None] * stride_dres + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -97,12 +104,12 @@ def rms_norm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, r
     rows = h2.shape[0]
     dx = torch.empty((rows, n), dtype=h.dtype, device=h.device)
     dres = _rows(d_residual) if d_residual is not None else dy2
-    programs = program_count(h.device, rows)
+    programs = program_count(h.device, rows, BWD_PROGRAMS_PER_SM)
     partial = torch.zeros((programs, n), dtype=torch.float32, device=h.device)
     if rows and n:
         block, warps = row_block(n)
         with on_device(h.device):
             _rms_norm_bwd[(programs,)](dy2, h2, weight.contiguous(), rstd, dres, dx, partial, dy2.stride(0), h2.stride(0),
                                        dres.stride(0), dx.stride(0), rows, n, HAS_DRES=d_residual is not None,
-                                       BLOCK=block, num_warps=warps)
+                                       ROWS=BWD_ROWS, BLOCK=block, num_warps=warps)
     return dx.view(h.shape), partial.sum(0).to(weight.dtype)

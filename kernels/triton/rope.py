@@ -14,40 +14,57 @@ import triton.language as tl
 
 from .launch import check_device, on_device
 
-BLOCK_S = 16  # positions per program
+# Tile: BLOCK_S positions x HEADS heads per program (head-independent cos/sin read once for them); on an
+# H100 every setting tried (8-64 positions, 1-8 heads) ran within 5 % of the copy bandwidth.
+BLOCK_S = 32
+HEADS = 2
+NUM_WARPS = 4
 
 
 @triton.jit
 def _rope(X, COS, SIN, Y, n_heads, seq, half,
           sxb, sxh, sxs, sxd, scb, sch, scs, scd, ssb, ssh, sss, ssd, syb, syh, sys, syd,
-          BACKWARD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    bh = tl.program_id(0).to(tl.int64)
-    b = bh // n_heads
-    h = bh % n_heads
+          BACKWARD: tl.constexpr, TABLE_PER_HEAD: tl.constexpr, HEADS: tl.constexpr,
+          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    groups = tl.cdiv(n_heads, HEADS)
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // groups
+    h0 = (pid % groups) * HEADS
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     mask = (s < seq)[:, None] & (d < half)[None, :]
     s64 = s.to(tl.int64)[:, None]
     d1 = d.to(tl.int64)[None, :]
     d2 = d1 + half
-    x_row = X + b * sxb + h * sxh + s64 * sxs
-    c_row = COS + b * scb + h * sch + s64 * scs
-    n_row = SIN + b * ssb + h * ssh + s64 * sss
-    x1 = tl.load(x_row + d1 * sxd, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + d2 * sxd, mask=mask, other=0.0).to(tl.float32)
+    # tables shared by the heads (the model's (S, D) cos/sin) are read once for all HEADS heads
+    c_row = COS + b * scb + h0 * sch + s64 * scs
+    n_row = SIN + b * ssb + h0 * ssh + s64 * sss
     c1 = tl.load(c_row + d1 * scd, mask=mask, other=0.0).to(tl.float32)
     c2 = tl.load(c_row + d2 * scd, mask=mask, other=0.0).to(tl.float32)
     s1 = tl.load(n_row + d1 * ssd, mask=mask, other=0.0).to(tl.float32)
     s2 = tl.load(n_row + d2 * ssd, mask=mask, other=0.0).to(tl.float32)
-    if BACKWARD:
-        y1 = x1 * c1 + x2 * s2
-        y2 = x2 * c2 - x1 * s1
-    else:
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
-    y_row = Y + b * syb + h * syh + s64 * sys
-    tl.store(y_row + d1 * syd, y1.to(Y.dtype.element_ty), mask=mask)
-    tl.store(y_row + d2 * syd, y2.to(Y.dtype.element_ty), mask=mask)
+    for i in tl.static_range(HEADS):
+        h = h0 + i
+        m = mask & ((s * 0 + h) < n_heads)[:, None]  # a vector mask: the interpreter rejects a scalar one here
+        if TABLE_PER_HEAD:
+            c_row = COS + b * scb + h * sch + s64 * scs
+            n_row = SIN + b * ssb + h * ssh + s64 * sss
+            c1 = tl.load(c_row + d1 * scd, mask=m, other=0.0).to(tl.float32)
+            c2 = tl.load(c_row + d2 * scd, mask=m, other=0.0).to(tl.float32)
+            s1 = tl.load(n_row + d1 * ssd, mask=m, other=0.0).to(tl.float32)
+            s2 = tl.load(n_row + d2 * ssd, mask=m, other=0.0).to(tl.float32)
+        x_row = X + b * sxb + h * sxh + s64 * sxs
+        x1 = tl.load(x_row + d1 * sxd, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + d2 * sxd, mask=m, other=0.0).to(tl.float32)
+        if BACKWARD:
+            y1 = x1 * c1 + x2 * s2
+            y2 = x2 * c2 - x1 * s1
+        else:
+            y1 = x1 * c1 - x2 * s1
+            y2 = x2 * c2 + x1 * s2
+        y_row = Y + b * syb + h * syh + s64 * sys
+        tl.store(y_row + d1 * syd, y1.to(Y.dtype.element_ty), mask=m)
+        tl.store(y_row + d2 * syd, y2.to(Y.dtype.element_ty), mask=m)
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -70,8 +87,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch
     batch, heads, seq, dim = x4.shape
     if y.numel():
         block_d = triton.next_power_of_2(dim // 2)
-        grid = (batch * heads, triton.cdiv(seq, BLOCK_S))
+        group = min(HEADS, heads)
+        grid = (batch * triton.cdiv(heads, group), triton.cdiv(seq, BLOCK_S))
+        per_head = c4.stride(1) != 0 or s4.stride(1) != 0
         with on_device(x.device):
             _rope[grid](x4, c4, s4, y, heads, seq, dim // 2, *x4.stride(), *c4.stride(), *s4.stride(), *y.stride(),
-                        BACKWARD=backward, BLOCK_S=BLOCK_S, BLOCK_D=block_d, num_warps=4)
+                        BACKWARD=backward, TABLE_PER_HEAD=per_head, HEADS=group, BLOCK_S=BLOCK_S, BLOCK_D=block_d,
+                        num_warps=NUM_WARPS)
     return y.view(x.shape)
