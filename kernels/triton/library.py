@@ -243,7 +243,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, in the dtype torch's promotion gives the reference."""
-    return torch.ops.hal_triton.rotary_embedding(x, cos, sin, torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype), False)
+    out_dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    return torch.ops.hal_triton.rotary_embedding(x, cos, sin, out_dtype, False)
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
