@@ -41,6 +41,16 @@ class GradSpec:
 
 
 @dataclass(frozen=True)
+class OutputSpec:
+    """How one output of a multi-output op is judged (a single-output op uses its Sample's k and magnitude)."""
+
+    name: str
+    category: str
+    k: int = 1
+    magnitude: float = 1.0
+
+
+@dataclass(frozen=True)
 class Sample:
     """One input of one op: leaves (float64 / int64 on CPU), how to build the call, and how to judge it."""
 
@@ -53,6 +63,7 @@ class Sample:
     note: str = ""  # what this sample is, for the case description
     # (float64 leaves, float64 cotangent) -> {leaf: max of the gradient's componentwise scale}; see GradScale
     grad_scale: "GradScale | None" = None
+    outputs: tuple[OutputSpec, ...] = ()  # one per output of a multi-output op (add_rms_norm); () for one output
 
 
 GradScale = Callable[[Leaves, torch.Tensor], dict[str, float]]
@@ -205,6 +216,21 @@ def _rms_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     grads = {"x": GradSpec("normalization", d, dx), "weight": GradSpec("reduction", m, y)}
     note = f"x ({m}, {d}), eps {eps:g}" + (" (tiny rows: eps dominates mean(x²))" if cls == "tiny" else "")
     return Sample(leaves, build, k=d, grads=grads, scale=s, magnitude=y, note=note)
+
+
+def _add_rms_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    leaves, view, m, d, s = _norm_input(cls, dtype, r, (16, 64))
+    leaves["residual"] = _norm_input(cls, dtype, r, (16, 64))[0]["x"]
+    leaves["weight"] = r.uniform(d, low=0.5, high=1.5)
+    eps = 1e-6
+    build = lambda t: ((view(t["x"]), view(t["residual"]), t["weight"], eps), {})
+    y, dx = _normalized_magnitudes(view(leaves["x"]) + view(leaves["residual"]), eps, centered=False)
+    # both inputs get h's gradient: the residual's cotangent plus rms_norm's backward (dx >= 1 covers both)
+    grads = {"x": GradSpec("normalization", d, dx), "residual": GradSpec("normalization", d, dx),
+             "weight": GradSpec("reduction", m, y)}
+    outputs = (OutputSpec("normed", "normalization", d, y), OutputSpec("residual", "elementwise", 1, 2 * s))
+    return Sample(leaves, build, k=d, grads=grads, scale=s, magnitude=y, outputs=outputs,
+                  note=f"x, residual ({m}, {d}), eps {eps:g} -> (rms_norm(x + residual), x + residual)")
 
 
 def _layer_norm(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
@@ -373,6 +399,48 @@ def _cross_entropy(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
                   note=f"logits ({n}, {c}), reduction {reduction!r}" + (", every third target ignored" if cls == "ignore_index" else ""))
 
 
+def _linear_cross_entropy(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
+    n, h = _rows_cols(cls, (16, 32))
+    vocab = {"odd": 11, "single": 1}.get(cls, 48)
+    s = _magnitude(cls, dtype, 2)  # logits scale as s²: hidden and weight are both scaled by s
+    w_scale = s / math.sqrt(h)  # logits of O(s²) whatever the hidden size
+    reduction = "sum" if cls == "empty" else "mean"
+    target = r.ints(n, high=vocab)
+    if cls == "ignore_index":
+        target[::3] = -100
+    if cls == "noncontig":  # hidden: a transposed (H, N) matrix; weight: a transposed (H, V) one
+        leaves = {"hidden": r.normal(h, n), "weight": r.normal(h, vocab, scale=1 / math.sqrt(h)), "target": target}
+        build = lambda t: ((t["hidden"].t(), t["weight"].t(), t["target"]), {"reduction": reduction})
+    else:
+        leaves = {"hidden": r.normal(n, h, scale=s), "weight": r.normal(vocab, h, scale=w_scale), "target": target}
+        if cls == "nonfinite":  # NaN poisons its token's loss, hence the mean, every weight gradient and its row's
+            leaves["hidden"] = _poison(leaves["hidden"], [(2, 3)])
+        build = lambda t: ((t["hidden"], t["weight"], t["target"]), {"reduction": reduction})
+    grads = {"hidden": GradSpec("matmul", vocab, w_scale), "weight": GradSpec("matmul", max(n, 1), s)}
+    return Sample(leaves, build, k=h, grads=grads, scale=s, magnitude=max(1.0, s * s),
+                  note=f"hidden ({n}, {h}) @ weight ({vocab}, {h}).T -> cross-entropy, reduction {reduction!r}"
+                       + (", every third target ignored" if cls == "ignore_index" else ""),
+                  grad_scale=lambda ref, cotangent: _linear_ce_grad_scale(build, ref, cotangent))
+
+
+def _linear_ce_grad_scale(build: Callable[[Leaves], Built], ref: Leaves, d_loss: torch.Tensor) -> dict[str, float]:
+    """The head's backward with every term in absolute value. The logits are an intermediate in the input
+    dtype: one rounding of each (x -> x(1 + d), |d| <= rtol) moves softmax's p by up to
+    p (|x| + sum_k p_k |x_k|) times rtol, so the logits' gradient G = (p - onehot) * scale is bounded by
+    |G| + that; then d hidden = G W and d weight = G^T hidden as |G| |W| and |G|^T |hidden|."""
+    (hidden, weight, target), kwargs = build(ref)
+    logits = hidden @ weight.t()
+    if logits.numel() == 0:
+        return {}
+    keep = target != -100
+    p = torch.softmax(logits, dim=-1)
+    onehot = torch.zeros_like(p).scatter_(1, target.clamp(min=0)[:, None], 1.0)
+    scale = keep.to(p.dtype) / (1.0 if kwargs.get("reduction") == "sum" else max(int(keep.sum()), 1))
+    moved = p * (logits.abs() + (p * logits.abs()).sum(dim=-1, keepdim=True))
+    g = ((p - onehot).abs() + moved) * scale[:, None] * float(d_loss.abs())
+    return {"hidden": _finite_max(g @ weight.abs()), "weight": _finite_max(g.t() @ hidden.abs())}
+
+
 def _embedding(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     vocab, d = {"odd": (13, 5), "single": (1, 1)}.get(cls, (50, 32))
     ids_shape = {"odd": (7,), "single": (1,), "empty": (0,)}.get(cls, (4, 8))
@@ -399,6 +467,7 @@ GENERATORS: dict[str, tuple[Generator, tuple[str, ...]]] = {
     "linear": (_linear, CLASSES),
     "matmul": (_matmul, CLASSES),
     "rms_norm": (_rms_norm, CLASSES),
+    "add_rms_norm": (_add_rms_norm, CLASSES),
     "layer_norm": (_layer_norm, CLASSES),
     "softmax": (_softmax, CLASSES),
     "gelu": (_gelu, CLASSES + ("tanh",)),
@@ -407,6 +476,7 @@ GENERATORS: dict[str, tuple[Generator, tuple[str, ...]]] = {
     "rotary_embedding": (_rotary_embedding, CLASSES),
     "scaled_dot_product_attention": (_sdpa, CLASSES + ("gqa", "causal")),
     "cross_entropy": (_cross_entropy, CLASSES + ("ignore_index",)),
+    "linear_cross_entropy": (_linear_cross_entropy, CLASSES + ("ignore_index",)),
     "embedding": (_embedding, CLASSES),
 }
 

@@ -28,9 +28,10 @@ reference computed in float64 from the SAME rounded inputs (FlagGems' upcast ref
 measures the implementation, not the input rounding.
 
 HAL ops map to categories through ``OP_CATEGORY``: embedding → exact; silu, gelu, swiglu,
-rotary_embedding → elementwise; softmax, rms_norm, layer_norm → normalization; cross_entropy →
-reduction (K = classes); linear, matmul, scaled_dot_product_attention → matmul (K = inner length;
-for attention the larger of head_dim and key length). Gradients are judged per input with the
+rotary_embedding → elementwise; softmax, rms_norm, add_rms_norm (its x + residual output:
+elementwise) → normalization; cross_entropy → reduction (K = classes); linear, matmul,
+scaled_dot_product_attention, linear_cross_entropy → matmul (K = inner length; for attention the
+larger of head_dim and key length; for the fused head and loss the hidden size). Gradients are judged per input with the
 category of the computation that produces them (e.g. a weight gradient summed over M rows is a
 reduction with K = M).
 
@@ -96,8 +97,10 @@ OP_CATEGORY: dict[str, str] = {
     "rotary_embedding": "elementwise",
     "softmax": "normalization",
     "rms_norm": "normalization",
+    "add_rms_norm": "normalization",  # its second output (x + residual) is judged as elementwise
     "layer_norm": "normalization",
     "cross_entropy": "reduction",
+    "linear_cross_entropy": "matmul",  # K = hidden size: the logits' matmul dominates the error
     "linear": "matmul",
     "matmul": "matmul",
     "scaled_dot_product_attention": "matmul",

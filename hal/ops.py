@@ -46,6 +46,15 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch
     return (y * weight.to(y.dtype)).to(x.dtype)
 
 
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h, weight, eps), h) with h = x + residual: a pre-norm block's residual step, which a kernel
+    fuses into one pass (read x and residual once, write h and the normalised h)."""
+    h = x + residual
+    return _rms_norm(h, weight, eps), h
+
+
 def _layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None, eps: float = 1e-5
 ) -> torch.Tensor:
@@ -107,6 +116,18 @@ def _cross_entropy(
     return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
 
 
+def _linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
+) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, target) for hidden (..., H), weight (V, H), target (...): the LM head and
+    its loss in one op, so a kernel can chunk it over tokens and never hold the (..., V) logits. The loss is
+    computed in fp32 for fp16/bf16 and returned in hidden's dtype."""
+    logits = F.linear(hidden, weight)
+    logits = logits.float() if logits.dtype in _LOW_PRECISION else logits
+    loss = _cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index, reduction)
+    return (loss.reshape(target.shape) if reduction == "none" else loss).to(hidden.dtype)
+
+
 def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Rows of ``weight`` picked by integer ``ids``."""
     return F.embedding(ids, weight)
@@ -115,6 +136,7 @@ def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 linear = registry.define("linear", _linear)
 matmul = registry.define("matmul", _matmul)
 rms_norm = registry.define("rms_norm", _rms_norm)
+add_rms_norm = registry.define("add_rms_norm", _add_rms_norm)
 layer_norm = registry.define("layer_norm", _layer_norm)
 softmax = registry.define("softmax", _softmax)
 gelu = registry.define("gelu", _gelu)
@@ -123,6 +145,7 @@ swiglu = registry.define("swiglu", _swiglu)
 rotary_embedding = registry.define("rotary_embedding", _rotary_embedding)
 scaled_dot_product_attention = registry.define("scaled_dot_product_attention", _sdpa)
 cross_entropy = registry.define("cross_entropy", _cross_entropy)
+linear_cross_entropy = registry.define("linear_cross_entropy", _linear_cross_entropy)
 embedding = registry.define("embedding", _embedding, dispatch_arg=1)
 
 STANDARD_DTYPES = FLOAT_DTYPES

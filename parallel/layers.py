@@ -185,8 +185,15 @@ class RMSNorm(nn.Module):
         self.weight = _new_param(ParamMeta((hidden_size,), None, init="ones", seq_parallel_grad=sequence_parallel), tp_comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = copy_to_tp_region(self.weight, self.tp_comm) if self.sequence_parallel else self.weight
-        return ops.rms_norm(x, weight, self.eps)
+        return ops.rms_norm(x, self._weight(), self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): a pre-norm block's residual step and the next norm in one op
+        (``ops.add_rms_norm``, one pass where a kernel serves it); the same numbers as adding, then ``forward``."""
+        return ops.add_rms_norm(x, residual, self._weight(), self.eps)
+
+    def _weight(self) -> torch.Tensor:
+        return copy_to_tp_region(self.weight, self.tp_comm) if self.sequence_parallel else self.weight
 
 
 # --- vocab-parallel cross-entropy -----------------------------------------------------------------

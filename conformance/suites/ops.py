@@ -13,7 +13,7 @@ reduced-precision matmuls are switched off around each case so fp32 is judged as
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -135,50 +135,82 @@ def _raised(impl: OpImpl, what: str, exc: BaseException) -> Outcome:
     return unsupported(f"{impl.name} raised on {what}: {message}")
 
 
-def _bad_result(result: Any, dtype: torch.dtype) -> Outcome | None:
-    if not isinstance(result, torch.Tensor):
-        return Outcome("fail", failed_metric="type", reason=f"returned {type(result).__name__}, not a tensor")
-    if result.dtype != dtype:
-        return Outcome("fail", failed_metric="dtype", reason=f"returned {dtype_name(result.dtype)} for {dtype_name(dtype)} inputs")
+def _bad_result(result: Any, dtype: torch.dtype, count: int) -> Outcome | None:
+    """A result that is not ``count`` tensors of ``dtype`` (one tensor for a single-output op)."""
+    results = tuple(result) if isinstance(result, (tuple, list)) and count > 1 else (result,)
+    if len(results) != count:
+        return Outcome("fail", failed_metric="type", reason=f"returned {len(results)} results, not {count}")
+    for r in results:
+        if not isinstance(r, torch.Tensor):
+            return Outcome("fail", failed_metric="type", reason=f"returned {type(r).__name__}, not a tensor")
+        if r.dtype != dtype:
+            return Outcome("fail", failed_metric="dtype", reason=f"returned {dtype_name(r.dtype)} for {dtype_name(dtype)} inputs")
     return None
 
 
+def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
+    """An op's result as a tuple of tensors (a multi-output op, e.g. add_rms_norm, returns several)."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _output_specs(sample: inputs.Sample, category: str) -> tuple[inputs.OutputSpec, ...]:
+    """How each output is judged: the sample's own specs, else one output with the op's category."""
+    return sample.outputs or (inputs.OutputSpec("output", category, sample.k, sample.magnitude),)
+
+
+def _worst(judged: list[tuple[str, Judgement, Tolerance]], key: str, label: Callable[[str], str]) -> Outcome:
+    """The verdict of the worst of several judged tensors (a failing one first, else the highest tol_ratio),
+    with every one's metrics under ``data[key]``; ``label(name)`` prefixes the reason."""
+    name, j, tol = max(judged, key=lambda x: (not x[1].passed, x[1].metrics.get("tol_ratio", 0.0)))
+    outcome = _outcome(j, tol, prefix=label(name))
+    outcome.data[key] = {n: jj.metrics for n, jj, _ in judged}
+    return outcome
+
+
 def _forward(ctx: Context, op: str, impl: OpImpl, reference: OpImpl, sample: inputs.Sample, dtype: torch.dtype, category: str) -> Outcome:
-    expected = _call(reference, sample, _reference_leaves(sample.leaves))
+    specs = _output_specs(sample, category)
+    expected = _outputs(_call(reference, sample, _reference_leaves(sample.leaves)))
     try:
         actual = _call(impl, sample, _on_device(sample.leaves, dtype, ctx.device))
         ctx.backend.synchronize()
     except Exception as exc:  # the implementation does not take this input: reported, not a crash
         return _raised(impl, "this input", exc)
-    bad = _bad_result(actual, dtype)
+    bad = _bad_result(actual, dtype, len(specs))
     if bad is not None:
         return bad
     normwise = dtype in LOW_PRECISION and op in LOW_PRECISION_INTERMEDIATES
-    tol = _bound(tolerance_for(category, dtype, sample.k), sample, sample.magnitude, expected, normwise)
-    return _outcome(judge(actual, expected, tol, dtype), tol)
+    judged: list[tuple[str, Judgement, Tolerance]] = []
+    for spec, a, e in zip(specs, _outputs(actual), expected):
+        tol = _bound(tolerance_for(spec.category, dtype, spec.k), sample, spec.magnitude, e, normwise)
+        judged.append((spec.name, judge(a, e, tol, dtype), tol))
+    if len(judged) == 1:
+        return _outcome(judged[0][1], judged[0][2])
+    return _worst(judged, "outputs", lambda name: f"output {name}: ")
 
 
 def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Sample, dtype: torch.dtype, seed: int) -> Outcome:
     names = tuple(sample.grads)
     ref_leaves = _reference_leaves(sample.leaves, names)
-    expected_out = _call(reference, sample, ref_leaves)
+    expected_out = _outputs(_call(reference, sample, ref_leaves))
     gen = torch.Generator().manual_seed(seed)
-    cotangent = torch.randn(expected_out.shape, generator=gen, dtype=torch.float64).to(dtype).to(torch.float64)
-    expected_out.backward(cotangent)
+    cotangents = tuple(torch.randn(e.shape, generator=gen, dtype=torch.float64).to(dtype).to(torch.float64)
+                       for e in expected_out)
+    torch.autograd.backward(expected_out, cotangents)
     leaves = _on_device(sample.leaves, dtype, ctx.device, names)
     try:
         out = _call(impl, sample, leaves)
     except Exception as exc:
         return _raised(impl, "this input", exc)
-    bad = _bad_result(out, dtype)
+    bad = _bad_result(out, dtype, len(expected_out))
     if bad is not None:
         return bad
     try:
-        out.backward(cotangent.to(dtype).to(ctx.device))
+        torch.autograd.backward(_outputs(out), tuple(c.to(dtype).to(ctx.device) for c in cotangents))
         ctx.backend.synchronize()
     except Exception as exc:  # e.g. a forward-only fused kernel
         return _raised(impl, "backward", exc)
     judged: list[tuple[str, Judgement, Tolerance]] = []
+    cotangent = cotangents[0] if len(cotangents) == 1 else cotangents
     scales = (sample.grad_scale({n: t.detach() for n, t in ref_leaves.items()}, cotangent)
               if sample.grad_scale is not None and dtype in LOW_PRECISION else {})
     for name, spec in sample.grads.items():
@@ -189,11 +221,7 @@ def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Samp
         tol = _bound(tolerance_for(spec.category, dtype, spec.k), sample, spec.magnitude, expected, dtype in LOW_PRECISION,
                      scales.get(name))
         judged.append((name, judge(grad, expected, tol, dtype), tol))
-    # the verdict is the worst gradient's: a failing one first, else the highest tol_ratio
-    name, j, tol = max(judged, key=lambda x: (not x[1].passed, x[1].metrics.get("tol_ratio", 0.0)))
-    outcome = _outcome(j, tol, prefix=f"grad of {name}: ")
-    outcome.data["grads"] = {n: jj.metrics for n, jj, _ in judged}
-    return outcome
+    return _worst(judged, "grads", lambda name: f"grad of {name}: ")
 
 
 def _bound(tol: Tolerance, sample: inputs.Sample, magnitude: float, expected: torch.Tensor, normwise: bool,

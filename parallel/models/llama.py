@@ -131,8 +131,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, tp_comm, sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        normed, x = self.mlp_norm.add_forward(self.attn(self.attn_norm(x)), x)  # x + attn(...), normalised
+        return x + self.mlp(normed)
 
 
 def _out_std(config: ModelConfig) -> float:

@@ -1,0 +1,265 @@
+"""The Triton kernels as torch.library custom ops (namespace ``hal_triton``), with autograd and fake kernels.
+
+Autograd and torch.compile see each op as one node: the forward op returns what its backward needs
+(rstd, the fused residual), the backward is a custom op of its own, and a fake implementation gives
+shapes and dtypes for tracing. Schemas are spelled out rather than inferred from annotations, so
+torch 2.4-2.13 read them alike. This module imports no triton: each op imports its kernel module
+when it first runs, so defining the ops costs nothing where triton is absent.
+
+The functions at the bottom (``rms_norm``, ``add_rms_norm``, ``rotary_embedding``, ``swiglu``,
+``linear_cross_entropy``) are what the registry's wrappers and the tests call.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+NAMESPACE = "hal_triton"
+MEAN, SUM = 0, 1  # linear_cross_entropy's reduction codes (the schema takes an int)
+REDUCTIONS = {"mean": MEAN, "sum": SUM}
+
+
+def _op(name: str, schema: str) -> Any:
+    return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=(), schema=schema)
+
+
+# --- rms_norm and add_rms_norm ------------------------------------------------------------------------
+@_op("rms_norm", "(Tensor x, Tensor weight, float eps) -> (Tensor, Tensor)")
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import norm
+
+    y, _, rstd = norm.rms_norm_forward(x, weight, eps)
+    return y, rstd
+
+
+@_op("add_rms_norm", "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor, Tensor)")
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import norm
+
+    return norm.rms_norm_forward(x, weight, eps, residual)
+
+
+@_op("rms_norm_backward", "(Tensor dy, Tensor h, Tensor weight, Tensor rstd, Tensor? d_residual) -> (Tensor, Tensor)")
+def _rms_norm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                       d_residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import norm
+
+    return norm.rms_norm_backward(dy, h, weight, rstd, d_residual)
+
+
+@_rms_norm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(_rows(x), dtype=torch.float32)
+
+
+@_add_rms_norm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return y, torch.empty_like(y), x.new_empty(_rows(x), dtype=torch.float32)
+
+
+@_rms_norm_backward.register_fake
+def _(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+      d_residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(h, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+def _rows(x: torch.Tensor) -> int:
+    return math.prod(x.shape[:-1])
+
+
+def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _rms_norm_grad(ctx: Any, dy: torch.Tensor, _drstd: torch.Tensor | None) -> tuple[Any, ...]:
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.hal_triton.rms_norm_backward(dy, x, weight, rstd, None)
+    return dx, dw, None
+
+
+def _add_rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, _, weight, _ = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.mark_non_differentiable(output[2])
+
+
+def _add_rms_norm_grad(ctx: Any, dy: torch.Tensor, dh: torch.Tensor | None, _drstd: torch.Tensor | None,
+                       ) -> tuple[Any, ...]:
+    h, weight, rstd = ctx.saved_tensors
+    dx, dw = torch.ops.hal_triton.rms_norm_backward(dy, h, weight, rstd, dh)
+    return dx, dx, dw, None  # h = x + residual: both receive h's gradient
+
+
+_rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+_add_rms_norm.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+
+# --- rotary embedding -----------------------------------------------------------------------------------
+@_op("rotary_embedding", "(Tensor x, Tensor cos, Tensor sin, ScalarType out_dtype, bool transpose) -> Tensor")
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype, transpose: bool) -> torch.Tensor:
+    from . import rope
+
+    return rope.rope(x, cos, sin, out_dtype, backward=transpose)
+
+
+@_rotary.register_fake
+def _(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype, transpose: bool) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+def _rotary_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, cos, sin, _, transpose = inputs
+    ctx.transpose = transpose
+    ctx.dtypes = (x.dtype, cos.dtype, sin.dtype)
+    ctx.save_for_backward(x if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None, cos, sin)
+
+
+def _rotary_grad(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    """dx is the transposed rotation of g; cos/sin (rarely trained) get theirs from plain torch ops."""
+    x, cos, sin = ctx.saved_tensors
+    x_dtype, cos_dtype, sin_dtype = ctx.dtypes
+    dx = torch.ops.hal_triton.rotary_embedding(g, cos, sin, x_dtype, not ctx.transpose) if ctx.needs_input_grad[0] else None
+    dcos = dsin = None
+    if x is not None:
+        gf, xf = g.float(), x.float()
+        if ctx.needs_input_grad[1]:
+            dcos = (gf * xf).sum_to_size(cos.shape).to(cos_dtype)  # cos multiplies x in either direction
+        if ctx.needs_input_grad[2]:
+            dsin = _sin_grad(gf, xf, ctx.transpose).sum_to_size(sin.shape).to(sin_dtype)
+    return dx, dcos, dsin, None, None
+
+
+def _sin_grad(g: torch.Tensor, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """g times d(out)/d(sin). Forward: out1 = x1 c1 - x2 s1, out2 = x2 c2 + x1 s2 (g * rotate_half(x));
+    transposed: out1 = x1 c1 + x2 s2, out2 = x2 c2 - x1 s1."""
+    half = x.shape[-1] // 2
+    g1, g2, x1, x2 = g[..., :half], g[..., half:], x[..., :half], x[..., half:]
+    return torch.cat((-g2 * x1, g1 * x2) if transpose else (-g1 * x2, g2 * x1), dim=-1)
+
+
+_rotary.register_autograd(_rotary_grad, setup_context=_rotary_setup)
+
+
+# --- swiglu ---------------------------------------------------------------------------------------------
+@_op("swiglu", "(Tensor x) -> Tensor")
+def _swiglu(x: torch.Tensor) -> torch.Tensor:
+    from . import swiglu
+
+    return swiglu.swiglu_forward(x)
+
+
+@_op("swiglu_backward", "(Tensor dy, Tensor x) -> Tensor")
+def _swiglu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    from . import swiglu
+
+    return swiglu.swiglu_backward(dy, x)
+
+
+@_swiglu.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@_swiglu_backward.register_fake
+def _(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _swiglu_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _swiglu_grad(ctx: Any, dy: torch.Tensor) -> torch.Tensor:
+    (x,) = ctx.saved_tensors
+    return torch.ops.hal_triton.swiglu_backward(dy, x)
+
+
+_swiglu.register_autograd(_swiglu_grad, setup_context=_swiglu_setup)
+
+
+# --- fused linear + cross-entropy -------------------------------------------------------------------------
+@_op("linear_cross_entropy", "(Tensor hidden, Tensor weight, Tensor target, int ignore_index, int reduction, "
+     "int chunk_size, bool grad_hidden, bool grad_weight) -> (Tensor, Tensor, Tensor)")
+def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: int,
+               chunk_size: int, grad_hidden: bool, grad_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import linear_ce
+
+    return linear_ce.linear_cross_entropy(hidden, weight, target, ignore_index, reduction, chunk_size,
+                                          grad_hidden, grad_weight)
+
+
+@_linear_ce.register_fake
+def _(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: int,
+      chunk_size: int, grad_hidden: bool, grad_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss = hidden.new_empty((), dtype=torch.float32)
+    dh = torch.empty_like(hidden, memory_format=torch.contiguous_format) if grad_hidden else hidden.new_empty(0)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if grad_weight else weight.new_empty(0)
+    return loss, dh, dw
+
+
+def _linear_ce_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    _, dh, dw = output
+    ctx.save_for_backward(dh, dw)
+    ctx.mark_non_differentiable(dh, dw)
+    ctx.spent = False
+
+
+def _linear_ce_grad(ctx: Any, d_loss: torch.Tensor, _dh: Any, _dw: Any) -> tuple[Any, ...]:
+    """The forward's gradients times d_loss, scaled in place: a (V, H) weight gradient is too large to copy.
+    So the backward runs once; a second one (retain_graph=True) would scale them again, and is refused."""
+    if ctx.spent:
+        raise RuntimeError("hal_triton::linear_cross_entropy's backward runs once: its gradients were computed "
+                           "in the forward and scaled in place (use the reference for retain_graph=True)")
+    ctx.spent = True
+    dh, dw = ctx.saved_tensors
+    scale = d_loss.to(torch.float32)
+    d_hidden = dh.mul_(scale) if ctx.needs_input_grad[0] else None
+    d_weight = dw.mul_(scale) if ctx.needs_input_grad[1] else None
+    return d_hidden, d_weight, None, None, None, None, None, None
+
+
+_linear_ce.register_autograd(_linear_ce_grad, setup_context=_linear_ce_setup)
+
+
+# --- what callers use ----------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """hal's rms_norm on the Triton kernel (x's last dim is the hidden size)."""
+    return torch.ops.hal_triton.rms_norm(x, weight, float(eps))[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one pass over each tensor."""
+    y, h, _ = torch.ops.hal_triton.add_rms_norm(x, residual, weight, float(eps))
+    return y, h
+
+
+def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, in the dtype torch's promotion gives the reference."""
+    out_dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+    return torch.ops.hal_triton.rotary_embedding(x, cos, sin, out_dtype, False)
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """silu of the first half of x's last dim times the second half."""
+    return torch.ops.hal_triton.swiglu(x)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", chunk_size: int | None = None) -> torch.Tensor:
+    """cross_entropy(hidden @ weight.T, target) with at most ``chunk_size`` tokens' logits alive at once.
+
+    hidden (..., H), weight (V, H), target (...); reduction 'mean' or 'sum'; the loss in hidden's dtype.
+    """
+    grads = torch.is_grad_enabled()
+    loss, _, _ = torch.ops.hal_triton.linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), int(ignore_index), REDUCTIONS[reduction],
+        int(chunk_size or 0), grads and hidden.requires_grad, grads and weight.requires_grad)
+    return loss.to(hidden.dtype)
