@@ -2,7 +2,7 @@
 
 Rank 1 never arrives (it sleeps until the launcher stops it); rank 0 calls ``all_reduce`` with
 ``--timeout`` seconds, prints one JSON line with the wall-clock time of the call, and lets the
-``CollectiveTimeout`` end the script (traceback, exit 1) — a plain interpreter exit, not the
+``CollectiveTimeout`` end the script (one `hal: error:` line from the shim hal launch runs it in, exit 1) — a plain interpreter exit, not the
 ``os._exit`` of hal's function ranks, so a CCL thread left running would hold the process. The
 group timeout stays torch's default (300 s), as in a user's script. ``--shutdown`` calls
 ``shutdown()`` before leaving; ``--no-validate`` skips the signature check (the op itself waits).

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .mapping import CUDA, _REAL_DEVICE, Patch, _location, rewrite_map_location
-from .session import Session, called_by_torch, cuda_function, replace_callable
+from .session import Session, called_by_torch, cuda_function, replace_callable, rewrite_arguments
 
 # The real objects, taken before any patch (the shim calls them with the target's names).
 _REAL_AUTOCAST: type = torch.amp.autocast_mode.autocast
@@ -274,8 +274,6 @@ _FIRST_OR_DEVICE = (frozenset({0}), frozenset({"device"}))
 
 def pin_memory(row: Patch, session: Session, original: Any) -> Any:
     """Pinning stages host memory for device copies; on the host target a plain copy is exact."""
-    from .scope import rewrite_arguments
-
     def impl(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if session.device_type == "cpu":
             return self.clone()

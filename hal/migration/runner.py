@@ -10,33 +10,35 @@ from typing import Any
 from ..backend import Backend
 from ..errors import HalError
 from .scope import migrate
-from .session import MigrationUnsupported
 
 
 def run_script(backend: Backend, path: str, argv: list[str], *, device_count: int | None = None) -> int:
     """Run ``path`` as ``__main__`` under ``migrate(backend)``; its exit code, like ``python path``.
 
-    A CUDA feature the target cannot run (``MigrationUnsupported``) that the script does not catch
-    is one line naming the script's line, exit 1; other hal errors (e.g. the backend is
-    unavailable) propagate for the CLI to print as one line; any other uncaught exception prints
-    its traceback and gives 1, as Python does.
+    A hal error the script does not catch — a CUDA feature the target cannot run
+    (``MigrationUnsupported``, naming the script's line), a collective that timed out — is one
+    line, exit 1; hal errors before the script starts (e.g. the backend is unavailable) propagate
+    for the CLI to print as one line (exit 2); any other uncaught exception prints its traceback
+    and gives 1, as Python does.
     """
     script = os.path.abspath(path)
     saved_argv, saved_path = sys.argv, list(sys.path)
+    started = False
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(script))
     try:
         with migrate(backend, device_count=device_count):
             backend.require_available()
+            started = True
             runpy.run_path(script, run_name="__main__")
         return 0
     except SystemExit as exc:
         return _exit_code(exc.code)
-    except MigrationUnsupported as exc:
-        print(f"hal: error: {exc}", file=sys.stderr)
+    except HalError as exc:
+        if not started:
+            raise
+        print(f"hal: error: {exc}", file=sys.stderr)  # the script's failure (a CUDA feature, a collective): one line
         return 1
-    except HalError:
-        raise
     except Exception:
         traceback.print_exc()
         return 1

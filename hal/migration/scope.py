@@ -24,29 +24,13 @@ from ..backend import Backend
 from ..errors import ConfigError, UnsupportedError
 from . import adapters, adapters_runtime
 from .mapping import Kind, Patch, _resolve, map_ccl, plan
-from .session import Session, cuda_function, relocating_showwarning, replace_callable, swap
+from .session import (Session, cuda_function, parse_arguments, relocating_showwarning, replace_callable,
+                      rewrite_arguments, swap)
 
 _log = logging.getLogger("hal.migration")
-_ArgSpec = tuple[frozenset[int], frozenset[str]]
 # Backend methods whose numbers may not be the device allocator's (Backend.memory_stats_measure).
 _MEMORY_STATS = frozenset({"memory_allocated", "max_memory_allocated", "memory_reserved", "mem_get_info"})
 _ADAPTERS = {**adapters.ADAPTERS, **adapters_runtime.ADAPTERS}
-
-
-def parse_arguments(spec: str) -> _ArgSpec:
-    """"1|device=" -> ({1}, {"device"}): parsed once per row, not per call."""
-    parts = [p for p in spec.split("|") if p]
-    return (
-        frozenset(int(p) for p in parts if p.isdigit()),
-        frozenset(p.rstrip("=") for p in parts if p.endswith("=")),
-    )
-
-
-def rewrite_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], spec: _ArgSpec, fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    positions, keywords = spec
-    new_args = tuple(fn(a) if i in positions else a for i, a in enumerate(args))
-    new_kwargs = {k: fn(v) if k in keywords else v for k, v in kwargs.items()}
-    return new_args, new_kwargs
 
 
 # --- builders, one per kind --------------------------------------------------------------------

@@ -44,8 +44,11 @@ def _from_torch(frame: types.FrameType | None) -> bool:
 
 
 def _compiling() -> bool:
-    """Inside torch.compile's tracing frame inspection is a graph break: skip it (script code then)."""
-    return bool(getattr(torch, "compiler", None) and torch.compiler.is_compiling())
+    """True only while torch.compile traces a wrapper (dynamo folds ``is_dynamo_compiling`` to True
+    there; run for real it is False): frame inspection there is a graph break, so the traced
+    wrapper is treated as script code. Real calls made by torch during compilation still walk."""
+    probe = getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None)
+    return bool(probe is not None and probe())
 
 
 def called_by_torch(depth: int) -> bool:
@@ -98,6 +101,25 @@ def relocating_showwarning(previous: Callable[..., Any]) -> Callable[..., Any]:
 
     show.hal_relocating = True  # type: ignore[attr-defined]
     return show
+
+
+_ArgSpec = tuple[frozenset[int], frozenset[str]]
+
+
+def parse_arguments(spec: str) -> _ArgSpec:
+    """"1|device=" -> ({1}, {"device"}): parsed once per row, not per call."""
+    parts = [p for p in spec.split("|") if p]
+    return (
+        frozenset(int(p) for p in parts if p.isdigit()),
+        frozenset(p.rstrip("=") for p in parts if p.endswith("=")),
+    )
+
+
+def rewrite_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], spec: _ArgSpec, fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    positions, keywords = spec
+    new_args = tuple(fn(a) if i in positions else a for i, a in enumerate(args))
+    new_kwargs = {k: fn(v) if k in keywords else v for k, v in kwargs.items()}
+    return new_args, new_kwargs
 
 
 # --- class proxies ---------------------------------------------------------------------------
