@@ -32,7 +32,20 @@ def ops_report(backend_name: str) -> dict[str, Any]:
             }
         table[op] = row
     problems = [p.__dict__ for p in registry.load_problems()]
-    return {"backend": backend_name, "ops": table, "load_problems": problems}
+    return {"backend": backend_name, "ops": table, "load_problems": problems,
+            "other_backends": _other_backends(registry, backend_name)}
+
+
+def _other_backends(registry: Any, backend_name: str) -> list[dict[str, Any]]:
+    """Implementations registered for other backends only (why a kernel is not used here at all)."""
+    found: dict[str, dict[str, Any]] = {}
+    for op in registry.names():
+        for impl in registry.implementations(op):
+            if impl.backends is None or backend_name in impl.backends:
+                continue
+            entry = found.setdefault(impl.name, {"impl": impl.name, "backends": sorted(impl.backends), "ops": []})
+            entry["ops"].append(op)
+    return list(found.values())
 
 
 def _print_ops(report: dict[str, Any]) -> None:
@@ -54,6 +67,9 @@ def _print_ops(report: dict[str, Any]) -> None:
         print(f"* {what} not used: {why}")
     for p in report["load_problems"]:
         print(f"kernel module {p['name']}: {p['reason']} [{p['origin']}]")
+    for other in report["other_backends"]:
+        print(f"not for {report['backend']}: {other['impl']} serves {', '.join(other['backends'])} only "
+              f"({', '.join(other['ops'])})")
 
 
 def run(args: argparse.Namespace) -> int:
