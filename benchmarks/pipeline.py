@@ -79,7 +79,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         model = ModelConfig(**opts["model"])
         layers = _split_layers(model.num_layers, world_size)
         plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), "1f1b", opts["micro_batches"],
-                            opts["micro_batch_size"])
+                            opts["micro_batch_size"], compile=opts.get("compile", False))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
@@ -193,7 +193,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
               for _, r in sorted(reports.items())]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
-        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"],
+        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -205,7 +205,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 def table(s: dict[str, Any]) -> str:
     lines = [
         f"pipeline 1F1B on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
-        f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}",
+        f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}"
+        + (", layers compiled" if s.get("compile") else ", eager"),
         f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
     for name, label in (("ours", "hal PipelineEngine"), ("torch", "torch Schedule1F1B")):
@@ -235,6 +236,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=2, help="ours/torch alternations; medians reported")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each decoder layer (inductor); both schedules run the same compiled modules")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
@@ -250,7 +253,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
-            "timeout_s": args.timeout, "json": args.json}
+            "timeout_s": args.timeout, "json": args.json, "compile": args.compile}
 
 
 def main(argv: list[str] | None = None) -> int:

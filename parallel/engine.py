@@ -34,6 +34,7 @@ from hal.backend import Backend
 from hal.collectives import Communicator
 
 from .loss import LossFn, token_sum_cross_entropy
+from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
 from .plan import ParallelPlan
@@ -96,6 +97,9 @@ class PipelineEngine:
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
         )
+        self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
+        if self.mesh.compile:
+            compile_layers(self.module, self.mesh.compile_backend)
         self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
         if self.module.needs_tied_grad_sync and groups.embedding is None:
             raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
@@ -194,7 +198,9 @@ class PipelineEngine:
             return self._forward_untimed(tokens, m, received)
 
     def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
-        with self.autocast():
+        warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
+        self._eager_warmup = False
+        with self.autocast(), warmup:
             item = self._forward_stage(tokens, m, received)
         if not self.last and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.

@@ -10,9 +10,11 @@ key, the value and the fix, so a bad plan never turns into a hang or a shape err
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
+      compile: false            # torch.compile each decoder layer (regional); a stage may override it
+      compile_backend: inductor # inductor | aot_eager | eager (the last two: no code generation, for tests)
       stages:                   # stage k owns the next `devices` global ranks (see parallel/topology.py)
         - {backend: cpu, devices: 2, layers: 3, tp: 2, sp: true}
-        - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true}
+        - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true, compile: true}
 
 Meaning of the degrees (the engine relies on these):
 - ``devices`` must equal ``tp * dp``: a stage's grid is exactly its devices, nothing idle.
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hal import limits
-from hal.config_schema import Choice, Custom, Flag, ListOf, PositiveInt, check_choice, key, parse_section
+from hal.config_schema import Choice, Custom, Flag, ListOf, Nullable, PositiveInt, check_choice, key, parse_section
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig
@@ -50,6 +52,9 @@ def _stage_backend(origin: str, name: str, value: Any) -> str:
     return check_choice(origin, name, value, names)
 
 
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+
+
 @dataclass(frozen=True)
 class StagePlan:
     """One pipeline stage: its backend, its devices (= tp × dp ranks) and its share of the layers."""
@@ -61,6 +66,7 @@ class StagePlan:
     dp: int = key(PositiveInt(limits.DEVICES), 1, example="dp: 2")
     sp: bool = key(Flag(), False)
     checkpoint: bool = key(Flag(), False)  # activation checkpointing for this stage's layers
+    compile: bool | None = key(Nullable(Flag()), None)  # None: the plan's ``compile``
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +87,8 @@ class ParallelPlan:
     micro_batch_size: int = key(PositiveInt(limits.ROWS), example="micro_batch_size: 4",
                                 derive=lambda v: math.lcm(*(s.dp for s in v["stages"])))
     zero1: bool = key(Flag(), False)
+    compile: bool = key(Flag(), False)  # regional torch.compile of every decoder layer (stages may override)
+    compile_backend: str = key(Choice(COMPILE_BACKENDS), "inductor")
 
     @property
     def num_stages(self) -> int:
@@ -103,13 +111,20 @@ class ParallelPlan:
             "micro_batches": self.micro_batches,
             "micro_batch_size": self.micro_batch_size,
             "zero1": self.zero1,
+            "compile": self.compile,
+            "compile_backend": self.compile_backend,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ParallelPlan":
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
         return cls(tuple(StagePlan(**s) for s in data["stages"]), data["schedule"], data["micro_batches"],
-                   data["micro_batch_size"], data["zero1"])
+                   data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"))
+
+    def stage_compiles(self, index: int) -> bool:
+        """Whether stage ``index`` compiles its layers: its own ``compile``, else the plan's."""
+        own = self.stages[index].compile
+        return self.compile if own is None else own
 
 
 def parse_plan(raw: Any, origin: str = "config") -> ParallelPlan:

@@ -56,6 +56,8 @@ class StageMesh:
     checkpoint: bool
     first_layer: int
     layers: int
+    compile: bool = False  # regional torch.compile of the stage's decoder layers
+    compile_backend: str = "inductor"
 
     @property
     def size(self) -> int:
@@ -83,7 +85,8 @@ class Topology:
         for k, s in enumerate(plan.stages):
             if s.devices != s.tp * s.dp:
                 raise ConfigError(f"stage {k}: devices {s.devices} != tp {s.tp} × dp {s.dp}; validate the plan first")
-            meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, first_layer, s.layers))
+            meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, first_layer, s.layers,
+                                    plan.stage_compiles(k), plan.compile_backend))
             offset += s.devices
             first_layer += s.layers
         return cls(tuple(meshes))
@@ -153,7 +156,7 @@ class Topology:
             "world_size": self.world_size,
             "stages": [
                 {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
-                 "checkpoint": m.checkpoint, "layers": list(m.layer_range)}
+                 "checkpoint": m.checkpoint, "compile": m.compile, "layers": list(m.layer_range)}
                 for m in self.stages
             ],
             "ranks": [

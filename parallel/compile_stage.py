@@ -1,0 +1,38 @@
+"""Regional compilation of a stage: every decoder layer through ``torch.compile`` (``compile: true``).
+
+Each layer is compiled on its own (as torchtitan does): the layers share one code object, so the
+compiler traces one layer and reuses it for the rest, and the stage's embedding, head, loss and the
+engine's communication stay eager. hal's ops dispatch through a per-op cache keyed by device and
+dtype; a miss inside a traced region is a graph break, so the stage's first forward runs eagerly
+(``torch.compiler.set_stance("force_eager")``), filling the caches with exactly the dtypes the run
+uses, and compilation starts with the second, with no graph break (tests/test_compile_stage.py).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from hal.errors import UnsupportedError
+
+from .models.llama import Stage
+
+
+def compile_layers(stage: Stage, backend: str) -> None:
+    """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``)."""
+    if not hasattr(torch.nn.Module, "compile"):
+        raise UnsupportedError(f"torch {torch.__version__} has no nn.Module.compile; use torch >= 2.2 or compile: false")
+    for layer in stage.layers.values():
+        layer.compile(backend=backend)
+
+
+@contextlib.contextmanager
+def eager_first_forward() -> Iterator[None]:
+    """Run the enclosed forward eagerly (it fills hal's op caches for the dtypes in use)."""
+    set_stance: Any = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # torch < 2.6: the first compiled call resolves the caches itself (graph breaks)
+        yield
+        return
+    with set_stance("force_eager"):
+        yield
