@@ -47,19 +47,19 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # --- model arithmetic ----------------------------------------------------------------------------------
 def parameter_counts(m: dict[str, Any]) -> dict[str, int]:
-    """Parameters of the untied decoder: total, and the embedding table's share."""
-    h, kv = m["hidden_size"], m["num_kv_heads"] * (m["hidden_size"] // m["num_heads"])
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * m["ffn_hidden_size"] + 2 * h
-    embedding = m["vocab_size"] * h
-    total = embedding + m["num_layers"] * per_layer + h + m["vocab_size"] * h
-    return {"total": total, "embedding": embedding}
+    """Parameters of the untied decoder: total, and the embedding table's share (hal.parallel.flops)."""
+    from hal.parallel.flops import model_parameters
+    from hal.parallel.model_config import ModelConfig
+
+    return {"total": model_parameters(ModelConfig(**m)), "embedding": m["vocab_size"] * m["hidden_size"]}
 
 
 def flops_per_token(m: dict[str, Any], seq: int) -> float:
-    """Training FLOPs per token (forward + backward), torchtitan's convention (see the module doc)."""
-    n = parameter_counts(m)
-    head_dim = m["hidden_size"] // m["num_heads"]
-    return 6.0 * (n["total"] - n["embedding"]) + 12.0 * m["num_layers"] * m["num_heads"] * head_dim * seq
+    """Training FLOPs per token (forward + backward): hal.parallel.flops's convention, as hal train reports."""
+    from hal.parallel.flops import flops_per_token as per_token
+    from hal.parallel.model_config import ModelConfig
+
+    return per_token(ModelConfig(**m), seq)
 
 
 # --- what every rank runs ------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — any plan with the same model")
     p.add_argument("--run-dir", metavar="DIR", help="where the log, summary and checkpoints go (default: runs/<config>-<date-time>)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
+    p.add_argument("--profile", action="store_true",
+                   help="per-phase times (compute, p2p, grad sync, optimizer) in every step's JSON line: the device is "
+                   "synchronized around each phase, which slows the step; without it hal train never synchronizes for timing")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=run)
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from hal.parallel.train import describe, prepare, read_summary, run_local, write_job
 
-    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir)
+    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile)
     print(f"hal train: {describe(job)}", file=sys.stderr)
     write_job(job)
     status = run_local(job, spawn_ranks)
@@ -55,8 +58,9 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(summary, indent=2))
         return
     rate = summary["tokens_per_s"] or 0.0
+    mfu = f" ({summary['mfu']:.1%} MFU)" if summary.get("mfu") is not None else ""
     print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
-          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s, {summary['wall_s']:.1f} s; "
+          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s{mfu} steady, {summary['wall_s']:.1f} s wall; "
           f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 

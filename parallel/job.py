@@ -56,6 +56,7 @@ class Job:
     log_file: Path
     checkpoint_dir: Path | None
     resume: Path | None  # the resolved checkpoint directory
+    profile: bool = False  # per-phase times: the device is synchronized around each phase (slower)
 
     @property
     def precision(self) -> str:
@@ -82,6 +83,7 @@ class Job:
             "stage_precision": [None if p is None else dict(p) for p in self.stage_precision],
             "steps": self.steps, "start": self.start, "run_dir": str(self.run_dir), "log_file": str(self.log_file),
             "checkpoint_dir": _str_or_none(self.checkpoint_dir), "resume": _str_or_none(self.resume),
+            "profile": self.profile,
         }
 
     @classmethod
@@ -92,6 +94,7 @@ class Job:
             TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"])),
             tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
             Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
+            bool(data.get("profile", False)),
         )
 
 

@@ -137,7 +137,7 @@ def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path 
 
 
 def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
-            check_backends: bool = True) -> Job:
+            check_backends: bool = True, profile: bool = False) -> Job:
     """Validate the whole run; one ConfigError line for the first problem.
 
     ``check_backends`` False (``--print-multinode``): this host is not where the ranks run, so
@@ -165,7 +165,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
-               directory, log_file, ckpt_dir, checkpoint)
+               directory, log_file, ckpt_dir, checkpoint, profile)
 
 
 # --- the ranks' environment ----------------------------------------------------------------------------------

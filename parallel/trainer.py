@@ -21,6 +21,7 @@ directory, which ``hal train`` prints with ``--json``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -39,7 +40,8 @@ from .job import Job
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
-TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step")
+# "timed": 1 where the phases are real (a host device, or --profile synchronizing an accelerator).
+TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed")
 
 
 @dataclass
@@ -55,6 +57,7 @@ class RankRun:
     seq: int
     start: int  # steps already done (from a checkpoint)
     steps: int  # the run stops after this many steps in total
+    peak_tflops: float = float("nan")  # this rank's device's dense peak for the run's precision (catalog)
 
 
 # --- setup ---------------------------------------------------------------------------------------------
@@ -108,7 +111,7 @@ def setup(job: Job) -> RankRun:
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
     engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend))
-    engine.sync_for_timing = True
+    engine.sync_for_timing = job.profile  # a lean step: no device synchronization unless --profile
     optimizer = _make_optimizer(engine, groups, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
     # except where a tied embedding must be summed across stages first (that needs the full dp sum).
@@ -117,7 +120,17 @@ def setup(job: Job) -> RankRun:
     if job.resume is not None:
         start = int(load_checkpoint(job.resume, engine, optimizer)["step"])
     writer = topology.stages[-1].offset
-    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps)
+    peak = _peak_tflops(backend, world.device, job.precision)
+    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak)
+
+
+def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
+    """This rank's device's dense peak for the run's precision (the catalog's figure), NaN if unknown."""
+    from .flops import PEAK_KEY
+
+    index = device.index if device.index is not None else 0
+    peak = backend.capabilities(index).peak_tflops.get(PEAK_KEY.get(precision, "fp32"))
+    return float("nan") if peak is None else float(peak)
 
 
 # --- one step ------------------------------------------------------------------------------------------
@@ -137,7 +150,8 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
         r.optimizer.reduce_scatter_and_step()
     done = r.engine.clock()
     t = r.engine.times
-    return loss, [t.compute, t.p2p, t.grad_sync, done - before_opt, t.schedule, done - started]
+    timed = 1.0 if r.job.profile or r.engine.device.type == "cpu" else 0.0
+    return loss, [t.compute, t.p2p, t.grad_sync, done - before_opt, t.schedule, done - started, r.peak_tflops, timed]
 
 
 def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
@@ -155,6 +169,11 @@ def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
 def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology, tokens: int) -> dict[str, Any]:
     """One JSON line: loss, throughput, and each stage's breakdown (mean over its ranks).
 
+    Without ``--profile`` an accelerator is never synchronized for timing, so the phases of its
+    asynchronous step are not measured: a stage on one has null phases (a host stage's are exact),
+    and ``step_s`` is the host's wall time of the step (the last stage reads its loss, so the host
+    cannot run a step ahead).
+
     ``schedule_s`` is the pipeline's forward/backward wall time (the slowest rank's); a stage's
     ``bubble_s`` = schedule_s − its compute − its p2p: the part of the schedule it neither computed
     nor spent in send/recv. Waiting for a neighbour stage inside a blocking send/recv is counted in
@@ -168,13 +187,18 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
     for mesh in topology.stages:
         mine = times[list(mesh.ranks)].mean(dim=0)
         compute, p2p = float(mine[col["compute"]]), float(mine[col["p2p"]])
-        stages.append({
-            "stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks),
+        phases: dict[str, float | None] = {
             "compute_s": compute, "p2p_s": p2p, "bubble_s": max(0.0, schedule_s - compute - p2p),
             "grad_sync_s": float(mine[col["grad_sync"]]), "optimizer_s": float(mine[col["optimizer"]]),
-        })
-    return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s,
-            "tokens_per_s": tokens / step_s if step_s > 0 else None, "stages": stages}
+        }
+        if float(times[list(mesh.ranks), col["timed"]].min()) < 1.0:
+            phases = dict.fromkeys(phases)
+        stages.append({"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), **phases})
+    peak = float(times[:, col["peak_tflops"]].sum())
+    all_timed = float(times[:, col["timed"]].min()) >= 1.0
+    return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s if all_timed else None,
+            "tokens_per_s": tokens / step_s if step_s > 0 else None, "stages": stages,
+            "peak_tflops": None if math.isnan(peak) else peak}
 
 
 # --- what the writer shows -------------------------------------------------------------------------------
@@ -208,13 +232,19 @@ def steady_rate(records: list[dict[str, Any]]) -> float | None:
 
 
 def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoint: str | None) -> dict[str, Any]:
+    from .flops import flops_per_token, mfu
+
     tokens = sum(rec["tokens"] for rec in records)
+    rate = steady_rate(records)
+    peak = records[0]["peak_tflops"] if records else None
     return {
         "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
-        "tokens_per_s": steady_rate(records), "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
+        "tokens_per_s": rate, "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
+        "mfu": mfu(rate, r.job.model, r.seq, peak), "peak_tflops": peak,
+        "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
                     "layers": list(m.layer_range)} for m in r.topology.stages],
