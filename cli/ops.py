@@ -65,11 +65,11 @@ def _print_ops(report: dict[str, Any]) -> None:
         print(op.ljust(width) + "".join(cells))
     for what, why in notes.items():
         print(f"* {what} not used: {why}")
-    for p in report["load_problems"]:
-        print(f"kernel module {p['name']}: {p['reason']} [{p['origin']}]")
     for other in report["other_backends"]:
         print(f"not for {report['backend']}: {other['impl']} serves {', '.join(other['backends'])} only "
               f"({', '.join(other['ops'])})")
+    for p in report["load_problems"]:  # last: a broken plug-in adds lines below the usual report
+        print(f"kernel module {p['name']}: {p['reason']} [{p['origin']}]")
 
 
 def run(args: argparse.Namespace) -> int:
