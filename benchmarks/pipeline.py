@@ -63,6 +63,18 @@ def flops_per_token(m: dict[str, Any], seq: int) -> float:
 
 
 # --- what every rank runs ------------------------------------------------------------------------------
+def _reference_ops_only() -> None:
+    """Remove every implementation but the reference from hal's op registry (this rank only)."""
+    from hal.op_registry import REFERENCE
+    from hal.ops import registry
+
+    for op in registry.names():
+        for impl in registry.implementations(op):
+            if impl.name != REFERENCE:
+                registry.unregister(op, impl.name)
+
+
+
 def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
@@ -73,6 +85,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     from hal.parallel.topology import Topology, build_groups
 
     torch.set_num_threads(max(1, opts["threads"]))
+    if opts.get("reference_ops"):
+        _reference_ops_only()
     world = init_distributed(opts["backend"], init_method=f"file://{store}", rank=rank, world_size=world_size)
     backend, device = world.backend, world.device
     try:
@@ -194,6 +208,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
         "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
+        "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -206,7 +221,8 @@ def table(s: dict[str, Any]) -> str:
     lines = [
         f"pipeline 1F1B on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
         f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}"
-        + (", layers compiled" if s.get("compile") else ", eager"),
+        + (", layers compiled" if s.get("compile") else ", eager")
+        + (", reference ops" if s.get("reference_ops") else ", registry's kernels"),
         f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
     for name, label in (("ours", "hal PipelineEngine"), ("torch", "torch Schedule1F1B")):
@@ -236,6 +252,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=2, help="ours/torch alternations; medians reported")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--reference-ops", action="store_true",
+                        help="run hal's reference ops only (no Triton kernels): the kernels' effect, same run otherwise")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each decoder layer (inductor); both schedules run the same compiled modules")
     parser.add_argument("--json", action="store_true")
@@ -253,7 +271,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
-            "timeout_s": args.timeout, "json": args.json, "compile": args.compile}
+            "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops}
 
 
 def main(argv: list[str] | None = None) -> int:
