@@ -222,3 +222,19 @@ def test_init_device_mesh_maps_its_device_type(cpu: CpuBackend) -> None:
     finally:
         device_mesh.init_device_mesh = real
     assert seen == ["cpu", "cpu"]
+
+
+def test_the_lifted_import_hook_leaves_with_the_outermost_scope(cpu: CpuBackend) -> None:
+    import sys
+
+    def hooks() -> int:
+        return sum(type(f).__name__ == "_LiftedImports" for f in sys.meta_path)
+
+    before = hooks()
+    outer, inner = migrate(cpu), migrate(cpu)
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # exits out of order: the scope stays until the last one leaves
+    assert torch.device("cuda").type == "cpu"
+    inner.__exit__(None, None, None)
+    assert hooks() == before and torch.device("cuda").type == "cuda"

@@ -39,16 +39,14 @@ def _build_device_function(row: Patch, session: Session, original: Any) -> Any:
     if row.to.startswith("native:"):
         dtype = row.to.partition(":")[2]
         return cuda_function(row, session, original, lambda *a, **k: session.backend.capabilities().is_native(dtype))
+    if row.to == "device_count" and session.device_count is not None:
+        return cuda_function(row, session, original, lambda: session.device_count)
     signature = inspect.signature(original)
     backend = session.backend
     method = getattr(backend, row.to)
     notes = [f"maps to backend.{row.to} on {backend.name}: {row.note}"] if row.note else []
     if row.to in _MEMORY_STATS and backend.memory_stats_measure:
         notes.append(f"returns {backend.memory_stats_measure} on {backend.name}")
-    if row.to in ("manual_seed", "manual_seed_all", "set_rng_state") and session.device_type == "cpu":
-        return cuda_function(row, session, original, _host_generator_call(row, session, signature, method, names))
-    if row.to == "device_count" and session.device_count is not None:
-        return cuda_function(row, session, original, lambda: session.device_count)
 
     def impl(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
@@ -58,11 +56,12 @@ def _build_device_function(row: Patch, session: Session, original: Any) -> Any:
             session.warn_once(f"{row.where}:{note}", f"{row.name} {note}")
         return method(*values)
 
+    if row.to in ("manual_seed", "manual_seed_all", "set_rng_state") and session.device_type == "cpu":
+        return cuda_function(row, session, original, _watching_host_generator(row, session, impl))
     return cuda_function(row, session, original, impl)
 
 
-def _host_generator_call(row: Patch, session: Session, signature: inspect.Signature,
-                         method: Callable[..., Any], names: list[str]) -> Callable[..., Any]:
+def _watching_host_generator(row: Patch, session: Session, call: Callable[..., Any]) -> Callable[..., Any]:
     """On cpu the device generator IS the host generator: reseeding it changes host random numbers too.
 
     Warned once — unless the call changes nothing (``torch.manual_seed(s)`` then the same seed here).
@@ -70,11 +69,8 @@ def _host_generator_call(row: Patch, session: Session, signature: inspect.Signat
     import torch
 
     def impl(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = [session.index(bound.arguments[n]) if n == "device" else bound.arguments[n] for n in names]
         before = torch.random.default_generator.get_state()
-        result = method(*values)
+        result = call(*args, **kwargs)
         if not torch.equal(before, torch.random.default_generator.get_state()):
             session.warn_once("host-generator", f"{row.name} on cpu sets the host generator (the cpu device's "
                               "own): torch's CPU random numbers drawn after this call change too")
@@ -171,30 +167,27 @@ class _LiftedImports(importlib.abc.MetaPathFinder):
 
     NAMES = frozenset({"torch._dynamo", "torch.distributed.tensor"})
 
-    def __init__(self, scope: "_Migration") -> None:
-        self.scope = scope
-
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.NAMES or not self.scope.active:
+        if name not in self.NAMES or _current is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _LiftedLoader(spec.loader, self.scope)
+        spec.loader = _LiftedLoader(spec.loader)
         return spec
 
 
 class _LiftedLoader(importlib.abc.Loader):
     """The real loader, executing the module with every patch lifted."""
 
-    def __init__(self, loader: Any, scope: "_Migration") -> None:
-        self.loader, self.scope = loader, scope
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
 
     def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
-        with self.scope.lifted():
+        with _lifted():
             self.loader.exec_module(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for tracebacks and linecache
@@ -205,6 +198,28 @@ class _LiftedLoader(importlib.abc.Loader):
 _lock = threading.RLock()
 _current: Session | None = None
 _depth = 0
+_hook: _LiftedImports | None = None  # installed with the outermost scope, removed with it
+_lifted_depth = 0
+
+
+@contextlib.contextmanager
+def _lifted() -> Iterator[None]:
+    """Every patch undone for the enclosed block, then applied afresh (warnings given stay given)."""
+    global _lifted_depth
+    with _lock:
+        session = _current
+        if session is None or _lifted_depth:  # no scope, or an import nested in a lifted one
+            yield
+            return
+        rows = tuple(session.applied)
+        session.restore()
+        _lifted_depth += 1
+        try:
+            yield
+        finally:
+            _lifted_depth -= 1
+            session.applied.clear()
+            _apply(session, rows)
 
 
 class _Migration(contextlib.AbstractContextManager):
@@ -219,36 +234,6 @@ class _Migration(contextlib.AbstractContextManager):
                 raise ConfigError(f"device count {device_count} is not a count; give 1 or more")
         self.backend = backend
         self.device_count = device_count
-        self._hook: _LiftedImports | None = None
-        self._lifted = 0
-
-    @property
-    def active(self) -> bool:
-        return _current is not None and _current.backend is self.backend
-
-    def _remove_hook(self) -> None:
-        if self._hook is not None and self._hook in sys.meta_path:
-            sys.meta_path.remove(self._hook)
-        self._hook = None
-
-    @contextlib.contextmanager
-    def lifted(self) -> Iterator[None]:
-        """Every patch undone for the enclosed block, then applied afresh (warnings given stay given)."""
-        session = _current
-        assert session is not None
-        with _lock:
-            if self._lifted:  # an import nested in a lifted import: already lifted
-                yield
-                return
-            rows = tuple(session.applied)
-            session.restore()
-            self._lifted += 1
-            try:
-                yield
-            finally:
-                self._lifted -= 1
-                session.applied.clear()
-                _apply(session, rows)
 
     @property
     def applied(self) -> tuple[Patch, ...]:
@@ -256,7 +241,7 @@ class _Migration(contextlib.AbstractContextManager):
         return tuple(session.applied) if session is not None and session.backend is self.backend else ()
 
     def __enter__(self) -> "_Migration":
-        global _current, _depth
+        global _current, _depth, _hook
         with _lock:
             if _current is not None:
                 if _current.backend is not self.backend:
@@ -271,18 +256,20 @@ class _Migration(contextlib.AbstractContextManager):
             _apply(session, rows)
             _current, _depth = session, 1
             if rows and not _LiftedImports.NAMES <= sys.modules.keys():
-                self._hook = _LiftedImports(self)
-                sys.meta_path.insert(0, self._hook)
+                _hook = _LiftedImports()
+                sys.meta_path.insert(0, _hook)
         _log.info("migrated %d CUDA targets to backend %s", len(session.applied), self.backend.name)
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        global _current, _depth
+        global _current, _depth, _hook
         with _lock:
             _depth -= 1
             if _depth == 0 and _current is not None:
                 session, _current = _current, None
-                self._remove_hook()
+                if _hook is not None and _hook in sys.meta_path:
+                    sys.meta_path.remove(_hook)
+                _hook = None
                 session.restore()
         return False
 
