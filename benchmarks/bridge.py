@@ -6,14 +6,18 @@ all_gather and P2P in both directions, sizes that are not a multiple of the chun
 bridge P2P rank 0 (GPU) → rank 1 (CPU) for 1 MiB .. 1 GiB against, in the same run:
 
 * ``d2h`` / ``h2d`` — a pinned host↔device copy of the same size on rank 0 (device events);
-* ``wire`` — a plain gloo send of the same bytes from rank 0's host memory (no device at all).
+* ``wire`` — a plain gloo send of the same bytes from rank 0's host memory (no device at all): one
+  TCP stream, the speed of the bridge before it striped messages.
 
-A bridge that overlaps its copies with the network runs close to ``wire`` (it cannot beat the
-slower of the two); one that does not would take about wire + d2h. ``--cpu-only`` runs the same
-thing with two declared CPU islands and staging forced on (for machines without a GPU).
+The bridge is measured once per channel count in ``--channels`` (default 1,2,4,8): the world opens
+the largest count of host channels and each measurement uses the first c of them, so the single
+stream (c = 1) and the striped bridge are timed alternately in one run. A bridge that overlaps its
+copies with the network runs close to the wire speed of its channels; ``striped/single`` is the best
+count's throughput over c = 1. ``--cpu-only`` runs the same thing with two declared CPU islands and
+staging forced on (for machines without a GPU).
 
     python benchmarks/bridge.py [--cpu-ranks 1] [--sizes-mib 1,4,16,64,256,1024] [--iters 5]
-                                [--chunk-mib 4] [--cpu-only] [--json] [--timeout 900]
+                                [--chunk-mib 4] [--channels 1,2,4,8] [--cpu-only] [--json] [--timeout 900]
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(opts["chunk_bytes"])
     if opts["cpu_only"]:
         os.environ["HAL_BRIDGE_STAGE"] = "always"  # run the staging path even without a device
+    os.environ["HAL_BRIDGE_CHANNELS"] = str(max(opts["channels"]))
     backend = "cpu" if opts["cpu_only"] or rank != 0 else "cuda"
     islands = [0] + [1] * (world_size - 1) if opts["cpu_only"] else None
     timeout = datetime.timedelta(seconds=opts["op_timeout_s"])
@@ -128,23 +133,35 @@ def _require(ok: bool, what: str) -> None:
         raise AssertionError(f"bridge result wrong: {what}")
 
 
+def _with_channels(comm: Any, count: int) -> Any:
+    """The same communicator limited to its first ``count`` host channels (1 = the single stream)."""
+    import dataclasses
+
+    from hal.collectives import Communicator
+
+    layout = dataclasses.replace(comm.layout, extra_channels=comm.layout.extra_channels[: count - 1])
+    return Communicator(layout, comm.world, validate=False)
+
+
 def _bandwidth(comm: Any, opts: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
-    """Seconds per transfer, per size: bridge P2P, plain wire, and (rank 0) the device copies."""
+    """Seconds per transfer, per size: bridge P2P per channel count, plain wire, and (rank 0) the device copies."""
     import torch.distributed as dist
 
     rank, dev = comm.rank, comm.device
+    comms = {c: _with_channels(comm, c) for c in opts["channels"]}
     out: dict[str, dict[str, list[float]]] = {}
     for mib in opts["sizes_mib"]:
         n = mib * MIB // 4
-        times: dict[str, list[float]] = {"bridge": [], "wire": []}
+        times: dict[str, list[float]] = {"wire": [], **{f"bridge_c{c}": [] for c in comms}}
         src = torch.rand(n, device=dev) if rank == 0 else None
         dst = torch.empty(n) if rank == 1 else None
         host = _host_buffer(comm, n) if rank in (0, 1) else None
         for i in range(opts["warmup"] + opts["iters"]):
             keep = i >= opts["warmup"]
-            seconds = _timed(comm, lambda: comm.send(src, 1) if rank == 0 else comm.recv(dst, 0) if rank == 1 else None)
-            if keep:
-                times["bridge"].append(seconds)
+            for c, cc in comms.items():  # alternate the channel counts within every iteration
+                seconds = _timed(cc, lambda: cc.send(src, 1) if rank == 0 else cc.recv(dst, 0) if rank == 1 else None)
+                if keep:
+                    times[f"bridge_c{c}"].append(seconds)
             group = comm.layout.host_group
             seconds = _timed(comm, lambda: dist.send(host, 1, group=group) if rank == 0 else dist.recv(host, 0, group=group) if rank == 1 else None)
             if keep:
@@ -195,20 +212,26 @@ def _summary(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[s
     for mib in opts["sizes_mib"]:
         key, nbytes = str(mib), mib * MIB
         # A transfer is done when both ends are: the slower side's time, iteration by iteration.
-        bridge = statistics.median(max(a, b) for a, b in zip(r0["timings"][key]["bridge"], r1["timings"][key]["bridge"]))
-        wire = statistics.median(max(a, b) for a, b in zip(r0["timings"][key]["wire"], r1["timings"][key]["wire"]))
+        # A transfer is done when both ends are: the slower side's time, iteration by iteration.
+        def median_of(name: str) -> float:
+            return statistics.median(max(a, b) for a, b in zip(r0["timings"][key][name], r1["timings"][key][name]))
+
+        wire = median_of("wire")
         d2h = statistics.median(r0["timings"][key]["d2h"])
         h2d = statistics.median(r0["timings"][key]["h2d"])
         gbps = lambda s: round(nbytes / s / 1e9, 3) if s > 0 else float("inf")  # noqa: E731
+        bridge = {c: gbps(median_of(f"bridge_c{c}")) for c in opts["channels"]}
+        best = max(bridge, key=lambda c: bridge[c])
         rows.append({
-            "size_mib": mib, "bridge_gbps": gbps(bridge), "wire_gbps": gbps(wire), "d2h_gbps": gbps(d2h),
-            "h2d_gbps": gbps(h2d), "bridge_ms": round(bridge * 1e3, 3), "wire_ms": round(wire * 1e3, 3),
-            "d2h_ms": round(d2h * 1e3, 3), "bridge_over_wire_plus_d2h": round(bridge / (wire + d2h), 3),
+            "size_mib": mib, "bridge_gbps": bridge, "wire_gbps": gbps(wire), "d2h_gbps": gbps(d2h), "h2d_gbps": gbps(h2d),
+            "best_channels": best,
+            "striped_over_single": round(bridge[best] / bridge[1], 3) if 1 in bridge and bridge[1] else None,
+            "single_over_wire": round(bridge[1] / gbps(wire), 3) if 1 in bridge else None,
         })
     return {
         "benchmark": "bridge_p2p", "mode": "cpu-only (declared islands, staging forced)" if opts["cpu_only"] else "cuda rank 0 + cpu ranks",
         "device": r0.get("device_name", r0["device"]), "world_size": len(reports), "chunk_bytes": r0["chunk_bytes"],
-        "torch": torch.__version__, "iters": opts["iters"], "correctness": r0["checks"], "rows": rows,
+        "channels": opts["channels"], "torch": torch.__version__, "iters": opts["iters"], "correctness": r0["checks"], "rows": rows,
     }
 
 
@@ -217,11 +240,14 @@ def _table(summary: dict[str, Any]) -> str:
         f"bridge P2P rank 0 ({summary['device']}) -> rank 1 (cpu); {summary['mode']}; world {summary['world_size']}, "
         f"chunk {summary['chunk_bytes'] // 1024} KiB, torch {summary['torch']}, median of {summary['iters']}",
         "correctness: " + ", ".join(f"{k} {v}" for k, v in summary["correctness"].items()),
-        f"{'size MiB':>9} {'bridge GB/s':>12} {'wire GB/s':>10} {'d2h GB/s':>9} {'h2d GB/s':>9} {'bridge/(wire+d2h)':>18}",
+        f"{'size MiB':>9} " + " ".join(f"{f'bridge c={c}':>12}" for c in summary["channels"])
+        + f" {'wire GB/s':>10} {'d2h GB/s':>9} {'h2d GB/s':>9} {'striped/single':>15}",
     ]
     for r in summary["rows"]:
-        lines.append(f"{r['size_mib']:>9} {r['bridge_gbps']:>12} {r['wire_gbps']:>10} {r['d2h_gbps']:>9} {r['h2d_gbps']:>9} {r['bridge_over_wire_plus_d2h']:>18}")
-    lines.append("bridge/(wire+d2h) < 1 means the device copies overlap the network; ~1 means they run one after the other.")
+        cells = " ".join(f"{r['bridge_gbps'][c]:>12}" for c in summary["channels"])
+        ratio = "" if r["striped_over_single"] is None else f"{r['striped_over_single']} (c={r['best_channels']})"
+        lines.append(f"{r['size_mib']:>9} {cells} {r['wire_gbps']:>10} {r['d2h_gbps']:>9} {r['h2d_gbps']:>9} {ratio:>15}")
+    lines.append("bridge columns: GB/s of bridged P2P over c host channels; wire: one plain gloo stream from host memory.")
     return "\n".join(lines)
 
 
@@ -232,6 +258,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--chunk-mib", type=float, default=None, help="bridge chunk size (sets HAL_BRIDGE_CHUNK_BYTES on every rank)")
+    parser.add_argument("--channels", default="1,2,4,8", help="host channel counts to measure, comma-separated (default 1,2,4,8)")
     parser.add_argument("--cpu-only", action="store_true", help="two declared CPU islands instead of CUDA + CPU")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole run before every rank is stopped")
     parser.add_argument("--op-timeout", type=float, default=120, help="seconds one collective may take")
@@ -242,9 +269,15 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     sizes = [int(s) for s in args.sizes_mib.split(",")] if args.sizes_mib else list(CPU_SIZES_MIB if args.cpu_only else GPU_SIZES_MIB)
     if not sizes or min(sizes) < 1:
         parser.error("--sizes-mib: give whole MiB, at least 1")
+    try:
+        channels = sorted({int(c) for c in args.channels.split(",") if c.strip()})
+    except ValueError:
+        channels = []
+    if not channels or channels[0] < 1 or channels[-1] > 16:
+        parser.error("--channels: give channel counts from 1 to 16, e.g. 1,2,4,8")
     return {
         "cpu_ranks": args.cpu_ranks, "sizes_mib": sizes, "iters": max(1, args.iters), "warmup": max(0, args.warmup),
-        "chunk_bytes": int(args.chunk_mib * MIB) if args.chunk_mib else None, "cpu_only": args.cpu_only,
+        "chunk_bytes": int(args.chunk_mib * MIB) if args.chunk_mib else None, "cpu_only": args.cpu_only, "channels": channels,
         "timeout_s": args.timeout, "op_timeout_s": args.op_timeout, "json": args.json,
     }
 

@@ -150,15 +150,15 @@ def _split_layers(num_layers: int, stages: int) -> list[int]:
 
 
 def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
-    """Per-stage time shares of the schedule, device synchronized around every phase."""
-    engine.sync_for_timing = True
+    """Per-stage time shares of the schedule, from device events at every phase boundary (host clock on the CPU)."""
+    engine.measure_on_device = True
     compute = p2p = schedule = 0.0
     for _ in range(steps):
         engine.module.zero_grad(set_to_none=True)
         engine.step(tokens)
         t = engine.times
         compute, p2p, schedule = compute + t.compute, p2p + t.p2p, schedule + t.schedule
-    engine.sync_for_timing = False
+    engine.measure_on_device = False
     return {"compute_s": compute / steps, "p2p_s": p2p / steps, "schedule_s": schedule / steps,
             "idle_fraction": 1.0 - compute / schedule}
 

@@ -9,7 +9,11 @@ makes it look like any other group, behind the same ``Communicator`` methods:
   (``layout.leaders_group``, gloo), and each leader broadcasts the result back into its island.
   Only one copy of the data per island crosses the slow host path.
 * point-to-point across islands goes over the host group, staged through pinned host memory,
-  chunked and double-buffered (``collectives.staging``); inside an island it stays native.
+  chunked and double-buffered (``collectives.staging``); inside an island it stays native. A message
+  of several chunks is striped over the layout's host channels (``HAL_BRIDGE_CHANNELS`` gloo groups
+  over the same ranks, default 4): each channel has its own TCP connections and gloo thread, so the
+  stripes travel at once, as NCCL's socket transport spreads one message over several sockets.
+  ``HAL_BRIDGE_CHANNELS=1`` keeps the single stream.
 * ``all_to_all``, ``broadcast``, ``reduce``, ``gather``, ``scatter`` copy to the host, run the
   gloo op over ``layout.host_group`` and copy back: correct and simple; they are rarely hot.
 
@@ -19,7 +23,8 @@ values. Float sums add in a different order (island first, then across islands),
 ``sum``/``avg`` may differ from the flat path in the last bits; integer-valued floats are exact.
 Every rank of the group gets the same bits, whatever its device (``avg`` divides once, on the host).
 
-The knobs ``HAL_BRIDGE_CHUNK_BYTES`` and ``HAL_BRIDGE_STAGE`` are described in ``collectives.staging``.
+The knobs ``HAL_BRIDGE_CHUNK_BYTES`` and ``HAL_BRIDGE_STAGE`` are described in ``collectives.staging``;
+``HAL_BRIDGE_CHANNELS`` is read once by ``init_distributed`` (every rank must agree: it makes groups).
 """
 from __future__ import annotations
 
@@ -45,6 +50,21 @@ _DIST_OPS = {
     "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
     "product": dist.ReduceOp.PRODUCT,
 }  # fmt: skip
+
+
+def stripe_ranges(numel: int, element_size: int, chunk_bytes: int, channels: int) -> list[tuple[int, int]]:
+    """The element ranges one message travels in, at most one per channel, each a whole number of chunks.
+
+    Both ends compute it from what they agree on (size, dtype, chunk size, channel count), so the
+    stripes pair up. A message of one chunk, or one channel, is one stripe.
+    """
+    elems = max(1, chunk_bytes // element_size)
+    chunks = -(-numel // elems)
+    count = min(channels, chunks)
+    if count <= 1:
+        return [(0, numel)]
+    per = -(-chunks // count) * elems  # elements per stripe: a whole number of chunks
+    return [(start, min(numel, start + per)) for start in range(0, numel, per)]
 
 
 # --- the bridge ----------------------------------------------------------------------------------------
@@ -303,21 +323,30 @@ class Bridge:
         return list(dist.batch_isend_irecv(torch_ops))
 
     def _p2p_lanes(self, ops: Sequence[P2P]) -> tuple[list[Lane], list[tuple[torch.Tensor, torch.Tensor]]]:
-        """One lane per cross-island op, numbered among this rank's ops of that kind with that peer."""
+        """Lanes for the cross-island ops: one per stripe (``stripes``), each on its own host channel.
+
+        An op is numbered among this rank's ops of that kind with that peer; the number makes its
+        tags, which stay distinct within each channel's group.
+        """
         lanes: list[Lane] = []
         copy_backs: list[tuple[torch.Tensor, torch.Tensor]] = []
         counts: dict[tuple[str, int], int] = {}
-        group = self.layout.host_group
+        channels = self.layout.channels
         for p in ops:
             tag = counts.get((p.kind, p.peer), 0)
             counts[(p.kind, p.peer)] = tag + 1
             if p.kind == "send":
                 flat = p.tensor.detach().contiguous().view(-1)
-                post = tag_poster(dist.isend, p.peer, group, tag)
             else:
                 flat = p.tensor.view(-1) if p.tensor.is_contiguous() else torch.empty(p.tensor.numel(), dtype=p.tensor.dtype, device=p.tensor.device)
                 if not p.tensor.is_contiguous():
                     copy_backs.append((p.tensor, flat))
-                post = tag_poster(dist.irecv, p.peer, group, tag)
-            lanes.append(Lane(flat, p.kind == "send", p.kind == "recv", post))
+            fn = dist.isend if p.kind == "send" else dist.irecv
+            for channel, (start, stop) in zip(channels, self.stripes(flat.numel(), flat.element_size())):
+                post = tag_poster(fn, p.peer, channel, tag)
+                lanes.append(Lane(flat[start:stop], p.kind == "send", p.kind == "recv", post))
         return lanes, copy_backs
+
+    def stripes(self, numel: int, element_size: int) -> list[tuple[int, int]]:
+        """This bridge's stripes of a message (``stripe_ranges`` with its chunk size and channels)."""
+        return stripe_ranges(numel, element_size, self.chunk_bytes, len(self.layout.channels))

@@ -187,7 +187,7 @@ class Communicator:
 
     def _bridged(self, what: str) -> ContextManager[None]:
         """A bridged call: every group it may use is bounded by this communicator's timeout, start errors named."""
-        groups = [self.layout.host_group, self.layout.leaders_group, *(i.group for i in self.layout.islands)]
+        groups = [*self.layout.channels, self.layout.leaders_group, *(i.group for i in self.layout.islands)]
         return starting([g for g in groups if g is not None], self.timeout, f"bridge {what}", self.peers)
 
     def _on_my_device(self, tensor: torch.Tensor) -> bool:

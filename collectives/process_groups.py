@@ -24,6 +24,9 @@ from hal.errors import ConfigError
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
 ISLANDS_ENV = "HAL_ISLANDS"  # e.g. "0,0,1,1": declare islands on a homogeneous (test) world
+CHANNELS_ENV = "HAL_BRIDGE_CHANNELS"  # host connections a bridged layout stripes large P2P messages over
+DEFAULT_BRIDGE_CHANNELS = 4
+MAX_BRIDGE_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,15 @@ class Layout:
     islands: tuple[Island, ...]
     host_group: dist.ProcessGroup | None  # gloo over every rank here (metadata, validation, bridge)
     leaders_group: dist.ProcessGroup | None  # gloo over island leaders (None on non-leaders / one island)
+    # More gloo groups over the same ranks (bridged layouts only): each is its own set of TCP
+    # connections served by its own gloo thread, so a large message striped over them is not held to
+    # one stream's speed (``collectives.bridge``). Channel 0 is ``host_group`` itself.
+    extra_channels: tuple[dist.ProcessGroup, ...] = ()
+
+    @property
+    def channels(self) -> tuple[dist.ProcessGroup | None, ...]:
+        """The host connections of this layout: ``host_group`` first, then the extra channels."""
+        return (self.host_group, *self.extra_channels)
 
     @property
     def size(self) -> int:
@@ -72,6 +84,7 @@ class World:
     backends: tuple[str, ...]  # backend name of every rank
     island_keys: tuple[str, ...]  # island key of every rank (backend name unless declared)
     timeout: datetime.timedelta
+    bridge_channels: int = 1  # host connections per bridged layout (HAL_BRIDGE_CHANNELS, agreed by every rank)
 
 _WORLD: World | None = None
 _ABORTED: str | None = None  # why this process's groups were aborted (the first failure), if they were
@@ -98,6 +111,21 @@ def _parse_islands(text: str, world_size: int) -> list[int]:
     if len(ids) != world_size:
         raise ConfigError(f"{ISLANDS_ENV}={text!r} names {len(ids)} ranks but the world has {world_size}; give one island per rank")
     return ids
+
+
+def bridge_channels_from_env() -> int:
+    """``HAL_BRIDGE_CHANNELS``: how many host connections a bridged layout opens (1 = a single stream)."""
+    text = os.environ.get(CHANNELS_ENV, "").strip()
+    if not text:
+        return DEFAULT_BRIDGE_CHANNELS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_BRIDGE_CHANNELS:
+        raise ConfigError(f"{CHANNELS_ENV}={text!r}: give the number of host connections, 1 to {MAX_BRIDGE_CHANNELS} "
+                          f"(1 = one stream; default {DEFAULT_BRIDGE_CHANNELS})")
+    return value
 
 
 def _gather_strings(value: str, world_size: int, group: dist.ProcessGroup | None = None) -> list[str]:
@@ -140,15 +168,32 @@ def init_distributed(
     dist.init_process_group(
         "gloo", init_method=init_method or "env://", rank=rank, world_size=world_size, timeout=timeout
     )
-    names = _gather_strings(backend.name, world_size)
+    try:
+        channels = str(bridge_channels_from_env())
+    except ConfigError as exc:
+        channels = f"error: {exc}"  # still gathered, so every rank fails together instead of hanging
+    names, channel_values = zip(*(v.split("\t") for v in _gather_strings(f"{backend.name}\t{channels}", world_size)))
+    _agree_on_channels(list(channel_values))
     declared = list(islands) if islands is not None else None
     if declared is None and os.environ.get(ISLANDS_ENV):
         declared = _parse_islands(os.environ[ISLANDS_ENV], world_size)
     if declared is not None and len(declared) != world_size:
         raise ConfigError(f"islands names {len(declared)} ranks but the world has {world_size}; give one island per rank")
     keys = tuple(f"island {d}" for d in declared) if declared is not None else tuple(names)
-    _WORLD = World(rank, world_size, backend, device, tuple(names), keys, timeout)
+    _WORLD = World(rank, world_size, backend, device, tuple(names), keys, timeout, int(channel_values[0]))
     return _WORLD
+
+
+def _agree_on_channels(values: list[str]) -> None:
+    """Channel groups are made collectively: every rank must ask for the same number, or none is made."""
+    errors = [v for v in values if v.startswith("error: ")]
+    if errors:
+        dist.destroy_process_group()
+        raise ConfigError(errors[0][len("error: "):])
+    if len(set(values)) != 1:
+        dist.destroy_process_group()
+        where = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+        raise ConfigError(f"{CHANNELS_ENV} differs between ranks ({where}); set the same value on every rank")
 
 
 def make_layout(world: World, ranks: Sequence[int]) -> Layout:
@@ -173,9 +218,12 @@ def make_layout(world: World, ranks: Sequence[int]) -> Layout:
     host = dist.new_group(list(members), backend="gloo", timeout=world.timeout)
     leaders = [i.leader for i in islands]
     leaders_group = dist.new_group(leaders, backend="gloo", timeout=world.timeout) if len(islands) > 1 else None
+    extra = [dist.new_group(list(members), backend="gloo", timeout=world.timeout)
+             for _ in range(world.bridge_channels - 1 if len(islands) > 1 else 0)]
+    inside = world.rank in members
     return Layout(
-        members, tuple(islands), host if world.rank in members else None,
-        leaders_group if world.rank in leaders else None,
+        members, tuple(islands), host if inside else None,
+        leaders_group if world.rank in leaders else None, tuple(extra) if inside else (),
     )
 
 

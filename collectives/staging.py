@@ -8,6 +8,8 @@ Knobs (read once per communicator; every rank must agree, and the bridge checks 
 ``HAL_BRIDGE_CHUNK_BYTES`` — size of one staged chunk on the wire (default 4 MiB);
 ``HAL_BRIDGE_STAGE`` — ``auto`` (stage device tensors only) or ``always`` (stage host tensors
 too, through ordinary host buffers: runs the device code path on a CPU-only machine).
+``HAL_BRIDGE_CHANNELS`` (how many host connections a message is striped over) is read by
+``collectives.process_groups.init_distributed``, since it decides how many groups are made.
 """
 from __future__ import annotations
 

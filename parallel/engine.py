@@ -12,8 +12,9 @@ computes on (``_post``) and waited for at the end of the schedule.
 
 Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
 send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
-time. On an accelerator set ``engine.sync_for_timing = True`` to synchronize the device before each
-clock read (through the hal backend), so asynchronous kernels are charged to the phase that queued them.
+time, through ``engine.timer`` (``parallel.phase_timer``). On the CPU the host clock is exact. On an
+accelerator set ``engine.measure_on_device = True`` (``hal train --profile``): the phases are then device
+events read once at the end of the step, so the step is not slowed by a synchronization per phase.
 
 Loss convention (``parallel.reshard`` explains why): the last stage returns logits and the engine
 applies ``loss_fn`` (``parallel.loss``); a micro-batch's loss is its token sum over the token count of
@@ -24,9 +25,8 @@ the same global loss.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -37,6 +37,7 @@ from .loss import LossFn, token_sum_cross_entropy
 from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
+from .phase_timer import PhaseTimer
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
 from .schedules import Kind, P2PBatch, get_schedule
@@ -59,13 +60,21 @@ class StepTimes:
 
     ``schedule`` is the wall time of the forward/backward schedule (everything but ``grad_sync``);
     ``schedule - compute - p2p`` is what this rank spent neither computing nor in send/recv.
+    ``optimizer`` and ``step`` are filled by a caller that times them through the same timer.
     """
 
     compute: float = 0.0
     p2p: float = 0.0
     grad_sync: float = 0.0
     schedule: float = 0.0
+    optimizer: float = 0.0
+    step: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_totals(cls, totals: dict[str, float], counts: dict[str, int]) -> "StepTimes":
+        known = {name: totals[name] for name in ("compute", "p2p", "grad_sync", "schedule", "optimizer", "step") if name in totals}
+        return cls(**known, counts=dict(counts))
 
 
 class PipelineEngine:
@@ -111,29 +120,34 @@ class PipelineEngine:
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count and M.
         self.program = self.schedule.program(topology.num_stages, plan.micro_batches, self.coord.stage)
-        self.times = StepTimes()  # the last step's breakdown
-        self.sync_for_timing = False  # synchronize the device around timed phases (accelerators)
+        self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
+        self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
         self.reduce_dp_grads = True
 
     # --- timing -------------------------------------------------------------------------------------
-    def clock(self) -> float:
-        """A timestamp (seconds) after the device finished queued work, when ``sync_for_timing`` is on."""
-        if self.sync_for_timing and self.device.type != "cpu":
-            self.backend.synchronize()
-        return time.perf_counter()
+    @property
+    def measure_on_device(self) -> bool:
+        """Whether phases are device events (an accelerator under ``--profile``); the host clock otherwise."""
+        return self.timer.mode == "events"
 
-    @contextlib.contextmanager
-    def _timed(self, category: str) -> Iterator[None]:
-        """Add the enclosed wall time to ``self.times.<category>`` and count the call."""
-        start = self.clock()
-        try:
-            yield
-        finally:
-            setattr(self.times, category, getattr(self.times, category) + self.clock() - start)
-            self.times.counts[category] = self.times.counts.get(category, 0) + 1
+    @measure_on_device.setter
+    def measure_on_device(self, on: bool) -> None:
+        self.timer.mode = "events" if on and self.device.type != "cpu" else "host"
+
+    @property
+    def times(self) -> StepTimes:
+        """The last step's breakdown (with device events, the first read waits for the step to finish)."""
+        if self._times is None:
+            self._times = StepTimes.from_totals(self.timer.totals(), self.timer.counts)
+        return self._times
+
+    def _timed(self, category: str) -> ContextManager[None]:
+        """Count the enclosed region under ``category`` (see ``times``)."""
+        self._times = None
+        return self.timer.phase(category)
 
     # --- data --------------------------------------------------------------------------------------
     def _inputs(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
@@ -249,10 +263,10 @@ class PipelineEngine:
         Reading a device value makes the host wait for the whole step, so the next step's first
         kernels are queued only after the device ran dry; throughput loops read losses later.
         """
-        self.times = StepTimes()
-        started = self.clock()
-        losses = self._execute(tokens)
-        self.times.schedule = self.clock() - started
+        self.timer.reset()
+        self._times = None
+        with self._timed("schedule"):
+            losses = self._execute(tokens)
         with self._timed("grad_sync"):
             if self.reduce_dp_grads:
                 self._sync_dp_grads()

@@ -56,7 +56,7 @@ class Job:
     log_file: Path
     checkpoint_dir: Path | None
     resume: Path | None  # the resolved checkpoint directory
-    profile: bool = False  # per-phase times: the device is synchronized around each phase (slower)
+    profile: bool = False  # per-phase times on accelerators, from device events (one wait a step)
 
     @property
     def precision(self) -> str:

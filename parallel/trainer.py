@@ -40,7 +40,7 @@ from .job import Job
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
-# "timed": 1 where the phases are real (a host device, or --profile synchronizing an accelerator).
+# "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
 TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed")
 
 
@@ -111,7 +111,7 @@ def setup(job: Job) -> RankRun:
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
     engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend))
-    engine.sync_for_timing = job.profile  # a lean step: no device synchronization unless --profile
+    engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
     optimizer = _make_optimizer(engine, groups, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
     # except where a tied embedding must be summed across stages first (that needs the full dp sum).
@@ -140,18 +140,21 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
     plan, train = r.job.plan, r.job.train
     tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size)
-    started = r.engine.clock()
+    timer = r.engine.timer
+    started, wall_started = timer.mark(), time.perf_counter()
     r.optimizer.zero_grad(set_to_none=True)
     loss = r.engine.step(tokens)
-    before_opt = r.engine.clock()
-    if r.engine.reduce_dp_grads:
-        r.optimizer.step()
-    else:
-        r.optimizer.reduce_scatter_and_step()
-    done = r.engine.clock()
-    t = r.engine.times
-    timed = 1.0 if r.job.profile or r.engine.device.type == "cpu" else 0.0
-    return loss, [t.compute, t.p2p, t.grad_sync, done - before_opt, t.schedule, done - started, r.peak_tflops, timed]
+    with timer.phase("optimizer"):
+        if r.engine.reduce_dp_grads:
+            r.optimizer.step()
+        else:
+            r.optimizer.reduce_scatter_and_step()
+    timer.add("step", started, timer.mark())
+    t = r.engine.times  # with device events: the one wait of a profiled step
+    timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
+    # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
+    step_s = t.step if timed else time.perf_counter() - wall_started
+    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed]
 
 
 def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
@@ -170,7 +173,8 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
     """One JSON line: loss, throughput, and each stage's breakdown (mean over its ranks).
 
     Without ``--profile`` an accelerator is never synchronized for timing, so the phases of its
-    asynchronous step are not measured: a stage on one has null phases (a host stage's are exact),
+    asynchronous step are not measured: a stage on one has null phases (a host stage's are exact;
+    with ``--profile`` they are device events, ``parallel.phase_timer``),
     and ``step_s`` is the host's wall time of the step (the last stage reads its loss, so the host
     cannot run a step ahead).
 

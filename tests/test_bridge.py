@@ -25,14 +25,17 @@ LAUNCH_TIMEOUT_S = 90
 
 
 # --- the harness (runs in pytest) -------------------------------------------------------------------
-def _launch(tmp_path: Path, islands: list[int], timeout_s: float = LAUNCH_TIMEOUT_S) -> dict[int, dict[str, Any]]:
+def _launch(tmp_path: Path, islands: list[int], timeout_s: float = LAUNCH_TIMEOUT_S,
+            channels: list[str] | None = None) -> dict[int, dict[str, Any]]:
     """Run ``_worker`` on every rank; return each rank's report. Leaves no process behind."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results: Any = ctx.Queue()
     store = tmp_path / "store"
-    procs = [ctx.Process(target=_worker, args=(r, islands, str(store), results), daemon=True) for r in range(len(islands))]
+    channels = channels or [""] * len(islands)  # HAL_BRIDGE_CHANNELS per rank ("": the default)
+    procs = [ctx.Process(target=_worker, args=(r, islands, str(store), results, channels[r]), daemon=True)
+             for r in range(len(islands))]
     for p in procs:
         p.start()
     reports: dict[int, dict[str, Any]] = {}
@@ -68,26 +71,76 @@ def _assert_clean(reports: dict[int, dict[str, Any]]) -> None:
 
 
 def test_bridge_matches_flat_two_blocks(tmp_path: Path) -> None:
-    reports = _launch(tmp_path, [0, 0, 1, 1])
+    reports = _launch(tmp_path, [0, 0, 1, 1])  # the default: large messages striped over 4 channels
     _assert_clean(reports)
     assert {rep["path"] for rep in reports.values()} == {"bridge"}
     assert {rep["flat_path"] for rep in reports.values()} == {"native gloo"}
+    assert {rep["channels"] for rep in reports.values()} == {4}
 
 
-def test_bridge_matches_flat_interleaved(tmp_path: Path) -> None:
-    reports = _launch(tmp_path, [0, 1, 0])
+def test_bridge_matches_flat_interleaved_on_a_single_stream(tmp_path: Path) -> None:
+    reports = _launch(tmp_path, [0, 1, 0], channels=["1"] * 3)
     _assert_clean(reports)
     assert {rep["path"] for rep in reports.values()} == {"bridge"}
+    assert {rep["channels"] for rep in reports.values()} == {1}
+
+
+def test_channel_counts_that_differ_or_make_no_sense_are_refused_on_every_rank(tmp_path: Path) -> None:
+    for values, words in ((["2", "3"], "differs between ranks"), (["0", "0"], "1 to 16")):
+        store = tmp_path / "-".join(values)
+        store.mkdir()
+        reports = _launch_expecting_errors(store, [0, 1], values)
+        assert all("HAL_BRIDGE_CHANNELS" in rep and words in rep for rep in reports.values()), reports
+
+
+def test_stripes_are_whole_chunks_one_per_channel_at_most() -> None:
+    from hal.collectives.bridge import stripe_ranges
+
+    assert stripe_ranges(1000, 4, 256, 4) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert stripe_ranges(1000, 4, 256, 1) == [(0, 1000)]  # one channel: the single stream
+    assert stripe_ranges(64, 4, 256, 4) == [(0, 64)]  # one chunk is never split
+    assert stripe_ranges(5 * 64, 4, 256, 4) == [(0, 128), (128, 256), (256, 320)]  # 5 chunks: 2 + 2 + 1
+    for numel in (1, 63, 65, 4097):
+        ranges = stripe_ranges(numel, 2, 128, 3)
+        assert ranges[0][0] == 0 and ranges[-1][1] == numel and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert all((stop - start) % 64 == 0 for start, stop in ranges[:-1])
+
+
+def _launch_expecting_errors(tmp_path: Path, islands: list[int], channels: list[str]) -> dict[int, str]:
+    """Like ``_launch`` but every rank is expected to fail; returns each rank's error text."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results: Any = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, islands, str(tmp_path / "store"), results, channels[r]), daemon=True)
+             for r in range(len(islands))]
+    for p in procs:
+        p.start()
+    errors: dict[int, str] = {}
+    try:
+        for _ in procs:
+            rank, report = results.get(timeout=LAUNCH_TIMEOUT_S)
+            errors[rank] = report.get("error", "")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    return errors
 
 
 # --- the worker (runs in each rank's process) ---------------------------------------------------------
-def _worker(rank: int, islands: list[int], store: str, results: Any) -> None:
+def _worker(rank: int, islands: list[int], store: str, results: Any, channels: str = "") -> None:
     torch.set_num_threads(1)
     report: dict[str, Any] = {"failures": [], "checks": 0}
     try:
         from hal.collectives import init_distributed, shutdown
 
         os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(CHUNK_BYTES)
+        if channels:
+            os.environ["HAL_BRIDGE_CHANNELS"] = channels
         world = init_distributed(
             "cpu", init_method=f"file://{store}", rank=rank, world_size=len(islands), islands=islands,
             timeout=datetime.timedelta(seconds=30),
@@ -121,6 +174,7 @@ def _run_checks(world: Any, islands: list[int], report: dict[str, Any]) -> None:
         os.environ["HAL_BRIDGE_STAGE"] = stage
         comm = world_communicator()
         report["path"] = comm.path
+        report["channels"] = len(comm.layout.channels)
         _expect(report, f"stage={stage}: staging flag", comm._bridge.stages == (stage == "always"))
         check = _Checker(report, stage)
         for dtype in DTYPES:
@@ -267,3 +321,20 @@ def _check_p2p(comm: Any, flat: Any, islands: list[int], check: _Checker) -> Non
             got_big = comm.recv(torch.empty(3000), 0)[0]
             check.same("send/recv 12 KB across islands", got_big, _data(0, (3000,), torch.float32, -9, 9, salt=33))
     comm.barrier()
+
+
+def test_the_bridge_benchmark_times_each_channel_count_against_the_single_stream() -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "bridge.py"), "--cpu-only", "--sizes-mib", "2",
+                          "--iters", "1", "--warmup", "0", "--channels", "1,2", "--chunk-mib", "0.25", "--json", "--timeout", "120"],
+                         capture_output=True, text=True, timeout=180, cwd=root)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads(run.stdout)
+    row = summary["rows"][0]
+    assert summary["channels"] == [1, 2] and set(row["bridge_gbps"]) == {"1", "2"}  # JSON keys are strings
+    assert all(v > 0 for v in row["bridge_gbps"].values()) and row["striped_over_single"] > 0
+    assert "p2p" in summary["correctness"]
