@@ -2,7 +2,7 @@
 
 The same model (a Llama-style decoder from ``parallel.models.llama``, about 1.1B parameters by default:
 hidden 2048, 24 layers, 16 heads / 4 kv-heads, SwiGLU 5632, vocab 32000, sequence 2048, bf16
-weights) is split into P equal stages, one GPU each. Both schedules run on the SAME stage modules
+weights) is split into P stages (equal, or ``--layers`` per stage), one GPU each. Both schedules run on the SAME stage modules
 (torch's ``PipelineStage`` wraps ours as they are: the last stage returns logits, and torch's
 ``loss_fn`` is the engine's), the same micro-batches and the same tokens. Per step both do forward
 and backward of every micro-batch (no optimizer). The rounds alternate ours / torch so drift hits both.
@@ -16,7 +16,12 @@ Reported, with the card:
     1 - compute / schedule time, against the ideal (P-1)/(M+P-1) of equal stages.
 
     python benchmarks/pipeline.py [--backend cuda] [--stages 4] [--micro-batches 8] [--micro-batch-size 1]
-        [--preset 1b|tiny] [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900]
+        [--preset 1b|tiny] [--layers 7,6,6,5] [--compile] [--fused-head] [--reference-ops]
+        [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900]
+
+``--fused-head`` makes the last stage return the head's input and the loss apply the head through the
+fused linear + cross-entropy (``parallel.fused_head``) — for both schedules, which share the loss.
+The ratio ours/torch is also given round by round, with its spread (min..max).
 
 ``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
 """
@@ -91,9 +96,10 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     backend, device = world.backend, world.device
     try:
         model = ModelConfig(**opts["model"])
-        layers = _split_layers(model.num_layers, world_size)
+        layers = opts.get("layers") or _split_layers(model.num_layers, world_size)
         plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), "1f1b", opts["micro_batches"],
-                            opts["micro_batch_size"], compile=opts.get("compile", False))
+                            opts["micro_batch_size"], compile=opts.get("compile", False),
+                            fused_head=opts.get("fused_head", False))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
@@ -195,6 +201,9 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     step = {name: statistics.median(max(r["step_s"][name][i] for r in reports.values())
                                     for i in range(opts["rounds"])) for name in ("ours", "torch")}
     tps = {name: tokens_per_step / s for name, s in step.items()}
+    # Round by round: the slowest rank's time of each schedule; ours/torch throughput = torch time / ours.
+    per_round = [max(r["step_s"]["torch"][i] for r in reports.values()) / max(r["step_s"]["ours"][i] for r in reports.values())
+                 for i in range(opts["rounds"])]
     r0 = reports[0]
     peak = r0.get("peak_bf16_tflops")
     fpt = flops_per_token(opts["model"], seq)
@@ -210,7 +219,9 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
         "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
+        "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
+        "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
         "bubble_ideal": (P - 1) / (M + P - 1),
         "bubble_measured_mean": statistics.mean(s["idle_fraction"] for s in stages),
@@ -222,14 +233,17 @@ def table(s: dict[str, Any]) -> str:
         f"pipeline 1F1B on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
         f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}"
         + (", layers compiled" if s.get("compile") else ", eager")
-        + (", reference ops" if s.get("reference_ops") else ", registry's kernels"),
+        + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
+        + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",
         f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
     for name, label in (("ours", "hal PipelineEngine"), ("torch", "torch Schedule1F1B")):
         mfu = s["mfu"][name]
         lines.append(f"{label:<22}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
                      f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
-    lines.append(f"throughput ratio ours/torch: {s['ratio_ours_over_torch']:.3f} (goal >= 1.0)")
+    lines.append(f"throughput ratio ours/torch: {s['ratio_ours_over_torch']:.3f} (goal >= 1.0); by round "
+                 + " ".join(f"{r:.3f}" for r in s["ratio_per_round"])
+                 + f" (spread {s['ratio_spread'][0]:.3f}..{s['ratio_spread'][1]:.3f})")
     lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}{'idle':>7}")
     for st in s["per_stage"]:
         lines.append(f"{st['stage']:<6}{st['layers']:>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
@@ -256,6 +270,9 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                         help="run hal's reference ops only (no Triton kernels): the kernels' effect, same run otherwise")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each decoder layer (inductor); both schedules run the same compiled modules")
+    parser.add_argument("--fused-head", action="store_true",
+                        help="the head and the loss as one fused linear + cross-entropy (both schedules)")
+    parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
@@ -268,10 +285,20 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     model["max_seq_len"] = max(model["max_seq_len"], seq)
     if model["num_layers"] < args.stages:
         parser.error(f"--stages {args.stages} exceeds the preset's {model['num_layers']} layers")
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(n) for n in args.layers.split(",")]
+        except ValueError:
+            layers = []
+        if len(layers) != args.stages or min(layers) < 1 or sum(layers) != model["num_layers"]:
+            parser.error(f"--layers {args.layers}: give {args.stages} positive counts summing to the preset's "
+                         f"{model['num_layers']} layers, e.g. {','.join(map(str, _split_layers(model['num_layers'], args.stages)))}")
     return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
-            "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops}
+            "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
+            "fused_head": args.fused_head, "layers": layers}
 
 
 def main(argv: list[str] | None = None) -> int:

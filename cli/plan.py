@@ -47,7 +47,7 @@ def format_plan(report: dict[str, Any]) -> str:
     lines = [
         f"plan {report['config']}: {len(plan['stages'])} stage(s), {topo['world_size']} rank(s), schedule {plan['schedule']}, "
         f"{plan['micro_batches']} micro-batches × {plan['micro_batch_size']} rows (global batch {report['global_batch_size']}), "
-        f"zero1 {yes(plan['zero1'])}",
+        f"zero1 {yes(plan['zero1'])}, fused head {yes(plan.get('fused_head'))}",
         f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
         f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
         f"max seq {model['max_seq_len']}",

@@ -64,6 +64,7 @@ class Sample:
     # (float64 leaves, float64 cotangent) -> {leaf: max of the gradient's componentwise scale}; see GradScale
     grad_scale: "GradScale | None" = None
     outputs: tuple[OutputSpec, ...] = ()  # one per output of a multi-output op (add_rms_norm); () for one output
+    fp32_out: bool = False  # the op's contract returns fp32 for fp16/bf16 inputs (a loss summed over many tokens)
 
 
 GradScale = Callable[[Leaves, torch.Tensor], dict[str, float]]
@@ -417,7 +418,7 @@ def _linear_cross_entropy(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
             leaves["hidden"] = _poison(leaves["hidden"], [(2, 3)])
         build = lambda t: ((t["hidden"], t["weight"], t["target"]), {"reduction": reduction})
     grads = {"hidden": GradSpec("matmul", vocab, w_scale), "weight": GradSpec("matmul", max(n, 1), s)}
-    return Sample(leaves, build, k=h, grads=grads, scale=s, magnitude=max(1.0, s * s),
+    return Sample(leaves, build, k=h, grads=grads, scale=s, magnitude=max(1.0, s * s), fp32_out=True,
                   note=f"hidden ({n}, {h}) @ weight ({vocab}, {h}).T -> cross-entropy, reduction {reduction!r}"
                        + (", every third target ignored" if cls == "ignore_index" else ""),
                   grad_scale=lambda ref, cotangent: _linear_ce_grad_scale(build, ref, cotangent))

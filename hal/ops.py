@@ -121,11 +121,12 @@ def _linear_cross_entropy(
 ) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, target) for hidden (..., H), weight (V, H), target (...): the LM head and
     its loss in one op, so a kernel can chunk it over tokens and never hold the (..., V) logits. The loss is
-    computed in fp32 for fp16/bf16 and returned in hidden's dtype."""
+    computed and returned in fp32 for fp16/bf16 (fp64 stays fp64): a sum over thousands of tokens rounded
+    to bf16 would keep two or three significant digits of the training loss."""
     logits = F.linear(hidden, weight)
     logits = logits.float() if logits.dtype in _LOW_PRECISION else logits
     loss = _cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index, reduction)
-    return (loss.reshape(target.shape) if reduction == "none" else loss).to(hidden.dtype)
+    return loss.reshape(target.shape) if reduction == "none" else loss
 
 
 def _embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

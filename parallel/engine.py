@@ -33,6 +33,7 @@ import torch
 from hal.backend import Backend
 from hal.collectives import Communicator
 
+from .fused_head import fused_head_cross_entropy
 from .loss import LossFn, token_sum_cross_entropy
 from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
@@ -105,10 +106,13 @@ class PipelineEngine:
         self.module: Stage = build_stage(
             model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
+            fused_head=plan.fused_head,
         )
         self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
         if self.mesh.compile:
             compile_layers(self.module, self.mesh.compile_backend)
+        if loss_fn is None and self.module.fused_head:
+            loss_fn = fused_head_cross_entropy(self.module, self._token_count())
         self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
         if self.module.needs_tied_grad_sync and groups.embedding is None:
             raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")

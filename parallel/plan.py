@@ -12,6 +12,7 @@ key, the value and the fix, so a bad plan never turns into a hang or a shape err
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
       compile: false            # torch.compile each decoder layer (regional); a stage may override it
       compile_backend: inductor # inductor | aot_eager | eager (the last two: no code generation, for tests)
+      fused_head: false         # the LM head and the loss as one chunked op: full logits never in memory
       stages:                   # stage k owns the next `devices` global ranks (see parallel/topology.py)
         - {backend: cpu, devices: 2, layers: 3, tp: 2, sp: true}
         - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true, compile: true}
@@ -89,6 +90,7 @@ class ParallelPlan:
     zero1: bool = key(Flag(), False)
     compile: bool = key(Flag(), False)  # regional torch.compile of every decoder layer (stages may override)
     compile_backend: str = key(Choice(COMPILE_BACKENDS), "inductor")
+    fused_head: bool = key(Flag(), False)  # last stage: head + cross-entropy chunked over tokens (parallel.fused_head)
 
     @property
     def num_stages(self) -> int:
@@ -113,13 +115,15 @@ class ParallelPlan:
             "zero1": self.zero1,
             "compile": self.compile,
             "compile_backend": self.compile_backend,
+            "fused_head": self.fused_head,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ParallelPlan":
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
         return cls(tuple(StagePlan(**s) for s in data["stages"]), data["schedule"], data["micro_batches"],
-                   data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"))
+                   data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"),
+                   data.get("fused_head", False))
 
     def stage_compiles(self, index: int) -> bool:
         """Whether stage ``index`` compiles its layers: its own ``compile``, else the plan's."""

@@ -27,13 +27,20 @@ PLANS = {
 }
 TIED = "e: tied embeddings, 2 stages tp2 -> dp2 (the two copies' gradients summed)"
 PLANS[TIED] = PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"]
+# The fused head (parallel.fused_head) against the same unfused single-process reference: the
+# vocab-parallel chunked path (tp2 sp last stage) and the registry's linear_cross_entropy (tp1, tied).
+FUSED_TP = "f: fused head on a tp2 sp last stage (vocab-parallel linear + cross-entropy)"
+PLANS[FUSED_TP] = {**PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "fused_head": True}
+FUSED_TIED = "g: fused head, tied embeddings, tp1 dp2 last stage"
+PLANS[FUSED_TIED] = {**PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"], "fused_head": True}
+TIED_PLANS = {TIED, FUSED_TIED}
 STEPS, LR = 20, 3e-3
 
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_plan_matches_single_process(name: str) -> None:
     plan = PLANS[name]
-    tied = name == TIED
+    tied = name in TIED_PLANS
     world = sum(s["devices"] for s in plan["stages"])
     ref = reference(plan, STEPS, LR, tied=tied)
     results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR, tied=tied)

@@ -69,9 +69,10 @@ def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
 
 def compare(kernel: Callable[..., Any], reference: Callable[..., Any], leaves: Sequence[torch.Tensor],
             dtype: torch.dtype, *, grads: Sequence[int] | None = None, build: Callable[..., tuple[Any, ...]] | None = None,
-            tol: dict[str, float] | None = None) -> None:
+            tol: dict[str, float] | None = None, out_dtype: torch.dtype | None = None) -> None:
     """Kernel on ``dtype`` leaves (on DEVICE) against the reference on the same values in float64:
-    every output, then every gradient (of the leaves in ``grads``, default all) for one random cotangent."""
+    every output (in ``out_dtype``, default ``dtype``), then every gradient (of the leaves in ``grads``,
+    default all) for one random cotangent."""
     build = build or (lambda *t: t)
     tol = tol or TOL[dtype]
     grads = range(len(leaves)) if grads is None else grads
@@ -80,9 +81,10 @@ def compare(kernel: Callable[..., Any], reference: Callable[..., Any], leaves: S
     expected, actual = _as_tuple(reference(*build(*ref_in))), _as_tuple(kernel(*build(*dev_in)))
     assert len(actual) == len(expected)
     gen = torch.Generator().manual_seed(1)
-    cotangents = [torch.randn(e.shape, generator=gen, dtype=torch.float64).to(dtype) for e in expected]
+    out_dtype = out_dtype or dtype
+    cotangents = [torch.randn(e.shape, generator=gen, dtype=torch.float64).to(out_dtype) for e in expected]
     for a, e in zip(actual, expected):
-        assert a.dtype == dtype and a.shape == e.shape
+        assert a.dtype == out_dtype and a.shape == e.shape
         torch.testing.assert_close(a.cpu().double(), e.detach(), **tol)
     torch.autograd.backward(list(expected), [c.double() for c in cotangents])
     torch.autograd.backward(list(actual), [c.to(DEVICE) for c in cotangents])
@@ -202,7 +204,7 @@ def test_linear_cross_entropy_in_chunks_smaller_than_the_tokens(dtype: torch.dty
     kernel = lambda h, w: library.linear_cross_entropy(h, w, target.to(DEVICE), reduction=reduction, chunk_size=8)
     reference = lambda h, w: ops._linear_cross_entropy(h, w, target, reduction=reduction)
     tol = TOL[dtype] if dtype == torch.float32 else {"rtol": 5e-2, "atol": 5e-2}  # bf16/fp16 logits round first
-    compare(kernel, reference, _ce_leaves(dtype, (3, 7), 24, 50), dtype, tol=tol)
+    compare(kernel, reference, _ce_leaves(dtype, (3, 7), 24, 50), dtype, tol=tol, out_dtype=torch.float32)
 
 
 def test_linear_cross_entropy_default_chunk_and_a_frozen_weight() -> None:
@@ -210,7 +212,7 @@ def test_linear_cross_entropy_default_chunk_and_a_frozen_weight() -> None:
     target = _targets((12,), 40, ignore_every=5)
     kernel = lambda h, w: library.linear_cross_entropy(h, w, target.to(DEVICE))
     compare(kernel, lambda h, w: ops._linear_cross_entropy(h, w, target), _ce_leaves(torch.float32, (12,), 16, 40),
-            torch.float32, grads=[0])
+            torch.float32, grads=[0], out_dtype=torch.float32)
 
 
 def test_linear_cross_entropy_with_every_target_ignored_is_nan_with_zero_gradients() -> None:

@@ -135,7 +135,12 @@ def _raised(impl: OpImpl, what: str, exc: BaseException) -> Outcome:
     return unsupported(f"{impl.name} raised on {what}: {message}")
 
 
-def _bad_result(result: Any, dtype: torch.dtype, count: int) -> Outcome | None:
+def _out_dtype(sample: inputs.Sample, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the op's contract returns for ``dtype`` inputs: their own, or fp32 where it accumulates."""
+    return torch.float32 if sample.fp32_out and dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _bad_result(result: Any, dtype: torch.dtype, count: int, inputs_dtype: torch.dtype | None = None) -> Outcome | None:
     """A result that is not ``count`` tensors of ``dtype`` (one tensor for a single-output op)."""
     results = tuple(result) if isinstance(result, (tuple, list)) and count > 1 else (result,)
     if len(results) != count:
@@ -144,7 +149,8 @@ def _bad_result(result: Any, dtype: torch.dtype, count: int) -> Outcome | None:
         if not isinstance(r, torch.Tensor):
             return Outcome("fail", failed_metric="type", reason=f"returned {type(r).__name__}, not a tensor")
         if r.dtype != dtype:
-            return Outcome("fail", failed_metric="dtype", reason=f"returned {dtype_name(r.dtype)} for {dtype_name(dtype)} inputs")
+            return Outcome("fail", failed_metric="dtype", reason=f"returned {dtype_name(r.dtype)} for {dtype_name(inputs_dtype or dtype)} "
+                           f"inputs, not {dtype_name(dtype)}")
     return None
 
 
@@ -175,7 +181,7 @@ def _forward(ctx: Context, op: str, impl: OpImpl, reference: OpImpl, sample: inp
         ctx.backend.synchronize()
     except Exception as exc:  # the implementation does not take this input: reported, not a crash
         return _raised(impl, "this input", exc)
-    bad = _bad_result(actual, dtype, len(specs))
+    bad = _bad_result(actual, _out_dtype(sample, dtype), len(specs), dtype)
     if bad is not None:
         return bad
     normwise = dtype in LOW_PRECISION and op in LOW_PRECISION_INTERMEDIATES
@@ -201,11 +207,12 @@ def _backward(ctx: Context, impl: OpImpl, reference: OpImpl, sample: inputs.Samp
         out = _call(impl, sample, leaves)
     except Exception as exc:
         return _raised(impl, "this input", exc)
-    bad = _bad_result(out, dtype, len(expected_out))
+    out_dtype = _out_dtype(sample, dtype)
+    bad = _bad_result(out, out_dtype, len(expected_out), dtype)
     if bad is not None:
         return bad
     try:
-        torch.autograd.backward(_outputs(out), tuple(c.to(dtype).to(ctx.device) for c in cotangents))
+        torch.autograd.backward(_outputs(out), tuple(c.to(out_dtype).to(ctx.device) for c in cotangents))
         ctx.backend.synchronize()
     except Exception as exc:  # e.g. a forward-only fused kernel
         return _raised(impl, "backward", exc)

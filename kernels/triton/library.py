@@ -256,10 +256,11 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                          reduction: str = "mean", chunk_size: int | None = None) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, target) with at most ``chunk_size`` tokens' logits alive at once.
 
-    hidden (..., H), weight (V, H), target (...); reduction 'mean' or 'sum'; the loss in hidden's dtype.
+    hidden (..., H), weight (V, H), target (...); reduction 'mean' or 'sum'; the loss in fp32 (fp64 for fp64),
+    as the reference returns it.
     """
     grads = torch.is_grad_enabled()
     loss, _, _ = torch.ops.hal_triton.linear_cross_entropy(
         hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), int(ignore_index), REDUCTIONS[reduction],
         int(chunk_size or 0), grads and hidden.requires_grad, grads and weight.requires_grad)
-    return loss.to(hidden.dtype)
+    return loss.double() if hidden.dtype == torch.float64 else loss

@@ -86,7 +86,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     per_token = torch.empty((n,), dtype=torch.float32, device=hidden.device)
     n_valid = (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
     dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty(0)
-    dw = torch.zeros_like(weight) if grad_weight else weight.new_empty(0)
+    # The first chunk writes dW, the others accumulate: no pass to zero a (V, H) buffer first.
+    dw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if grad_weight else weight.new_empty(0)
     block = min(BLOCK_V, triton.next_power_of_2(max(vocab, 1)))
     with on_device(hidden.device):
         for start in range(0, n, chunk):
@@ -97,7 +98,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                                       num_warps=8 if block >= 2048 else 4)
             if grad_hidden:
                 torch.mm(logits, weight, out=dh[start:start + chunk])
-            if grad_weight:
+            if grad_weight and start == 0:
+                torch.mm(logits.t(), h_c, out=dw)
+            elif grad_weight:
                 dw.addmm_(logits.t(), h_c)
     loss = per_token.sum()
     return (loss / n_valid if reduction == MEAN else loss), dh, dw

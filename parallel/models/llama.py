@@ -148,13 +148,16 @@ class Stage(nn.Module):
     layout, or on the last stage the logits (B, S, V/tp) of this TP rank's vocab slice over the full
     sequence. The loss is not the stage's: the engine (or any caller) applies a loss function to the
     logits (``parallel.loss``), so torch's ``PipelineStage`` can run this module as it is.
+    With ``fused_head`` the last stage stops before the head: it returns the normalised hidden state
+    (B, S, H) as the head sees it, and the loss function applies the head (``parallel.fused_head``).
     """
 
     def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
-                 checkpoint: bool = False) -> None:
+                 checkpoint: bool = False, fused_head: bool = False) -> None:
         super().__init__()
         self.config, self.layer_range, self.first, self.last = config, layer_range, first, last
         self.tp_comm, self.sp = tp_comm, sp
+        self.fused_head = fused_head and last
         self.checkpoint = checkpoint  # activation checkpointing per decoder layer (see ``_run_layer``)
         self.tied = config.tie_embeddings
         if first or (last and self.tied):
@@ -206,7 +209,8 @@ class Stage(nn.Module):
             h = self._run_layer(layer, h)
         if not self.last:
             return h
-        return ops.linear(parallel_input(self.norm(h), self.tp_comm, self.sp), self.head_weight)
+        h = parallel_input(self.norm(h), self.tp_comm, self.sp)
+        return h if self.fused_head else ops.linear(h, self.head_weight)
 
 
 def check_tp(config: ModelConfig, tp: int) -> None:
@@ -220,18 +224,20 @@ def check_tp(config: ModelConfig, tp: int) -> None:
 
 def build_stage(config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
                 seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                checkpoint: bool = False) -> Stage:
+                checkpoint: bool = False, fused_head: bool = False) -> Stage:
     """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
 
     ``tp_comm``: the stage's TP group (None or size 1: plain layers, no collectives). ``sp``:
     Megatron sequence parallelism (a no-op at tp=1). ``checkpoint``: activation checkpointing of
-    every decoder layer (``Stage._run_layer`` says what it saves and what it costs). Weights are
-    made in fp32 on the host, then moved to ``device``/``dtype``.
+    every decoder layer (``Stage._run_layer`` says what it saves and what it costs). ``fused_head``:
+    the last stage returns the head's input, not logits (``Stage``). Weights are made in fp32 on the
+    host, then moved to ``device``/``dtype``.
     """
     if not (0 <= layer_range.start <= layer_range.stop <= config.num_layers) or layer_range.step != 1:
         raise ConfigError(f"layer range {layer_range} is not a contiguous part of the model's {config.num_layers} layers")
     check_tp(config, tp_size(tp_comm))
-    stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint)
+    stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint,
+                  fused_head=fused_head)
     init_stage(stage, seed, tp_comm)
     return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage
 
