@@ -49,7 +49,9 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
 
     if opts["chunk_bytes"]:
         os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(opts["chunk_bytes"])
-    if opts["cpu_only"]:
+    if opts["stage"]:
+        os.environ["HAL_BRIDGE_STAGE"] = opts["stage"]
+    elif opts["cpu_only"]:
         os.environ["HAL_BRIDGE_STAGE"] = "always"  # run the staging path even without a device
     os.environ["HAL_BRIDGE_CHANNELS"] = str(max(opts["channels"]))
     backend = "cpu" if opts["cpu_only"] or rank != 0 else "cuda"
@@ -260,6 +262,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--chunk-mib", type=float, default=None, help="bridge chunk size (sets HAL_BRIDGE_CHUNK_BYTES on every rank)")
     parser.add_argument("--channels", default="1,2,4,8", help="host channel counts to measure, comma-separated (default 1,2,4,8)")
     parser.add_argument("--cpu-only", action="store_true", help="two declared CPU islands instead of CUDA + CPU")
+    parser.add_argument("--stage", choices=["auto", "always"],
+                        help="HAL_BRIDGE_STAGE on every rank (default: always with --cpu-only, else auto)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole run before every rank is stopped")
     parser.add_argument("--op-timeout", type=float, default=120, help="seconds one collective may take")
     parser.add_argument("--json", action="store_true")
@@ -277,7 +281,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         parser.error("--channels: give channel counts from 1 to 16, e.g. 1,2,4,8")
     return {
         "cpu_ranks": args.cpu_ranks, "sizes_mib": sizes, "iters": max(1, args.iters), "warmup": max(0, args.warmup),
-        "chunk_bytes": int(args.chunk_mib * MIB) if args.chunk_mib else None, "cpu_only": args.cpu_only, "channels": channels,
+        "chunk_bytes": int(args.chunk_mib * MIB) if args.chunk_mib else None, "cpu_only": args.cpu_only, "channels": channels, "stage": args.stage,
         "timeout_s": args.timeout, "op_timeout_s": args.op_timeout, "json": args.json,
     }
 

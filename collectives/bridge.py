@@ -11,8 +11,9 @@ makes it look like any other group, behind the same ``Communicator`` methods:
 * point-to-point across islands goes over the host group, staged through pinned host memory,
   chunked and double-buffered (``collectives.staging``); inside an island it stays native. A message
   of several chunks is striped over the layout's host channels (``HAL_BRIDGE_CHANNELS`` gloo groups
-  over the same ranks, default 4): each channel has its own TCP connections and gloo thread, so the
-  stripes travel at once, as NCCL's socket transport spreads one message over several sockets.
+  over the same ranks, default 4): each channel has its own TCP connections, gloo thread and (on
+  this rank) posting thread (``staging.Channels``), so the stripes travel at once, as NCCL's socket
+  transport spreads one message over several sockets.
   ``HAL_BRIDGE_CHANNELS=1`` keeps the single stream.
 * ``all_to_all``, ``broadcast``, ``reduce``, ``gather``, ``scatter`` copy to the host, run the
   gloo op over ``layout.host_group`` and copy back: correct and simple; they are rarely hot.
@@ -40,8 +41,8 @@ from hal.downgrades import Downgrade, record_downgrade
 
 from .p2p import P2P
 from .process_groups import Island, Layout
-from .staging import (CHUNK_ENV, Lane, StagingPipeline, chunk_bytes_from_env, stage_mode_from_env, tag_poster,
-                      wait_all)
+from .staging import (CHUNK_ENV, Channels, Lane, StagingPipeline, chunk_bytes_from_env, stage_mode_from_env,
+                      tag_poster, wait_all)
 from .validation import CollectiveError, all_gather_single
 
 HostRoute = Callable[[str, torch.Tensor, "str | None"], bool]  # (op, tensor, reduce op) -> go through the host?
@@ -52,19 +53,18 @@ _DIST_OPS = {
 }  # fmt: skip
 
 
-def stripe_ranges(numel: int, element_size: int, chunk_bytes: int, channels: int) -> list[tuple[int, int]]:
-    """The element ranges one message travels in, at most one per channel, each a whole number of chunks.
+MIN_STRIPE_BYTES = 1 << 20  # a message is split over channels only into parts of at least this much
 
-    Both ends compute it from what they agree on (size, dtype, chunk size, channel count), so the
-    stripes pair up. A message of one chunk, or one channel, is one stripe.
+
+def stripe_ranges(numel: int, element_size: int, channels: int) -> list[tuple[int, int]]:
+    """The element ranges one message travels in: at most one per channel, equal, at least 1 MiB each.
+
+    Both ends compute it from what they agree on (size, dtype, channel count), so the stripes pair
+    up; each stripe is then chunked on its own channel. A message under 2 MiB, or one channel, is one stripe.
     """
-    elems = max(1, chunk_bytes // element_size)
-    chunks = -(-numel // elems)
-    count = min(channels, chunks)
-    if count <= 1:
-        return [(0, numel)]
-    per = -(-chunks // count) * elems  # elements per stripe: a whole number of chunks
-    return [(start, min(numel, start + per)) for start in range(0, numel, per)]
+    count = max(1, min(channels, numel * element_size // MIN_STRIPE_BYTES))
+    per = -(-numel // count)
+    return [(start, min(numel, start + per)) for start in range(0, numel, per)] if numel else [(0, 0)]
 
 
 # --- the bridge ----------------------------------------------------------------------------------------
@@ -97,8 +97,7 @@ class Bridge:
         self.chunk_bytes = chunk_bytes_from_env()
         self.stage_mode = stage_mode_from_env()
         self._agree_on_settings()
-        self._pool: list[torch.Tensor] = []
-        self._streams: list[Any] = []
+        self._channels = Channels(backend, self.stages, self.chunk_bytes, len(layout.channels), device.index)
 
     @property
     def stages(self) -> bool:
@@ -116,7 +115,7 @@ class Bridge:
             raise CollectiveError(f"{CHUNK_ENV} differs between ranks ({where}); set the same value on every rank")
 
     def _pipeline(self) -> StagingPipeline:
-        return StagingPipeline(self.backend, self.stages, self.chunk_bytes, self._pool, self._streams)
+        return self._channels.pipeline(0)
 
     # --- all_reduce / reduce_scatter / all_gather: hierarchical -----------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -303,7 +302,7 @@ class Bridge:
         native_bufs = [self._native(p.kind, p.tensor) for p in native]
         works = self._post_native(native, native_bufs)
         lanes, copy_backs = self._p2p_lanes(bridged)
-        self._pipeline().run(lanes, self.timeout, "send/recv")
+        self._channels.run(lanes, self.timeout, "send/recv")
         wait_all(works, self.timeout, "send/recv (island)")
         for p, buf in zip(native, native_bufs):
             if p.kind == "recv" and buf is not p.tensor:
@@ -342,11 +341,12 @@ class Bridge:
                 if not p.tensor.is_contiguous():
                     copy_backs.append((p.tensor, flat))
             fn = dist.isend if p.kind == "send" else dist.irecv
-            for channel, (start, stop) in zip(channels, self.stripes(flat.numel(), flat.element_size())):
+            stripes = self.stripes(flat.numel(), flat.element_size())
+            for index, (channel, (start, stop)) in enumerate(zip(channels, stripes)):
                 post = tag_poster(fn, p.peer, channel, tag)
-                lanes.append(Lane(flat[start:stop], p.kind == "send", p.kind == "recv", post))
+                lanes.append(Lane(flat[start:stop], p.kind == "send", p.kind == "recv", post, channel=index))
         return lanes, copy_backs
 
     def stripes(self, numel: int, element_size: int) -> list[tuple[int, int]]:
-        """This bridge's stripes of a message (``stripe_ranges`` with its chunk size and channels)."""
-        return stripe_ranges(numel, element_size, self.chunk_bytes, len(self.layout.channels))
+        """This bridge's stripes of a message (``stripe_ranges`` over its channels)."""
+        return stripe_ranges(numel, element_size, len(self.layout.channels))

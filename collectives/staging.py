@@ -71,6 +71,7 @@ class Lane:
     writes: bool
     post: Callable[[torch.Tensor, int], Any]  # (host chunk, chunk index) -> work
     after: Callable[[torch.Tensor], None] | None = None  # applied to each host chunk once its wire op is done
+    channel: int = 0  # the host channel (gloo group) its wire ops use: lanes of one channel share a thread
     slots: list[torch.Tensor] = field(default_factory=list)  # two host staging buffers (bytes)
     staged: list[Any] = field(default_factory=lambda: [None, None])  # event: chunk copied into slot
     drained: list[Any] = field(default_factory=lambda: [None, None])  # event: slot copied back out
@@ -102,12 +103,13 @@ class StagingPipeline:
         self.pool = pool  # host staging buffers kept across calls (pinning is expensive)
         self.streams = streams  # the two copy streams, made once per bridge
 
-    def run(self, lanes: Sequence[Lane], timeout: datetime.timedelta, what: str) -> None:
+    def run(self, lanes: Sequence[Lane], timeout: datetime.timedelta, what: str, ready: Any = None) -> None:
+        """Move ``lanes``; ``ready``: an event the tensors' producers recorded (made here when None)."""
         lanes = [lane for lane in lanes if lane.flat.numel()]
         if not lanes:
             return
         if self.stage:
-            self._prepare_staging(lanes)
+            self._prepare_staging(lanes, ready)
         previous: list[tuple[Lane, int, Any]] = []
         for k in range(max(self._chunks(lane) for lane in lanes)):
             current = [(lane, k, self._post(lane, k)) for lane in lanes if k < self._chunks(lane)]
@@ -159,12 +161,12 @@ class StagingPipeline:
             if lane.reads and j + 2 < self._chunks(lane):
                 self._stage_out(lane, j + 2, d2h)
 
-    def _prepare_staging(self, lanes: Sequence[Lane]) -> None:
+    def _prepare_staging(self, lanes: Sequence[Lane], ready: Any = None) -> None:
         be = self.backend
         if not self.streams:
             self.streams.extend([be.Stream(), be.Stream()])
-        ready = be.Event()  # the tensors' producers (current stream) finish before the side streams touch them
-        ready.record(be.current_stream())
+        if ready is None:
+            ready = producers_done(be)
         for stream in self.streams:
             ready.wait(stream)
         self._assign_slots(lanes)
@@ -210,6 +212,71 @@ class StagingPipeline:
             event = self.backend.Event()
             event.record(stream)
         lane.drained[s] = event
+
+
+def producers_done(backend: Backend) -> Any:
+    """An event on the calling thread's current stream: the side streams wait for it before touching the tensors."""
+    ready = backend.Event()
+    ready.record(backend.current_stream())
+    return ready
+
+
+class Channels:
+    """Runs each host channel's lanes in its own thread, so the channels' transfers overlap.
+
+    Why threads: a gloo send writes into its socket from the thread that posts it, so one thread
+    posting every stripe writes them one after the other, at one stream's speed, however many
+    connections there are. Each channel has its own thread, staging buffers and copy streams;
+    lanes of one channel stay on one thread (a gloo group is used from one thread at a time).
+    """
+
+    def __init__(self, backend: Backend, stage: bool, chunk_bytes: int, count: int, device_index: int | None) -> None:
+        self.backend, self.stage, self.chunk_bytes = backend, stage, chunk_bytes
+        self.pools: list[list[torch.Tensor]] = [[] for _ in range(count)]
+        self.streams: list[list[Any]] = [[] for _ in range(count)]
+        self.device_index = device_index
+        self._executor: Any = None
+
+    def pipeline(self, channel: int) -> StagingPipeline:
+        return StagingPipeline(self.backend, self.stage, self.chunk_bytes, self.pools[channel], self.streams[channel])
+
+    def run(self, lanes: Sequence[Lane], timeout: datetime.timedelta, what: str) -> None:
+        by_channel: dict[int, list[Lane]] = {}
+        for lane in lanes:
+            if lane.flat.numel():
+                by_channel.setdefault(lane.channel, []).append(lane)
+        if len(by_channel) <= 1:
+            for channel, group in by_channel.items():
+                self.pipeline(channel).run(group, timeout, what)
+            return
+        ready = producers_done(self.backend) if self.stage else None
+        futures = [self._pool().submit(self.pipeline(c).run, group, timeout, what, ready) for c, group in by_channel.items()]
+        errors = []
+        for future in futures:  # every channel finishes (or fails within its timeout) before the call returns
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _pool(self) -> Any:
+        if self._executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._executor = ThreadPoolExecutor(len(self.pools), thread_name_prefix="hal-bridge-channel",
+                                                initializer=self._enter_thread)
+        return self._executor
+
+    def _enter_thread(self) -> None:
+        """A new thread starts on device 0 and the default stream: put it on this rank's device."""
+        if self.device_index is not None and self.backend.device_type != "cpu":
+            self.backend.set_device(self.device_index)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
 
 def tag_poster(fn: Callable[..., Any], peer: int, group: dist.ProcessGroup | None, index: int) -> Callable[[torch.Tensor, int], Any]:

@@ -93,17 +93,19 @@ def test_channel_counts_that_differ_or_make_no_sense_are_refused_on_every_rank(t
         assert all("HAL_BRIDGE_CHANNELS" in rep and words in rep for rep in reports.values()), reports
 
 
-def test_stripes_are_whole_chunks_one_per_channel_at_most() -> None:
-    from hal.collectives.bridge import stripe_ranges
+def test_stripes_are_equal_one_per_channel_at_most_and_at_least_a_mebibyte() -> None:
+    from hal.collectives.bridge import MIN_STRIPE_BYTES, stripe_ranges
 
-    assert stripe_ranges(1000, 4, 256, 4) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
-    assert stripe_ranges(1000, 4, 256, 1) == [(0, 1000)]  # one channel: the single stream
-    assert stripe_ranges(64, 4, 256, 4) == [(0, 64)]  # one chunk is never split
-    assert stripe_ranges(5 * 64, 4, 256, 4) == [(0, 128), (128, 256), (256, 320)]  # 5 chunks: 2 + 2 + 1
-    for numel in (1, 63, 65, 4097):
-        ranges = stripe_ranges(numel, 2, 128, 3)
+    mib = MIN_STRIPE_BYTES // 4  # fp32 elements in 1 MiB
+    assert stripe_ranges(8 * mib, 4, 4) == [(0, 2 * mib), (2 * mib, 4 * mib), (4 * mib, 6 * mib), (6 * mib, 8 * mib)]
+    assert stripe_ranges(8 * mib, 4, 1) == [(0, 8 * mib)]  # one channel: the single stream
+    assert stripe_ranges(mib + 5, 4, 8) == [(0, mib + 5)]  # under 2 MiB: never split
+    assert stripe_ranges(3 * mib, 4, 8) == [(0, mib), (mib, 2 * mib), (2 * mib, 3 * mib)]  # 3 MiB: 3 stripes
+    assert stripe_ranges(0, 4, 8) == [(0, 0)]
+    for numel in (2 * mib + 1, 7 * mib + 3, 64 * mib - 1):
+        ranges = stripe_ranges(numel, 4, 3)
         assert ranges[0][0] == 0 and ranges[-1][1] == numel and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-        assert all((stop - start) % 64 == 0 for start, stop in ranges[:-1])
+        assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 3
 
 
 def _launch_expecting_errors(tmp_path: Path, islands: list[int], channels: list[str]) -> dict[int, str]:
@@ -320,6 +322,28 @@ def _check_p2p(comm: Any, flat: Any, islands: list[int], check: _Checker) -> Non
         else:
             got_big = comm.recv(torch.empty(3000), 0)[0]
             check.same("send/recv 12 KB across islands", got_big, _data(0, (3000,), torch.float32, -9, 9, salt=33))
+    comm.barrier()
+    _check_striped(islands, check)
+
+
+def _check_striped(islands: list[int], check: _Checker) -> None:
+    """Messages of several MiB, split over the host channels (each stripe chunked on its own channel, in
+    its own thread), both ways at once between rank 0 and the first rank of another island."""
+    from hal.collectives import P2P, world_communicator
+
+    os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(256 * 1024)
+    comm = world_communicator(validate=False)
+    os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(CHUNK_BYTES)
+    rank, size = comm.rank, comm.size
+    peer = next(r for r in range(size) if islands[r] != islands[0])
+    if rank in (0, peer):
+        other = peer if rank == 0 else 0
+        shapes = {0: ((3 * 2**18 + 7,), torch.float32), peer: ((1500, 1401), torch.bfloat16)}  # 3 MiB + 28 B; 4 MiB
+        mine, theirs = shapes[rank], shapes[other]
+        into = torch.zeros(theirs[0][::-1], dtype=theirs[1]).t() if len(theirs[0]) == 2 else torch.zeros(theirs[0], dtype=theirs[1])
+        got = comm.batch_p2p([P2P("send", _data(rank, *mine, -50, 50, salt=41), other), P2P("recv", into, other)])
+        check.same(f"striped swap over {len(comm.layout.channels)} channel(s), {theirs[0]} {theirs[1]}", got[0],
+                   _data(other, *theirs, -50, 50, salt=41))
     comm.barrier()
 
 
