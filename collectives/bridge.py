@@ -11,7 +11,7 @@ makes it look like any other group, behind the same ``Communicator`` methods:
 * point-to-point across islands goes over the host group, staged through pinned host memory,
   chunked and double-buffered (``collectives.staging``); inside an island it stays native. A message
   of several chunks is striped over the layout's host channels (``HAL_BRIDGE_CHANNELS`` gloo groups
-  over the same ranks, default 4): each channel has its own TCP connections, gloo thread and (on
+  over the same ranks, default 8): each channel has its own TCP connections, gloo thread and (on
   this rank) posting thread (``staging.Channels``), so the stripes travel at once, as NCCL's socket
   transport spreads one message over several sockets.
   ``HAL_BRIDGE_CHANNELS=1`` keeps the single stream.
@@ -53,14 +53,14 @@ _DIST_OPS = {
 }  # fmt: skip
 
 
-MIN_STRIPE_BYTES = 1 << 20  # a message is split over channels only into parts of at least this much
+MIN_STRIPE_BYTES = 4 << 20  # parts smaller than this cost more in per-message overhead than they gain
 
 
 def stripe_ranges(numel: int, element_size: int, channels: int) -> list[tuple[int, int]]:
-    """The element ranges one message travels in: at most one per channel, equal, at least 1 MiB each.
+    """The element ranges one message travels in: at most one per channel, equal, at least 4 MiB each.
 
     Both ends compute it from what they agree on (size, dtype, channel count), so the stripes pair
-    up; each stripe is then chunked on its own channel. A message under 2 MiB, or one channel, is one stripe.
+    up; each stripe is then chunked on its own channel. A message under 8 MiB, or one channel, is one stripe.
     """
     count = max(1, min(channels, numel * element_size // MIN_STRIPE_BYTES))
     per = -(-numel // count)

@@ -25,7 +25,7 @@ from hal.errors import ConfigError
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
 ISLANDS_ENV = "HAL_ISLANDS"  # e.g. "0,0,1,1": declare islands on a homogeneous (test) world
 CHANNELS_ENV = "HAL_BRIDGE_CHANNELS"  # host connections a bridged layout stripes large P2P messages over
-DEFAULT_BRIDGE_CHANNELS = 4
+DEFAULT_BRIDGE_CHANNELS = 8
 MAX_BRIDGE_CHANNELS = 16
 
 

@@ -71,11 +71,11 @@ def _assert_clean(reports: dict[int, dict[str, Any]]) -> None:
 
 
 def test_bridge_matches_flat_two_blocks(tmp_path: Path) -> None:
-    reports = _launch(tmp_path, [0, 0, 1, 1])  # the default: large messages striped over 4 channels
+    reports = _launch(tmp_path, [0, 0, 1, 1], channels=["3"] * 4)  # large messages striped over 3 channels
     _assert_clean(reports)
     assert {rep["path"] for rep in reports.values()} == {"bridge"}
     assert {rep["flat_path"] for rep in reports.values()} == {"native gloo"}
-    assert {rep["channels"] for rep in reports.values()} == {4}
+    assert {rep["channels"] for rep in reports.values()} == {3}
 
 
 def test_bridge_matches_flat_interleaved_on_a_single_stream(tmp_path: Path) -> None:
@@ -96,11 +96,11 @@ def test_channel_counts_that_differ_or_make_no_sense_are_refused_on_every_rank(t
 def test_stripes_are_equal_one_per_channel_at_most_and_at_least_a_mebibyte() -> None:
     from hal.collectives.bridge import MIN_STRIPE_BYTES, stripe_ranges
 
-    mib = MIN_STRIPE_BYTES // 4  # fp32 elements in 1 MiB
+    mib = MIN_STRIPE_BYTES // 4  # fp32 elements in one minimal stripe (4 MiB)
     assert stripe_ranges(8 * mib, 4, 4) == [(0, 2 * mib), (2 * mib, 4 * mib), (4 * mib, 6 * mib), (6 * mib, 8 * mib)]
     assert stripe_ranges(8 * mib, 4, 1) == [(0, 8 * mib)]  # one channel: the single stream
-    assert stripe_ranges(mib + 5, 4, 8) == [(0, mib + 5)]  # under 2 MiB: never split
-    assert stripe_ranges(3 * mib, 4, 8) == [(0, mib), (mib, 2 * mib), (2 * mib, 3 * mib)]  # 3 MiB: 3 stripes
+    assert stripe_ranges(mib + 5, 4, 8) == [(0, mib + 5)]  # under two minimal stripes: never split
+    assert stripe_ranges(3 * mib, 4, 8) == [(0, mib), (mib, 2 * mib), (2 * mib, 3 * mib)]  # 3 minimal stripes
     assert stripe_ranges(0, 4, 8) == [(0, 0)]
     for numel in (2 * mib + 1, 7 * mib + 3, 64 * mib - 1):
         ranges = stripe_ranges(numel, 4, 3)
@@ -338,7 +338,7 @@ def _check_striped(islands: list[int], check: _Checker) -> None:
     peer = next(r for r in range(size) if islands[r] != islands[0])
     if rank in (0, peer):
         other = peer if rank == 0 else 0
-        shapes = {0: ((3 * 2**18 + 7,), torch.float32), peer: ((1500, 1401), torch.bfloat16)}  # 3 MiB + 28 B; 4 MiB
+        shapes = {0: ((3 * 2**20 + 7,), torch.float32), peer: ((3000, 2801), torch.bfloat16)}  # 12 MiB + 28 B; 16 MiB
         mine, theirs = shapes[rank], shapes[other]
         into = torch.zeros(theirs[0][::-1], dtype=theirs[1]).t() if len(theirs[0]) == 2 else torch.zeros(theirs[0], dtype=theirs[1])
         got = comm.batch_p2p([P2P("send", _data(rank, *mine, -50, 50, salt=41), other), P2P("recv", into, other)])
