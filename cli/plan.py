@@ -66,6 +66,13 @@ def format_plan(report: dict[str, Any]) -> str:
         src, dst = b["backends"]
         path = "one backend" if src == dst else "bridged across backends"
         lines.append(f"boundary {b['from_stage']}->{b['to_stage']}: ranks {_span(b['ranks'])}, {src} -> {dst} ({path})")
+    sched = report.get("schedule")
+    if sched:
+        lines += ["", f"schedule {sched['name']} (predicted; {sched['assumes']}): idle share overall "
+                      f"{sched['bubble_overall']:.3f}"]
+        rows = [["stage", "idle share", "micro-batches in flight"]]
+        rows += [[str(k), f"{b:.3f}", str(n)] for k, (b, n) in enumerate(zip(sched["bubble"], sched["in_flight"]))]
+        lines += _table(rows)
     return "\n".join(lines)
 
 

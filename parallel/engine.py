@@ -43,6 +43,7 @@ from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
 from .schedules import Kind, P2PBatch, get_schedule
 from .topology import RankGroups, Topology
+from .weight_grad import WeightGradStore, collecting, splittable
 
 BUCKET_BYTES = 16 * 2**20
 
@@ -127,6 +128,7 @@ class PipelineEngine:
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
+        self._weight_grads: dict[int, WeightGradStore] = {}  # split backwards: W halves still to run, by micro-batch
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
         self.reduce_dp_grads = True
@@ -218,7 +220,7 @@ class PipelineEngine:
     def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
         self._eager_warmup = False
-        with self.autocast(), warmup:
+        with self.autocast(), warmup, splittable(self.schedule.splits_backward):
             item = self._forward_stage(tokens, m, received)
         if not self.last and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
@@ -243,6 +245,17 @@ class PipelineEngine:
     def _backward(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
         with self._timed("compute"):
             return self._backward_untimed(item, grad)
+
+    def _backward_input(self, m: int, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+        """The input-gradient half of a split backward: the linear layers' weight gradients wait in a store."""
+        store = self._weight_grads.setdefault(m, WeightGradStore())
+        with self._timed("compute"), collecting(store):
+            return self._backward_untimed(item, grad)
+
+    def _backward_weight(self, m: int) -> None:
+        """The weight-gradient half: the products the input half left in micro-batch m's store."""
+        with self._timed("compute"):
+            self._weight_grads.pop(m).run()
 
     def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
         if self.last:
@@ -301,9 +314,17 @@ class PipelineEngine:
             elif step.kind is Kind.BACKWARD:
                 item = pending.pop(step.micro_batch)
                 input_grads[step.micro_batch] = self._backward(item, grads.pop(step.micro_batch, None))
+            elif step.kind is Kind.BACKWARD_INPUT:
+                item = pending.pop(step.micro_batch)
+                input_grads[step.micro_batch] = self._backward_input(step.micro_batch, item, grads.pop(step.micro_batch, None))
+            elif step.kind is Kind.BACKWARD_WEIGHT:
+                self._backward_weight(step.micro_batch)
             else:
                 raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
         self._drain_sends()
+        if self._weight_grads:  # a schedule that leaves W halves behind would lose those gradients
+            raise RuntimeError(f"schedule {self.schedule.name!r} left weight gradients of micro-batches "
+                               f"{sorted(self._weight_grads)} unrun on stage {self.coord.stage}")
         return losses
 
     def _communicate(self, batch: P2PBatch, pending: dict[int, _InFlight], received: dict[int, torch.Tensor],

@@ -6,7 +6,7 @@ The ``parallel:`` section of the hal config is declared here once, as the ``Stag
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
-      schedule: 1f1b            # gpipe | 1f1b                      (default 1f1b)
+      schedule: 1f1b            # gpipe | 1f1b | zero-bubble        (default 1f1b)
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
@@ -29,6 +29,8 @@ Meaning of the degrees (the engine relies on these):
   mistake we report) and a sequence length divisible by ``tp``.
 - ``1f1b`` needs ``micro_batches >= number of stages``: with fewer, the warm-up never fills the
   pipeline and the schedule degenerates; use ``gpipe`` for that.
+- ``zero-bubble`` (ZB-H1, ``parallel.schedules.zero_bubble``) splits each backward into input and
+  weight halves through eager autograd, so it refuses compiled stages.
 """
 from __future__ import annotations
 
@@ -199,6 +201,13 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
         raise ConfigError(
             f"{origin}: parallel.micro_batches {plan.micro_batches} is fewer than the {plan.num_stages} stages, which "
             f"schedule 1f1b needs to fill the pipeline; set micro_batches ≥ {plan.num_stages} or use schedule: gpipe"
+        )
+    compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
+    if plan.schedule == "zero-bubble" and compiled:
+        raise ConfigError(
+            f"{origin}: schedule zero-bubble splits every backward into input and weight halves, which a compiled "
+            f"layer cannot (its backward is one graph), and stage(s) {', '.join(map(str, compiled))} compile; "
+            "set compile: false there or use schedule: 1f1b"
         )
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .plan import ParallelPlan
 from .run_config import RunConfig
+from .schedules import get_schedule, simulate
 from .topology import Topology
 
 
@@ -16,4 +18,19 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
         "train": run.train.to_dict(),
         "global_batch_size": run.plan.global_batch_size,
         "topology": Topology.from_plan(run.plan).to_dict(),
+        "schedule": schedule_prediction(run.plan),
     }
+
+
+def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
+    """The schedule played with each stage's time proportional to its layers (backward = 2 x forward).
+
+    A first look, not a profile: devices of different speed, the head and the boundaries are left out
+    (the planner's cost model adds them). Gives each stage's idle share and most micro-batches in flight.
+    """
+    layers = [float(s.layers) for s in plan.stages]
+    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches,
+                   forward_s=layers, backward_s=[2.0 * n for n in layers])
+    return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
+            "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
+            "in_flight": list(sim.peak_in_flight)}

@@ -33,7 +33,14 @@ FUSED_TP = "f: fused head on a tp2 sp last stage (vocab-parallel linear + cross-
 PLANS[FUSED_TP] = {**PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "fused_head": True}
 FUSED_TIED = "g: fused head, tied embeddings, tp1 dp2 last stage"
 PLANS[FUSED_TIED] = {**PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"], "fused_head": True}
-TIED_PLANS = {TIED, FUSED_TIED}
+# Zero-bubble (split backward, weight gradients deferred): the tp -> dp and dp -> tp boundaries,
+# a 3-stage uneven split with a dp2 middle, and tied embeddings.
+for key in ("a: 2 stages 3/1, tp2 -> dp2, 1f1b", "b: 2 stages, dp2 -> tp2 sp, 1f1b"):
+    PLANS[f"zb {key[:1]}: {key[3:].replace('1f1b', 'zero-bubble')}"] = {**PLANS[key], "schedule": "zero-bubble"}
+PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"] = {**PLANS["c: 3 stages dp1/dp2/dp1, gpipe"], "schedule": "zero-bubble"}
+ZB_TIED = "zb e: tied embeddings, 2 stages tp2 -> dp2, zero-bubble"
+PLANS[ZB_TIED] = {**PLANS[TIED], "schedule": "zero-bubble"}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED}
 STEPS, LR = 20, 3e-3
 
 

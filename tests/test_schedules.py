@@ -99,11 +99,52 @@ def test_a_broken_order_is_reported_as_a_deadlock() -> None:
 
 
 def test_registry_names_and_unknown_names() -> None:
-    assert schedule_names() == ("gpipe", "1f1b")
+    assert schedule_names() == ("gpipe", "1f1b", "zero-bubble")
     assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
-    with pytest.raises(ValueError, match="schedule 'zb' is unknown; use one of gpipe, 1f1b"):
+    with pytest.raises(ValueError, match="schedule 'zb' is unknown; use one of gpipe, 1f1b, zero-bubble"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
     assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule == "gpipe"
-    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b"):
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, zero-bubble"):
         parse_plan({"schedule": "gpipee", "stages": stages})
+
+
+# --- zero-bubble (ZB-H1) -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("S,M", [(1, 3), (2, 4), (3, 5), (4, 8), (4, 16), (4, 2), (6, 12)])
+def test_zero_bubble_runs_every_action_once_within_1f1b_memory_and_never_slower(S: int, M: int) -> None:
+    zb = get_schedule("zero-bubble")
+    for s in range(S):
+        order = [str(a) for a in zb.compute_order(S, M, s)]
+        assert sorted(order) == sorted(f"{k}{m}" for k in "FIW" for m in range(M))  # each F, I and W once
+        assert all(order.index(f"I{m}") < order.index(f"W{m}") for m in range(M))
+    sim = simulate(zb, S, M, forward_s=1.0, backward_s=2.0)  # equal F, I and W
+    ref = simulate(OneFOneB(), S, M, forward_s=1.0, backward_s=2.0)
+    assert sim.peak_in_flight == ref.peak_in_flight  # counted until W: 1F1B's activation bound
+    assert sim.makespan <= ref.makespan - (S - 1)  # the cool-down's backward chain runs on I halves
+
+
+def test_zero_bubble_bubble_at_4_stages_and_8_micro_batches() -> None:
+    """30 time units against 1F1B's (M + S - 1)(F + B) = 33: every stage idles 6 of 30 (0.20 against 0.27)."""
+    sim = simulate(get_schedule("zero-bubble"), 4, 8, forward_s=1.0, backward_s=2.0)
+    assert sim.makespan == pytest.approx(30.0) and sim.bubble == pytest.approx([0.2] * 4)
+    assert len(sim.timeline) == 3 * 4 * 8
+    # with W free (weight_share 0), the input halves alone: the split costs nothing where W is cheap
+    assert simulate(get_schedule("zero-bubble"), 4, 8, backward_s=2.0, weight_share=0.0).makespan <= 33.0
+
+
+def test_zero_bubble_posts_1f1b_batches_and_sends_after_input_halves() -> None:
+    program = [str(a) for a in get_schedule("zero-bubble").program(3, 4, 1)]
+    assert "SEND_F1+RECV_B0" in program and "SEND_B0" in program and "W0" in program
+    assert program.index("I0") < program.index("SEND_B0") < program.index("W0")
+    assert not any(step.startswith(("RECV_B", "SEND_B")) and "W" in step for step in program)
+
+
+def test_zero_bubble_refuses_compiled_stages() -> None:
+    stages = [{"backend": "cpu", "devices": 1, "layers": 1}, {"backend": "cpu", "devices": 1, "layers": 1, "compile": True}]
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.plan import validate_plan
+
+    model = ModelConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, ffn_hidden_size=16, max_seq_len=4)
+    plan = parse_plan({"schedule": "zero-bubble", "stages": stages, "micro_batches": 2})
+    with pytest.raises(ConfigError, match=r"zero-bubble .* stage\(s\) 1 compile; set compile: false there or use schedule: 1f1b"):
+        validate_plan(plan, model, world_size=2, check_backends=False)

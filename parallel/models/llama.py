@@ -35,6 +35,7 @@ from ..layers import (
 )
 from ..model_config import ModelConfig
 from ..tp_comm import TPComm, tp_size
+from ..weight_grad import split_linear
 
 # --- deterministic initialisation ---------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class Stage(nn.Module):
         if not self.last:
             return h
         h = parallel_input(self.norm(h), self.tp_comm, self.sp)
-        return h if self.fused_head else ops.linear(h, self.head_weight)
+        return h if self.fused_head else split_linear(h, self.head_weight)
 
 
 def check_tp(config: ModelConfig, tp: int) -> None:

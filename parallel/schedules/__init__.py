@@ -7,8 +7,9 @@ from .gpipe import GPipe
 from .one_f_one_b import OneFOneB
 from .registry import get_schedule, schedule_names
 from .simulator import Deadlock, Simulation, Span, simulate
+from .zero_bubble import ZeroBubbleH1
 
 __all__ = [
     "Action", "Deadlock", "GPipe", "Kind", "OneFOneB", "P2PBatch", "Schedule", "Simulation", "Span", "Step",
-    "get_schedule", "schedule_names", "simulate",
+    "ZeroBubbleH1", "get_schedule", "schedule_names", "simulate",
 ]

@@ -18,8 +18,8 @@ class Kind(enum.Enum):
 
     FORWARD = "F"
     BACKWARD = "B"  # input and weight gradients together
-    BACKWARD_INPUT = "I"  # reserved: the input-gradient half of a split backward (zero-bubble schedules)
-    BACKWARD_WEIGHT = "W"  # reserved: the weight-gradient half
+    BACKWARD_INPUT = "I"  # the input-gradient half of a split backward (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"  # the weight-gradient half: needs only its own I, sends nothing
     SEND_FORWARD = "SEND_F"  # this stage's output of a micro-batch, to the next stage
     RECV_FORWARD = "RECV_F"  # a micro-batch's input, from the previous stage
     SEND_BACKWARD = "SEND_B"  # the gradient of a micro-batch's input, to the previous stage

@@ -16,6 +16,7 @@ class Schedule(ABC):
     """A pipeline schedule without parameters of its own: everything follows from (S, M, stage)."""
 
     name: ClassVar[str]
+    splits_backward: ClassVar[bool] = False  # True: backwards are I + W halves (the engine defers weight grads)
 
     @abstractmethod
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
@@ -51,10 +52,14 @@ class Schedule(ABC):
 
 
 def _recv(action: Action, first: bool, last: bool) -> Action | None:
-    """What ``action`` needs from a neighbour before it can run (None at the pipeline's ends)."""
+    """What ``action`` needs from a neighbour before it can run (None at the pipeline's ends).
+
+    A split backward's input half (``I``) talks to the neighbours as a whole backward does; its
+    weight half (``W``) needs nothing and sends nothing.
+    """
     if action.kind is Kind.FORWARD and not first:
         return Action(Kind.RECV_FORWARD, action.micro_batch)
-    if action.kind is Kind.BACKWARD and not last:
+    if action.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT) and not last:
         return Action(Kind.RECV_BACKWARD, action.micro_batch)
     return None
 
@@ -63,7 +68,7 @@ def _send(action: Action, first: bool, last: bool) -> Action | None:
     """What ``action`` hands to a neighbour when it is done (None at the pipeline's ends)."""
     if action.kind is Kind.FORWARD and not last:
         return Action(Kind.SEND_FORWARD, action.micro_batch)
-    if action.kind is Kind.BACKWARD and not first:
+    if action.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT) and not first:
         return Action(Kind.SEND_BACKWARD, action.micro_batch)
     return None
 

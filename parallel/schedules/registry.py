@@ -4,8 +4,9 @@ from __future__ import annotations
 from .base import Schedule
 from .gpipe import GPipe
 from .one_f_one_b import OneFOneB
+from .zero_bubble import ZeroBubbleH1
 
-_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB)}
+_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, ZeroBubbleH1)}
 
 
 def schedule_names() -> tuple[str, ...]:

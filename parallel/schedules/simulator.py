@@ -2,7 +2,9 @@
 
 Each stage runs its compute actions in its program's order, one at a time, each as soon as the
 stage is free and its inputs exist: forward m at stage s needs forward m at s-1 (plus ``p2p_s``),
-backward m at s needs backward m at s+1 (plus ``p2p_s``) and forward m at s. Sends never block
+backward m at s needs backward m at s+1 (plus ``p2p_s``) and forward m at s. A split backward's
+input half ``I`` needs what a backward needs (the next stage's ``I``); its weight half ``W`` only
+its own ``I``. A micro-batch counts as in flight from its forward to its last backward action. Sends never block
 (the engine keeps pure sends in flight), so communication costs only its latency on the receiver.
 This checks a schedule before it runs on a cluster and says what its bubble should be.
 """
@@ -41,11 +43,20 @@ class Simulation:
 
 
 def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
-             forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0) -> Simulation:
-    """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list})."""
+             forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0,
+             weight_share: float = 0.5) -> Simulation:
+    """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
+
+    A split backward's ``W`` takes ``weight_share`` of ``backward_s`` and its ``I`` the rest.
+    """
     S, M = num_stages, num_micro_batches
     orders = [_compute(schedule.program(S, M, s) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
+    if not 0.0 <= weight_share <= 1.0:
+        raise ValueError(f"weight_share: a fraction of the backward between 0 and 1; got {weight_share!r}")
+    cost = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in bwd],
+            Kind.BACKWARD_WEIGHT: [b * weight_share for b in bwd]}
+    splits = {s: any(a.kind is Kind.BACKWARD_WEIGHT for a in orders[s]) for s in range(S)}
     done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, stage) -> end time
     at = [0] * S  # next action per stage
     free = [0.0] * S
@@ -61,11 +72,13 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                 if ready is None:
                     break
                 start = max(free[s], ready)
-                end = start + (fwd[s] if action.kind is Kind.FORWARD else bwd[s])
+                end = start + cost[action.kind][s]
                 done[(action.kind, action.micro_batch, s)] = end
                 free[s] = end
                 timeline.append(Span(s, action, start, end))
-                live[s] += 1 if action.kind is Kind.FORWARD else -1
+                last_of_backward = action.kind is (Kind.BACKWARD_WEIGHT if splits[s] else Kind.BACKWARD) or (
+                    action.kind is Kind.BACKWARD_INPUT and not splits[s])
+                live[s] += 1 if action.kind is Kind.FORWARD else -1 if last_of_backward else 0
                 peak[s] = max(peak[s], live[s])
                 at[s] += 1
                 progressed = True
@@ -86,8 +99,8 @@ def _compute(steps: Sequence[Step]) -> list[Action]:
     for step in steps:
         if isinstance(step, P2PBatch):
             continue
-        if step.kind not in (Kind.FORWARD, Kind.BACKWARD):
-            raise ValueError(f"the simulator plays forward and backward actions; {step} is not one")
+        if not step.kind.is_compute:
+            raise ValueError(f"the simulator plays compute actions; {step} is not one")
         out.append(step)
     return out
 
@@ -100,12 +113,15 @@ def _ready(action: Action, s: int, S: int, done: Mapping[tuple[Kind, int, int], 
             return 0.0
         upstream = done.get((Kind.FORWARD, m, s - 1))
         return None if upstream is None else upstream + p2p_s
+    if action.kind is Kind.BACKWARD_WEIGHT:
+        return done.get((Kind.BACKWARD_INPUT, m, s))
     own = done.get((Kind.FORWARD, m, s))
     if own is None:
         return None
     if s == S - 1:
         return own
-    downstream = done.get((Kind.BACKWARD, m, s + 1))
+    # The gradient a backward (or input half) needs is sent by the next stage's backward or input half.
+    downstream = done.get((Kind.BACKWARD, m, s + 1), done.get((Kind.BACKWARD_INPUT, m, s + 1)))
     return None if downstream is None else max(own, downstream + p2p_s)
 
 
@@ -113,6 +129,8 @@ def _needs(action: Action, s: int, S: int) -> str:
     m = action.micro_batch
     if action.kind is Kind.FORWARD:
         return f"F{m} on stage {s - 1}"
+    if action.kind is Kind.BACKWARD_WEIGHT:
+        return f"I{m} on stage {s}"
     if s == S - 1:
         return f"F{m} on stage {s}"
     return f"F{m} on stage {s} and B{m} on stage {s + 1}"
