@@ -97,7 +97,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     try:
         model = ModelConfig(**opts["model"])
         layers = opts.get("layers") or _split_layers(model.num_layers, world_size)
-        plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), "1f1b", opts["micro_batches"],
+        plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), opts.get("schedule", "1f1b"), opts["micro_batches"],
                             opts["micro_batch_size"], compile=opts.get("compile", False),
                             fused_head=opts.get("fused_head", False))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
@@ -220,6 +220,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
+        "schedule": opts.get("schedule", "1f1b"),
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -230,14 +231,14 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
 def table(s: dict[str, Any]) -> str:
     lines = [
-        f"pipeline 1F1B on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
+        f"pipeline {s.get('schedule', '1f1b')} on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
         f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}"
         + (", layers compiled" if s.get("compile") else ", eager")
         + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
         + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",
         f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
-    for name, label in (("ours", "hal PipelineEngine"), ("torch", "torch Schedule1F1B")):
+    for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", "torch Schedule1F1B")):
         mfu = s["mfu"][name]
         lines.append(f"{label:<22}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
                      f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
@@ -273,6 +274,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--fused-head", action="store_true",
                         help="the head and the loss as one fused linear + cross-entropy (both schedules)")
     parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
+    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "zero-bubble", "gpipe"],
+                        help="hal's schedule (torch's Schedule1F1B stays the baseline); zero-bubble refuses --compile")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
@@ -280,6 +283,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.stages < 2:
         parser.error("--stages must be at least 2 (a pipeline)")
+    if args.schedule == "zero-bubble" and args.compile:
+        parser.error("--schedule zero-bubble splits each backward in eager autograd; drop --compile")
     model = dict(PRESETS[args.preset])
     seq = args.seq or model["max_seq_len"]
     model["max_seq_len"] = max(model["max_seq_len"], seq)
@@ -298,7 +303,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
-            "fused_head": args.fused_head, "layers": layers}
+            "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule}
 
 
 def main(argv: list[str] | None = None) -> int:
