@@ -53,12 +53,18 @@ def format_plan(report: dict[str, Any]) -> str:
         f"max seq {model['max_seq_len']}",
         "",
     ]
-    rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica"]]
-    for s in topo["stages"]:
+    precisions = report.get("stage_precision") or [report.get("precision", "?")] * len(topo["stages"])
+    rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica", "precision"]]
+    for s, precision in zip(topo["stages"], precisions):
         rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]), yes(s["sp"]),
                      yes(s["checkpoint"]), f"{_span(s['layers'])} ({len(s['layers'])})",
-                     str(plan["micro_batch_size"] // s["dp"])])
-    lines += _table(rows) + [""]
+                     str(plan["micro_batch_size"] // s["dp"]), precision])
+    lines += _table(rows)
+    fp16 = [str(k) for k, p in enumerate(precisions) if p == "fp16-mixed"]
+    if fp16:
+        lines.append(f"fp16 on stage(s) {', '.join(fp16)}: one dynamic loss scale for the whole pipeline "
+                     "(every rank unscales, an inf anywhere skips the step everywhere)")
+    lines.append("")
     rows = [["rank", "stage", "dp", "tp", "backend"]]
     rows += [[str(r["rank"]), str(r["stage"]), str(r["dp"]), str(r["tp"]), r["backend"]] for r in topo["ranks"]]
     lines += _table(rows)

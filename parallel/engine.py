@@ -129,6 +129,7 @@ class PipelineEngine:
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
         self._weight_grads: dict[int, WeightGradStore] = {}  # split backwards: W halves still to run, by micro-batch
+        self.loss_scale = 1.0  # the pipeline's dynamic loss scale (parallel.loss_scale), applied by the last stage
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
         self.reduce_dp_grads = True
@@ -259,7 +260,8 @@ class PipelineEngine:
 
     def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
         if self.last:
-            item.output.backward()
+            # fp16 anywhere in the pipeline: the loss is scaled here, once, and every gradient with it
+            (item.output * self.loss_scale if self.loss_scale != 1.0 else item.output).backward()
         else:
             assert grad is not None
             item.output.backward(grad)

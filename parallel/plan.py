@@ -15,7 +15,7 @@ key, the value and the fix, so a bad plan never turns into a hang or a shape err
       fused_head: false         # the LM head and the loss as one chunked op: full logits never in memory
       stages:                   # stage k owns the next `devices` global ranks (see parallel/topology.py)
         - {backend: cpu, devices: 2, layers: 3, tp: 2, sp: true}
-        - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true, compile: true}
+        - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true, compile: true, precision: bf16-mixed}
 
 Meaning of the degrees (the engine relies on these):
 - ``devices`` must equal ``tp * dp``: a stage's grid is exactly its devices, nothing idle.
@@ -41,6 +41,7 @@ from typing import Any
 from hal import limits
 from hal.config_schema import Choice, Custom, Flag, ListOf, Nullable, PositiveInt, check_choice, key, parse_section
 from hal.errors import ConfigError
+from hal.precision import PRECISIONS
 
 from .model_config import ModelConfig
 from .schedules import schedule_names
@@ -70,6 +71,7 @@ class StagePlan:
     sp: bool = key(Flag(), False)
     checkpoint: bool = key(Flag(), False)  # activation checkpointing for this stage's layers
     compile: bool | None = key(Nullable(Flag()), None)  # None: the plan's ``compile``
+    precision: str | None = key(Nullable(Choice(PRECISIONS)), None)  # None: the run's ``precision``
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

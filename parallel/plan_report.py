@@ -17,6 +17,8 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
         "plan": run.plan.to_dict(),
         "train": run.train.to_dict(),
         "global_batch_size": run.plan.global_batch_size,
+        "precision": run.hal.precision,
+        "stage_precision": [s.precision or run.hal.precision for s in run.plan.stages],
         "topology": Topology.from_plan(run.plan).to_dict(),
         "schedule": schedule_prediction(run.plan),
     }

@@ -53,7 +53,7 @@ RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
 # --- validation -------------------------------------------------------------------------------------------
 
 
-TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed")
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 
 def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
@@ -91,32 +91,27 @@ def _check_memory(run: RunConfig) -> None:
 def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
     """Each stage's precision plan, resolved once here (None where the backend is not available on this host).
 
-    hal train runs fp32, tf32 or bf16-mixed; each stage's backend must give that without loss scaling.
-
-    fp16-mixed needs dynamic loss scaling, and a pipeline needs ONE scale and one inf/NaN verdict
-    across every stage (not a GradScaler per rank), which the engine does not have yet; fp8-mixed
-    is not wired into the model's layers. A stage whose device would turn bf16-mixed into
-    fp16-mixed (no native bf16) is refused for the same reason.
+    A stage runs its own ``precision:`` or else the run's, resolved against its own device by the
+    policy (downgrades recorded). fp16-mixed on any stage (asked for, or bf16 turned into fp16 on a
+    device without native bf16) turns on the pipeline's one dynamic loss scale for the whole step
+    (``parallel.loss_scale``). fp8-mixed is not wired into the model's layers yet and is refused.
     """
     from hal.backend_registry import get_backend
     from hal.precision import resolve_precision
 
-    precision = run.hal.precision
-    where = run.hal.origins.get("precision", "config")
-    if precision not in TRAIN_PRECISIONS:
-        raise ConfigError(f"{where}: precision {precision!r}: hal train supports {', '.join(TRAIN_PRECISIONS)} "
-                          "(fp16 loss scaling across pipeline stages is not implemented); use bf16-mixed")
     plans: list[PrecisionPlan | None] = []
     for index, stage in enumerate(run.plan.stages):
+        precision = stage.precision or run.hal.precision
+        where = (f"{run.origin}: parallel.stages[{index}].precision" if stage.precision
+                 else f"{run.hal.origins.get('precision', 'config')}: precision")
+        if precision not in TRAIN_PRECISIONS:
+            raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)} (fp8 layers are not "
+                              "wired into the model yet); use bf16-mixed")
         backend = get_backend(stage.backend)
         if not backend.is_available():
             plans.append(None)  # the plan check reports unavailable backends with their reason
             continue
-        plan = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
-        if plan.loss_scaling:
-            raise ConfigError(f"{where}: precision {precision!r}: stage {index}'s device ({stage.backend}) would need fp16 "
-                              "with loss scaling, which hal train does not do across stages; use fp32")
-        plans.append(plan)
+        plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
     return plans
 
 

@@ -58,6 +58,7 @@ class RankRun:
     start: int  # steps already done (from a checkpoint)
     steps: int  # the run stops after this many steps in total
     peak_tflops: float = float("nan")  # this rank's device's dense peak for the run's precision (catalog)
+    scaler: Any = None  # parallel.loss_scale.PipelineLossScaler when any stage runs fp16, else None
 
 
 # --- setup ---------------------------------------------------------------------------------------------
@@ -86,7 +87,8 @@ def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
     if given is not None:
         plan = PrecisionPlan.from_dict(given)
     else:
-        plan = resolve_precision(job.precision, backend, backend.capabilities(), job.fallback)  # type: ignore[arg-type]
+        requested = job.plan.stages[stage].precision or job.precision
+        plan = resolve_precision(requested, backend, backend.capabilities(), job.fallback)  # type: ignore[arg-type]
     plan.apply(backend)
     return plan
 
@@ -116,12 +118,25 @@ def setup(job: Job) -> RankRun:
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
     # except where a tied embedding must be summed across stages first (that needs the full dp sum).
     engine.reduce_dp_grads = not (job.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
+    scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
-        start = int(load_checkpoint(job.resume, engine, optimizer)["step"])
+        meta = load_checkpoint(job.resume, engine, optimizer)
+        start = int(meta["step"])
+        if scaler is not None and meta.get("loss_scale"):
+            scaler.load_state_dict(meta["loss_scale"])
     writer = topology.stages[-1].offset
-    peak = _peak_tflops(backend, world.device, job.precision)
-    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak)
+    peak = _peak_tflops(backend, world.device, precision.mode)
+    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler)
+
+
+def _loss_scaler(mine: bool) -> Any:
+    """The pipeline's loss scaler if any rank's stage runs fp16 (agreed over the world: one MAX of a flag)."""
+    from .loss_scale import PipelineLossScaler
+
+    flag = torch.tensor([1.0 if mine else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return PipelineLossScaler() if flag.item() > 0 else None
 
 
 def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
@@ -143,12 +158,15 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     timer = r.engine.timer
     started, wall_started = timer.mark(), time.perf_counter()
     r.optimizer.zero_grad(set_to_none=True)
+    if r.scaler is not None:
+        r.engine.loss_scale = r.scaler.scale
     loss = r.engine.step(tokens)
+    optimizer_step = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
     with timer.phase("optimizer"):
-        if r.engine.reduce_dp_grads:
-            r.optimizer.step()
-        else:
-            r.optimizer.reduce_scatter_and_step()
+        if r.scaler is None:
+            optimizer_step()
+        else:  # unscale, agree on inf/NaN over the world, step or skip together
+            r.scaler.step([p for p in r.engine.module.parameters() if p.requires_grad], optimizer_step)
     timer.add("step", started, timer.mark())
     t = r.engine.times  # with device events: the one wait of a profiled step
     timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
@@ -260,8 +278,11 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
 
 def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
     train = r.job.train
-    return {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
+    meta = {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
             "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq}}
+    if r.scaler is not None:
+        meta["loss_scale"] = r.scaler.state_dict()
+    return meta
 
 
 def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
@@ -286,6 +307,7 @@ def train(r: RankRun) -> None:
     progress = Progress(r.steps) if is_writer else None
     records: list[dict[str, Any]] = []
     checkpoint = None
+    skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
     began = time.perf_counter()
     try:
         for step in range(r.start, r.steps):
@@ -294,6 +316,10 @@ def train(r: RankRun) -> None:
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
                 record = step_record(step + 1, loss, times, r.topology, tokens)
+                if r.scaler is not None:  # the scale the step ran with; the same on every rank
+                    record["loss_scale"] = r.engine.loss_scale
+                    record["skipped"] = r.scaler.skipped_steps > skipped_before
+                    record["skipped_steps"] = skipped_before = r.scaler.skipped_steps
                 records.append(record)
                 log.write(json.dumps(record) + "\n")
                 log.flush()
