@@ -2,7 +2,8 @@
 
 The forward quantises activations and weights to fp8 with one scale each (amax / fp8 max) and
 multiplies with ``torch._scaled_mm`` (Hopper tensor cores on CUDA). The backward uses the
-high-precision tensors, the common recipe when fp8 is used for forward matmuls only.
+high-precision tensors in the output's dtype (bf16 under fp8-mixed, as autocast would run them), the
+common recipe when fp8 is used for forward matmuls only; gradients come back in the inputs' dtypes.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ class _ScaledLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         x2, weight = ctx.saved_tensors
-        grad_x = grad.to(weight.dtype) @ weight
-        grad_w = grad.t().to(x2.dtype) @ x2
+        grad_x = grad @ weight.to(grad.dtype)
+        grad_w = grad.t() @ x2.to(grad.dtype)
         grad_b = grad.sum(0) if ctx.has_bias else None
         return grad_x.to(x2.dtype), grad_w.to(weight.dtype), grad_b, None, None
 

@@ -34,6 +34,7 @@ from hal.backend import Backend
 from hal.collectives import Communicator
 
 from .fused_head import fused_head_cross_entropy
+from .linear import fp8_matmuls
 from .loss import LossFn, token_sum_cross_entropy
 from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
@@ -86,13 +87,15 @@ class PipelineEngine:
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
         backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
+        fp8_dtype: torch.dtype | None = None,
     ) -> None:
         """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
         ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
         forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
         ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
         (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
-        over the whole micro-batch's token count (``parallel.loss``)."""
+        over the whole micro-batch's token count (``parallel.loss``). ``fp8_dtype``: an fp8-mixed
+        stage's format: its decoder layers' forward matmuls run in it (``parallel.linear``)."""
         self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
@@ -102,6 +105,7 @@ class PipelineEngine:
         self.last = self.coord.stage == topology.num_stages - 1
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
+        self.fp8_dtype = fp8_dtype
         self.seq = seq_len or model.max_seq_len
         tp_comm = groups.tp if self.mesh.tp > 1 else None
         self.module: Stage = build_stage(
@@ -221,7 +225,7 @@ class PipelineEngine:
     def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
         warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
         self._eager_warmup = False
-        with self.autocast(), warmup, splittable(self.schedule.splits_backward):
+        with self.autocast(), warmup, splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
             item = self._forward_stage(tokens, m, received)
         if not self.last and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.

@@ -23,7 +23,7 @@ from .tp_comm import (
     TPComm, copy_to_tp_region, gather_from_seq_region, reduce_from_tp_region, reduce_scatter_to_seq_region,
     tp_rank, tp_size,
 )
-from .weight_grad import split_linear
+from .linear import layer_linear
 
 DEFAULT_STD = 0.02
 
@@ -116,7 +116,7 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _new_param(ParamMeta((out_features, in_features), ShardSpec(0, parts), std=std), tp_comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return split_linear(parallel_input(x, self.tp_comm, self.sequence_parallel), self.weight)
+        return layer_linear(parallel_input(x, self.tp_comm, self.sequence_parallel), self.weight)
 
 
 class RowParallelLinear(nn.Module):
@@ -134,7 +134,7 @@ class RowParallelLinear(nn.Module):
         self.weight = _new_param(ParamMeta((out_features, in_features), ShardSpec(1, (in_features,)), std=std), tp_comm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = split_linear(x, self.weight)
+        partial = layer_linear(x, self.weight)
         if self.sequence_parallel:
             return reduce_scatter_to_seq_region(partial, self.tp_comm)
         return reduce_from_tp_region(partial, self.tp_comm)

@@ -53,7 +53,7 @@ RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
 # --- validation -------------------------------------------------------------------------------------------
 
 
-TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "fp8-mixed")
 
 
 def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
@@ -94,9 +94,11 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
     A stage runs its own ``precision:`` or else the run's, resolved against its own device by the
     policy (downgrades recorded). fp16-mixed on any stage (asked for, or bf16 turned into fp16 on a
     device without native bf16) turns on the pipeline's one dynamic loss scale for the whole step
-    (``parallel.loss_scale``). fp8-mixed is not wired into the model's layers yet and is refused.
+    (``parallel.loss_scale``). fp8-mixed runs the decoder layers' forward matmuls in fp8 where the
+    device has native fp8 (``parallel.linear``) and is refused elsewhere by the policy, in one line.
     """
     from hal.backend_registry import get_backend
+    from hal.errors import UnsupportedError
     from hal.precision import resolve_precision
 
     plans: list[PrecisionPlan | None] = []
@@ -105,13 +107,18 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
         where = (f"{run.origin}: parallel.stages[{index}].precision" if stage.precision
                  else f"{run.hal.origins.get('precision', 'config')}: precision")
         if precision not in TRAIN_PRECISIONS:
-            raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)} (fp8 layers are not "
-                              "wired into the model yet); use bf16-mixed")
+            raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
+        if precision == "fp8-mixed" and run.plan.schedule == "zero-bubble":
+            raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
+                              "zero-bubble needs split; use schedule: 1f1b or bf16-mixed on that stage")
         backend = get_backend(stage.backend)
         if not backend.is_available():
             plans.append(None)  # the plan check reports unavailable backends with their reason
             continue
-        plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
+        try:
+            plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
+        except UnsupportedError as exc:
+            raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
     return plans
 
 

@@ -112,7 +112,7 @@ def setup(job: Job) -> RankRun:
     seq = job.train.seq_len or job.model.max_seq_len
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
     engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
-                            seq_len=seq, autocast=lambda: precision.autocast(backend))
+                            seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype)
     engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
     optimizer = _make_optimizer(engine, groups, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,

@@ -19,7 +19,8 @@ def test_every_section_is_declared_once_with_its_keys() -> None:
     assert list(section_specs(HalConfig)) == [*KEYS, *SECTIONS]  # origins is bookkeeping, not a key
     assert list(section_specs(ParallelPlan)) == ["stages", "schedule", "micro_batches", "micro_batch_size", "zero1",
                                                  "compile", "compile_backend", "fused_head"]
-    assert list(section_specs(StagePlan)) == ["backend", "devices", "layers", "tp", "dp", "sp", "checkpoint", "compile"]
+    assert list(section_specs(StagePlan)) == ["backend", "devices", "layers", "tp", "dp", "sp", "checkpoint", "compile",
+                                              "precision"]
     assert list(section_specs(TrainConfig)) == ["steps", "lr", "seed", "weight_decay", "data", "seq_len", "log_file",
                                                 "checkpoint_dir", "checkpoint_every"]
     assert [n for n, s in section_specs(StagePlan).items() if s.required] == ["backend", "devices", "layers"]
