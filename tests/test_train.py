@@ -152,7 +152,7 @@ def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Pat
 BAD = {
     "corpus-needs-vocab-256": ({"model": {"vocab_size": 64}}, [], "train.data 'corpus' is byte-level text"),
     "layers-do-not-add-up": ({"model": {"num_layers": 5}}, [], "layers add up to 4"),
-    "precision-fp16": ({"precision": "fp16-mixed"}, [], "fp16 loss scaling across pipeline stages is not implemented"),
+    "precision-fp8": ({"precision": "fp8-mixed"}, [], "needs native fp8"),
     "resume-missing": ({}, ["--resume", "no/such/checkpoint"], "no such directory"),
     "steps-zero": ({}, ["--steps", "0"], "--steps 0 is not a step count"),
     "backend-not-used": ({"backend": "cuda"}, [], "backend 'cuda' is not used by hal train"),
