@@ -201,9 +201,24 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
 
 def _optimizer_state_by_name(module: torch.nn.Module, optimizer: Any) -> dict[str, dict[str, Any]]:
     """The optimizer's per-parameter state keyed by global name (a collective over dp under ZeRO-1)."""
-    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    names = _state_order(module, optimizer)
     state = optimizer.state_dict()["state"]
     return {names[int(i)]: dict(s) for i, s in state.items()}
+
+
+def _state_order(module: torch.nn.Module, optimizer: Any) -> list[str]:
+    """The parameter names in the order the optimizer's state_dict numbers them: its groups' order.
+
+    ZeRO-1 (``parallel.zero``) numbers them in the module's order whatever its inner groups; a plain
+    optimizer with several groups (decayed / not decayed) numbers group after group.
+    """
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    groups = getattr(optimizer, "param_groups", None)
+    if getattr(optimizer, "sharded", None) is not None or not groups:
+        return [n for n, _ in named]
+    by_id = {id(p): n for n, p in named}
+    order = [by_id[id(p)] for g in groups for p in g["params"] if id(p) in by_id]
+    return order if len(order) == len(named) else [n for n, _ in named]
 
 
 def _full_optimizer_state(module: torch.nn.Module, by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -345,18 +360,25 @@ def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], ch
 def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str, dict[str, Any]]) -> None:
     """Cut every full per-element state to this rank's TP shard; the optimizer (or ZeRO-1) takes it from there."""
     comm = getattr(module, "tp_comm", None)
-    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    params = dict((n, p) for n, p in module.named_parameters() if p.requires_grad)
+    order = _state_order(module, optimizer)
     local: dict[int, dict[str, Any]] = {}
-    for i, (name, param) in enumerate(named):
+    for i, name in enumerate(order):
         if name not in state:
             continue
-        pmeta = param_meta(param)
+        pmeta = param_meta(params[name])
         local[i] = {k: (local_shard(v, pmeta, comm) if _per_element(v) and pmeta is not None else v)
                     for k, v in state[name].items()}
         local[i] = {k: v.clone() if torch.is_tensor(v) else v for k, v in local[i].items()}  # off the memory map
-    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    group["params"] = list(range(len(named)))
-    optimizer.load_state_dict({"state": local, "param_groups": [group]})
+    if getattr(optimizer, "sharded", None) is not None:  # ZeRO-1: one group in the module's order
+        group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+        optimizer.load_state_dict({"state": local, "param_groups": [{**group, "params": list(range(len(order)))}]})
+        return
+    groups, at = [], 0
+    for g in optimizer.param_groups:  # the groups as this run made them, numbered as state_dict numbers them
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(at, at + len(g["params"])))})
+        at += len(g["params"])
+    optimizer.load_state_dict({"state": local, "param_groups": groups})
 
 
 def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from hal.config_schema import Choice, NonNegativeInt, Nullable, Number, PathStr,
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig
+from .optim_schedule import LR_SCHEDULES
 from .plan import ParallelPlan, parse_plan, validate_plan
 
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
@@ -29,7 +30,11 @@ class TrainConfig:
     steps: int = key(PositiveInt(limits.STEPS), 20)
     lr: float = key(Number(positive=True), 1e-3)
     seed: int = key(NonNegativeInt(limits.SEED), 0)
-    weight_decay: float = key(Number(positive=False), 0.0)
+    weight_decay: float = key(Number(positive=False), 0.0)  # AdamW's, on matrices only (not norms, not biases)
+    warmup_steps: int = key(NonNegativeInt(limits.STEPS), 0)  # linear lr warm-up from 0 (parallel.optim_schedule)
+    lr_schedule: str = key(Choice(LR_SCHEDULES), "constant")  # after warm-up: constant | cosine | linear decay
+    min_lr: float = key(Number(positive=False), 0.0)  # where cosine / linear decay ends, at the last step
+    grad_clip: float | None = key(Nullable(Number(positive=True)), None, example="grad_clip: 1.0")  # global norm
     data: str = key(Choice(DATA_SOURCES), "synthetic")  # synthetic | corpus (the byte-level text shipped with the repository)
     seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
     log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)

@@ -65,8 +65,23 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
         raise ConfigError(f"{where}: backend {run.hal.backend!r} is not used by hal train: each stage names its own "
                           f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
     plans = _stage_precision(run, fallback)
+    _check_loop(run)
     _check_memory(run)
     return plans
+
+
+def _check_loop(run: RunConfig) -> None:
+    """The loop's options against the plan: what the trainer could not do right is refused here, in one line."""
+    train = run.train
+    if train.grad_clip is not None and run.plan.zero1 and any(s.dp > 1 for s in run.plan.stages):
+        raise ConfigError(f"{run.origin}: train.grad_clip with parallel.zero1: ZeRO-1 sums the gradients inside its "
+                          "step, after the norm would be taken; drop one of them")
+    if train.warmup_steps >= train.steps and train.lr_schedule != "constant":
+        raise ConfigError(f"{run.origin}: train.warmup_steps {train.warmup_steps} leaves no step of the "
+                          f"{train.lr_schedule} decay before train.steps {train.steps}; lower warmup_steps")
+    if train.min_lr > train.lr:
+        raise ConfigError(f"{run.origin}: train.min_lr {train.min_lr} is above train.lr {train.lr}; decay ends below "
+                          "where it starts — lower min_lr")
 
 
 def _check_memory(run: RunConfig) -> None:

@@ -37,6 +37,7 @@ from hal.errors import HalError
 
 from .data import global_batch
 from .job import Job
+from .optim_schedule import clip_global_norm, learning_rate, set_learning_rate
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -59,6 +60,8 @@ class RankRun:
     steps: int  # the run stops after this many steps in total
     peak_tflops: float = float("nan")  # this rank's device's dense peak for the run's precision (catalog)
     scaler: Any = None  # parallel.loss_scale.PipelineLossScaler when any stage runs fp16, else None
+    grad_norm: float | None = None  # the last clipped step's global gradient norm (train.grad_clip)
+    clip_skip: frozenset[str] = frozenset()  # parameters another rank counts in the global norm (a tied head copy)
 
 
 # --- setup ---------------------------------------------------------------------------------------------
@@ -68,11 +71,13 @@ def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
     """AdamW with the config's lr and weight decay; state sharded over the stage's dp group under zero1."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
     hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
-    if job.plan.zero1:
+    if job.plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
         from .zero import Zero1AdamW
 
         return Zero1AdamW(params, groups.dp, **hyper)
-    return torch.optim.AdamW(params, **hyper)
+    matrices = [p for p in params if p.dim() >= 2]
+    vectors = [p for p in params if p.dim() < 2]  # norm weights (and biases): no weight decay
+    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper)
 
 
 def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
@@ -127,7 +132,10 @@ def setup(job: Job) -> RankRun:
             scaler.load_state_dict(meta["loss_scale"])
     writer = topology.stages[-1].offset
     peak = _peak_tflops(backend, world.device, precision.mode)
-    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler)
+    # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
+    skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
+    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
+                   clip_skip=skip)
 
 
 def _loss_scaler(mine: bool) -> Any:
@@ -157,11 +165,21 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size)
     timer = r.engine.timer
     started, wall_started = timer.mark(), time.perf_counter()
+    r.grad_norm = None
+    set_learning_rate(r.optimizer, learning_rate(step, lr=train.lr, steps=r.steps, warmup_steps=train.warmup_steps,
+                                                 schedule=train.lr_schedule, min_lr=train.min_lr))
     r.optimizer.zero_grad(set_to_none=True)
     if r.scaler is not None:
         r.engine.loss_scale = r.scaler.scale
     loss = r.engine.step(tokens)
-    optimizer_step = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
+    update = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
+
+    def optimizer_step() -> None:
+        if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
+            r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
+                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip)
+        update()
+
     with timer.phase("optimizer"):
         if r.scaler is None:
             optimizer_step()
@@ -316,6 +334,9 @@ def train(r: RankRun) -> None:
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
                 record = step_record(step + 1, loss, times, r.topology, tokens)
+                record["lr"] = r.optimizer.param_groups[0]["lr"]
+                if r.job.train.grad_clip is not None:
+                    record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)
                 if r.scaler is not None:  # the scale the step ran with; the same on every rank
                     record["loss_scale"] = r.engine.loss_scale
                     record["skipped"] = r.scaler.skipped_steps > skipped_before
