@@ -43,6 +43,7 @@ from .phase_timer import PhaseTimer
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
 from .schedules import Kind, P2PBatch, get_schedule
+from .schedules.gpipe import ForwardOnly
 from .topology import RankGroups, Topology
 from .weight_grad import WeightGradStore, collecting, splittable
 
@@ -297,7 +298,17 @@ class PipelineEngine:
                 sync_tied_embedding_grads(self.module, self.groups.embedding)
         return self._step_loss(losses)
 
-    def _execute(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+    def evaluate(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The loss of ``tokens`` (M, micro_batch_size, S+1) without gradients: every forward, no backward.
+
+        Same loss as ``step_lazy`` gives for these tokens and weights (last stage: a 1-element float64
+        tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
+        """
+        program = ForwardOnly().program(self.topology.num_stages, self.plan.micro_batches, self.coord.stage)
+        with torch.no_grad():
+            return self._step_loss(self._execute(tokens, program))
+
+    def _execute(self, tokens: torch.Tensor, program: list[Any] | None = None) -> list[torch.Tensor]:
         """Run this stage's program (``self.program``) in order; the last stage's scaled losses, by micro-batch.
 
         Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its boundary
@@ -309,7 +320,7 @@ class PipelineEngine:
         grads: dict[int, torch.Tensor] = {}  # RECV_B results, waiting for their backward
         input_grads: dict[int, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
         losses: list[torch.Tensor] = []
-        for step in self.program:
+        for step in self.program if program is None else program:
             if isinstance(step, P2PBatch):
                 self._communicate(step, pending, received, grads, input_grads)
             elif step.kind is Kind.FORWARD:

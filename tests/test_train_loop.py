@@ -93,3 +93,32 @@ def test_bad_loop_options_are_one_line(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, "-m", "hal", "plan", str(path)], capture_output=True, text=True,
                               timeout=120, cwd=ROOT)
         assert done.returncode == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+# --- evaluation: forward only, the same loss as the training step, no gradients ------------------------------------
+def eval_body(rank: int, world: int, schedule: str) -> dict[str, Any]:
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
+
+    from .engine_cases import MODEL, batch
+
+    plan = parse_plan({**PLAN, "schedule": schedule})
+    topology = Topology.from_plan(plan)
+    groups = build_groups(topology, current_world())
+    engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
+    tokens = batch(0, 3, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
+    evaluated = engine.evaluate(tokens)
+    no_grads = all(p.grad is None for p in engine.module.parameters())
+    trained = engine.step(tokens)
+    return {"eval": None if evaluated is None else float(evaluated), "step": trained, "no_grads": no_grads}
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zero-bubble"])
+def test_evaluation_is_the_steps_loss_without_gradients(schedule: str) -> None:
+    values = ok_values(run_world("tests.test_train_loop", "eval_body", 4, deadline_s=180, schedule=schedule), 4)
+    last = [v for v in values.values() if v["step"] is not None]
+    assert len(last) == 2 and all(v["no_grads"] for v in values.values())
+    for v in last:
+        assert v["eval"] == v["step"]  # the same forwards, bit for bit
