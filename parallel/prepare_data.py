@@ -101,13 +101,13 @@ def check_inputs(files: Sequence[str | Path]) -> list[Path]:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of a UTF-8 file; a decoding error names the line."""
-    number = 0
-    try:
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                yield number, line
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}:{number + 1}: not UTF-8 text ({exc.reason}); convert the file to UTF-8") from None
+    with path.open("rb") as handle:  # decoded line by line, so that the error names the right line
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield number, raw.decode("utf-8").replace("\r\n", "\n")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                  "convert the file to UTF-8") from None
 
 
 def _text_documents(path: Path) -> Iterator[str]:
