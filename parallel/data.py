@@ -12,6 +12,10 @@ Sources (``train.data``):
   repository (nothing is downloaded). Each row is a window of ``seq + 1`` bytes at an offset drawn
   from (seed, step).
 - ``synthetic``: uniformly random ids in ``[0, vocab_size)`` from (seed, step).
+- a token file, any path ending in ``.bin`` (``hal data prepare``'s, or a plain nanoGPT-style uint16
+  file; ``parallel.token_file``): each row is a window of ``seq + 1`` ids at an offset drawn from
+  (seed, step) inside the training part — the file less its last ``validation`` fraction, from which
+  ``validation_batch`` draws its windows (seeded by ``-1 - k``, never a training step's seed).
 
 The batch depends on the global batch size (rows per step) and not on how the rows are grouped into
 micro-batches, so two plans with the same ``micro_batches × micro_batch_size`` see the same data.
@@ -25,6 +29,8 @@ from pathlib import Path
 import torch
 
 from hal.errors import ConfigError
+
+from .token_file import is_token_file, open_tokens, split_point, windows
 
 CORPUS_PATH = Path(__file__).resolve().parent.parent / "examples" / "data" / "corpus.txt"
 
@@ -52,19 +58,32 @@ def check_corpus(seq_len: int, path: str = str(CORPUS_PATH)) -> None:
 
 
 def global_batch(source: str, seed: int, step: int, micro_batches: int, micro_batch_size: int, seq_len: int,
-                 vocab_size: int) -> torch.Tensor:
+                 vocab_size: int, validation: float = 0.0) -> torch.Tensor:
     """Step ``step``'s token ids, shape (micro_batches, micro_batch_size, seq_len + 1), int64 on the host."""
     rows = micro_batches * micro_batch_size
     generator = torch.Generator().manual_seed(step_seed(seed, step))
-    if source == "synthetic":
+    if is_token_file(source):
+        flat = windows(source, generator, rows, seq_len, 0, split_point(len(open_tokens(source)), validation))
+    elif source == "synthetic":
         flat = torch.randint(0, vocab_size, (rows, seq_len + 1), generator=generator)
     elif source == "corpus":
         corpus = load_corpus()
         starts = torch.randint(0, corpus.numel() - seq_len, (rows,), generator=generator)
         flat = corpus[starts.unsqueeze(1) + torch.arange(seq_len + 1)].long()
     else:
-        raise ConfigError(f"train.data {source!r} is unknown; use corpus or synthetic")
+        raise ConfigError(f"train.data {source!r} is unknown; use corpus, synthetic or a token file ending in .bin")
     return flat.view(micro_batches, micro_batch_size, seq_len + 1)
 
 
-__all__ = ["CORPUS_PATH", "check_corpus", "global_batch", "load_corpus", "step_seed"]
+def validation_batch(source: str, seed: int, index: int, rows: int, seq_len: int, validation: float) -> torch.Tensor:
+    """Validation batch ``index`` (0, 1, ...) of a token file: ``rows`` windows of ``seq_len + 1`` ids, shape
+    (rows, seq_len + 1), drawn from the held-out end of the file with seed (seed, -1 - index) — never a step's."""
+    if not is_token_file(source) or validation <= 0:
+        raise ConfigError(f"validation batches need train.data to be a token file and train.validation > 0 "
+                          f"(got data {source!r}, validation {validation})")
+    tokens = len(open_tokens(source))
+    generator = torch.Generator().manual_seed(step_seed(seed, -1 - index))
+    return windows(source, generator, rows, seq_len, split_point(tokens, validation), tokens)
+
+
+__all__ = ["CORPUS_PATH", "check_corpus", "global_batch", "load_corpus", "step_seed", "validation_batch"]

@@ -13,14 +13,33 @@ from typing import Any, Mapping
 
 from hal.config import HalConfig
 from hal import limits
-from hal.config_schema import Choice, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, key, parse_section
+from hal.config_schema import Choice, Custom, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig
 from .optim_schedule import LR_SCHEDULES
 from .plan import ParallelPlan, parse_plan, validate_plan
 
-DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")
+DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
+MAX_VALIDATION = 0.5
+
+
+def _data_source(origin: str, key: str, value: Any) -> str:
+    """A built-in source, or a token file: a path ending in ``.bin`` (read and checked by check_training)."""
+    if isinstance(value, str) and (value in DATA_SOURCES or (value.endswith(".bin") and len(value) > len(".bin"))):
+        return value
+    hint = did_you_mean(value, DATA_SOURCES) if isinstance(value, str) else ""
+    raise ConfigError(f"{origin}: key '{key}': {value!r} is not allowed{hint}; use one of {', '.join(DATA_SOURCES)}, "
+                      "or a token file path ending in .bin (see hal data prepare)")
+
+
+def _fraction(origin: str, key: str, value: Any) -> float:
+    """A share of the token file held out for validation: 0 ≤ value < 0.5 (training keeps the larger part)."""
+    number: float = Number(positive=False).check(origin, key, value, "validation: 0.05")
+    if number >= MAX_VALIDATION:
+        raise ConfigError(f"{origin}: key '{key}' is {number}, not below {MAX_VALIDATION}: training must keep most of the "
+                          "tokens; e.g. validation: 0.05")
+    return number
 
 
 @dataclass(frozen=True)
@@ -35,7 +54,10 @@ class TrainConfig:
     lr_schedule: str = key(Choice(LR_SCHEDULES), "constant")  # after warm-up: constant | cosine | linear decay
     min_lr: float = key(Number(positive=False), 0.0)  # where cosine / linear decay ends, at the last step
     grad_clip: float | None = key(Nullable(Number(positive=True)), None, example="grad_clip: 1.0")  # global norm
-    data: str = key(Choice(DATA_SOURCES), "synthetic")  # synthetic | corpus (the byte-level text shipped with the repository)
+    # synthetic | corpus (the byte-level text shipped with the repository) | PATH.bin (a token file: hal data prepare)
+    data: str = key(Custom(_data_source), "synthetic")
+    # the last fraction of a token file's tokens, held out for validation (training never draws from it)
+    validation: float = key(Custom(_fraction), 0.0, example="validation: 0.05")
     seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
     log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
     checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)
@@ -95,7 +117,11 @@ def load_run_config(
 
 
 def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:
-    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256."""
+    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256; only a
+    token file has a part to hold out. (A token file itself is read and checked by check_training.)"""
+    if train.validation and not train.data.endswith(".bin"):
+        raise ConfigError(f"{origin}: train.validation {train.validation} holds out the end of a token file, but "
+                          f"train.data is {train.data!r}; set validation: 0 or train on a .bin token file")
     if train.data == "corpus" and model.vocab_size != 256:
         raise ConfigError(
             f"{origin}: train.data 'corpus' is byte-level text (token ids 0..255) but model.vocab_size is "

@@ -31,6 +31,7 @@ import json
 import os
 import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -66,8 +67,18 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
                           f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
     plans = _stage_precision(run, fallback)
     _check_loop(run)
+    _check_token_file(run)
     _check_memory(run)
     return plans
+
+
+def _check_token_file(run: RunConfig) -> None:
+    """A token file in train.data: exists, whole ids, index agrees, every id in the vocabulary, a row fits."""
+    from .token_file import check_token_file, is_token_file
+
+    if is_token_file(run.train.data):
+        check_token_file(run.train.data, seq_len=run.train.seq_len or run.model.max_seq_len,
+                         vocab_size=run.model.vocab_size, validation=run.train.validation, where=f"{run.origin}: train.data")
 
 
 def _check_loop(run: RunConfig) -> None:
@@ -162,6 +173,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     """
     from .data import check_corpus
     from .run_config import load_run_config
+    from .token_file import is_token_file
 
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps {steps} is not a step count; give 1 or more")
@@ -171,6 +183,8 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     precision = check_training(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)
+    if is_token_file(run.train.data):  # ranks may start elsewhere (another cwd, --print-multinode): an absolute path
+        run = replace(run, train=replace(run.train, data=str(Path(run.train.data).resolve())))
     total = steps or run.train.steps
     checkpoint, start = _resume_point(resume, run, total)
     directory = Path(run_dir) if run_dir else _default_run_dir(config)

@@ -162,7 +162,8 @@ def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
 def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
     plan, train = r.job.plan, r.job.train
-    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size)
+    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size,
+                          validation=train.validation)
     timer = r.engine.timer
     started, wall_started = timer.mark(), time.perf_counter()
     r.grad_norm = None
