@@ -58,6 +58,9 @@ class TrainConfig:
     data: str = key(Custom(_data_source), "synthetic")
     # the last fraction of a token file's tokens, held out for validation (training never draws from it)
     validation: float = key(Custom(_fraction), 0.0, example="validation: 0.05")
+    # evaluate on the validation part every N steps (loss and perplexity in the log); None: never
+    eval_every: int | None = key(Nullable(PositiveInt(limits.STEPS)), None, example="eval_every: 50")
+    eval_batches: int = key(PositiveInt(limits.MICRO_BATCHES), 1, example="eval_batches: 4")  # global batches per evaluation
     seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
     log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
     checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)

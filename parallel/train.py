@@ -84,6 +84,10 @@ def _check_token_file(run: RunConfig) -> None:
 def _check_loop(run: RunConfig) -> None:
     """The loop's options against the plan: what the trainer could not do right is refused here, in one line."""
     train = run.train
+    if train.eval_every is not None and not (train.data.endswith(".bin") and train.validation > 0):
+        raise ConfigError(f"{run.origin}: train.eval_every needs a validation part: train.data a token file (.bin, see "
+                          f"hal data prepare) and train.validation > 0 (got data {train.data!r}, validation "
+                          f"{train.validation}); set both or drop eval_every")
     if train.grad_clip is not None and run.plan.zero1 and any(s.dp > 1 for s in run.plan.stages):
         raise ConfigError(f"{run.origin}: train.grad_clip with parallel.zero1: ZeRO-1 sums the gradients inside its "
                           "step, after the norm would be taken; drop one of them")

@@ -194,6 +194,23 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed]
 
 
+def evaluate(r: RankRun) -> float | None:
+    """The mean loss over ``train.eval_batches`` fixed validation batches (forward only); the last stage's, else None.
+
+    Batch k is the same at every evaluation (``validation_batch`` seeds it by k), so the numbers compare.
+    """
+    from .data import validation_batch
+
+    train, plan = r.job.train, r.job.plan
+    losses = []
+    for k in range(train.eval_batches):
+        rows = validation_batch(train.data, train.seed, k, plan.global_batch_size, r.seq, train.validation)
+        loss = r.engine.evaluate(rows.view(plan.micro_batches, plan.micro_batch_size, r.seq + 1))
+        if loss is not None:
+            losses.append(float(loss))
+    return sum(losses) / len(losses) if losses else None
+
+
 def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
     """Every rank's timing row on the writer, (world, len(TIME_FIELDS)); None elsewhere.
 
@@ -332,12 +349,16 @@ def train(r: RankRun) -> None:
         for step in range(r.start, r.steps):
             loss, row = train_step(r, step)
             times = gather_times(row, r.writer)
+            every = r.job.train.eval_every
+            evaluation = evaluate(r) if every and (step + 1) % every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
                 record = step_record(step + 1, loss, times, r.topology, tokens)
                 record["lr"] = r.optimizer.param_groups[0]["lr"]
                 if r.job.train.grad_clip is not None:
                     record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)
+                if evaluation is not None:
+                    record["eval_loss"], record["eval_ppl"] = evaluation, math.exp(min(evaluation, 80.0))
                 if r.scaler is not None:  # the scale the step ran with; the same on every rank
                     record["loss_scale"] = r.engine.loss_scale
                     record["skipped"] = r.scaler.skipped_steps > skipped_before

@@ -250,6 +250,8 @@ def test_an_id_outside_the_vocabulary_is_refused_by_hal_plan_and_hal_train(tmp_p
     assert not (tmp_path / "run").exists()
     bad = _run_config(tmp_path, tmp_path / "p.bin", 600, validation=0.6)
     assert "not below 0.5" in _one_error_line(run_hal("plan", str(bad)))
+    no_split = _run_config(tmp_path, tmp_path / "p.bin", 600, eval_every=5)
+    assert "train.eval_every needs a validation part" in _one_error_line(run_hal("plan", str(no_split)))
 
 
 def test_hal_train_runs_on_a_prepared_token_file(tmp_path: Path, tok: Any) -> None:
@@ -262,7 +264,7 @@ def test_hal_train_runs_on_a_prepared_token_file(tmp_path: Path, tok: Any) -> No
     prepared = _prepare(tmp_path, tmp_path / "stories.txt", tmp_path / "more.jsonl", out="data/train")
     assert prepared.returncode == 0, prepared.stderr
     vocab = tok.get_vocab_size()
-    config = _run_config(tmp_path, tmp_path / "data" / "train.bin", vocab, validation=0.1)
+    config = _run_config(tmp_path, tmp_path / "data" / "train.bin", vocab, validation=0.1, eval_every=2, eval_batches=2)
     run_dir = tmp_path / "run"
     result = run_hal("train", str(config), "--run-dir", str(run_dir), "--json", timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
@@ -271,5 +273,9 @@ def test_hal_train_runs_on_a_prepared_token_file(tmp_path: Path, tok: Any) -> No
     assert [r["step"] for r in records] == [1, 2, 3] and summary["losses"] == [r["loss"] for r in records]
     assert records[0]["loss"] == pytest.approx(math.log(vocab), rel=0.2)  # an untrained model over the tokenizer's ids
     assert all(r["tokens"] == 4 * 16 for r in records)
+    # evaluation every 2 steps on the held-out part: loss and perplexity in that step's line only
+    assert [("eval_loss" in r) for r in records] == [False, True, False]
+    assert records[1]["eval_ppl"] == pytest.approx(math.exp(records[1]["eval_loss"]))
+    assert records[1]["eval_loss"] == pytest.approx(math.log(vocab), rel=0.2)
     job = json.loads((run_dir / "job.json").read_text())
     assert job["train"]["data"] == str((tmp_path / "data" / "train.bin").resolve()) and job["train"]["validation"] == 0.1
