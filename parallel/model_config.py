@@ -5,8 +5,31 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from hal import limits
-from hal.config_schema import Flag, Number, PositiveInt, key, parse_section
+from hal.config_schema import Custom, Flag, Number, PositiveInt, key, parse_section
 from hal.errors import ConfigError
+
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope_scaling(origin: str, key: str, value: Any) -> dict[str, float] | None:
+    """Llama 3's rotary scaling ({factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}) or null."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"type", "rope_type", *ROPE_SCALING_KEYS}:
+        raise ConfigError(f"{origin}: key '{key}' must be null or a mapping of {', '.join(ROPE_SCALING_KEYS)} (llama3 scaling)")
+    kind = value.get("rope_type", value.get("type", "llama3"))
+    if kind != "llama3":
+        raise ConfigError(f"{origin}: key '{key}': rope scaling {kind!r} is not represented; hal's decoder has llama3 "
+                          "scaling only — use a model without it or with rope_type llama3")
+    out = {}
+    for name in ROPE_SCALING_KEYS:
+        number = value.get(name)
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise ConfigError(f"{origin}: key '{key}.{name}' must be a positive number, got {number!r}")
+        out[name] = float(number)
+    if out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise ConfigError(f"{origin}: key '{key}': high_freq_factor must be above low_freq_factor")
+    return out
 
 
 @dataclass(frozen=True)
@@ -23,6 +46,7 @@ class ModelConfig:
     tie_embeddings: bool = key(Flag(), False)
     rope_theta: float = key(Number(positive=True), 10000.0)
     norm_eps: float = key(Number(positive=True), 1e-6)
+    rope_scaling: dict[str, float] | None = key(Custom(_rope_scaling), None)  # Llama 3's long-context scaling
 
     @property
     def head_dim(self) -> int:
@@ -33,7 +57,15 @@ class ModelConfig:
 
     @staticmethod
     def from_mapping(raw: Mapping[str, Any], origin: str = "config") -> "ModelConfig":
-        """Build from the ``model:`` section; one ConfigError line per problem."""
+        """Build from the ``model:`` section; one ConfigError line per problem.
+
+        ``hf: DIR`` reads a Hugging Face ``config.json`` from DIR (``parallel.hf_config``); the section's
+        other keys override what it gives (e.g. a shorter ``max_seq_len`` for training).
+        """
+        if isinstance(raw, Mapping) and "hf" in raw:
+            from .hf_config import model_keys_from_hf
+
+            raw = {**model_keys_from_hf(raw["hf"], f"{origin}: model.hf"), **{k: v for k, v in raw.items() if k != "hf"}}
         config: ModelConfig = parse_section(origin, "model", raw, ModelConfig)
         config.check(origin)
         return config

@@ -33,7 +33,7 @@ from hal.errors import ConfigError
 from ..layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
 )
-from ..model_config import ModelConfig
+from ..model_config import ROPE_SCALING_KEYS, ModelConfig
 from ..tp_comm import TPComm, tp_size
 from ..weight_grad import split_linear
 
@@ -69,12 +69,29 @@ def init_stage(stage: nn.Module, seed: int, tp_comm: TPComm) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (seq, head_dim) for positions 0..seq-1, in the rotate-half layout."""
+def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype,
+                scaling: tuple[float, float, float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (seq, head_dim) for positions 0..seq-1, in the rotate-half layout.
+
+    ``scaling``: Llama 3's (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    wavelengths longer than original/low are divided by ``factor``, those shorter than original/high
+    kept, and the band between blended smoothly (as the reference implementation does).
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is not None:
+        inv_freq = _llama3_scaled(inv_freq, *scaling)
     freqs = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
     angles = torch.cat([freqs, freqs], dim=-1)
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, factor: float, low: float, high: float, original: float) -> torch.Tensor:
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((original / wavelength) - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    out = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    middle = (wavelength <= original / low) & (wavelength >= original / high)
+    return torch.where(middle, blended, out)
 
 
 # --- the decoder ----------------------------------------------------------------------------------
@@ -91,6 +108,8 @@ class Attention(nn.Module):
         super().__init__()
         tp, hd = tp_size(tp_comm), config.head_dim
         self.heads, self.kv_heads, self.head_dim, self.theta = config.num_heads // tp, config.num_kv_heads // tp, hd, config.rope_theta
+        scaling = config.rope_scaling
+        self.rope_scaling = None if scaling is None else tuple(float(scaling[k]) for k in ROPE_SCALING_KEYS)
         q, kv = config.num_heads * hd, config.num_kv_heads * hd
         self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv))
         self.out = RowParallelLinear(q, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
@@ -102,7 +121,7 @@ class Attention(nn.Module):
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype)
+        cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype, self.rope_scaling)
         q, k = ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)
         o = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
