@@ -275,11 +275,6 @@ class Channels:
         if self.device_index is not None and self.backend.device_type != "cpu":
             self.backend.set_device(self.device_index)
 
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
-
 
 def tag_poster(fn: Callable[..., Any], peer: int, group: dist.ProcessGroup | None, index: int) -> Callable[[torch.Tensor, int], Any]:
     """Chunks alternate between two tags per operation, so the two in flight can never be confused."""
