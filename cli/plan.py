@@ -36,6 +36,12 @@ def _span(values: Sequence[int]) -> str:
     return ",".join(map(str, values))
 
 
+def _chunks(stage: dict[str, Any]) -> str:
+    """A stage's layers, one span per model chunk ('0-1 | 4-5') when the plan interleaves."""
+    chunks = stage.get("chunks") or [stage["layers"]]
+    return " | ".join(_span(c) for c in chunks)
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -47,7 +53,8 @@ def format_plan(report: dict[str, Any]) -> str:
     lines = [
         f"plan {report['config']}: {len(plan['stages'])} stage(s), {topo['world_size']} rank(s), schedule {plan['schedule']}, "
         f"{plan['micro_batches']} micro-batches × {plan['micro_batch_size']} rows (global batch {report['global_batch_size']}), "
-        f"zero1 {yes(plan['zero1'])}, fused head {yes(plan.get('fused_head'))}",
+        f"zero1 {yes(plan['zero1'])}, fused head {yes(plan.get('fused_head'))}"
+        + (f", {plan['virtual_stages']} chunks per stage" if plan.get("virtual_stages", 1) > 1 else ""),
         f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
         f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
         f"max seq {model['max_seq_len']}",
@@ -57,7 +64,7 @@ def format_plan(report: dict[str, Any]) -> str:
     rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica", "precision"]]
     for s, precision in zip(topo["stages"], precisions):
         rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]), yes(s["sp"]),
-                     yes(s["checkpoint"]), f"{_span(s['layers'])} ({len(s['layers'])})",
+                     yes(s["checkpoint"]), f"{_chunks(s)} ({len(s['layers'])})",
                      str(plan["micro_batch_size"] // s["dp"]), precision])
     lines += _table(rows)
     fp16 = [str(k) for k, p in enumerate(precisions) if p == "fp16-mixed"]
@@ -76,7 +83,8 @@ def format_plan(report: dict[str, Any]) -> str:
     if sched:
         lines += ["", f"schedule {sched['name']} (predicted; {sched['assumes']}): idle share overall "
                       f"{sched['bubble_overall']:.3f}"]
-        rows = [["stage", "idle share", "micro-batches in flight"]]
+        held = "micro-batches in flight" if sched.get("virtual_stages", 1) == 1 else "chunk activations held"
+        rows = [["stage", "idle share", held]]
         rows += [[str(k), f"{b:.3f}", str(n)] for k, (b, n) in enumerate(zip(sched["bubble"], sched["in_flight"]))]
         lines += _table(rows)
     return "\n".join(lines)

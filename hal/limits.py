@@ -15,6 +15,7 @@ CORES = os.cpu_count() or 1
 LOCAL_RANKS = Limit(max(64, 8 * CORES), f"processes one host starts: 8 per core on this {CORES}-core host, at least 64")
 DEVICES = Limit(4096, "devices in one stage or one grid dimension")
 LAYERS = Limit(4096, "decoder layers")
+CHUNKS = Limit(64, "model chunks (virtual stages) per pipeline stage: each one adds a boundary")
 MICRO_BATCHES = Limit(65_536, "micro-batches in one step")
 ROWS = Limit(65_536, "rows in one micro-batch")
 STEPS = Limit(10**9, "steps in one run")

@@ -25,6 +25,7 @@ the same global loss.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
@@ -44,6 +45,7 @@ from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
 from .schedules import Kind, P2PBatch, get_schedule
 from .schedules.gpipe import ForwardOnly
+from .schedules.interleaved import InterleavedForwardOnly
 from .topology import RankGroups, Topology
 from .weight_grad import WeightGradStore, collecting, splittable
 
@@ -52,10 +54,23 @@ BUCKET_BYTES = 16 * 2**20
 
 @dataclass
 class _InFlight:
-    """A micro-batch whose forward ran here and whose backward is pending."""
+    """A micro-batch whose forward ran here (through one model chunk) and whose backward is pending."""
 
-    inputs: torch.Tensor | None  # received activation (requires grad), None on the first stage
-    output: torch.Tensor  # the stage output (or the scaled loss on the last stage)
+    inputs: torch.Tensor | None  # received activation (requires grad), None for the model's first chunk
+    output: torch.Tensor  # the chunk's output (or the scaled loss after the model's last chunk)
+    is_loss: bool = False  # the output is the loss: its backward starts the gradient
+
+
+Key = tuple[int, int]  # (chunk, micro-batch): what per-micro-batch state is filed under
+
+
+@dataclass
+class _Posted:
+    """A batch posted without waiting (interleaved programs): its receives are claimed by the computes that need them."""
+
+    handle: Any
+    receives: list[tuple[Any, Any]]  # (receive action, its PostedOps)
+    results: dict[tuple[Kind, int, int], torch.Tensor] | None = None
 
 
 @dataclass
@@ -109,8 +124,9 @@ class PipelineEngine:
         self.fp8_dtype = fp8_dtype
         self.seq = seq_len or model.max_seq_len
         tp_comm = groups.tp if self.mesh.tp > 1 else None
+        self.chunks = topology.virtual_stages  # model chunks this stage runs (interleaved schedules: > 1)
         self.module: Stage = build_stage(
-            model, self.mesh.layer_range, first=self.first, last=self.last, tp_comm=tp_comm,
+            model, self.mesh.layer_ranges, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
             fused_head=plan.fused_head,
         )
@@ -124,16 +140,23 @@ class PipelineEngine:
             raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
         mbs = plan.micro_batch_size
-        k = self.coord.stage
-        self.recv_boundary = None if self.first else Boundary(layouts[k - 1], layouts[k], mbs, self.seq)
-        self.send_boundary = None if self.last else Boundary(layouts[k], layouts[k + 1], mbs, self.seq)
+        k, S, V = self.coord.stage, topology.num_stages, self.chunks
+        # Per chunk: the boundary its input arrives over and the one its output leaves over. Chunk v's
+        # input comes from the previous stage's chunk v, or (first stage) the last stage's chunk v-1.
+        self.recv_boundaries = [None if self.first and v == 0 else
+                                Boundary(layouts[(k - 1) % S], layouts[k], mbs, self.seq) for v in range(V)]
+        self.send_boundaries = [None if self.last and v == V - 1 else
+                                Boundary(layouts[k], layouts[(k + 1) % S], mbs, self.seq) for v in range(V)]
+        self.recv_boundary, self.send_boundary = self.recv_boundaries[0], self.send_boundaries[-1]
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
-        # This rank's actions for every step: the plan fixes the stage, the stage count and M.
-        self.program = self.schedule.program(topology.num_stages, plan.micro_batches, self.coord.stage)
+        # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
+        self.program = (self.schedule.program(S, plan.micro_batches, k, V) if V > 1
+                        else self.schedule.program(S, plan.micro_batches, k))
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
-        self._weight_grads: dict[int, WeightGradStore] = {}  # split backwards: W halves still to run, by micro-batch
+        self._weight_grads: dict[Key, WeightGradStore] = {}  # split backwards: W halves still to run
+        self._deferred: dict[tuple[Kind, int, int], _Posted] = {}  # receives posted, not yet claimed (interleaved)
         self.loss_scale = 1.0  # the pipeline's dynamic loss scale (parallel.loss_scale), applied by the last stage
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
@@ -198,51 +221,54 @@ class PipelineEngine:
                 handle.wait()
             self._sends_in_flight.clear()
 
-    def _recv_fwd_ops(self) -> Any:
-        b = self.recv_boundary
+    def _recv_fwd_ops(self, chunk: int = 0) -> Any:
+        b = self.recv_boundaries[chunk]
         return None if b is None else p2p_ops(b.forward, self.rank, tail=(self.model_config.hidden_size,),
                                                dtype=self.dtype, device=self.device)
 
-    def _send_fwd_ops(self, out: torch.Tensor) -> Any:
-        b = self.send_boundary
+    def _send_fwd_ops(self, out: torch.Tensor, chunk: int = 0) -> Any:
+        b = self.send_boundaries[chunk]
         return None if b is None else p2p_ops(b.forward, self.rank, out)
 
-    def _recv_bwd_ops(self, like: torch.Tensor) -> Any:
-        b = self.send_boundary
+    def _recv_bwd_ops(self, like: torch.Tensor, chunk: int = 0) -> Any:
+        b = self.send_boundaries[chunk]
         if b is None:
             return None
         return p2p_ops(b.backward, self.rank, tail=tuple(like.shape[2:]), dtype=like.dtype,
                        device=self.device, accumulate=b.accumulate_grads)
 
-    def _send_bwd_ops(self, grad: torch.Tensor | None) -> Any:
-        b = self.recv_boundary
+    def _send_bwd_ops(self, grad: torch.Tensor | None, chunk: int = 0) -> Any:
+        b = self.recv_boundaries[chunk]
         return None if b is None or grad is None else p2p_ops(b.backward, self.rank, grad)
 
     # --- one micro-batch ---------------------------------------------------------------------------------
-    def _forward(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
+    def _forward(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
         with self._timed("compute"):
-            return self._forward_untimed(tokens, m, received)
+            return self._forward_untimed(tokens, key, received)
 
-    def _forward_untimed(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
+    def _forward_untimed(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
         warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
         self._eager_warmup = False
         with self.autocast(), warmup, splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
-            item = self._forward_stage(tokens, m, received)
-        if not self.last and item.output.dtype != self.dtype:
+            item = self._forward_stage(tokens, key, received)
+        if not item.is_loss and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
             item = _InFlight(item.inputs, item.output.to(self.dtype))
         return item
 
-    def _forward_stage(self, tokens: torch.Tensor, m: int, received: torch.Tensor | None) -> _InFlight:
-        if self.first:
+    def _forward_stage(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
+        chunk, m = key
+        # One chunk: call the module itself (its forward hooks fire, as for any nn.Module).
+        run = self.module if self.chunks == 1 else functools.partial(self.module.forward_chunk, chunk=chunk)
+        if self.first and chunk == 0:
             x: torch.Tensor | None = None
-            out = self.module(self._inputs(tokens, m))
+            out = run(self._inputs(tokens, m))
         else:
             assert received is not None
             x = received.requires_grad_(True)
-            out = self.module(x)
-        if self.last:
-            out = self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches
+            out = run(x)
+        if self.last and chunk == self.chunks - 1:
+            return _InFlight(x, self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches, True)
         return _InFlight(x, out)
 
     def _token_count(self) -> int:
@@ -252,19 +278,19 @@ class PipelineEngine:
         with self._timed("compute"):
             return self._backward_untimed(item, grad)
 
-    def _backward_input(self, m: int, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def _backward_input(self, key: Key, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
         """The input-gradient half of a split backward: the linear layers' weight gradients wait in a store."""
-        store = self._weight_grads.setdefault(m, WeightGradStore())
+        store = self._weight_grads.setdefault(key, WeightGradStore())
         with self._timed("compute"), collecting(store):
             return self._backward_untimed(item, grad)
 
-    def _backward_weight(self, m: int) -> None:
-        """The weight-gradient half: the products the input half left in micro-batch m's store."""
+    def _backward_weight(self, key: Key) -> None:
+        """The weight-gradient half: the products the input half left in that micro-batch's store."""
         with self._timed("compute"):
-            self._weight_grads.pop(m).run()
+            self._weight_grads.pop(key).run()
 
     def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
-        if self.last:
+        if item.is_loss:
             # fp16 anywhere in the pipeline: the loss is scaled here, once, and every gradient with it
             (item.output * self.loss_scale if self.loss_scale != 1.0 else item.output).backward()
         else:
@@ -304,66 +330,104 @@ class PipelineEngine:
         Same loss as ``step_lazy`` gives for these tokens and weights (last stage: a 1-element float64
         tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
         """
-        program = ForwardOnly().program(self.topology.num_stages, self.plan.micro_batches, self.coord.stage)
+        S, M, k = self.topology.num_stages, self.plan.micro_batches, self.coord.stage
+        program = (InterleavedForwardOnly().program(S, M, k, self.chunks) if self.chunks > 1
+                   else ForwardOnly().program(S, M, k))
         with torch.no_grad():
             return self._step_loss(self._execute(tokens, program))
 
     def _execute(self, tokens: torch.Tensor, program: list[Any] | None = None) -> list[torch.Tensor]:
         """Run this stage's program (``self.program``) in order; the last stage's scaled losses, by micro-batch.
 
-        Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its boundary
-        (``_post``: pure sends stay in flight, a batch that receives is waited on). State lives per
-        micro-batch only between the action that makes it and the one that consumes it.
+        Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its link
+        (``_post``: pure sends stay in flight, a batch that receives is waited on; an interleaved
+        program's batches are all posted without waiting, ``_post_deferred``). State lives per
+        (chunk, micro-batch) only between the action that makes it and the one that consumes it.
         """
-        pending: dict[int, _InFlight] = {}  # forwarded, backward still to come
-        received: dict[int, torch.Tensor] = {}  # RECV_F results, waiting for their forward
-        grads: dict[int, torch.Tensor] = {}  # RECV_B results, waiting for their backward
-        input_grads: dict[int, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
+        pending: dict[Key, _InFlight] = {}  # forwarded, backward still to come
+        received: dict[Key, torch.Tensor] = {}  # RECV_F results, waiting for their forward
+        grads: dict[Key, torch.Tensor] = {}  # RECV_B results, waiting for their backward
+        input_grads: dict[Key, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
         losses: list[torch.Tensor] = []
         for step in self.program if program is None else program:
             if isinstance(step, P2PBatch):
                 self._communicate(step, pending, received, grads, input_grads)
-            elif step.kind is Kind.FORWARD:
-                item = self._forward(tokens, step.micro_batch, received.pop(step.micro_batch, None))
-                if self.last:
+                continue
+            key = (step.chunk, step.micro_batch)
+            if step.kind is Kind.FORWARD:
+                item = self._forward(tokens, key, self._claim(Kind.RECV_FORWARD, key, received))
+                if item.is_loss:
                     losses.append(item.output.detach())
-                pending[step.micro_batch] = item
+                pending[key] = item
             elif step.kind is Kind.BACKWARD:
-                item = pending.pop(step.micro_batch)
-                input_grads[step.micro_batch] = self._backward(item, grads.pop(step.micro_batch, None))
+                item = pending.pop(key)
+                input_grads[key] = self._backward(item, self._claim(Kind.RECV_BACKWARD, key, grads))
             elif step.kind is Kind.BACKWARD_INPUT:
-                item = pending.pop(step.micro_batch)
-                input_grads[step.micro_batch] = self._backward_input(step.micro_batch, item, grads.pop(step.micro_batch, None))
+                item = pending.pop(key)
+                input_grads[key] = self._backward_input(key, item, self._claim(Kind.RECV_BACKWARD, key, grads))
             elif step.kind is Kind.BACKWARD_WEIGHT:
-                self._backward_weight(step.micro_batch)
+                self._backward_weight(key)
             else:
                 raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
         self._drain_sends()
         if self._weight_grads:  # a schedule that leaves W halves behind would lose those gradients
             raise RuntimeError(f"schedule {self.schedule.name!r} left weight gradients of micro-batches "
                                f"{sorted(self._weight_grads)} unrun on stage {self.coord.stage}")
+        if self._deferred:
+            raise RuntimeError(f"schedule {self.schedule.name!r} received {sorted(self._deferred)} on stage "
+                               f"{self.coord.stage} and never used it")
         return losses
 
-    def _communicate(self, batch: P2PBatch, pending: dict[int, _InFlight], received: dict[int, torch.Tensor],
-                     grads: dict[int, torch.Tensor], input_grads: dict[int, torch.Tensor | None]) -> None:
-        """Post one P2P batch and file what it received under its micro-batch."""
+    def _claim(self, kind: Kind, key: Key, filed: dict[Key, torch.Tensor]) -> torch.Tensor | None:
+        """A compute's received input: filed already, or (deferred batch) waited for now."""
+        posted = self._deferred.pop((kind, *key), None)
+        if posted is not None:
+            if posted.results is None:
+                with self._timed("p2p"):
+                    posted.handle.wait()
+                posted.results = {(a.kind, a.chunk, a.micro_batch): ops.finish() for a, ops in posted.receives}
+            return posted.results.pop((kind, *key))
+        return filed.pop(key, None)
+
+    def _communicate(self, batch: P2PBatch, pending: dict[Key, _InFlight], received: dict[Key, torch.Tensor],
+                     grads: dict[Key, torch.Tensor], input_grads: dict[Key, torch.Tensor | None]) -> None:
+        """Post one P2P batch and file what it received under its (chunk, micro-batch)."""
         posted = []
         for a in batch.actions:
-            m = a.micro_batch
+            key = (a.chunk, a.micro_batch)
             if a.kind is Kind.RECV_FORWARD:
-                posted.append(self._recv_fwd_ops())
+                posted.append(self._recv_fwd_ops(a.chunk))
             elif a.kind is Kind.SEND_FORWARD:
-                posted.append(self._send_fwd_ops(pending[m].output))
+                posted.append(self._send_fwd_ops(pending[key].output, a.chunk))
             elif a.kind is Kind.RECV_BACKWARD:
-                posted.append(self._recv_bwd_ops(pending[m].output))
+                posted.append(self._recv_bwd_ops(pending[key].output, a.chunk))
             else:
-                posted.append(self._send_bwd_ops(input_grads.pop(m)))
+                posted.append(self._send_bwd_ops(input_grads.pop(key), a.chunk))
+        if batch.peer_stage is not None:
+            self._post_deferred(self.groups.link(batch.peer_stage), batch, posted)
+            return
         comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
         for a, value in zip(batch.actions, self._post(comm, *posted)):
             if a.kind is Kind.RECV_FORWARD:
-                received[a.micro_batch] = value
+                received[(a.chunk, a.micro_batch)] = value
             elif a.kind is Kind.RECV_BACKWARD:
-                grads[a.micro_batch] = value
+                grads[(a.chunk, a.micro_batch)] = value
+
+    def _post_deferred(self, comm: Communicator, batch: P2PBatch, posted: list[Any]) -> None:
+        """Post a batch without waiting; its receives wait in ``_deferred`` for the compute that needs them."""
+        ops = [op for p in posted if p is not None for op in p.ops]
+        if not ops:
+            return
+        with self._timed("p2p"):
+            handle = comm.batch_p2p(ops, async_op=True)
+        receives = [(a, p) for a, p in zip(batch.actions, posted)
+                    if a.kind in (Kind.RECV_FORWARD, Kind.RECV_BACKWARD) and p is not None]
+        if not receives:
+            self._sends_in_flight.append(handle)
+            return
+        entry = _Posted(handle, receives)
+        for a, _ in receives:
+            self._deferred[(a.kind, a.chunk, a.micro_batch)] = entry
 
     # --- after the schedule -----------------------------------------------------------------------------------
     def _sync_dp_grads(self) -> None:

@@ -12,7 +12,7 @@ Format (``JOB_SCHEMA`` 1), a JSON object:
     config            the YAML the parent validated (recorded in the summary and checkpoints; never read by a rank)
     hal               {backend, devices, precision, fallback} as resolved from file, environment and flags
     model, plan, train   the validated sections (ModelConfig, ParallelPlan, TrainConfig as dicts)
-    topology          one entry per stage: index, backend, offset, tp, dp, sp, checkpoint, first_layer, layers, compile
+    topology          one entry per stage: index, backend, offset, tp, dp, sp, checkpoint, chunks, compile
     stage_precision   one entry per stage: the PrecisionPlan resolved by the parent (hal.precision), or null
                       where the parent could not see that stage's devices (``--print-multinode``): that
                       stage's ranks resolve it on their own device

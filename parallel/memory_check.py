@@ -27,7 +27,7 @@ def layer_parameters(model: ModelConfig) -> int:
 
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
     """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
-    count = plan.stages[index].layers * layer_parameters(model)
+    count = plan.stages[index].layer_count * layer_parameters(model)
     embedding = model.vocab_size * model.hidden_size
     if index == 0:
         count += embedding

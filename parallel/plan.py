@@ -6,7 +6,8 @@ The ``parallel:`` section of the hal config is declared here once, as the ``Stag
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
-      schedule: 1f1b            # gpipe | 1f1b | zero-bubble        (default 1f1b)
+      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble   (default 1f1b)
+      virtual_stages: 1         # model chunks per stage (interleaved-1f1b: 2 or more)
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
@@ -29,6 +30,10 @@ Meaning of the degrees (the engine relies on these):
   mistake we report) and a sequence length divisible by ``tp``.
 - ``1f1b`` needs ``micro_batches >= number of stages``: with fewer, the warm-up never fills the
   pipeline and the schedule degenerates; use ``gpipe`` for that.
+- ``interleaved-1f1b`` (``parallel.schedules.interleaved``) gives every stage ``virtual_stages`` V
+  chunks of layers: a stage's ``layers`` is split evenly (it must be divisible by V) or listed per
+  chunk (``layers: [3, 2]``); chunk v of stage k is virtual stage v*S + k, layers following that
+  order. It needs at least 2 stages and micro_batches a multiple of the stage count.
 - ``zero-bubble`` (ZB-H1, ``parallel.schedules.zero_bubble``) splits each backward into input and
   weight halves through eager autograd, so it refuses compiled stages.
 """
@@ -57,6 +62,18 @@ def _stage_backend(origin: str, name: str, value: Any) -> str:
 
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+MAX_CHUNKS = limits.CHUNKS.maximum
+
+
+def _stage_layers(origin: str, name: str, value: Any) -> int | tuple[int, ...]:
+    """A stage's layers: a count, or one count per chunk (``virtual_stages``) such as ``[3, 2]``."""
+    rule = PositiveInt(limits.LAYERS)
+    if isinstance(value, list):
+        if not 1 <= len(value) <= MAX_CHUNKS:
+            raise ConfigError(f"{origin}: key '{name}' must list 1 to {MAX_CHUNKS} chunk layer counts, got {len(value)}; "
+                              "e.g. layers: [3, 2]")
+        return tuple(rule.check(origin, f"{name}[{i}]", v, "layers: [3, 2]") for i, v in enumerate(value))
+    return rule.check(origin, name, value, "layers: 2")
 
 
 @dataclass(frozen=True)
@@ -65,7 +82,7 @@ class StagePlan:
 
     backend: str = key(Custom(_stage_backend), example="backend: cpu")
     devices: int = key(PositiveInt(limits.DEVICES), example="devices: 2")
-    layers: int = key(PositiveInt(limits.LAYERS), example="layers: 2")
+    layers: int | tuple[int, ...] = key(Custom(_stage_layers), example="layers: 2")  # a list: per chunk (virtual_stages)
     tp: int = key(PositiveInt(limits.DEVICES), 1, example="tp: 2")
     dp: int = key(PositiveInt(limits.DEVICES), 1, example="dp: 2")
     sp: bool = key(Flag(), False)
@@ -73,8 +90,21 @@ class StagePlan:
     compile: bool | None = key(Nullable(Flag()), None)  # None: the plan's ``compile``
     precision: str | None = key(Nullable(Choice(PRECISIONS)), None)  # None: the run's ``precision``
 
+    @property
+    def layer_count(self) -> int:
+        """Every layer the stage holds, over all its chunks."""
+        return self.layers if isinstance(self.layers, int) else sum(self.layers)
+
+    def chunk_layers(self, virtual_stages: int) -> tuple[int, ...]:
+        """Layers of each of the stage's ``virtual_stages`` chunks (a count is split evenly; validate_plan checks it)."""
+        if isinstance(self.layers, tuple):
+            return self.layers
+        return (self.layers // virtual_stages,) * virtual_stages
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["layers"] = self.layers if isinstance(self.layers, int) else list(self.layers)
+        return data
 
 
 @dataclass(frozen=True)
@@ -95,6 +125,7 @@ class ParallelPlan:
     compile: bool = key(Flag(), False)  # regional torch.compile of every decoder layer (stages may override)
     compile_backend: str = key(Choice(COMPILE_BACKENDS), "inductor")
     fused_head: bool = key(Flag(), False)  # last stage: head + cross-entropy chunked over tokens (parallel.fused_head)
+    virtual_stages: int = key(PositiveInt(limits.CHUNKS), 1)  # interleaved schedules
 
     @property
     def num_stages(self) -> int:
@@ -120,14 +151,17 @@ class ParallelPlan:
             "compile": self.compile,
             "compile_backend": self.compile_backend,
             "fused_head": self.fused_head,
+            "virtual_stages": self.virtual_stages,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ParallelPlan":
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
-        return cls(tuple(StagePlan(**s) for s in data["stages"]), data["schedule"], data["micro_batches"],
+        stages = tuple(StagePlan(**{**s, "layers": s["layers"] if isinstance(s["layers"], int) else tuple(s["layers"])})
+                       for s in data["stages"])
+        return cls(stages, data["schedule"], data["micro_batches"],
                    data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"),
-                   data.get("fused_head", False))
+                   data.get("fused_head", False), data.get("virtual_stages", 1))
 
     def stage_compiles(self, index: int) -> bool:
         """Whether stage ``index`` compiles its layers: its own ``compile``, else the plan's."""
@@ -192,9 +226,9 @@ def _check_stage(origin: str, k: int, stage: StagePlan, plan: ParallelPlan, mode
 
 def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None:
     """Layer split and schedule: properties of the stage list as a whole."""
-    total = sum(s.layers for s in plan.stages)
+    total = sum(s.layer_count for s in plan.stages)
     if total != model.num_layers:
-        parts = " + ".join(str(s.layers) for s in plan.stages)
+        parts = " + ".join(str(s.layer_count) for s in plan.stages)
         raise ConfigError(
             f"{origin}: parallel.stages layers add up to {total} ({parts}) but model.num_layers is {model.num_layers}; "
             f"make the stages' layers sum to {model.num_layers}"
@@ -204,6 +238,7 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
             f"{origin}: parallel.micro_batches {plan.micro_batches} is fewer than the {plan.num_stages} stages, which "
             f"schedule 1f1b needs to fill the pipeline; set micro_batches ≥ {plan.num_stages} or use schedule: gpipe"
         )
+    _check_chunks(origin, plan)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
     if plan.schedule == "zero-bubble" and compiled:
         raise ConfigError(
@@ -211,6 +246,35 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
             f"layer cannot (its backward is one graph), and stage(s) {', '.join(map(str, compiled))} compile; "
             "set compile: false there or use schedule: 1f1b"
         )
+
+
+def _check_chunks(origin: str, plan: ParallelPlan) -> None:
+    """virtual_stages and per-chunk layer lists agree, and the schedule runs chunks (interleaved) or not."""
+    from .schedules import get_schedule
+
+    V, S, M = plan.virtual_stages, plan.num_stages, plan.micro_batches
+    interleaved = get_schedule(plan.schedule).interleaved
+    if interleaved and V < 2:
+        raise ConfigError(f"{origin}: schedule {plan.schedule} runs several model chunks per stage; set "
+                          "parallel.virtual_stages ≥ 2 (and each stage's layers divisible by it, or a list per chunk)")
+    if not interleaved and V > 1:
+        raise ConfigError(f"{origin}: parallel.virtual_stages {V} needs an interleaved schedule; set schedule: "
+                          "interleaved-1f1b or virtual_stages: 1")
+    for k, stage in enumerate(plan.stages):
+        where = f"stage {k} (parallel.stages[{k}].layers)"
+        if isinstance(stage.layers, tuple) and len(stage.layers) != V:
+            raise ConfigError(f"{origin}: {where}: {list(stage.layers)} lists {len(stage.layers)} chunk(s) but "
+                              f"parallel.virtual_stages is {V}; give one layer count per chunk")
+        if isinstance(stage.layers, int) and stage.layers % V:
+            raise ConfigError(f"{origin}: {where}: {stage.layers} layers do not split into {V} equal chunks "
+                              f"(virtual_stages); use a multiple of {V} or a list per chunk such as "
+                              f"{[stage.layers // V + (i < stage.layers % V) for i in range(V)]}")
+    if interleaved:
+        if S < 2:
+            raise ConfigError(f"{origin}: schedule {plan.schedule} needs at least 2 stages, the plan has {S}; use 1f1b")
+        if M < S or M % S:
+            raise ConfigError(f"{origin}: schedule {plan.schedule} runs micro-batches in groups of the {S} stages: "
+                              f"parallel.micro_batches {M} must be a multiple of {S}, e.g. {max(S, -(-M // S) * S)}")
 
 
 def _check_world(origin: str, plan: ParallelPlan, world_size: int) -> None:

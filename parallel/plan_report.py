@@ -30,9 +30,11 @@ def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
     A first look, not a profile: devices of different speed, the head and the boundaries are left out
     (the planner's cost model adds them). Gives each stage's idle share and most micro-batches in flight.
     """
-    layers = [float(s.layers) for s in plan.stages]
+    V = plan.virtual_stages
+    layers = [float(s.layer_count) for s in plan.stages]
+    shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages]
     sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches,
-                   forward_s=layers, backward_s=[2.0 * n for n in layers])
+                   forward_s=layers, backward_s=[2.0 * n for n in layers], virtual_stages=V, chunk_share=shares)
     return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
             "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
-            "in_flight": list(sim.peak_in_flight)}
+            "in_flight": list(sim.peak_in_flight), "virtual_stages": V}

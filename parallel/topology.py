@@ -12,7 +12,10 @@ grid ``dp_k × tp_k`` on its own backend, and the world is their disjoint union
   k is ``offset_k + dp_index * tp_k + tp_index``. So a TP group is ``tp_k`` consecutive ranks
   (the chattiest group stays on neighbouring devices, e.g. one NVLink island) and a DP group is
   strided by ``tp_k``.
-- **Layers are contiguous too**: stage k runs layers ``[sum(layers_<k), sum(layers_≤k))``.
+- **Layers are contiguous too**: stage k runs layers ``[sum(layers_<k), sum(layers_≤k))``. With
+  ``virtual_stages`` V > 1 (interleaved schedules) a stage holds V chunks instead: chunk v of stage
+  k is virtual stage ``v*S + k``, and the virtual stages take the layers in that order, so stage k's
+  chunks are V separate runs of layers (``StageMesh.chunks``).
 
 ``Topology.from_plan`` is pure (no processes); ``build_groups`` creates the communicators
 collectively: every rank's TP, DP and stage groups, and for each boundary k→k+1 a group over
@@ -54,14 +57,30 @@ class StageMesh:
     dp: int
     sp: bool
     checkpoint: bool
-    first_layer: int
-    layers: int
+    chunks: tuple[tuple[int, int], ...]  # (first layer, end) of each model chunk, in chunk order
     compile: bool = False  # regional torch.compile of the stage's decoder layers
     compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:  # a job file gives lists; keep the mesh hashable and comparable
+        object.__setattr__(self, "chunks", tuple((int(a), int(b)) for a, b in self.chunks))
 
     @property
     def size(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def layer_ranges(self) -> tuple[range, ...]:
+        """Each chunk's layers (one range unless the plan interleaves)."""
+        return tuple(range(a, b) for a, b in self.chunks)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Every layer the stage holds, in chunk order."""
+        return [i for r in self.layer_ranges for i in r]
+
+    @property
+    def layers(self) -> int:
+        return sum(b - a for a, b in self.chunks)
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -69,7 +88,10 @@ class StageMesh:
 
     @property
     def layer_range(self) -> range:
-        return range(self.first_layer, self.first_layer + self.layers)
+        """The stage's layers as one range: only a stage of one chunk has that."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"stage {self.index} holds {len(self.chunks)} chunks of layers; use layer_ranges")
+        return self.layer_ranges[0]
 
 
 @dataclass(frozen=True)
@@ -81,14 +103,21 @@ class Topology:
     @classmethod
     def from_plan(cls, plan: ParallelPlan) -> "Topology":
         """Lay the stages out on consecutive ranks. Assumes ``devices == tp * dp`` (validate_plan checks it)."""
-        meshes, offset, first_layer = [], 0, 0
+        V = plan.virtual_stages
+        counts = [s.chunk_layers(V) for s in plan.stages]
+        chunks: list[list[tuple[int, int]]] = [[] for _ in plan.stages]
+        first_layer = 0
+        for v in range(V):  # virtual stage v*S + k takes the next layers
+            for k in range(plan.num_stages):
+                chunks[k].append((first_layer, first_layer + counts[k][v]))
+                first_layer += counts[k][v]
+        meshes, offset = [], 0
         for k, s in enumerate(plan.stages):
             if s.devices != s.tp * s.dp:
                 raise ConfigError(f"stage {k}: devices {s.devices} != tp {s.tp} × dp {s.dp}; validate the plan first")
-            meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, first_layer, s.layers,
+            meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, tuple(chunks[k]),
                                     plan.stage_compiles(k), plan.compile_backend))
             offset += s.devices
-            first_layer += s.layers
         return cls(tuple(meshes))
 
     # --- sizes and lookups ----------------------------------------------------------------------
@@ -144,6 +173,15 @@ class Topology:
             raise ValueError(f"boundary {boundary} does not exist; the plan has boundaries 0..{len(self.stages) - 2}")
         return self.stage_ranks(boundary) + self.stage_ranks(boundary + 1)
 
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per stage (every stage holds the same number)."""
+        return len(self.stages[0].chunks)
+
+    def wrap_ranks(self) -> tuple[int, ...]:
+        """The wrap-around link of an interleaved pipeline: the last stage's chunk v feeds the first stage's v+1."""
+        return self.stages[0].ranks + self.stages[-1].ranks
+
     def stage_islands(self) -> tuple[int, ...]:
         """One island number per rank, the stage's index: declares each stage an island on one backend
         (``init_distributed(islands=...)`` / ``HAL_ISLANDS``), so a CPU-only run exercises the bridge
@@ -156,7 +194,8 @@ class Topology:
             "world_size": self.world_size,
             "stages": [
                 {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
-                 "checkpoint": m.checkpoint, "compile": m.compile, "layers": list(m.layer_range)}
+                 "checkpoint": m.checkpoint, "compile": m.compile, "layers": m.layer_ids,
+                 "chunks": [list(r) for r in m.layer_ranges]}
                 for m in self.stages
             ],
             "ranks": [
@@ -166,7 +205,9 @@ class Topology:
                 {"boundary": k, "from_stage": k, "to_stage": k + 1, "ranks": list(self.boundary_ranks(k)),
                  "backends": [self.stages[k].backend, self.stages[k + 1].backend]}
                 for k in range(self.num_stages - 1)
-            ],
+            ] + ([{"boundary": self.num_stages - 1, "from_stage": self.num_stages - 1, "to_stage": 0,
+                   "ranks": list(self.wrap_ranks()), "backends": [self.stages[-1].backend, self.stages[0].backend]}]
+                 if self.virtual_stages > 1 else []),
         }
 
 
@@ -184,6 +225,7 @@ class RankGroups:
     dp: "Communicator"  # my DP group (dp ranks strided by tp)
     boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
     embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
+    wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
 
     @property
     def prev_boundary(self) -> "Communicator | None":
@@ -194,6 +236,17 @@ class RankGroups:
     def next_boundary(self) -> "Communicator | None":
         """The boundary I send activations on (None on the last stage)."""
         return self.boundaries.get(self.coord.stage)
+
+    def link(self, peer_stage: int) -> "Communicator":
+        """The communicator I share with ``peer_stage``: a neighbour's boundary, else the wrap-around link.
+
+        With two stages the wrap-around traffic rides boundary 0 (the same ranks), on both sides alike.
+        """
+        me = self.coord.stage
+        comm = self.boundaries.get(me) if peer_stage == me + 1 else self.boundaries.get(me - 1) if peer_stage == me - 1 else self.wrap
+        if comm is None:
+            raise ValueError(f"stage {me} has no link to stage {peer_stage} (the wrap link exists only in interleaved plans)")
+        return comm
 
 
 def _check_world_matches(topology: Topology, world: "World") -> None:
@@ -223,6 +276,8 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
         # ``parallel.models.llama.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
         # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
         sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
+    if topology.virtual_stages > 1 and topology.num_stages > 2:
+        sets.append(("wrap", 0, 0, topology.wrap_ranks()))  # the same rank set as "embedding": one communicator
     return sets
 
 
@@ -250,4 +305,4 @@ def build_groups(topology: Topology, world: "World | None" = None, *, validate: 
     coord = topology.coord(world.rank)
     boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
     return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
-                      mine.get(("embedding", 0)))
+                      mine.get(("embedding", 0)), mine.get(("wrap", 0)))

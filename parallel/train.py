@@ -279,13 +279,18 @@ def run_local(job: Job, spawn: RankSpawner) -> int:
 # --- what the command shows ------------------------------------------------------------------------------------
 
 
+def _layer_text(mesh: Any) -> str:
+    """``0-3``, or one span per chunk (``0-1+4-5``) when the stage interleaves."""
+    return "+".join(f"{r.start}-{r.stop - 1}" for r in mesh.layer_ranges)
+
+
 def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers, the steps and the run directory."""
     parts = []
     for m in job.topology.stages:
         grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
         sp = " sp" if m.sp else ""
-        parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {m.first_layer}-{m.first_layer + m.layers - 1}")
+        parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {_layer_text(m)}")
     resumed = f", resuming at step {job.start}" if job.resume else ""
     return f"{job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
 

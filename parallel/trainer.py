@@ -305,7 +305,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
-                    "layers": list(m.layer_range)} for m in r.topology.stages],
+                    "layers": m.layer_ids} for m in r.topology.stages],
     }
 
 

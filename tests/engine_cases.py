@@ -17,18 +17,19 @@ def batch(seed: int, step: int, micro_batches: int, mbs: int, seq: int, vocab: i
     return torch.randint(0, vocab, (micro_batches, mbs, seq + 1), generator=g)
 
 
-def model_config(tied: bool) -> ModelConfig:
-    return replace(MODEL, tie_embeddings=tied)
+def model_config(tied: bool, num_layers: int = MODEL.num_layers) -> ModelConfig:
+    return replace(MODEL, tie_embeddings=tied, num_layers=num_layers)
 
 
-def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
+def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
+              num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
     from hal.parallel.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
     from hal.parallel.plan import parse_plan
 
     plan = parse_plan(plan_raw)
-    model = full_model(model_config(tied), seed)
+    model = full_model(model_config(tied, num_layers), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):
@@ -45,7 +46,8 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
     return {"losses": losses, "grads": grads}
 
 
-def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False) -> dict[str, Any]:
+def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
+               num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
     from hal.parallel.engine import PipelineEngine
@@ -57,7 +59,8 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     topology = Topology.from_plan(plan)
     world = current_world()
     groups = build_groups(topology, world, tied_embeddings=tied)
-    engine = PipelineEngine(model_config(tied), plan, topology, groups, backend=world.backend, seed=seed, device=world.device)
+    engine = PipelineEngine(model_config(tied, num_layers), plan, topology, groups, backend=world.backend, seed=seed,
+                            device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):

@@ -40,7 +40,23 @@ for key in ("a: 2 stages 3/1, tp2 -> dp2, 1f1b", "b: 2 stages, dp2 -> tp2 sp, 1f
 PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"] = {**PLANS["c: 3 stages dp1/dp2/dp1, gpipe"], "schedule": "zero-bubble"}
 ZB_TIED = "zb e: tied embeddings, 2 stages tp2 -> dp2, zero-bubble"
 PLANS[ZB_TIED] = {**PLANS[TIED], "schedule": "zero-bubble"}
-TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED}
+# Interleaved 1F1B: two chunks per stage, uneven chunks, the wrap-around link crossing tp -> dp and
+# dp -> tp sp layouts, three stages with a dp2 middle (a separate wrap communicator), tied embeddings.
+IL_UNEVEN = "il a: interleaved, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2"
+PLANS[IL_UNEVEN] = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+                    "stages": [{"backend": "cpu", "devices": 2, "layers": [2, 1], "tp": 2},
+                               {"backend": "cpu", "devices": 2, "layers": [1, 2], "dp": 2}]}
+PLANS["il b: interleaved, 2 stages x 2 chunks, dp2 -> tp2 sp"] = {
+    **PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "schedule": "interleaved-1f1b", "virtual_stages": 2}
+IL_THREE = "il c: interleaved, 3 stages x 2 chunks, dp1/dp2/dp1"
+PLANS[IL_THREE] = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 3, "micro_batch_size": 2,
+                   "stages": [{"backend": "cpu", "devices": 1, "layers": 2},
+                              {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                              {"backend": "cpu", "devices": 1, "layers": 2}]}
+IL_TIED = "il d: interleaved, tied embeddings, uneven chunks, tp2 -> dp2"
+PLANS[IL_TIED] = PLANS[IL_UNEVEN]
+LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED}
 STEPS, LR = 20, 3e-3
 
 
@@ -49,8 +65,10 @@ def test_plan_matches_single_process(name: str) -> None:
     plan = PLANS[name]
     tied = name in TIED_PLANS
     world = sum(s["devices"] for s in plan["stages"])
-    ref = reference(plan, STEPS, LR, tied=tied)
-    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR, tied=tied)
+    layers = LAYERS.get(name, 4)
+    ref = reference(plan, STEPS, LR, tied=tied, num_layers=layers)
+    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR,
+                        tied=tied, num_layers=layers)
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]

@@ -99,13 +99,13 @@ def test_a_broken_order_is_reported_as_a_deadlock() -> None:
 
 
 def test_registry_names_and_unknown_names() -> None:
-    assert schedule_names() == ("gpipe", "1f1b", "zero-bubble")
+    assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
     assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
-    with pytest.raises(ValueError, match="schedule 'zb' is unknown; use one of gpipe, 1f1b, zero-bubble"):
+    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
     assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule == "gpipe"
-    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, zero-bubble"):
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble"):
         parse_plan({"schedule": "gpipee", "stages": stages})
 
 
@@ -148,3 +148,101 @@ def test_zero_bubble_refuses_compiled_stages() -> None:
     plan = parse_plan({"schedule": "zero-bubble", "stages": stages, "micro_batches": 2})
     with pytest.raises(ConfigError, match=r"zero-bubble .* stage\(s\) 1 compile; set compile: false there or use schedule: 1f1b"):
         validate_plan(plan, model, world_size=2, check_backends=False)
+
+
+# --- interleaved 1F1B -------------------------------------------------------------------------------------
+
+
+def test_interleaved_order_is_megatrons() -> None:
+    """Groups of S micro-batches walk the chunks forward, backwards walk them in reverse; 2(S-s-1)+(V-1)S warm-up."""
+    sch = get_schedule("interleaved-1f1b")
+    assert _names(sch.compute_order(2, 4, 0, 2)) == [
+        "F0", "F1", "F0c1", "F1c1", "F2", "B0c1", "F3", "B1c1", "F2c1", "B0", "F3c1", "B1", "B2c1", "B3c1", "B2", "B3"]
+    assert _names(sch.compute_order(2, 4, 1, 2)) == [
+        "F0", "F1", "F0c1", "B0c1", "F1c1", "B1c1", "F2", "B0", "F3", "B1", "F2c1", "B2c1", "F3c1", "B3c1", "B2", "B3"]
+    for S, M, V in ((2, 4, 2), (4, 8, 3), (3, 6, 2)):
+        for s in range(S):
+            order = sch.compute_order(S, M, s, V)
+            assert sorted((a.kind.value, a.chunk, a.micro_batch) for a in order) == sorted(
+                (k, v, m) for k in "FB" for v in range(V) for m in range(M))
+            warm = min(2 * (S - s - 1) + (V - 1) * S, M * V)
+            assert [a.kind for a in order].index(Kind.BACKWARD) == warm + (warm < M * V)  # the steady phase starts with an F
+
+
+@pytest.mark.parametrize("S,M,V", [(2, 2, 2), (2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 16, 2), (4, 8, 3), (3, 6, 4)])
+def test_interleaved_bubble_matches_the_closed_form(S: int, M: int, V: int) -> None:
+    """Equal chunks, backward = 2 x forward: idle share (S-1)/(V*M+S-1), V times below 1F1B's (S-1)/(M+S-1)."""
+    sim = simulate(get_schedule("interleaved-1f1b"), S, M, virtual_stages=V, forward_s=1.0, backward_s=2.0)
+    assert sim.bubble_overall == pytest.approx((S - 1) / (V * M + S - 1), abs=1e-12)
+    assert simulate(OneFOneB(), S, M).bubble_overall == pytest.approx((S - 1) / (M + S - 1), abs=1e-12)
+
+
+@pytest.mark.parametrize("S,M,V", [(2, 4, 2), (3, 3, 2), (4, 8, 2), (4, 8, 3)])
+def test_interleaved_batches_mirror_over_every_link(S: int, M: int, V: int) -> None:
+    """Both ends of a link post the same sequence of batches, each send against the peer's receive: the
+    pairing NCCL's per-communicator queues need, and one link order per round so no ring of waits forms."""
+    sch = get_schedule("interleaved-1f1b")
+    programs = [sch.program(S, M, s, V) for s in range(S)]
+    flip = {Kind.SEND_FORWARD: Kind.RECV_FORWARD, Kind.SEND_BACKWARD: Kind.RECV_BACKWARD}
+    for s in range(S):
+        for peer in range(S):
+            mine = [b for b in programs[s] if isinstance(b, P2PBatch) and b.peer_stage == peer]
+            theirs = [b for b in programs[peer] if isinstance(b, P2PBatch) and b.peer_stage == s]
+            assert len(mine) == len(theirs)
+            for a, b in zip(mine, theirs):
+                sends = sorted((flip[x.kind].value, x.micro_batch) for x in a.actions if x.kind in flip)
+                recvs = sorted((x.kind.value, x.micro_batch) for x in b.actions if x.kind not in flip)
+                assert sends == recvs, (s, peer, str(a), str(b))
+    # every transfer the model's virtual stages need is there exactly once
+    sent = sum(1 for p in programs for b in p if isinstance(b, P2PBatch) for a in b.actions if a.kind in flip)
+    assert sent == 2 * M * (S * V - 1)
+
+
+def test_interleaved_needs_chunks_stages_and_groups_of_micro_batches() -> None:
+    sch = get_schedule("interleaved-1f1b")
+    with pytest.raises(ValueError, match="virtual_stages ≥ 2"):
+        sch.compute_order(2, 4, 0, 1)
+    with pytest.raises(ValueError, match="micro_batches 6 must be a multiple of 4"):
+        sch.compute_order(4, 6, 0, 2)
+    with pytest.raises(ValueError, match="runs one chunk per stage"):
+        OneFOneB().program(2, 4, 0, 2)
+
+
+def _interleaved_plan(**over: object) -> dict:
+    plan = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+            "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]}
+    plan.update(over)
+    return plan
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"virtual_stages": 1}, "set parallel.virtual_stages ≥ 2"),
+    ({"schedule": "1f1b"}, "virtual_stages 2 needs an interleaved schedule"),
+    ({"micro_batches": 3}, "micro_batches 3 must be a multiple of 2, e.g. 4"),
+    ({"virtual_stages": 3, "stages": [{"backend": "cpu", "devices": 1, "layers": 3},
+                                      {"backend": "cpu", "devices": 1, "layers": 1}]},
+     r"stage 1 \(parallel.stages\[1\].layers\): 1 layers do not split into 3 equal chunks"),
+    ({"stages": [{"backend": "cpu", "devices": 1, "layers": [1, 1, 1]}, {"backend": "cpu", "devices": 1, "layers": 1}]},
+     r"\[1, 1, 1\] lists 3 chunk\(s\) but parallel.virtual_stages is 2"),
+    ({"stages": [{"backend": "cpu", "devices": 1, "layers": [2, 0]}, {"backend": "cpu", "devices": 1, "layers": 2}]},
+     r"layers\[1\]' must be a positive integer"),
+])
+def test_plan_refuses_what_interleaving_cannot_run(over: dict, message: str) -> None:
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.plan import validate_plan
+
+    model = ModelConfig(num_layers=4)
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(parse_plan(_interleaved_plan(**over)), model, world_size=None, check_backends=False)
+    validate_plan(parse_plan(_interleaved_plan()), model, world_size=None, check_backends=False)
+
+
+def test_interleaved_topology_takes_layers_in_virtual_stage_order() -> None:
+    from hal.parallel.topology import Topology
+
+    plan = parse_plan(_interleaved_plan(stages=[{"backend": "cpu", "devices": 1, "layers": [2, 1]},
+                                                 {"backend": "cpu", "devices": 1, "layers": [1, 2]}]))
+    topo = Topology.from_plan(plan)
+    assert [m.layer_ranges for m in topo.stages] == [(range(0, 2), range(3, 4)), (range(2, 3), range(4, 6))]
+    assert topo.virtual_stages == 2 and topo.wrap_ranks() == (0, 1)
+    assert topo.to_dict()["boundaries"][-1]["from_stage"] == 1 and topo.to_dict()["boundaries"][-1]["to_stage"] == 0

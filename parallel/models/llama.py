@@ -170,19 +170,25 @@ class Stage(nn.Module):
     logits (``parallel.loss``), so torch's ``PipelineStage`` can run this module as it is.
     With ``fused_head`` the last stage stops before the head: it returns the normalised hidden state
     (B, S, H) as the head sees it, and the loss function applies the head (``parallel.fused_head``).
+
+    Interleaved plans give a stage several model chunks (``layer_range`` a tuple of ranges): the
+    engine runs one at a time with ``forward_chunk(x, v)``; the embedding belongs to chunk 0 of the
+    first stage, the norm and head to the last chunk of the last stage.
     """
 
-    def __init__(self, config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
-                 checkpoint: bool = False, fused_head: bool = False) -> None:
+    def __init__(self, config: ModelConfig, layer_range: range | tuple[range, ...], *, first: bool, last: bool,
+                 tp_comm: TPComm, sp: bool, checkpoint: bool = False, fused_head: bool = False) -> None:
         super().__init__()
-        self.config, self.layer_range, self.first, self.last = config, layer_range, first, last
+        self.chunks: tuple[range, ...] = (layer_range,) if isinstance(layer_range, range) else tuple(layer_range)
+        self.layer_range = self.chunks[0] if len(self.chunks) == 1 else None
+        self.config, self.first, self.last = config, first, last
         self.tp_comm, self.sp = tp_comm, sp
         self.fused_head = fused_head and last
         self.checkpoint = checkpoint  # activation checkpointing per decoder layer (see ``_run_layer``)
         self.tied = config.tie_embeddings
         if first or (last and self.tied):
             self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp) for i in layer_range})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp) for r in self.chunks for i in r})
         if last:
             self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
             if not self.tied:
@@ -224,10 +230,16 @@ class Stage(nn.Module):
         return layer(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x) if self.first else x
-        for layer in self.layers.values():
-            h = self._run_layer(layer, h)
-        if not self.last:
+        if len(self.chunks) != 1:
+            raise ValueError(f"this stage holds {len(self.chunks)} model chunks; run them one at a time with forward_chunk")
+        return self.forward_chunk(x, 0)
+
+    def forward_chunk(self, x: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Model chunk ``chunk`` of this stage: its layers, with the embedding / head where it holds them."""
+        h = self.embed(x) if self.first and chunk == 0 else x
+        for i in self.chunks[chunk]:
+            h = self._run_layer(self.layers[str(i)], h)
+        if not (self.last and chunk == len(self.chunks) - 1):
             return h
         h = parallel_input(self.norm(h), self.tp_comm, self.sp)
         return h if self.fused_head else split_linear(h, self.head_weight)
@@ -242,7 +254,7 @@ def check_tp(config: ModelConfig, tp: int) -> None:
             raise ConfigError(f"model.{what} {value} is not divisible by tp {tp}; choose a tp that divides it")
 
 
-def build_stage(config: ModelConfig, layer_range: range, *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
+def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
                 seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                 checkpoint: bool = False, fused_head: bool = False) -> Stage:
     """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
@@ -253,8 +265,9 @@ def build_stage(config: ModelConfig, layer_range: range, *, first: bool, last: b
     the last stage returns the head's input, not logits (``Stage``). Weights are made in fp32 on the
     host, then moved to ``device``/``dtype``.
     """
-    if not (0 <= layer_range.start <= layer_range.stop <= config.num_layers) or layer_range.step != 1:
-        raise ConfigError(f"layer range {layer_range} is not a contiguous part of the model's {config.num_layers} layers")
+    for part in (layer_range,) if isinstance(layer_range, range) else layer_range:
+        if not (0 <= part.start <= part.stop <= config.num_layers) or part.step != 1:
+            raise ConfigError(f"layer range {part} is not a contiguous part of the model's {config.num_layers} layers")
     check_tp(config, tp_size(tp_comm))
     stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint,
                   fused_head=fused_head)

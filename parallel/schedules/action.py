@@ -40,25 +40,38 @@ _COMPUTE = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BAC
 
 @dataclass(frozen=True)
 class Action:
-    """One kind of work on one micro-batch of this stage."""
+    """One kind of work on one micro-batch of this stage (of one of its chunks, under interleaving).
+
+    ``chunk``: which of the stage's virtual stages (model chunks) it runs; 0 unless the plan has
+    ``virtual_stages`` > 1. Chunk v of stage s is virtual stage ``v * S + s`` of the model's order.
+    """
 
     kind: Kind
     micro_batch: int
+    chunk: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind.value}{self.micro_batch}"
+        return f"{self.kind.value}{self.micro_batch}" + (f"c{self.chunk}" if self.chunk else "")
 
 
 @dataclass(frozen=True)
 class P2PBatch:
-    """Communication actions posted together over one stage boundary (one batched P2P call)."""
+    """Communication actions posted together over one link (one batched P2P call).
+
+    ``peer_stage`` None: the link is the boundary with the previous or the next stage, which the
+    actions' direction says (``to_next_stage``), and a batch that receives is waited on at once.
+    ``peer_stage`` set (interleaved schedules, whose chunks also talk over the wrap-around link from the
+    last stage to the first): the link is the one shared with that stage, the batch is posted without
+    waiting, and a received tensor is waited for only by the compute that needs it.
+    """
 
     actions: tuple[Action, ...]
+    peer_stage: int | None = None
 
     def __post_init__(self) -> None:
         if not self.actions or any(a.kind.is_compute for a in self.actions):
             raise ValueError(f"a P2P batch holds one or more communication actions, got {[str(a) for a in self.actions]}")
-        if len({a.kind.to_next_stage for a in self.actions}) != 1:
+        if self.peer_stage is None and len({a.kind.to_next_stage for a in self.actions}) != 1:
             raise ValueError(f"a P2P batch crosses one boundary; {[str(a) for a in self.actions]} cross two")
 
     @property
@@ -66,7 +79,8 @@ class P2PBatch:
         return self.actions[0].kind.to_next_stage
 
     def __str__(self) -> str:
-        return "+".join(str(a) for a in self.actions)
+        text = "+".join(str(a) for a in self.actions)
+        return text if self.peer_stage is None else f"{text}@{self.peer_stage}"
 
 
 Step = Union[Action, P2PBatch]  # one item of a stage's program: a compute action or a P2P batch

@@ -17,6 +17,13 @@ class Schedule(ABC):
 
     name: ClassVar[str]
     splits_backward: ClassVar[bool] = False  # True: backwards are I + W halves (the engine defers weight grads)
+    interleaved: ClassVar[bool] = False  # True: each stage runs ``virtual_stages`` model chunks (``program``'s last argument)
+
+    def __eq__(self, other: object) -> bool:  # no parameters: every instance of a class is the same schedule
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
 
     @abstractmethod
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
@@ -27,9 +34,12 @@ class Schedule(ABC):
         ``index + 1`` (the opposite direction over the same boundary). Default: never."""
         return False
 
-    def program(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Step]:
+    def program(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 1) -> list[Step]:
         """The stage's compute actions with their communication, in execution order."""
         _check(num_stages, num_micro_batches, stage)
+        if virtual_stages != 1:
+            raise ValueError(f"schedule {self.name!r} runs one chunk per stage; virtual_stages {virtual_stages} needs "
+                             "an interleaved schedule (interleaved-1f1b)")
         order = self.compute_order(num_stages, num_micro_batches, stage)
         first, last = stage == 0, stage == num_stages - 1
         steps: list[Step] = []

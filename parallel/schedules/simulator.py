@@ -7,6 +7,11 @@ input half ``I`` needs what a backward needs (the next stage's ``I``); its weigh
 its own ``I``. A micro-batch counts as in flight from its forward to its last backward action. Sends never block
 (the engine keeps pure sends in flight), so communication costs only its latency on the receiver.
 This checks a schedule before it runs on a cluster and says what its bubble should be.
+
+Interleaved schedules (``virtual_stages`` V > 1): the dependencies run along the virtual stages
+(chunk v of stage s is virtual stage ``v * S + s``; forward m of virtual stage j needs it at j-1,
+backward at j+1), a stage's time is split over its chunks by ``chunk_share`` (default equal), and a
+micro-batch counts as in flight once per chunk it is held for.
 """
 from __future__ import annotations
 
@@ -44,18 +49,26 @@ class Simulation:
 
 def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
              forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0,
-             weight_share: float = 0.5) -> Simulation:
+             weight_share: float = 0.5, virtual_stages: int = 1,
+             chunk_share: Sequence[Sequence[float]] | None = None) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
-    A split backward's ``W`` takes ``weight_share`` of ``backward_s`` and its ``I`` the rest.
+    ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
+    takes ``chunk_share[s][v]`` of it (equal shares by default). A split backward's ``W`` takes
+    ``weight_share`` of the backward and its ``I`` the rest.
     """
-    S, M = num_stages, num_micro_batches
-    orders = [_compute(schedule.program(S, M, s) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
+    S, M, V = num_stages, num_micro_batches, virtual_stages
+    orders = [_compute(_program(schedule, S, M, s, V) if isinstance(schedule, Schedule) else schedule[s])
+              for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
     if not 0.0 <= weight_share <= 1.0:
         raise ValueError(f"weight_share: a fraction of the backward between 0 and 1; got {weight_share!r}")
-    cost = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in bwd],
-            Kind.BACKWARD_WEIGHT: [b * weight_share for b in bwd]}
+    shares = _shares(chunk_share, S, V)
+    per_kind = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in bwd],
+                Kind.BACKWARD_WEIGHT: [b * weight_share for b in bwd]}
+
+    def cost(action: Action, s: int) -> float:
+        return per_kind[action.kind][s] * shares[s][action.chunk]
     splits = {s: any(a.kind is Kind.BACKWARD_WEIGHT for a in orders[s]) for s in range(S)}
     done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, stage) -> end time
     at = [0] * S  # next action per stage
@@ -68,12 +81,12 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
         for s in range(S):
             while at[s] < len(orders[s]):
                 action = orders[s][at[s]]
-                ready = _ready(action, s, S, done, p2p_s)
+                ready = _ready(action, s, S, V, done, p2p_s)
                 if ready is None:
                     break
                 start = max(free[s], ready)
-                end = start + cost[action.kind][s]
-                done[(action.kind, action.micro_batch, s)] = end
+                end = start + cost(action, s)
+                done[(action.kind, action.micro_batch, action.chunk * S + s)] = end
                 free[s] = end
                 timeline.append(Span(s, action, start, end))
                 last_of_backward = action.kind is (Kind.BACKWARD_WEIGHT if splits[s] else Kind.BACKWARD) or (
@@ -84,7 +97,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                 progressed = True
     stuck = [s for s in range(S) if at[s] < len(orders[s])]
     if stuck:
-        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, S)}" for s in stuck)
+        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, S, V)}" for s in stuck)
         raise Deadlock(f"the schedule cannot progress: {waits}")
     makespan = max(free)
     busy = [sum(sp.end - sp.start for sp in timeline if sp.stage == s) for s in range(S)]
@@ -105,35 +118,53 @@ def _compute(steps: Sequence[Step]) -> list[Action]:
     return out
 
 
-def _ready(action: Action, s: int, S: int, done: Mapping[tuple[Kind, int, int], float], p2p_s: float) -> float | None:
-    """When ``action``'s inputs are all there (None: not yet)."""
-    m = action.micro_batch
+def _ready(action: Action, s: int, S: int, V: int, done: Mapping[tuple[Kind, int, int], float], p2p_s: float,
+           ) -> float | None:
+    """When ``action``'s inputs are all there (None: not yet). Keys are (kind, micro-batch, virtual stage)."""
+    m, j = action.micro_batch, action.chunk * S + s
     if action.kind is Kind.FORWARD:
-        if s == 0:
+        if j == 0:
             return 0.0
-        upstream = done.get((Kind.FORWARD, m, s - 1))
+        upstream = done.get((Kind.FORWARD, m, j - 1))
         return None if upstream is None else upstream + p2p_s
     if action.kind is Kind.BACKWARD_WEIGHT:
-        return done.get((Kind.BACKWARD_INPUT, m, s))
-    own = done.get((Kind.FORWARD, m, s))
+        return done.get((Kind.BACKWARD_INPUT, m, j))
+    own = done.get((Kind.FORWARD, m, j))
     if own is None:
         return None
-    if s == S - 1:
+    if j == S * V - 1:
         return own
-    # The gradient a backward (or input half) needs is sent by the next stage's backward or input half.
-    downstream = done.get((Kind.BACKWARD, m, s + 1), done.get((Kind.BACKWARD_INPUT, m, s + 1)))
+    # The gradient a backward (or input half) needs is sent by the next virtual stage's backward or input half.
+    downstream = done.get((Kind.BACKWARD, m, j + 1), done.get((Kind.BACKWARD_INPUT, m, j + 1)))
     return None if downstream is None else max(own, downstream + p2p_s)
 
 
-def _needs(action: Action, s: int, S: int) -> str:
-    m = action.micro_batch
+def _needs(action: Action, s: int, S: int, V: int) -> str:
+    m, j = action.micro_batch, action.chunk * S + s
+
+    def where(vj: int) -> str:
+        return f"stage {vj % S}" + (f" chunk {vj // S}" if V > 1 else "")
+
     if action.kind is Kind.FORWARD:
-        return f"F{m} on stage {s - 1}"
+        return f"F{m} on {where(j - 1)}"
     if action.kind is Kind.BACKWARD_WEIGHT:
-        return f"I{m} on stage {s}"
-    if s == S - 1:
-        return f"F{m} on stage {s}"
-    return f"F{m} on stage {s} and B{m} on stage {s + 1}"
+        return f"I{m} on {where(j)}"
+    if j == S * V - 1:
+        return f"F{m} on {where(j)}"
+    return f"F{m} on {where(j)} and B{m} on {where(j + 1)}"
+
+
+def _program(schedule: Schedule, S: int, M: int, s: int, V: int) -> Sequence[Step]:
+    return schedule.program(S, M, s, V) if V != 1 else schedule.program(S, M, s)
+
+
+def _shares(chunk_share: Sequence[Sequence[float]] | None, S: int, V: int) -> list[list[float]]:
+    if chunk_share is None:
+        return [[1.0 / V] * V for _ in range(S)]
+    shares = [[float(x) for x in row] for row in chunk_share]
+    if len(shares) != S or any(len(row) != V or any(x < 0 for x in row) for row in shares):
+        raise ValueError(f"chunk_share: one row of {V} non-negative shares per stage ({S}); got {chunk_share!r}")
+    return shares
 
 
 def _per_stage(value: Times, S: int, what: str) -> list[float]:
