@@ -23,6 +23,11 @@ Reported, with the card:
 fused linear + cross-entropy (``parallel.fused_head``) — for both schedules, which share the loss.
 The ratio ours/torch is also given round by round, with its spread (min..max).
 
+``--schedule interleaved-1f1b --virtual-stages V`` gives every rank V chunks of its layers and compares with
+torch's ScheduleInterleaved1F1B over the same chunks (one ``PipelineStage`` per chunk, each a view that runs
+``Stage.forward_chunk``); other schedules are compared with Schedule1F1B. Each stage's idle share is also
+predicted by the simulator fed with that stage's measured compute time (backward = 2 x forward).
+
 ``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
 """
 from __future__ import annotations
@@ -99,7 +104,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         layers = opts.get("layers") or _split_layers(model.num_layers, world_size)
         plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), opts.get("schedule", "1f1b"), opts["micro_batches"],
                             opts["micro_batch_size"], compile=opts.get("compile", False),
-                            fused_head=opts.get("fused_head", False))
+                            fused_head=opts.get("fused_head", False), virtual_stages=opts.get("virtual_stages", 1))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
@@ -156,7 +161,9 @@ def _split_layers(num_layers: int, stages: int) -> list[int]:
 
 
 def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
-    """Per-stage time shares of the schedule, from device events at every phase boundary (host clock on the CPU)."""
+    """Per-stage time shares of the schedule, from device events at every phase boundary (host clock on the CPU).
+
+    ``compute_s`` also feeds the simulator (``summarise``): the idle share the schedule should have had."""
     engine.measure_on_device = True
     compute = p2p = schedule = 0.0
     for _ in range(steps):
@@ -169,16 +176,38 @@ def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
             "idle_fraction": 1.0 - compute / schedule}
 
 
+class _ChunkView(torch.nn.Module):
+    """One model chunk of an interleaved stage as its own module, for torch's one-PipelineStage-per-chunk API.
+
+    The stage is held without registering it, so torch sees no parameters of its own here (its optional
+    gradient scaling then touches nothing: if anything, that favours torch's side of the comparison).
+    """
+
+    def __init__(self, stage: torch.nn.Module, chunk: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "stage", stage)
+        self.chunk = chunk
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage.forward_chunk(x, self.chunk)
+
+
 def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size: int, rank: int) -> Any:
-    """A closure running one Schedule1F1B step over the same modules and tokens."""
+    """A closure running one step of torch's schedule (Schedule1F1B, or ScheduleInterleaved1F1B over the
+    engine's chunks) over the same modules and tokens."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
-    stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
-    M = tokens.shape[0]
+    M, V = tokens.shape[0], engine.chunks
     # The engine's loss: the token sum over one micro-batch's tokens, the mean of each of torch's chunks.
-    schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=engine.loss_fn)
+    if V > 1:
+        stages = [PipelineStage(_ChunkView(engine.module, v), v * world_size + rank, V * world_size, engine.device,
+                                group=group) for v in range(V)]
+        schedule: Any = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=engine.loss_fn)
+    else:
+        stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
+        schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=engine.loss_fn)
     x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1).contiguous()  # torch checks input strides
     y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1).contiguous()
 
@@ -208,23 +237,31 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     peak = r0.get("peak_bf16_tflops")
     fpt = flops_per_token(opts["model"], seq)
     mfu = {name: (t * fpt / (P * peak * 1e12) if peak else None) for name, t in tps.items()}
+    from hal.parallel.schedules import get_schedule, simulate
+
+    V = opts.get("virtual_stages", 1)
+    compute = [r["bubble"]["compute_s"] / (3 * M) for _, r in sorted(reports.items())]  # F per micro-batch, B = 2F
+    predicted = simulate(get_schedule(opts.get("schedule", "1f1b")), P, M, forward_s=compute,
+                         backward_s=[2 * c for c in compute], virtual_stages=V).bubble
     stages = [{"stage": r["stage"], "layers": r["layers"], "device": r["device_name"],
                "peak_mem_gib_ours": r["peak_memory_bytes"]["ours"] / 2**30,
                "peak_mem_gib_torch": r["peak_memory_bytes"]["torch"] / 2**30,
                "compute_s": r["bubble"]["compute_s"], "p2p_s": r["bubble"]["p2p_s"],
-               "schedule_s": r["bubble"]["schedule_s"], "idle_fraction": r["bubble"]["idle_fraction"]}
-              for _, r in sorted(reports.items())]
+               "schedule_s": r["bubble"]["schedule_s"], "idle_fraction": r["bubble"]["idle_fraction"],
+               "idle_simulated": predicted[k]}
+              for k, (_, r) in enumerate(sorted(reports.items()))]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
         "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
         "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
-        "schedule": opts.get("schedule", "1f1b"),
+        "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
+        "torch_schedule": "ScheduleInterleaved1F1B" if V > 1 else "Schedule1F1B",
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
-        "bubble_ideal": (P - 1) / (M + P - 1),
+        "bubble_ideal": (P - 1) / (V * M + P - 1),
         "bubble_measured_mean": statistics.mean(s["idle_fraction"] for s in stages),
     }
 
@@ -236,20 +273,23 @@ def table(s: dict[str, Any]) -> str:
         + (", layers compiled" if s.get("compile") else ", eager")
         + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
         + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",
-        f"{'schedule':<22}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
+        f"{'schedule':<32}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
-    for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", "torch Schedule1F1B")):
+    for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", f"torch {s.get('torch_schedule', 'Schedule1F1B')}")):
         mfu = s["mfu"][name]
-        lines.append(f"{label:<22}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
+        lines.append(f"{label:<32}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
                      f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
     lines.append(f"throughput ratio ours/torch: {s['ratio_ours_over_torch']:.3f} (goal >= 1.0); by round "
                  + " ".join(f"{r:.3f}" for r in s["ratio_per_round"])
                  + f" (spread {s['ratio_spread'][0]:.3f}..{s['ratio_spread'][1]:.3f})")
-    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}{'idle':>7}")
+    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
+                 f"{'idle':>7}{'sim idle':>9}")
     for st in s["per_stage"]:
-        lines.append(f"{st['stage']:<6}{st['layers']:>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
-                     f"{st['compute_s']:>11.3f}{st['p2p_s']:>8.3f}{st['schedule_s']:>9.3f}{st['idle_fraction']:>7.3f}")
-    lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (P-1)/(M+P-1) = {s['bubble_ideal']:.3f}")
+        lines.append(f"{st['stage']:<6}{str(st['layers']):>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
+                     f"{st['compute_s']:>11.3f}{st['p2p_s']:>8.3f}{st['schedule_s']:>9.3f}{st['idle_fraction']:>7.3f}"
+                     f"{st['idle_simulated']:>9.3f}")
+    lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (P-1)/(V*M+P-1) = {s['bubble_ideal']:.3f}; "
+                 "sim idle: the simulator fed with each stage's measured compute")
     return "\n".join(lines)
 
 
@@ -274,8 +314,11 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--fused-head", action="store_true",
                         help="the head and the loss as one fused linear + cross-entropy (both schedules)")
     parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
-    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "zero-bubble", "gpipe"],
-                        help="hal's schedule (torch's Schedule1F1B stays the baseline); zero-bubble refuses --compile")
+    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"],
+                        help="hal's schedule (torch's Schedule1F1B is the baseline, ScheduleInterleaved1F1B for "
+                             "interleaved-1f1b); zero-bubble refuses --compile")
+    parser.add_argument("--virtual-stages", type=int, default=None,
+                        help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
@@ -285,6 +328,11 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         parser.error("--stages must be at least 2 (a pipeline)")
     if args.schedule == "zero-bubble" and args.compile:
         parser.error("--schedule zero-bubble splits each backward in eager autograd; drop --compile")
+    virtual = args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1)
+    if (virtual > 1) != (args.schedule == "interleaved-1f1b") or virtual < 1:
+        parser.error("--virtual-stages: 2 or more with --schedule interleaved-1f1b, else 1")
+    if virtual > 1 and args.micro_batches % args.stages:
+        parser.error(f"--micro-batches {args.micro_batches}: interleaved-1f1b needs a multiple of --stages {args.stages}")
     model = dict(PRESETS[args.preset])
     seq = args.seq or model["max_seq_len"]
     model["max_seq_len"] = max(model["max_seq_len"], seq)
@@ -296,14 +344,14 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             layers = [int(n) for n in args.layers.split(",")]
         except ValueError:
             layers = []
-        if len(layers) != args.stages or min(layers) < 1 or sum(layers) != model["num_layers"]:
+        if len(layers) != args.stages or min(layers) < 1 or sum(layers) != model["num_layers"] or any(n % virtual for n in layers):
             parser.error(f"--layers {args.layers}: give {args.stages} positive counts summing to the preset's "
                          f"{model['num_layers']} layers, e.g. {','.join(map(str, _split_layers(model['num_layers'], args.stages)))}")
     return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
-            "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule}
+            "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,3 +33,17 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
     assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
     assert summary["bubble_ideal"] == 3 / 7
     assert all(0.0 <= s["idle_fraction"] < 1.0 for s in summary["per_stage"])
+    assert all(0.0 <= s["idle_simulated"] < 1.0 for s in summary["per_stage"])
+
+
+def test_interleaved_benchmark_runs_torchs_interleaved_schedule_on_the_same_chunks() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", "interleaved-1f1b",
+         "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == "ScheduleInterleaved1F1B"
+    assert summary["bubble_ideal"] == 1 / 9 and summary["tokens_per_s"]["torch"] > 0
