@@ -55,7 +55,10 @@ PLANS[IL_THREE] = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_b
                               {"backend": "cpu", "devices": 1, "layers": 2}]}
 IL_TIED = "il d: interleaved, tied embeddings, uneven chunks, tp2 -> dp2"
 PLANS[IL_TIED] = PLANS[IL_UNEVEN]
-LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6}
+IL_BRIDGED = "il e: interleaved, 3 stages x 2 chunks, every stage its own island (every link bridged)"
+PLANS[IL_BRIDGED] = PLANS[IL_THREE]
+ISLANDS = {IL_BRIDGED: [0, 1, 1, 2]}  # bridged links post blocking batches: the link order keeps the ring free of waits
+LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6}
 TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED}
 STEPS, LR = 20, 3e-3
 
@@ -68,7 +71,7 @@ def test_plan_matches_single_process(name: str) -> None:
     layers = LAYERS.get(name, 4)
     ref = reference(plan, STEPS, LR, tied=tied, num_layers=layers)
     results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR,
-                        tied=tied, num_layers=layers)
+                        tied=tied, num_layers=layers, islands=ISLANDS.get(name))
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
