@@ -112,9 +112,9 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 def check_compatible(meta: Mapping[str, Any], checkpoint: Path, model: ModelConfig, steps: int) -> None:
     """Same model (every size and option), and steps left to train; one ConfigError line otherwise."""
     saved = meta["model"]
-    mine = model.to_dict()
-    for key in mine:
-        if saved.get(key) != mine[key]:
+    mine, defaults = model.to_dict(), ModelConfig().to_dict()
+    for key in mine:  # a key an older hal did not write has its default (e.g. qkv_bias: false)
+        if saved.get(key, defaults[key]) != mine[key]:
             raise ConfigError(
                 f"--resume {checkpoint}: the checkpoint's model.{key} is {saved.get(key)!r} but this config's is "
                 f"{mine[key]!r}; resume with the model it was made with (any plan works)"

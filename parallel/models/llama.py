@@ -9,7 +9,7 @@ Parameter names are global and independent of the split: ``embed.weight``,
 ``layers.<i>.attn_norm.weight``, ``layers.<i>.attn.qkv.weight``, ``layers.<i>.attn.out.weight``,
 ``layers.<i>.mlp_norm.weight``, ``layers.<i>.mlp.gate_up.weight``, ``layers.<i>.mlp.down.weight``,
 ``norm.weight``, ``head.weight`` (untied only; with tied embeddings the last stage holds its own
-``embed.weight`` and uses it as the head).
+``embed.weight`` and uses it as the head); with ``qkv_bias`` (Qwen2) also ``layers.<i>.attn.qkv.bias``.
 
 Initialisation: every parameter's FULL tensor is drawn on the host from a CPU generator seeded by
 sha256(seed, name), then this rank keeps its TP shard. The weights therefore depend only on
@@ -50,6 +50,8 @@ def full_init(name: str, shape: tuple[int, ...], init: str, std: float, seed: in
     """The full (unsharded) fp32 initial value of parameter ``name`` on the host."""
     if init == "ones":
         return torch.ones(shape)
+    if init == "zeros":
+        return torch.zeros(shape)
     generator = torch.Generator().manual_seed(param_seed(seed, name))
     return torch.randn(shape, generator=generator) * std
 
@@ -111,7 +113,8 @@ class Attention(nn.Module):
         scaling = config.rope_scaling
         self.rope_scaling = None if scaling is None else tuple(float(scaling[k]) for k in ROPE_SCALING_KEYS)
         q, kv = config.num_heads * hd, config.num_kv_heads * hd
-        self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv))
+        self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv),
+                                        bias=config.qkv_bias)
         self.out = RowParallelLinear(q, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
