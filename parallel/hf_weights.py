@@ -5,10 +5,11 @@ tensors would put the full model through every rank's host memory. Each rank ope
 safetensors' lazy ``safe_open(...).get_slice(name)[...]`` and copies, piece by piece, only the rows
 (column-parallel weights, the vocab-parallel embedding and head) or columns (row-parallel weights)
 it owns straight into its parameters — the fused ``attn.qkv`` from its q, k and v row shards,
-``mlp.gate_up`` from its gate and up shards (``parallel.hf_names``). Reads go in row blocks of at
-most ``CHUNK_BYTES`` of file, each through a fresh ``safe_open`` so the pages mapped for one block are
-released before the next: a rank's peak host memory is its own shard plus about one block, whatever
-the size of the tensors it slices.
+``mlp.gate_up`` from its gate and up shards (``parallel.hf_names``). safetensors maps the file: a
+slice's pages are read as they are copied and stay resident while the slice lives, so reads go in
+row blocks of at most ``CHUNK_BYTES`` of file, each through a fresh ``safe_open`` whose mapping is
+gone before the next block: a rank's peak host memory is its own shard plus about one block,
+whatever the size of the tensors it slices (measured: tests/test_hf_weights_ranks.py).
 
 Checked before any rank starts (``check_weights``, in ``hal train``'s parent): the files exist (one
 ``model.safetensors``, or ``model.safetensors.index.json`` and the shards it names), every header is
