@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from hal import limits
-from hal.config_schema import Custom, Flag, Number, PositiveInt, key, parse_section
+from hal.config_schema import Custom, Flag, Number, PositiveInt, key, parse_section, reject_unknown, section_specs
 from hal.errors import ConfigError
 
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -67,6 +67,7 @@ class ModelConfig:
         if isinstance(raw, Mapping) and ("hf" in raw or "weights" in raw):
             from .hf_config import model_keys_from_hf
 
+            reject_unknown(origin, "model", raw, [*section_specs(ModelConfig), "hf", "weights"])  # a typo next to hf: its own line
             weights_source(raw, origin)  # the key's own checks
             given = {k: v for k, v in raw.items() if k not in ("hf", "weights")}
             raw = {**model_keys_from_hf(raw["hf"], f"{origin}: model.hf"), **given}

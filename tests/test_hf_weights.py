@@ -134,3 +134,5 @@ def test_weights_needs_hf_and_a_flag() -> None:
         ModelConfig.from_mapping({"weights": True})
     with pytest.raises(ConfigError, match="key 'model.weights' must be true or false, got 'yes'"):
         ModelConfig.from_mapping({"hf": "x", "weights": "yes"})
+    with pytest.raises(ConfigError, match=r"unknown key 'model.weight' \(did you mean 'weights'\?\)"):
+        ModelConfig.from_mapping({"hf": "x", "weight": True})
