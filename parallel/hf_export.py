@@ -67,7 +67,7 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Source:
     meta = read_meta(checkpoint, FLAG)
     try:
         model = ModelConfig(**meta["model"])
-        model.check(f"{FLAG} {checkpoint}: {'meta.json'}")
+        model.check(f"{FLAG} {checkpoint}: meta.json")
     except TypeError as exc:
         raise ConfigError(f"{FLAG} {checkpoint}: meta.json's model section is not this hal's ({exc}); export it with the hal "
                           "that wrote it") from None

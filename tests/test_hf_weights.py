@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def _refused(directory: Path, words: str) -> str:
     return message
 
 
-def _rewrite(directory: Path, change: "callable") -> None:  # type: ignore[valid-type]
+def _rewrite(directory: Path, change: Callable[[dict[str, torch.Tensor]], object]) -> None:
     file = directory / "model.safetensors"
     tensors = load_file(file)
     change(tensors)
