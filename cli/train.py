@@ -22,6 +22,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("config", help="YAML config with model:, parallel: and train: sections")
     p.add_argument("--steps", type=int, help="train until this many steps are done in total (default: train.steps)")
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — any plan with the same model")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from a Hugging Face checkpoint (config.json + safetensors), as model: {hf: DIR, weights: true}; "
+                   "the model section must describe DIR's model")
     p.add_argument("--run-dir", metavar="DIR", help="where the log, summary and checkpoints go (default: runs/<config>-<date-time>)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     p.add_argument("--profile", action="store_true",
@@ -39,12 +42,14 @@ def run(args: argparse.Namespace) -> int:
 
         if args.print_multinode < 1:
             raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
-        job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False)
+        job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False,
+                      init_from=args.init_from)
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
     from hal.parallel.train import describe, prepare, read_summary, run_local, write_job
 
-    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile)
+    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
+                  init_from=args.init_from)
     print(f"hal train: {describe(job)}", file=sys.stderr)
     write_job(job)
     status = run_local(job, spawn_ranks)

@@ -66,7 +66,7 @@ def step_dirname(step: int) -> str:
 # --- finding and checking a checkpoint (no torch.distributed needed) ------------------------------------
 
 
-def resolve(path: str | os.PathLike[str]) -> Path:
+def resolve(path: str | os.PathLike[str], flag: str = "--resume") -> Path:
     """A checkpoint directory (with meta.json), or a checkpoint_dir whose ``latest`` names one."""
     p = Path(path)
     if (p / META).is_file():
@@ -75,23 +75,23 @@ def resolve(path: str | os.PathLike[str]) -> Path:
         name = (p / LATEST).read_text(encoding="utf-8").strip()
         if (p / name / META).is_file():
             return p / name
-        raise ConfigError(f"--resume {path}: 'latest' names {name!r}, which is not a complete checkpoint; pass a step-N directory")
+        raise ConfigError(f"{flag} {path}: 'latest' names {name!r}, which is not a complete checkpoint; pass a step-N directory")
     if not p.exists():
-        raise ConfigError(f"--resume {path}: no such directory; pass a checkpoint directory (step-N) or a checkpoint_dir")
-    raise ConfigError(f"--resume {path}: not a checkpoint (no {META}) and no '{LATEST}' file; pass a step-N directory or a checkpoint_dir")
+        raise ConfigError(f"{flag} {path}: no such directory; pass a checkpoint directory (step-N) or a checkpoint_dir")
+    raise ConfigError(f"{flag} {path}: not a checkpoint (no {META}) and no '{LATEST}' file; pass a step-N directory or a checkpoint_dir")
 
 
-def read_meta(checkpoint: Path) -> dict[str, Any]:
+def read_meta(checkpoint: Path, flag: str = "--resume") -> dict[str, Any]:
     """meta.json, its structure checked: one ConfigError line naming the bad field, never a traceback."""
     try:
         meta = json.loads((checkpoint / META).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--resume {checkpoint}: {META} is unreadable ({exc}); the checkpoint is damaged") from None
-    damaged = f"--resume {checkpoint}: {META}"
+        raise ConfigError(f"{flag} {checkpoint}: {META} is unreadable ({exc}); the checkpoint is damaged") from None
+    damaged = f"{flag} {checkpoint}: {META}"
     if not isinstance(meta, dict):
         raise ConfigError(f"{damaged} holds a {type(meta).__name__}, not an object; the checkpoint is damaged")
     if meta.get("format") != FORMAT:
-        raise ConfigError(f"--resume {checkpoint}: format {meta.get('format')!r} is not {FORMAT!r}; it was not written by hal train")
+        raise ConfigError(f"{flag} {checkpoint}: format {meta.get('format')!r} is not {FORMAT!r}; it was not written by hal train")
     step = meta.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"{damaged}: step {step!r} is not a step count (an integer >= 0); the checkpoint is damaged")
@@ -112,9 +112,9 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 def check_compatible(meta: Mapping[str, Any], checkpoint: Path, model: ModelConfig, steps: int) -> None:
     """Same model (every size and option), and steps left to train; one ConfigError line otherwise."""
     saved = meta["model"]
-    mine = model.to_dict()
-    for key in mine:
-        if saved.get(key) != mine[key]:
+    mine, defaults = model.to_dict(), ModelConfig().to_dict()
+    for key in mine:  # a key an older hal did not write has its default (e.g. qkv_bias: false)
+        if saved.get(key, defaults[key]) != mine[key]:
             raise ConfigError(
                 f"--resume {checkpoint}: the checkpoint's model.{key} is {saved.get(key)!r} but this config's is "
                 f"{mine[key]!r}; resume with the model it was made with (any plan works)"
@@ -139,16 +139,16 @@ def file_checksum(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def verify_checksums(checkpoint: Path, meta: Mapping[str, Any]) -> None:
+def verify_checksums(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resume") -> None:
     """Every file's bytes against the checksum recorded at save time: flipped bytes are refused, not trained on."""
     checksums = meta.get("checksums")
     if checksums is None:  # written before checksums existed: said, not silently trusted
-        warnings.warn(f"--resume {checkpoint}: the checkpoint records no checksums (an older hal wrote it); its bytes "
+        warnings.warn(f"{flag} {checkpoint}: the checkpoint records no checksums (an older hal wrote it); its bytes "
                       "are not verified, only its structure and values", stacklevel=2)
         return
     for name in meta["files"]:
         if file_checksum(checkpoint / name) != checksums[name]:
-            raise ConfigError(f"--resume {checkpoint}: {name} does not match its checksum in {META}; the checkpoint is "
+            raise ConfigError(f"{flag} {checkpoint}: {name} does not match its checksum in {META}; the checkpoint is "
                               "damaged — resume from another one")
 
 
@@ -161,13 +161,13 @@ def _expected_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in module.named_parameters()}
 
 
-def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig) -> None:
+def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig, flag: str = "--resume") -> None:
     """The stage files' structure, names, shapes and values, before any rank loads them: one line each."""
     expected = _expected_shapes(model)
     seen: set[str] = set()
     for name in meta["files"]:
-        blob = _load_file(checkpoint / name)
-        where = f"--resume {checkpoint}: {name}"
+        blob = _load_file(checkpoint / name, flag)
+        where = f"{flag} {checkpoint}: {name}"
         if name == "rng.pt":
             state = blob.get("torch_cpu") if isinstance(blob, dict) else None
             if not (torch.is_tensor(state) and state.dtype == torch.uint8 and state.dim() == 1):
@@ -192,7 +192,7 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
                 raise ConfigError(f"{where}: optimizer state of {pname} holds NaN or inf; resume from an earlier checkpoint")
     missing = sorted(set(expected) - seen)
     if missing:
-        raise ConfigError(f"--resume {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "
+        raise ConfigError(f"{flag} {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "
                           "the checkpoint is damaged or from another model")
 
 
@@ -321,23 +321,23 @@ def _jsonable(group: Mapping[str, Any]) -> dict[str, Any]:
 # --- loading into this run's split ----------------------------------------------------------------------------
 
 
-def _load_file(path: Path) -> Any:
+def _load_file(path: Path, flag: str = "--resume") -> Any:
     """``torch.load`` of one checkpoint file (memory-mapped, tensors only); a damaged file is one line."""
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as exc:
         why = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"--resume {path.parent}: {path.name} is unreadable ({type(exc).__name__}: {why}); the checkpoint is damaged") from None
+        raise ConfigError(f"{flag} {path.parent}: {path.name} is unreadable ({type(exc).__name__}: {why}); the checkpoint is damaged") from None
 
 
-def _read_tensors(checkpoint: Path, meta: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+def read_tensors(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resume") -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
     """Every stage file's params and optimizer state, merged by global name (memory-mapped, read lazily)."""
     params: dict[str, torch.Tensor] = {}
     state: dict[str, dict[str, Any]] = {}
     for name in meta["files"]:
         if not name.startswith("stage-"):
             continue
-        blob = _load_file(checkpoint / name)
+        blob = _load_file(checkpoint / name, flag)
         params.update(blob["params"])
         state.update(blob["optimizer"])
     return params, state
@@ -384,7 +384,7 @@ def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str,
 def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
     """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1."""
     meta = read_meta(checkpoint)
-    params, state = _read_tensors(checkpoint, meta)
+    params, state = read_tensors(checkpoint, meta)
     _load_params(engine.module, params, checkpoint)
     _load_optimizer(engine.module, optimizer, state)
     rng = _load_file(checkpoint / "rng.pt")
@@ -392,5 +392,5 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, 
     return meta
 
 
-__all__ = ["FORMAT", "check_compatible", "file_checksum", "load_checkpoint", "read_meta", "resolve", "save_checkpoint",
+__all__ = ["FORMAT", "check_compatible", "file_checksum", "load_checkpoint", "read_meta", "read_tensors", "resolve", "save_checkpoint",
            "step_dirname", "verify_checksums", "verify_tensors"]

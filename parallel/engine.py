@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
@@ -103,7 +104,7 @@ class PipelineEngine:
         self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
         backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
-        fp8_dtype: torch.dtype | None = None,
+        fp8_dtype: torch.dtype | None = None, init_from: str | os.PathLike[str] | None = None,
     ) -> None:
         """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
         ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
@@ -111,7 +112,8 @@ class PipelineEngine:
         ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
         (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
         over the whole micro-batch's token count (``parallel.loss``). ``fp8_dtype``: an fp8-mixed
-        stage's format: its decoder layers' forward matmuls run in it (``parallel.linear``)."""
+        stage's format: its decoder layers' forward matmuls run in it (``parallel.linear``). ``init_from``:
+        a Hugging Face checkpoint directory this rank's weights are sliced from instead of the seed."""
         self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
@@ -128,7 +130,7 @@ class PipelineEngine:
         self.module: Stage = build_stage(
             model, self.mesh.layer_ranges, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
-            fused_head=plan.fused_head,
+            fused_head=plan.fused_head, init_from=init_from,
         )
         self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
         if self.mesh.compile:

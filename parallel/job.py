@@ -18,6 +18,7 @@ Format (``JOB_SCHEMA`` 1), a JSON object:
                       stage's ranks resolve it on their own device
     steps, start      train until ``steps`` steps are done; ``start`` were done already (from the checkpoint)
     run_dir, log_file, checkpoint_dir, resume   paths (checkpoint_dir and resume may be null)
+    init_from         a Hugging Face checkpoint directory the ranks slice their weights from, or null
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class Job:
     checkpoint_dir: Path | None
     resume: Path | None  # the resolved checkpoint directory
     profile: bool = False  # per-phase times on accelerators, from device events (one wait a step)
+    init_from: Path | None = None  # a Hugging Face checkpoint directory the weights are sliced from (not when resuming)
 
     @property
     def precision(self) -> str:
@@ -83,7 +85,7 @@ class Job:
             "stage_precision": [None if p is None else dict(p) for p in self.stage_precision],
             "steps": self.steps, "start": self.start, "run_dir": str(self.run_dir), "log_file": str(self.log_file),
             "checkpoint_dir": _str_or_none(self.checkpoint_dir), "resume": _str_or_none(self.resume),
-            "profile": self.profile,
+            "profile": self.profile, "init_from": _str_or_none(self.init_from),
         }
 
     @classmethod
@@ -94,7 +96,7 @@ class Job:
             TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"])),
             tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
             Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
-            bool(data.get("profile", False)),
+            bool(data.get("profile", False)), _path_or_none(data.get("init_from")),
         )
 
 

@@ -60,7 +60,7 @@ class ShardSpec:
 
 @dataclass(frozen=True)
 class ParamMeta:
-    """Full shape, TP split (None: replicated) and initialisation ("normal" with ``std``, or "ones")."""
+    """Full shape, TP split (None: replicated) and initialisation ("normal" with ``std``, "ones" or "zeros")."""
 
     full_shape: tuple[int, ...]
     spec: ShardSpec | None
@@ -102,11 +102,13 @@ class ColumnParallelLinear(nn.Module):
     """y = x Wᵀ with W's output rows split over TP: the output's last dim is this rank's slice.
 
     Input (B, S, in) — or (B, S/tp, in) under SP, gathered along seq first. ``parts`` declares a
-    fused weight (e.g. q|k|v or gate|up), each part split separately. No bias (Llama has none).
+    fused weight (e.g. q|k|v or gate|up), each part split separately. ``bias`` (Qwen2's q, k, v): one
+    per output row, split exactly as the rows are, so each rank adds its own slice and nothing is
+    communicated; it starts at zero.
     """
 
     def __init__(self, in_features: int, out_features: int, *, tp_comm: TPComm, sequence_parallel: bool = False,
-                 parts: Sequence[int] | None = None, std: float = DEFAULT_STD) -> None:
+                 parts: Sequence[int] | None = None, std: float = DEFAULT_STD, bias: bool = False) -> None:
         super().__init__()
         parts = tuple(parts or (out_features,))
         if sum(parts) != out_features:
@@ -114,9 +116,10 @@ class ColumnParallelLinear(nn.Module):
         self.tp_comm = tp_comm
         self.sequence_parallel = sequence_parallel
         self.weight = _new_param(ParamMeta((out_features, in_features), ShardSpec(0, parts), std=std), tp_comm)
+        self.bias = _new_param(ParamMeta((out_features,), ShardSpec(0, parts), init="zeros"), tp_comm) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_linear(parallel_input(x, self.tp_comm, self.sequence_parallel), self.weight)
+        return layer_linear(parallel_input(x, self.tp_comm, self.sequence_parallel), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):

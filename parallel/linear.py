@@ -37,19 +37,23 @@ def fp8_matmuls(dtype: "torch.dtype | None") -> Iterator[None]:
         _FP8 = before
 
 
-def layer_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` for a decoder layer: fp8 inside ``fp8_matmuls``, else ``split_linear``."""
+def layer_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for a decoder layer: fp8 inside ``fp8_matmuls``, else ``split_linear``.
+
+    Under fp8 the bias is added after the scaled matmul, in its output dtype (``_scaled_mm`` takes none here).
+    """
     if _FP8 is None:
-        return split_linear(x, weight)
+        return split_linear(x, weight, bias)
     if x.shape[-1] % _MULTIPLE or weight.shape[0] % _MULTIPLE:
         record_downgrade(Downgrade("op", f"fp8 linear {tuple(weight.shape)}", "fp8 matmul", "bf16 matmul",
                                    f"torch._scaled_mm needs both dimensions divisible by {_MULTIPLE}"))
-        return split_linear(x, weight)
+        return split_linear(x, weight, bias)
     from hal.fp8 import scaled_linear
 
     kind = x.device.type
     out_dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else torch.bfloat16
-    return scaled_linear(x, weight, fp8_dtype=_FP8, out_dtype=out_dtype)
+    out = scaled_linear(x, weight, fp8_dtype=_FP8, out_dtype=out_dtype)
+    return out if bias is None else out + bias.to(out.dtype)
 
 
 __all__ = ["fp8_matmuls", "layer_linear"]

@@ -20,9 +20,10 @@ GIB = 2**30
 
 
 def layer_parameters(model: ModelConfig) -> int:
-    """One decoder layer: q/o projections, k/v at the kv width, the SwiGLU MLP and two norms."""
+    """One decoder layer: q/o projections, k/v at the kv width (and their bias), the SwiGLU MLP and two norms."""
     hidden, kv_width = model.hidden_size, model.num_kv_heads * model.head_dim
-    return 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * model.ffn_hidden_size + 2 * hidden
+    bias = hidden + 2 * kv_width if model.qkv_bias else 0
+    return 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * model.ffn_hidden_size + 2 * hidden + bias
 
 
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:

@@ -16,7 +16,7 @@ from hal import limits
 from hal.config_schema import Choice, Custom, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
 from hal.errors import ConfigError
 
-from .model_config import ModelConfig
+from .model_config import ModelConfig, weights_source
 from .optim_schedule import LR_SCHEDULES
 from .plan import ParallelPlan, parse_plan, validate_plan
 
@@ -88,6 +88,7 @@ class RunConfig:
     model: ModelConfig
     plan: ParallelPlan
     train: TrainConfig
+    init_from: str | None = None  # a Hugging Face checkpoint directory the weights come from (model.weights / --init-from)
 
 
 def load_run_config(
@@ -97,8 +98,13 @@ def load_run_config(
     check_backends: bool = True,
     single_host: bool = True,
     env: Mapping[str, str] | None = None,
+    init_from: str | None = None,
 ) -> RunConfig:
-    """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise."""
+    """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise.
+
+    ``init_from`` (``hal train --init-from DIR``) means ``model: {hf: DIR, weights: true}``: DIR's
+    config.json must describe the section's model. The weight files are checked by ``hal train``.
+    """
     from hal.config import load_config
 
     origin = str(path)
@@ -106,6 +112,12 @@ def load_run_config(
     if config.parallel is None:
         raise ConfigError(f"{origin}: no 'parallel' section; add one with a list of stages (see examples/hetero_cpu.yaml)")
     model = ModelConfig.from_mapping(config.model or {}, origin)
+    weights = weights_source(config.model, origin)
+    if init_from is not None:
+        from .hf_weights import check_same_model
+
+        check_same_model(init_from, model, f"--init-from {init_from}")
+        weights = init_from
     plan = parse_plan(config.parallel, origin)
     train = parse_train(config.train, origin)
     if train.seq_len is not None and train.seq_len > model.max_seq_len:
@@ -116,7 +128,7 @@ def load_run_config(
     _check_data(origin, train, model)
     validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
                   single_host=single_host, origin=origin)
-    return RunConfig(origin, config, model, plan, train)
+    return RunConfig(origin, config, model, plan, train, weights)
 
 
 def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:

@@ -169,11 +169,13 @@ def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path 
 
 
 def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
-            check_backends: bool = True, profile: bool = False) -> Job:
+            check_backends: bool = True, profile: bool = False, init_from: str | None = None) -> Job:
     """Validate the whole run; one ConfigError line for the first problem.
 
     ``check_backends`` False (``--print-multinode``): this host is not where the ranks run, so
-    backends are not probed and each stage's precision is left to its ranks.
+    backends are not probed and each stage's precision is left to its ranks. ``init_from``
+    (``--init-from DIR``, or the config's ``model: {hf: DIR, weights: true}``): the Hugging Face
+    checkpoint's files are checked here against the model; a resumed run loads its checkpoint instead.
     """
     from .data import check_corpus
     from .run_config import load_run_config
@@ -181,7 +183,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
 
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps {steps} is not a step count; give 1 or more")
-    run = load_run_config(config, check_backends=check_backends)
+    run = load_run_config(config, check_backends=check_backends, init_from=init_from)
     if check_backends:  # a local run: every rank is a process on this host
         check_local_ranks(run.plan.world_size, f"{run.origin}: the plan's world size")
     precision = check_training(run, run.hal.fallback if check_backends else "allow")
@@ -191,6 +193,8 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
         run = replace(run, train=replace(run.train, data=str(Path(run.train.data).resolve())))
     total = steps or run.train.steps
     checkpoint, start = _resume_point(resume, run, total)
+    where = f"--init-from {init_from}" if init_from is not None else f"{run.origin}: model.hf {run.init_from}"
+    weights = _weights(run, where, check=checkpoint is None and check_backends)  # multinode: the files are the nodes'
     directory = Path(run_dir) if run_dir else _default_run_dir(config)
     log_file = Path(run.train.log_file) if run.train.log_file else directory / "train.jsonl"
     ckpt_dir = Path(run.train.checkpoint_dir) if run.train.checkpoint_dir else directory / "checkpoints"
@@ -200,7 +204,20 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
-               directory, log_file, ckpt_dir, checkpoint, profile)
+               directory, log_file, ckpt_dir, checkpoint, profile, weights)
+
+
+def _weights(run: RunConfig, where: str, check: bool) -> Path | None:
+    """The Hugging Face checkpoint the ranks slice their weights from, its files checked against the model
+    (unless resuming: the ranks then load the training checkpoint, and the path is only recorded)."""
+    from .hf_weights import check_weights
+
+    if run.init_from is None:
+        return None
+    directory = Path(run.init_from).expanduser().resolve()  # ranks may start in another cwd
+    if check:
+        check_weights(directory, run.model, where)
+    return directory
 
 
 # --- the ranks' environment ----------------------------------------------------------------------------------

@@ -117,7 +117,8 @@ def setup(job: Job) -> RankRun:
     seq = job.train.seq_len or job.model.max_seq_len
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
     engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
-                            seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype)
+                            seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
+                            init_from=job.init_from if job.resume is None else None)
     engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
     optimizer = _make_optimizer(engine, groups, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
@@ -315,7 +316,8 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
 def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
     train = r.job.train
     meta = {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
-            "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq}}
+            "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq},
+            "init_from": None if r.job.init_from is None else str(r.job.init_from)}
     if r.scaler is not None:
         meta["loss_scale"] = r.scaler.state_dict()
     return meta

@@ -6,8 +6,9 @@ gradients, which nobody waits for and which the schedule moves into the pipeline
 weight gradients of a transformer are those of its linear layers (``dW = dYᵀ X``): the linear layers
 run through ``split_linear`` while ``splittable()`` is on, and their backward, when a
 ``WeightGradStore`` is collecting (``collecting(store)``), keeps (X, dY) in the store instead of
-multiplying; ``store.run()`` (the ``W`` action) does the multiplications later. Every other parameter
-(norms, the embedding) gets its gradient in ``I``, as usual. Outside ``collecting`` the split
+multiplying; ``store.run()`` (the ``W`` action) does the multiplications later — a linear's bias
+gradient (Qwen2's qkv bias) goes with its weight's. Every other parameter (norms, the embedding) gets
+its gradient in ``I``, as usual. Outside ``collecting`` the split
 linear's backward computes both gradients at once, so a plain ``loss.backward()`` still works.
 
 The switch and the store are process-wide, not thread-local: a CUDA backward runs in autograd's
@@ -67,45 +68,58 @@ def collecting(store: WeightGradStore) -> Iterator[WeightGradStore]:
         _STORE = before
 
 
-def split_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``ops.linear(x, weight)``; under ``splittable()`` its weight gradient can be deferred."""
+def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``ops.linear(x, weight, bias)``; under ``splittable()`` its weight (and bias) gradient can be deferred."""
     if _SPLIT and torch.is_grad_enabled() and weight.requires_grad:
-        return _SplitLinear.apply(x, weight)
-    return ops.linear(x, weight)
+        return _SplitLinear.apply(x, weight, bias)
+    return ops.linear(x, weight, bias)
 
 
 class _SplitLinear(torch.autograd.Function):
-    """y = x Wᵀ whose backward returns dX and either returns dW or leaves it to the collecting store."""
+    """y = x Wᵀ + b whose backward returns dX and either returns dW, db or leaves them to the collecting store.
+
+    The bias gradient (the sum of dY over tokens) is a parameter gradient like dW, so it goes with the
+    weight half: nobody downstream waits for it, and ``W`` adds both to their ``.grad`` together.
+    """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        out = ops.linear(x, weight)  # the registry's implementation; autocast casts its inputs as for any linear
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = ops.linear(x, weight, bias)  # the registry's implementation; autocast casts its inputs as for any linear
         ctx.save_for_backward(x, weight)
-        ctx.weight = weight  # the parameter object itself: a deferred gradient is added to its .grad
+        ctx.params = (weight, bias)  # the parameter objects themselves: a deferred gradient is added to their .grad
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         x, weight = ctx.saved_tensors
         # In the forward's compute dtype (the output's, after autocast), as autograd's own linear backward.
         grad_x = (grad @ weight.to(grad.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
-        if not ctx.needs_input_grad[1]:
-            return grad_x, None
+        want_w, want_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if not (want_w or want_b):
+            return grad_x, None, None
         grad_2d, x_2d = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1]).to(grad.dtype)
+        param_w, param_b = ctx.params
+
+        def grads() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            dw = (grad_2d.t() @ x_2d).to(param_w.dtype) if want_w else None
+            db = grad_2d.sum(dim=0).to(param_b.dtype) if want_b else None
+            return dw, db
+
         store = _STORE
         if store is None:
-            return grad_x, (grad_2d.t() @ x_2d).to(weight.dtype)
-        param = ctx.weight
+            return (grad_x, *grads())
 
         def weight_grad() -> None:
-            dw = (grad_2d.t() @ x_2d).to(param.dtype)
-            if param.grad is None:
-                param.grad = dw
-            else:
-                param.grad.add_(dw)
+            for param, g in zip((param_w, param_b), grads()):
+                if g is None:
+                    continue
+                if param.grad is None:
+                    param.grad = g
+                else:
+                    param.grad.add_(g)
 
         store.defer(weight_grad)
-        return grad_x, None
+        return grad_x, None, None
 
 
 __all__ = ["WeightGradStore", "collecting", "split_linear", "splittable"]

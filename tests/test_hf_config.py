@@ -1,4 +1,4 @@
-"""``model: {hf: DIR}``: Hugging Face config.json onto hal's decoder (Llama 2/3, Mistral), the rest refused by field."""
+"""``model: {hf: DIR}``: Hugging Face config.json onto hal's decoder (Llama 2/3, Mistral, Qwen2), the rest refused by field."""
 from __future__ import annotations
 
 import json
@@ -27,6 +27,13 @@ MISTRAL_7B: dict[str, Any] = {
     "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 32768,
     "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
 }
+# Qwen2.5-0.5B's published config.json: a sliding window declared but switched off.
+QWEN25_05B: dict[str, Any] = {
+    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 151936, "hidden_size": 896,
+    "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+    "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21, "tie_word_embeddings": True,
+}
 
 
 def _dir(tmp_path: Path, config: dict[str, Any]) -> str:
@@ -49,13 +56,35 @@ def test_mistral_without_a_sliding_window_maps(tmp_path: Path) -> None:
     assert (model.num_layers, model.num_kv_heads, model.rope_theta, model.rope_scaling) == (32, 8, 1e6, None)
 
 
+def test_qwen2_maps_with_a_qkv_bias_and_its_inactive_sliding_window(tmp_path: Path) -> None:
+    model = ModelConfig.from_mapping({"hf": _dir(tmp_path, QWEN25_05B), "max_seq_len": 512})
+    assert (model.qkv_bias, model.num_heads, model.num_kv_heads, model.head_dim, model.tie_embeddings) == (True, 14, 2, 64, True)
+    assert not ModelConfig.from_mapping({"hf": _dir(tmp_path, LLAMA_32_1B), "max_seq_len": 512}).qkv_bias
+    # transformers 5 writes the per-layer kinds instead: all full attention is no window either
+    v5 = {**QWEN25_05B, "sliding_window": None, "layer_types": ["full_attention"] * 24}
+    assert ModelConfig.from_mapping({"hf": _dir(tmp_path, v5), "max_seq_len": 512}).qkv_bias
+
+
+def test_transformers_5_rope_parameters_are_read(tmp_path: Path) -> None:
+    legacy = {k: v for k, v in LLAMA_32_1B.items() if k not in ("rope_theta", "rope_scaling")}
+    v5 = {**legacy, "rope_parameters": {"rope_theta": 500000.0, **LLAMA_32_1B["rope_scaling"]}}
+    assert ModelConfig.from_mapping({"hf": _dir(tmp_path, v5), "max_seq_len": 64}) == \
+        ModelConfig.from_mapping({"hf": _dir(tmp_path, LLAMA_32_1B), "max_seq_len": 64})
+    plain = {**legacy, "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}
+    model = ModelConfig.from_mapping({"hf": _dir(tmp_path, plain), "max_seq_len": 64})
+    assert (model.rope_theta, model.rope_scaling) == (1e6, None)
+
+
 @pytest.mark.parametrize("change,words", [
-    ({"model_type": "qwen2"}, "Qwen2's qkv bias is not represented yet"),
+    ({"model_type": "gemma"}, "model_type 'gemma' is not one hal's decoder represents; supported: llama, mistral, qwen2"),
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not one hal's decoder represents"),
     ({"attention_bias": True}, "attention_bias = True"),
     ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
     ({"head_dim": 128}, "head_dim = 128"),
     ({"sliding_window": 4096}, "sliding_window = 4096"),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 10},
+     "sliding_window = 4096: layers 10..15 would attend through a window"),
+    ({"layer_types": ["full_attention"] * 15 + ["sliding_attention"], "sliding_window": 1024}, "sliding_window = 1024: layers 15..15"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not represented"),
     ({"num_hidden_layers": None}, "config.json has no 'num_hidden_layers'"),
 ])

@@ -9,19 +9,21 @@ Parameter names are global and independent of the split: ``embed.weight``,
 ``layers.<i>.attn_norm.weight``, ``layers.<i>.attn.qkv.weight``, ``layers.<i>.attn.out.weight``,
 ``layers.<i>.mlp_norm.weight``, ``layers.<i>.mlp.gate_up.weight``, ``layers.<i>.mlp.down.weight``,
 ``norm.weight``, ``head.weight`` (untied only; with tied embeddings the last stage holds its own
-``embed.weight`` and uses it as the head).
+``embed.weight`` and uses it as the head); with ``qkv_bias`` (Qwen2) also ``layers.<i>.attn.qkv.bias``.
 
 Initialisation: every parameter's FULL tensor is drawn on the host from a CPU generator seeded by
 sha256(seed, name), then this rank keeps its TP shard. The weights therefore depend only on
 (seed, name) — never on the pipeline split, the TP degree or the device — so a single-process
 model and any split start identical, which the equivalence tests rely on. The cost is one full
-parameter in host memory at a time during construction.
+parameter in host memory at a time during construction. With ``init_from`` (a Hugging Face
+checkpoint) nothing is drawn: each rank reads only its slices (``parallel.hf_weights``).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
+import os
 
 import torch
 from torch import nn
@@ -50,6 +52,8 @@ def full_init(name: str, shape: tuple[int, ...], init: str, std: float, seed: in
     """The full (unsharded) fp32 initial value of parameter ``name`` on the host."""
     if init == "ones":
         return torch.ones(shape)
+    if init == "zeros":
+        return torch.zeros(shape)
     generator = torch.Generator().manual_seed(param_seed(seed, name))
     return torch.randn(shape, generator=generator) * std
 
@@ -111,7 +115,8 @@ class Attention(nn.Module):
         scaling = config.rope_scaling
         self.rope_scaling = None if scaling is None else tuple(float(scaling[k]) for k in ROPE_SCALING_KEYS)
         q, kv = config.num_heads * hd, config.num_kv_heads * hd
-        self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv))
+        self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv),
+                                        bias=config.qkv_bias)
         self.out = RowParallelLinear(q, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -256,13 +261,15 @@ def check_tp(config: ModelConfig, tp: int) -> None:
 
 def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
                 seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                checkpoint: bool = False, fused_head: bool = False) -> Stage:
+                checkpoint: bool = False, fused_head: bool = False, init_from: str | os.PathLike[str] | None = None) -> Stage:
     """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
 
     ``tp_comm``: the stage's TP group (None or size 1: plain layers, no collectives). ``sp``:
     Megatron sequence parallelism (a no-op at tp=1). ``checkpoint``: activation checkpointing of
     every decoder layer (``Stage._run_layer`` says what it saves and what it costs). ``fused_head``:
-    the last stage returns the head's input, not logits (``Stage``). Weights are made in fp32 on the
+    the last stage returns the head's input, not logits (``Stage``). ``init_from``: a Hugging Face
+    checkpoint directory whose safetensors replace the seeded init — each parameter filled with this
+    rank's slices only (``parallel.hf_weights``), no full tensor drawn. Weights are made in fp32 on the
     host, then moved to ``device``/``dtype``.
     """
     for part in (layer_range,) if isinstance(layer_range, range) else layer_range:
@@ -271,13 +278,19 @@ def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, 
     check_tp(config, tp_size(tp_comm))
     stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint,
                   fused_head=fused_head)
-    init_stage(stage, seed, tp_comm)
+    if init_from is None:
+        init_stage(stage, seed, tp_comm)
+    else:
+        from ..hf_weights import load_stage
+
+        load_stage(stage, init_from, tp_comm)
     return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage
 
 
-def full_model(config: ModelConfig, seed: int) -> Stage:
-    """The whole model in one process (tp=1): the single-device reference."""
-    return build_stage(config, range(config.num_layers), first=True, last=True, tp_comm=None, sp=False, seed=seed)
+def full_model(config: ModelConfig, seed: int, init_from: str | os.PathLike[str] | None = None) -> Stage:
+    """The whole model in one process (tp=1): the single-device reference (``init_from``: as ``build_stage``)."""
+    return build_stage(config, range(config.num_layers), first=True, last=True, tp_comm=None, sp=False, seed=seed,
+                       init_from=init_from)
 
 
 # --- full-shape views of a sharded stage ----------------------------------------------------------------
