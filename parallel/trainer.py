@@ -345,7 +345,7 @@ def _open_board(r: RankRun) -> Any:
 def train(r: RankRun) -> None:
     """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
     is_writer = r.rank == r.writer
-    every = r.job.train.checkpoint_every
+    save_every, eval_every = r.job.train.checkpoint_every, r.job.train.eval_every
     plan = r.job.plan
     checkpoint_dir = r.job.checkpoint_dir
     tokens = plan.global_batch_size * r.seq
@@ -360,8 +360,7 @@ def train(r: RankRun) -> None:
         for step in range(r.start, r.steps):
             loss, row = train_step(r, step)
             times = gather_times(row, r.writer)
-            every = r.job.train.eval_every
-            evaluation = evaluate(r) if every and (step + 1) % every == 0 else None
+            evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
                 record = step_record(step + 1, loss, times, r.topology, tokens)
@@ -381,7 +380,7 @@ def train(r: RankRun) -> None:
                     board.write(record)
                 progress.update(record)
             done = step + 1
-            if checkpoint_dir is not None and (done == r.steps or (every and done % every == 0)):
+            if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
                 checkpoint = _save(r, checkpoint_dir, done)
     finally:
         if progress is not None:
