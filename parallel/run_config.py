@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from hal.config import HalConfig
 from hal import limits
-from hal.config_schema import Choice, Custom, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
+from hal.config_schema import Choice, Custom, Flag, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
 from hal.errors import ConfigError
 
 from .model_config import ModelConfig, weights_source
@@ -63,6 +63,8 @@ class TrainConfig:
     eval_batches: int = key(PositiveInt(limits.MICRO_BATCHES), 1, example="eval_batches: 4")  # global batches per evaluation
     seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
     log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
+    # the step lines' scalars also as a TensorBoard event file in <run dir>/tensorboard (needs the tensorboard package)
+    tensorboard: bool = key(Flag(), False)
     checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)
     # save every N steps as well as at the end (None: at the end only)
     checkpoint_every: int | None = key(Nullable(PositiveInt(limits.STEPS)), None, example="checkpoint_every: 10")

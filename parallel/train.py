@@ -67,6 +67,10 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
                           f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
     plans = _stage_precision(run, fallback)
     _check_loop(run)
+    if run.train.tensorboard:  # the writer rank opens the event file: the package must be there before any rank starts
+        from .tensorboard_log import check_available
+
+        check_available(f"{run.origin}: train.tensorboard")
     _check_token_file(run)
     _check_memory(run)
     return plans

@@ -15,7 +15,8 @@ that backend object), and steps AdamW over batches that are a pure function of (
 
 The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
 breakdown each step (one small gather on the host group), prints the progress line on stderr and
-appends one JSON line per step to the log file; at the end it writes ``summary.json`` in the run
+appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
+in ``RUN_DIR/tensorboard``, ``parallel.tensorboard_log``); at the end it writes ``summary.json`` in the run
 directory, which ``hal train`` prints with ``--json``.
 """
 from __future__ import annotations
@@ -334,14 +335,24 @@ def _open_log(path: Path, resumed: bool) -> TextIO:
     return open(path, "a" if resumed else "w", encoding="utf-8")
 
 
+def _open_board(r: RankRun) -> Any:
+    """The TensorBoard event file under the run directory with ``train.tensorboard`` (checked before ranks start), else None."""
+    if not r.job.train.tensorboard:
+        return None
+    from .tensorboard_log import TensorBoardLog, log_dir
+
+    return TensorBoardLog(log_dir(r.job.run_dir))
+
+
 def train(r: RankRun) -> None:
     """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
     is_writer = r.rank == r.writer
-    every = r.job.train.checkpoint_every
+    save_every, eval_every = r.job.train.checkpoint_every, r.job.train.eval_every
     plan = r.job.plan
     checkpoint_dir = r.job.checkpoint_dir
     tokens = plan.global_batch_size * r.seq
     log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
+    board = _open_board(r) if is_writer else None
     progress = Progress(r.steps) if is_writer else None
     records: list[dict[str, Any]] = []
     checkpoint = None
@@ -351,8 +362,7 @@ def train(r: RankRun) -> None:
         for step in range(r.start, r.steps):
             loss, row = train_step(r, step)
             times = gather_times(row, r.writer)
-            every = r.job.train.eval_every
-            evaluation = evaluate(r) if every and (step + 1) % every == 0 else None
+            evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
                 record = step_record(step + 1, loss, times, r.topology, tokens)
@@ -368,15 +378,19 @@ def train(r: RankRun) -> None:
                 records.append(record)
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+                if board is not None:
+                    board.write(record)
                 progress.update(record)
             done = step + 1
-            if checkpoint_dir is not None and (done == r.steps or (every and done % every == 0)):
+            if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
                 checkpoint = _save(r, checkpoint_dir, done)
     finally:
         if progress is not None:
             progress.close()
         if log is not None:
             log.close()
+        if board is not None:
+            board.close()
     if is_writer:
         summary = _summary(r, records, time.perf_counter() - began, checkpoint)
         Path(r.job.run_dir, "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -23,7 +23,7 @@ def test_every_section_is_declared_once_with_its_keys() -> None:
                                               "precision"]
     assert list(section_specs(TrainConfig)) == ["steps", "lr", "seed", "weight_decay", "warmup_steps", "lr_schedule", "min_lr",
                                                 "grad_clip", "data", "validation", "eval_every", "eval_batches", "seq_len", "log_file",
-                                                "checkpoint_dir", "checkpoint_every"]
+                                                "tensorboard", "checkpoint_dir", "checkpoint_every"]
     assert [n for n, s in section_specs(StagePlan).items() if s.required] == ["backend", "devices", "layers"]
 
 
