@@ -6,39 +6,21 @@ Ranks never import transformers: the test computes the reference logits in its o
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 VOCAB, SEQ, BATCH = 256, 16, 2
-REPO = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def _repo_off_path() -> Iterator[None]:
-    """transformers probes for Hugging Face's ``kernels`` package by importing a top-level ``kernels``; with the
-    repository root on sys.path (pytest puts it there) that finds hal's ``kernels/`` folder, which refuses a bare
-    import. The probe is cached, so it runs once here with the root off the path (hal itself is installed)."""
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO]
-    try:
-        yield
-    finally:
-        sys.path[:] = saved
 
 
 def transformers() -> Any:
-    """The transformers module, its package probes done (see ``_repo_off_path``)."""
-    with _repo_off_path():
-        import transformers as module
-        from transformers.utils import import_utils
+    """The transformers module. pytest puts the repository root on sys.path, so transformers' probe for Hugging
+    Face's ``kernels`` package imports hal's ``kernels/`` folder: this also checks that the folder stays inert."""
+    import transformers as module
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config  # noqa: F401  (resolve the lazy modules)
 
-        import_utils.is_kernels_available()
-        from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config  # noqa: F401  (resolve the lazy modules)
     return module
 
 

@@ -181,8 +181,13 @@ def test_a_regular_install_imports_hal_star_and_no_generic_name(wheel: Path, tmp
 
 
 def test_a_bare_folder_name_refuses_with_the_fix() -> None:
-    out = subprocess.run([sys.executable, "-c", "import kernels"], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert out.returncode != 0 and "import hal.kernels" in out.stderr
+    out = subprocess.run([sys.executable, "-c", "import parallel"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode != 0 and "import hal.parallel" in out.stderr
+    # ``kernels`` is also Hugging Face's package, which libraries probe by importing it: the bare name imports
+    # as an inert module without a version (probes say "not installed"), and using it is the same refusal.
+    out = subprocess.run([sys.executable, "-c", "import kernels; print(getattr(kernels, '__version__', 'none')); "
+                          "kernels.triton_ops"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.strip() == "none" and out.returncode != 0 and "import hal.kernels" in out.stderr
 
 
 # --- what a command loads ----------------------------------------------------------------------------
