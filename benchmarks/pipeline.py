@@ -25,7 +25,8 @@ The ratio ours/torch is also given round by round, with its spread (min..max).
 
 ``--schedule interleaved-1f1b --virtual-stages V`` gives every rank V chunks of its layers and compares with
 torch's ScheduleInterleaved1F1B over the same chunks (one ``PipelineStage`` per chunk, each a view that runs
-``Stage.forward_chunk``); other schedules are compared with Schedule1F1B. Each stage's idle share is also
+``Stage.forward_chunk``); ``zero-bubble`` and ``interleaved-zero-bubble`` with torch's ScheduleInterleavedZeroBubble
+(ZB1P) over one stage per rank or the same chunks; the others with Schedule1F1B. Each stage's idle share is also
 predicted by the simulator fed with that stage's measured compute time (backward = 2 x forward).
 
 ``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
@@ -197,6 +198,7 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     engine's chunks) over the same modules and tokens."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
 
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
     M, V = tokens.shape[0], engine.chunks
@@ -204,7 +206,11 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     if V > 1:
         stages = [PipelineStage(_ChunkView(engine.module, v), v * world_size + rank, V * world_size, engine.device,
                                 group=group) for v in range(V)]
-        schedule: Any = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=engine.loss_fn)
+        kind = ScheduleInterleavedZeroBubble if engine.schedule.splits_backward else ScheduleInterleaved1F1B
+        schedule: Any = kind(stages, n_microbatches=M, loss_fn=engine.loss_fn)
+    elif engine.schedule.splits_backward:  # zero-bubble: torch's ZB1P with one stage per rank
+        stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
+        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=M, loss_fn=engine.loss_fn)
     else:
         stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
         schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=engine.loss_fn)
@@ -257,7 +263,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
-        "torch_schedule": "ScheduleInterleaved1F1B" if V > 1 else "Schedule1F1B",
+        "torch_schedule": ("ScheduleInterleavedZeroBubble" if "zero-bubble" in opts.get("schedule", "1f1b") else
+                           "ScheduleInterleaved1F1B" if V > 1 else "Schedule1F1B"),
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -314,7 +321,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--fused-head", action="store_true",
                         help="the head and the loss as one fused linear + cross-entropy (both schedules)")
     parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
-    parser.add_argument("--schedule", default="1f1b", choices=["1f1b", "interleaved-1f1b", "zero-bubble", "gpipe"],
+    parser.add_argument("--schedule", default="1f1b",
+                        choices=["1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "gpipe"],
                         help="hal's schedule (torch's Schedule1F1B is the baseline, ScheduleInterleaved1F1B for "
                              "interleaved-1f1b); zero-bubble refuses --compile")
     parser.add_argument("--virtual-stages", type=int, default=None,
@@ -326,11 +334,12 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.stages < 2:
         parser.error("--stages must be at least 2 (a pipeline)")
-    if args.schedule == "zero-bubble" and args.compile:
-        parser.error("--schedule zero-bubble splits each backward in eager autograd; drop --compile")
-    virtual = args.virtual_stages or (2 if args.schedule == "interleaved-1f1b" else 1)
-    if (virtual > 1) != (args.schedule == "interleaved-1f1b") or virtual < 1:
-        parser.error("--virtual-stages: 2 or more with --schedule interleaved-1f1b, else 1")
+    if "zero-bubble" in args.schedule and args.compile:
+        parser.error(f"--schedule {args.schedule} splits each backward in eager autograd; drop --compile")
+    interleaved = args.schedule.startswith("interleaved")
+    virtual = args.virtual_stages or (2 if interleaved else 1)
+    if (virtual > 1) != interleaved or virtual < 1:
+        parser.error("--virtual-stages: 2 or more with an interleaved --schedule, else 1")
     if virtual > 1 and args.micro_batches % args.stages:
         parser.error(f"--micro-batches {args.micro_batches}: interleaved-1f1b needs a multiple of --stages {args.stages}")
     model = dict(PRESETS[args.preset])

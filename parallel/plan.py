@@ -6,7 +6,7 @@ The ``parallel:`` section of the hal config is declared here once, as the ``Stag
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
-      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble   (default 1f1b)
+      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble | interleaved-zero-bubble
       virtual_stages: 1         # model chunks per stage (interleaved-1f1b: 2 or more)
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
@@ -34,6 +34,7 @@ Meaning of the degrees (the engine relies on these):
   chunks of layers: a stage's ``layers`` is split evenly (it must be divisible by V) or listed per
   chunk (``layers: [3, 2]``); chunk v of stage k is virtual stage v*S + k, layers following that
   order. It needs at least 2 stages and micro_batches a multiple of the stage count.
+  ``interleaved-zero-bubble`` is the same placement with zero-bubble's split backward.
 - ``zero-bubble`` (ZB-H1, ``parallel.schedules.zero_bubble``) splits each backward into input and
   weight halves through eager autograd, so it refuses compiled stages.
 """
@@ -240,12 +241,20 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
         )
     _check_chunks(origin, plan)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
-    if plan.schedule == "zero-bubble" and compiled:
+    if splits_backward(plan.schedule) and compiled:
+        plain = "interleaved-1f1b" if plan.virtual_stages > 1 else "1f1b"
         raise ConfigError(
-            f"{origin}: schedule zero-bubble splits every backward into input and weight halves, which a compiled "
+            f"{origin}: schedule {plan.schedule} splits every backward into input and weight halves, which a compiled "
             f"layer cannot (its backward is one graph), and stage(s) {', '.join(map(str, compiled))} compile; "
-            "set compile: false there or use schedule: 1f1b"
+            f"set compile: false there or use schedule: {plain}"
         )
+
+
+def splits_backward(schedule: str) -> bool:
+    """Whether ``schedule`` runs every backward as input and weight halves (the zero-bubble family)."""
+    from .schedules import get_schedule
+
+    return get_schedule(schedule).splits_backward
 
 
 def _check_chunks(origin: str, plan: ParallelPlan) -> None:

@@ -40,6 +40,7 @@ from hal.limits import check_local_ranks
 from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 from .job import Job, write_job
+from .plan import splits_backward
 from .run_config import RunConfig
 from .topology import Topology
 
@@ -142,9 +143,9 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
                  else f"{run.hal.origins.get('precision', 'config')}: precision")
         if precision not in TRAIN_PRECISIONS:
             raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
-        if precision == "fp8-mixed" and run.plan.schedule == "zero-bubble":
+        if precision == "fp8-mixed" and splits_backward(run.plan.schedule):
             raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
-                              "zero-bubble needs split; use schedule: 1f1b or bf16-mixed on that stage")
+                              f"{run.plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
         backend = get_backend(stage.backend)
         if not backend.is_available():
             plans.append(None)  # the plan check reports unavailable backends with their reason

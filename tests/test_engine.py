@@ -58,8 +58,14 @@ PLANS[IL_TIED] = PLANS[IL_UNEVEN]
 IL_BRIDGED = "il e: interleaved, 3 stages x 2 chunks, every stage its own island (every link bridged)"
 PLANS[IL_BRIDGED] = PLANS[IL_THREE]
 ISLANDS = {IL_BRIDGED: [0, 1, 1, 2]}  # bridged links post blocking batches: the link order keeps the ring free of waits
-LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6}
-TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED}
+IZB_UNEVEN = "izb a: interleaved zero-bubble, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
+PLANS[IZB_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "interleaved-zero-bubble"}
+IZB_THREE = "izb c: interleaved zero-bubble, 3 stages x 2 chunks, dp1/dp2/dp1"
+PLANS[IZB_THREE] = {**PLANS[IL_THREE], "schedule": "interleaved-zero-bubble"}
+PLANS["izb b: interleaved zero-bubble, 2 stages x 2 chunks, dp2 -> tp2 sp"] = {
+    **PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "schedule": "interleaved-zero-bubble", "virtual_stages": 2}
+LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN}
 STEPS, LR = 20, 3e-3
 
 

@@ -79,26 +79,34 @@ def virtual_index(stage: int, chunk: int, num_stages: int) -> int:
     return chunk * num_stages + stage
 
 
+_GRADIENT = (Kind.BACKWARD, Kind.BACKWARD_INPUT)  # the actions that hand a gradient to the previous virtual stage
+
+
 def _consumer(action: Action, stage: int, S: int, V: int) -> tuple[int, int] | None:
     """(stage, chunk) that receives what ``action`` produces (None: nothing leaves, or nobody needs it)."""
     j = virtual_index(stage, action.chunk, S)
     if action.kind is Kind.FORWARD and j < S * V - 1:
         return (j + 1) % S, (j + 1) // S
-    if action.kind is Kind.BACKWARD and j > 0:
+    if action.kind in _GRADIENT and j > 0:
         return (j - 1) % S, (j - 1) // S
     return None
 
 
 def _ready(action: Action, stage: int, S: int, V: int, done: dict[tuple[Kind, int, int], int], now: int) -> bool:
-    """Whether ``action`` can run in round ``now``: its inputs were made in an earlier round."""
+    """Whether ``action`` can run in round ``now``: its inputs were made in an earlier round.
+
+    A split backward's ``I`` needs what a backward needs; its ``W`` only its own ``I``.
+    """
     j = virtual_index(stage, action.chunk, S)
 
-    def before(kind: Kind, vj: int) -> bool:
-        return done.get((kind, action.micro_batch, vj), now) < now
+    def before(kinds: tuple[Kind, ...], vj: int) -> bool:
+        return any(done.get((k, action.micro_batch, vj), now) < now for k in kinds)
 
     if action.kind is Kind.FORWARD:
-        return j == 0 or before(Kind.FORWARD, j - 1)
-    return before(Kind.FORWARD, j) and (j == S * V - 1 or before(Kind.BACKWARD, j + 1))
+        return j == 0 or before((Kind.FORWARD,), j - 1)
+    if action.kind is Kind.BACKWARD_WEIGHT:
+        return before((Kind.BACKWARD_INPUT,), j)
+    return before((Kind.FORWARD,), j) and (j == S * V - 1 or before(_GRADIENT, j + 1))
 
 
 @functools.lru_cache(maxsize=64)
@@ -149,7 +157,7 @@ def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step
             if consumer is None:
                 continue
             to, chunk = consumer
-            forward = action.kind is Kind.FORWARD
+            forward = action.kind is Kind.FORWARD  # else a gradient (B, or the I half of a split backward)
             by_link[s].setdefault(to, []).append(
                 Action(Kind.SEND_FORWARD if forward else Kind.SEND_BACKWARD, action.micro_batch, action.chunk))
             by_link[to].setdefault(s, []).append(
@@ -158,3 +166,83 @@ def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step
             for peer in sorted(by_link[s], key=lambda p: _link_order(s, p, S)):
                 programs[s].append(P2PBatch(tuple(by_link[s][peer]), peer_stage=peer))
     return tuple(tuple(p) for p in programs)
+
+
+class InterleavedZeroBubble(Interleaved1F1B):
+    """Interleaved zero-bubble (the paper's ZB with Megatron's chunks, as torch's ScheduleInterleavedZeroBubble):
+    interleaved 1F1B's forward and input-gradient orders, every backward split into ``I`` and ``W``, and the
+    ``W`` halves run wherever a stage would otherwise wait.
+
+    The order is found by playing the pipeline with unit F, I and W times; at each moment a stage is free:
+    1. the next ``I`` of its interleaved backward order, once its gradient has arrived;
+    2. else the next ``F`` of its interleaved forward order, once its input has arrived and while fewer
+       chunk activations are held (forwarded, ``W`` not done) than interleaved 1F1B's warm-up plus one —
+       so peak activation memory stays interleaved 1F1B's;
+    3. else the oldest pending ``W``.
+    """
+
+    name = "interleaved-zero-bubble"
+    splits_backward = True
+
+    def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
+                      ) -> list[Action]:
+        check_interleaved(num_stages, num_micro_batches, virtual_stages)
+        return list(_zb_orders(num_stages, num_micro_batches, virtual_stages)[stage])
+
+
+@functools.lru_cache(maxsize=64)
+def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
+    """Every stage's compute order from a unit-time play under ``InterleavedZeroBubble``'s rules."""
+    base = Interleaved1F1B()
+    forwards = [[a for a in base.compute_order(S, M, s, V) if a.kind is Kind.FORWARD] for s in range(S)]
+    inputs = [[Action(Kind.BACKWARD_INPUT, a.micro_batch, a.chunk) for a in base.compute_order(S, M, s, V)
+               if a.kind is Kind.BACKWARD] for s in range(S)]
+    bound = [min(2 * (S - s - 1) + (V - 1) * S, M * V) + 1 for s in range(S)]
+    done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> end time
+    free = [0.0] * S
+    f_at, i_at = [0] * S, [0] * S
+    weights: list[list[Action]] = [[] for _ in range(S)]  # I done, W pending, oldest first
+    orders: list[list[Action]] = [[] for _ in range(S)]
+    total = 3 * M * V
+    while sum(len(o) for o in orders) < S * total:
+        best: tuple[float, int, int, Action] | None = None  # (start, rule, stage, action)
+        for s in range(S):
+            held = f_at[s] - (i_at[s] - len(weights[s]))  # chunk activations forwarded here, W not done
+            options: list[tuple[float, int, Action]] = []
+            if i_at[s] < len(inputs[s]):
+                a = inputs[s][i_at[s]]
+                j = virtual_index(s, a.chunk, S)
+                own = done.get((Kind.FORWARD, a.micro_batch, j))
+                grad = own if j == S * V - 1 else done.get((Kind.BACKWARD_INPUT, a.micro_batch, j + 1))
+                if own is not None and grad is not None:
+                    options.append((max(free[s], own, grad), 1, a))
+            if f_at[s] < len(forwards[s]) and held < bound[s]:
+                a = forwards[s][f_at[s]]
+                j = virtual_index(s, a.chunk, S)
+                arrives = 0.0 if j == 0 else done.get((Kind.FORWARD, a.micro_batch, j - 1))
+                if arrives is not None:
+                    options.append((max(free[s], arrives), 2, a))
+            runnable = [o for o in options if o[0] <= free[s]]
+            if runnable:
+                start, rule, a = min(runnable, key=lambda o: o[1])
+            elif weights[s]:
+                start, rule, a = free[s], 3, weights[s][0]
+            elif options:
+                start, rule, a = min(options, key=lambda o: (o[0], o[1]))
+            else:
+                continue
+            if best is None or (start, rule, s) < best[:3]:
+                best = (start, rule, s, a)
+        assert best is not None, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"
+        start, _, s, a = best
+        j = virtual_index(s, a.chunk, S)
+        done[(a.kind, a.micro_batch, j)] = free[s] = start + 1.0
+        if a.kind is Kind.FORWARD:
+            f_at[s] += 1
+        elif a.kind is Kind.BACKWARD_INPUT:
+            i_at[s] += 1
+            weights[s].append(Action(Kind.BACKWARD_WEIGHT, a.micro_batch, a.chunk))
+        else:
+            weights[s].pop(0)
+        orders[s].append(a)
+    return tuple(tuple(o) for o in orders)

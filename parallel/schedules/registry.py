@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from .base import Schedule
 from .gpipe import GPipe
-from .interleaved import Interleaved1F1B
+from .interleaved import Interleaved1F1B, InterleavedZeroBubble
 from .one_f_one_b import OneFOneB
 from .zero_bubble import ZeroBubbleH1
 
-_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1)}
+_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1, InterleavedZeroBubble)}
 
 
 def schedule_names() -> tuple[str, ...]:
