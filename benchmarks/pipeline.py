@@ -180,14 +180,21 @@ def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
 class _ChunkView(torch.nn.Module):
     """One model chunk of an interleaved stage as its own module, for torch's one-PipelineStage-per-chunk API.
 
-    The stage is held without registering it, so torch sees no parameters of its own here (its optional
-    gradient scaling then touches nothing: if anything, that favours torch's side of the comparison).
+    It registers exactly the submodules the chunk runs (its layers; the embedding, norm and head where it
+    holds them), so torch's per-stage parameter work — the weight-gradient half of its zero-bubble schedules,
+    gradient scaling — covers the chunk's parameters and no others; the stage itself is held unregistered.
     """
 
     def __init__(self, stage: torch.nn.Module, chunk: int) -> None:
         super().__init__()
         object.__setattr__(self, "stage", stage)
         self.chunk = chunk
+        self.layers = torch.nn.ModuleList(stage.layers[str(i)] for i in stage.chunks[chunk])
+        if stage.first and chunk == 0:
+            self.embed = stage.embed
+        if stage.last and chunk == len(stage.chunks) - 1:
+            self.norm = stage.norm
+            self.head_owner = stage.embed if stage.tied else stage.head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stage.forward_chunk(x, self.chunk)
