@@ -76,5 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(index, indent=2))
     else:
         print(f"hal data prepare: {index['bin']}: {index['tokens']:,} tokens ({index['dtype']}), {index['documents']:,} "
-              f"documents, vocab {index['vocab_size']}, eod id {index['eod_id']}; index {index['index']}")
+              f"documents, vocab {index['vocab_size']}, eod id {index['eod_id']}; index {index['index']}; "
+              f"{index['input_bytes'] / 1e6:.1f} MB in {index['seconds']:.1f} s ({index['mb_per_s']:.1f} MB/s, "
+              f"{index['tokens_per_s']:,.0f} tokens/s)")
     return 0

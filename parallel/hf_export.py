@@ -40,7 +40,7 @@ import torch
 from hal.errors import ConfigError, HalError
 from hal.run_dirs import check_creatable_dir
 
-from .hf_names import model_pieces
+from .hf_checks import model_pieces
 from .model_config import ModelConfig
 
 FLAG = "hal export"

@@ -9,12 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import torch
-
-from hal.errors import ConfigError
-
-from .layers import ParamMeta, param_meta
-from .model_config import ModelConfig
+from .layers import ParamMeta
 
 _TOP: dict[str, tuple[str, ...]] = {
     "embed.weight": ("model.embed_tokens.weight",),
@@ -69,24 +64,4 @@ def pieces(name: str, meta: ParamMeta) -> list[Piece]:
     return out
 
 
-def model_pieces(config: ModelConfig) -> dict[str, list[Piece]]:
-    """{hal name: its Hugging Face pieces} for the whole model, from the model built on the meta device."""
-    from .models.llama import full_model
-
-    with torch.device("meta"):
-        module = full_model(config, 0)
-    out = {}
-    for name, param in module.named_parameters():
-        meta = param_meta(param)
-        if meta is None:
-            raise ConfigError(f"parameter {name} has no ParamMeta; the model cannot map it to Hugging Face names")
-        out[name] = pieces(name, meta)
-    return out
-
-
-def hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face tensor this model is made of, with its shape (``lm_head.weight`` only when untied)."""
-    return {p.hf_name: p.shape for parts in model_pieces(config).values() for p in parts}
-
-
-__all__ = ["Piece", "hf_names", "hf_shapes", "model_pieces", "pieces"]
+__all__ = ["Piece", "hf_names", "pieces"]

@@ -11,7 +11,7 @@ row blocks of at most ``CHUNK_BYTES`` of file, each through a fresh ``safe_open`
 gone before the next block: a rank's peak host memory is its own shard plus about one block,
 whatever the size of the tensors it slices (measured: tests/test_hf_weights_ranks.py).
 
-Checked before any rank starts (``check_weights``, in ``hal train``'s parent): the files exist (one
+Checked before any rank starts (``parallel.hf_checks.check_weights``, in ``hal train``'s parent): the files exist (one
 ``model.safetensors``, or ``model.safetensors.index.json`` and the shards it names), every header is
 well-formed and agrees with its file's size (a truncated or corrupt shard), and the tensors are
 exactly those this model is made of — none missing, none extra, each of the right shape and a
@@ -19,7 +19,6 @@ floating-point dtype. Each problem is one ConfigError line naming the tensor or 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -31,11 +30,10 @@ from typing import Any
 
 import torch
 
-from hal.errors import ConfigError, HalError
+from hal.errors import ConfigError
 
-from .hf_names import Piece, hf_shapes, pieces
+from .hf_names import Piece, pieces
 from .layers import param_meta
-from .model_config import ModelConfig
 from .tp_comm import TPComm, tp_rank, tp_size
 
 SINGLE = "model.safetensors"
@@ -157,44 +155,6 @@ def _sharded(root: Path, where: str) -> dict[str, Entry]:
     return out
 
 
-def check_weights(directory: str | os.PathLike[str], model: ModelConfig, where: str) -> None:
-    """The checkpoint in ``directory`` is exactly this model's tensors, readable: one ConfigError line otherwise."""
-    if importlib.util.find_spec("safetensors") is None:
-        raise HalError(f"{where}: loading Hugging Face weights needs the 'safetensors' package, which is not installed; "
-                       "pip install 'hetero-hal[hf]'")
-    found, want = catalog(directory, where), hf_shapes(model)
-    missing = [n for n in want if n not in found]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ConfigError(f"{where}: tensor {missing[0]}{more} is missing from {directory}; it is not a checkpoint of this model")
-    extra = sorted(n for n in found if n not in want)
-    if extra:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        tied = " (the config ties the embeddings, so there is no separate head)" if extra[0] == "lm_head.weight" else ""
-        raise ConfigError(f"{where}: {found[extra[0]].file.name} holds tensor {extra[0]}{more}, which this model has no "
-                          f"place for{tied}; it is not a checkpoint of this model")
-    for name, shape in want.items():
-        entry = found[name]
-        if entry.shape != shape:
-            raise ConfigError(f"{where}: tensor {name} in {entry.file.name} has shape {list(entry.shape)}, this model needs "
-                              f"{list(shape)}; the checkpoint does not match its config.json")
-        if entry.dtype not in FLOAT_DTYPES:
-            raise ConfigError(f"{where}: tensor {name} in {entry.file.name} is {entry.dtype}, not a floating-point dtype "
-                              f"({', '.join(FLOAT_DTYPES)}); quantised checkpoints are not read")
-
-
-def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, where: str) -> None:
-    """``--init-from DIR``: DIR's config.json describes this run's model (any sequence length): one line naming a difference."""
-    from .hf_config import model_keys_from_hf
-
-    theirs = ModelConfig.from_mapping({**model_keys_from_hf(str(directory), where), "max_seq_len": model.max_seq_len}, where)
-    mine, other = model.to_dict(), theirs.to_dict()
-    for key, value in mine.items():
-        if other[key] != value:
-            raise ConfigError(f"{where}: its config.json gives model.{key} {other[key]!r} but the run's model has {value!r}; "
-                              "use model: {hf: DIR, weights: true} or make the model section match")
-
-
 # --- loading into a stage (each rank) ----------------------------------------------------------------------
 
 
@@ -238,5 +198,4 @@ def _block(view: Any, dim: int, start: int, stop: int, lo: int, hi: int) -> torc
     return view[start:stop] if dim == 0 else view[start:stop, lo:hi]
 
 
-__all__ = ["CHUNK_BYTES", "Entry", "FLOAT_DTYPES", "INDEX", "SINGLE", "catalog", "check_same_model", "check_weights",
-           "load_stage", "read_header"]
+__all__ = ["CHUNK_BYTES", "Entry", "FLOAT_DTYPES", "INDEX", "SINGLE", "catalog", "load_stage", "read_header"]

@@ -116,7 +116,7 @@ def load_run_config(
     model = ModelConfig.from_mapping(config.model or {}, origin)
     weights = weights_source(config.model, origin)
     if init_from is not None:
-        from .hf_weights import check_same_model
+        from .hf_checks import check_same_model
 
         check_same_model(init_from, model, f"--init-from {init_from}")
         weights = init_from

@@ -215,7 +215,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
 def _weights(run: RunConfig, where: str, check: bool) -> Path | None:
     """The Hugging Face checkpoint the ranks slice their weights from, its files checked against the model
     (unless resuming: the ranks then load the training checkpoint, and the path is only recorded)."""
-    from .hf_weights import check_weights
+    from .hf_checks import check_weights
 
     if run.init_from is None:
         return None

@@ -12,7 +12,7 @@ import yaml
 from hal.errors import ConfigError
 from hal.parallel.checkpoint_io import read_meta, read_tensors, resolve
 from hal.parallel.hf_export import Source, export_hf, plan_shards, tokenizer_files
-from hal.parallel.hf_weights import check_weights
+from hal.parallel.hf_checks import check_weights
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.models.llama import full_model
 

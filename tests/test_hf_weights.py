@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hal.errors import ConfigError
-from hal.parallel.hf_weights import check_weights
+from hal.parallel.hf_checks import check_weights
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.models.llama import full_model
 

@@ -52,7 +52,7 @@ BOUND = 48 * MIB  # what a rank may hold beyond its own shard while loading (the
 def _write_big(directory: Path) -> tuple[int, dict[str, float]]:
     """A random Llama-shaped checkpoint in 64 MiB shards with its index, written tensor by tensor (the test
     process never holds the model); its size and the sums each TP rank's probe slices must have."""
-    from hal.parallel.hf_names import hf_shapes
+    from hal.parallel.hf_checks import hf_shapes
     from hal.parallel.model_config import ModelConfig
 
     directory.mkdir()

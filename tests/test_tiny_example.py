@@ -1,10 +1,14 @@
 """The README's new-user flow, as a user runs it: ``hal data prepare`` with the shipped tokenizer, then
 ``hal train examples/tiny_cpu.yaml`` (unmodified, for fewer steps) — finite losses, evaluation lines,
-checkpoints where the config asks for them."""
+checkpoints where the config asks for them — then ``hal export`` and the README's transformers command."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +30,22 @@ def _prepare_command() -> list[str]:
     return found[0]
 
 
-def test_the_readme_shows_the_same_two_commands() -> None:
+RUN_DIR = "runs/tiny"  # where the README's train command puts the run
+
+
+def _readme_flow() -> list[str]:
+    """The README's new-user block: prepare, train, export, load in transformers (one command each)."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert f"\nhal {' '.join(_prepare_command())}\nhal train examples/tiny_cpu.yaml\n" in readme
+    start = readme.index(f"\nhal {' '.join(_prepare_command())}\n") + 1
+    block = readme[start:readme.index("```", start)].strip().splitlines()
+    assert len(block) == 4, block
+    return block
+
+
+def test_the_readme_shows_the_examples_commands() -> None:
+    prepare, train, export, load = _readme_flow()
+    assert train == f"hal train examples/tiny_cpu.yaml --run-dir {RUN_DIR}"
+    assert export.startswith(f"hal export {RUN_DIR}/checkpoints --to hf ") and load.startswith("python3 -c ")
 
 
 def test_prepare_then_train_the_tiny_example(tmp_path: Path) -> None:
@@ -43,7 +60,7 @@ def test_prepare_then_train_the_tiny_example(tmp_path: Path) -> None:
     index = json.loads(data.with_name(data.name.replace(".bin", ".idx.json")).read_text(encoding="utf-8"))
     assert index["vocab_size"] == config["model"]["vocab_size"]
 
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / RUN_DIR
     result = run_hal("train", str(EXAMPLE), "--steps", str(STEPS), "--run-dir", str(run_dir), "--json", cwd=tmp_path,
                      timeout=300)
     assert result.returncode == 0, result.stderr
@@ -62,3 +79,15 @@ def test_prepare_then_train_the_tiny_example(tmp_path: Path) -> None:
     # checkpoint_every 100 beside eval_every 25: the end of the run only
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", f"step-{STEPS:06d}"]
     assert json.loads(result.stdout)["checkpoint"] == str(run_dir / "checkpoints" / f"step-{STEPS:06d}")
+
+    # the README's last two commands, as written: export, then transformers continues a sentence from the export
+    _, _, export, load = _readme_flow()
+    exported = run_hal(*shlex.split(export)[1:], cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed (the test extra has it): the export was written, not loaded")
+    loaded = subprocess.run([sys.executable, *shlex.split(load)[1:]], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    continued = loaded.stdout.strip()
+    assert continued.startswith("The ledger") and len(continued) > len("The ledger") + 10, continued

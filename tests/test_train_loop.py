@@ -39,7 +39,7 @@ PLAN = {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
                    {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]}
 
 
-def norm_body(rank: int, world: int, tied: bool) -> float:
+def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     from hal.collectives import current_world
     from hal.parallel.engine import PipelineEngine
     from hal.parallel.optim_schedule import clip_global_norm
@@ -55,7 +55,12 @@ def norm_body(rank: int, world: int, tied: bool) -> float:
                             device=torch.device("cpu"))
     engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size))
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
-    return clip_global_norm(engine.module, 1e9, tp_rank=engine.coord.tp, dp_rank=engine.coord.dp, skip=skip)
+    norm = clip_global_norm(engine.module, max_norm, tp_rank=engine.coord.tp, dp_rank=engine.coord.dp, skip=skip)
+    if max_norm == 1e9:
+        return norm
+    from hal.parallel.models.llama import gather_full_grads
+
+    return norm, {n: g.tolist() for n, g in gather_full_grads(engine.module).items()}
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -63,7 +68,24 @@ def test_the_clipped_norm_is_the_single_process_models(tied: bool) -> None:
     want = math.sqrt(sum(float(g.double().square().sum()) for g in reference(PLAN, 1, 1e-3, tied=tied)["grads"].values()))
     values = ok_values(run_world("tests.test_train_loop", "norm_body", 4, deadline_s=180, tied=tied), 4)
     for rank, got in values.items():
-        assert got == pytest.approx(want, rel=1e-5), (rank, got, want)
+        assert got == pytest.approx(want, rel=1e-6), (rank, got, want)
+
+
+def test_a_clipped_step_is_the_single_process_models_clipped_step() -> None:
+    """Clipping engaged (max_norm a quarter of the norm): every rank's gradients, gathered to full shape, are the
+    single-process gradients scaled by max_norm / norm — the step the single process would take."""
+    ref = reference(PLAN, 1, 1e-3)["grads"]
+    norm = math.sqrt(sum(float(g.double().square().sum()) for g in ref.values()))
+    values = ok_values(run_world("tests.test_train_loop", "norm_body", 4, deadline_s=180, tied=False,
+                                 max_norm=norm / 4), 4)
+    seen = set()
+    for got_norm, grads in values.values():
+        assert got_norm == pytest.approx(norm, rel=1e-6)
+        for name, grad in grads.items():
+            want = ref[name] * (norm / 4) / (got_norm + 1e-6)
+            torch.testing.assert_close(torch.tensor(grad), want, rtol=1e-5, atol=1e-8, msg=name)
+            seen.add(name)
+    assert seen == set(ref)
 
 
 # --- hal train: the log shows lr and grad_norm; norms and vectors are not decayed --------------------------------------
