@@ -127,6 +127,19 @@ def test_resume_into_another_plan_equals_uninterrupted(half_run: dict[str, Any])
     _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
 
 
+PLAN_IL = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+           "stages": [{"backend": "cpu", "devices": 2, "layers": [1, 1], "tp": 2},
+                      {"backend": "cpu", "devices": 2, "layers": [1, 1], "dp": 2}]}
+
+
+def test_resume_into_an_interleaved_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Trained with plan (a) (1F1B, layers 0-2 | 3); resumed with two chunks per stage (layers 0 | 1 and 2 | 3)."""
+    config = _config(half_run["root"], "plan_il", steps=6, parallel=PLAN_IL)
+    resumed = _train(str(config), "--resume", str(half_run["checkpoints"]), "--run-dir", str(half_run["root"] / "resumed_il"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+    assert [s["layers"] for s in resumed["stages"]] == [[0, 2], [1, 3]]
+
+
 def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
     from hal.cli.train import spawn_ranks
