@@ -149,11 +149,9 @@ class PipelineEngine:
                                 Boundary(layouts[(k - 1) % S], layouts[k], mbs, self.seq) for v in range(V)]
         self.send_boundaries = [None if self.last and v == V - 1 else
                                 Boundary(layouts[k], layouts[(k + 1) % S], mbs, self.seq) for v in range(V)]
-        self.recv_boundary, self.send_boundary = self.recv_boundaries[0], self.send_boundaries[-1]
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
-        self.program = (self.schedule.program(S, plan.micro_batches, k, V) if V > 1
-                        else self.schedule.program(S, plan.micro_batches, k))
+        self.program = self.schedule.program(S, plan.micro_batches, k, V)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on

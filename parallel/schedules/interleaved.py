@@ -24,6 +24,7 @@ import functools
 
 from .action import Action, Kind, P2PBatch, Step
 from .base import Schedule, _check
+from .simulator import Deadlock
 
 
 class Interleaved1F1B(Schedule):
@@ -128,15 +129,13 @@ def rounds(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Action | N
                 action = None
             played[s].append(action)
         if not ran:
-            from .simulator import Deadlock
-
             stuck = "; ".join(f"stage {s} at {orders[s][at[s]]}" for s in range(S) if at[s] < len(orders[s]))
             raise Deadlock(f"{schedule.name}: no stage can progress ({stuck})")
         now += 1
     return tuple(tuple(p) for p in played)
 
 
-def _link_order(a: int, b: int, S: int) -> tuple[int, int]:
+def _link_order(a: int, b: int) -> tuple[int, int]:
     """A total order on links: every rank posts a round's batches in it, so no ring of waits can form."""
     return (min(a, b), max(a, b))
 
@@ -163,7 +162,7 @@ def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step
             by_link[to].setdefault(s, []).append(
                 Action(Kind.RECV_FORWARD if forward else Kind.RECV_BACKWARD, action.micro_batch, chunk))
         for s in range(S):
-            for peer in sorted(by_link[s], key=lambda p: _link_order(s, p, S)):
+            for peer in sorted(by_link[s], key=lambda p: _link_order(s, p)):
                 programs[s].append(P2PBatch(tuple(by_link[s][peer]), peer_stage=peer))
     return tuple(tuple(p) for p in programs)
 

@@ -58,8 +58,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     ``weight_share`` of the backward and its ``I`` the rest.
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
-    orders = [_compute(_program(schedule, S, M, s, V) if isinstance(schedule, Schedule) else schedule[s])
-              for s in range(S)]
+    orders = [_compute(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
     if not 0.0 <= weight_share <= 1.0:
         raise ValueError(f"weight_share: a fraction of the backward between 0 and 1; got {weight_share!r}")
@@ -152,10 +151,6 @@ def _needs(action: Action, s: int, S: int, V: int) -> str:
     if j == S * V - 1:
         return f"F{m} on {where(j)}"
     return f"F{m} on {where(j)} and B{m} on {where(j + 1)}"
-
-
-def _program(schedule: Schedule, S: int, M: int, s: int, V: int) -> Sequence[Step]:
-    return schedule.program(S, M, s, V) if V != 1 else schedule.program(S, M, s)
 
 
 def _shares(chunk_share: Sequence[Sequence[float]] | None, S: int, V: int) -> list[list[float]]:
