@@ -9,8 +9,8 @@ leaves out. The document is plain JSON (``RUN_DIR/timeline.json``), so a saved o
 Document (version 1): ``schedule``, ``num_stages``, ``micro_batches``, ``virtual_stages``, ``unit``
 ("s", or "layer" for ``hal plan``'s layer-proportional guess), ``stages`` [{stage, backend, ranks}],
 ``predicted`` {assumes, forward, backward, weight_share, makespan, bubble, spans [{stage, kind, mb,
-chunk, start, end}]}, and for a measured step also ``step``, ``clock`` ("host" | "events") and
-``aligned`` (how the ranks' clocks were lined up), ``makespan`` and ``ranks`` [{rank, stage, dp, tp, host,
+chunk, start, end}]}, and for a measured step also ``step``, ``clock`` ("host", "events", or both where stages differ) and
+``aligned`` (how the ranks' clocks were lined up), ``makespan`` and ``ranks`` [{rank, stage, dp, tp, clock, host,
 clock_at_origin, schedule [start, end], spans [{kind, mb, chunk, what, start, end}], compute, p2p,
 idle}] with shares of the measured makespan (idle: neither computing nor in a P2P call). A span's kind is F, B, I or W (compute),
 p2p (a batch posted, or a wait for one) or grad_sync; times are seconds after the first rank's
@@ -49,18 +49,19 @@ def span_record(phase: str, label: Any, start: float, end: float) -> dict[str, A
 
 
 def rank_record(rank: int, stage: int, dp: int, tp: int, spans: Sequence[Any], *, host: str,
-                clock_at_origin: float) -> dict[str, Any]:
+                clock_at_origin: float, clock: str = "host") -> dict[str, Any]:
     """This rank's step: its schedule window and its spans (``PipelineEngine.step_spans``), times in seconds.
 
     ``host`` and ``clock_at_origin`` (``time.perf_counter()`` when the spans' origin was marked) line the
     ranks up: on one host that clock is the same for every process, so ranks that left the barrier
-    at different moments are still placed exactly (``measured_document``).
+    at different moments are still placed exactly (``measured_document``). ``clock``: what timed the
+    spans, "host" or "events" (an accelerator under ``--profile``).
     """
     records = [span_record(*span) for span in spans]
     window = [r for r in records if r["kind"] == "schedule"]
     if not window:
         raise HalError(f"rank {rank}: the step has no schedule span; record it with engine.step_spans() after a step")
-    return {"rank": rank, "stage": stage, "dp": dp, "tp": tp, "host": host, "clock_at_origin": clock_at_origin,
+    return {"rank": rank, "stage": stage, "dp": dp, "tp": tp, "clock": clock, "host": host, "clock_at_origin": clock_at_origin,
             "schedule": [window[0]["start"], window[0]["end"]], "spans": [r for r in records if r["kind"] != "schedule"]}
 
 
@@ -68,7 +69,7 @@ def rank_record(rank: int, stage: int, dp: int, tp: int, spans: Sequence[Any], *
 
 
 def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[dict[str, Any]], *, step: int,
-                      clock: str) -> dict[str, Any]:
+                      ) -> dict[str, Any]:
     """Every rank's record of one step on one time axis, the earliest schedule start at 0, with shares and the prediction.
 
     Ranks on one host are placed by the host clock they share (``aligned`` "host clock"); across hosts
@@ -87,7 +88,8 @@ def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[di
     for r in ranks:
         r.update(_shares(r["spans"], makespan))
     doc = _header(plan, topology, "s")
-    doc.update(step=step, clock=clock, aligned="host clock" if shared else "barrier", makespan=makespan, ranks=ranks)
+    clocks = sorted({r["clock"] for r in ranks})
+    doc.update(step=step, clock=clocks[0] if len(clocks) == 1 else " + ".join(clocks), aligned="host clock" if shared else "barrier", makespan=makespan, ranks=ranks)
     doc["predicted"] = predict(doc, **measured_costs(doc),
                                assumes="each stage's measured mean forward and backward per micro-batch; "
                                        "communication free")

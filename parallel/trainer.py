@@ -335,13 +335,13 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
 
     coord = r.engine.coord
     mine = rank_record(r.rank, coord.stage, coord.dp, coord.tp, r.engine.step_spans(origin[0]),
-                       host=socket.gethostname(), clock_at_origin=origin[1])
+                       host=socket.gethostname(), clock_at_origin=origin[1],
+                       clock="events" if r.engine.measure_on_device else "host")
     everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == r.writer else None
     dist.gather_object(mine, everyone, dst=r.writer)
     if everyone is None:
         return
-    doc = measured_document(r.job.plan, r.topology, everyone, step=step,
-                            clock="events" if r.engine.measure_on_device else "host")
+    doc = measured_document(r.job.plan, r.topology, everyone, step=step)
     Path(r.job.run_dir, "timeline.json").write_text(json.dumps(doc) + "\n", encoding="utf-8")
 
 

@@ -112,7 +112,7 @@ def test_ranks_sharing_a_host_are_placed_by_its_clock_and_costs_are_the_measured
     first = _rank(0, 0, [("F", 0, 0.0, 1.0), ("F", 1, 1.0, 2.0), ("B", 1, 4.0, 7.0), ("B", 0, 7.0, 9.0)], 10.0)
     second = _rank(1, 1, [("p2p", 0, 0.0, 0.5), ("F", 0, 0.5, 1.5), ("F", 1, 1.5, 2.5), ("B", 1, 2.5, 3.5),
                           ("B", 0, 3.5, 4.5)], 11.0)
-    doc = measured_document(plan, Topology.from_plan(plan), [second, first], step=3, clock="host")
+    doc = measured_document(plan, Topology.from_plan(plan), [second, first], step=3)
     assert doc["aligned"] == "host clock" and [r["rank"] for r in doc["ranks"]] == [0, 1]
     late = doc["ranks"][1]
     assert late["schedule"] == [1.0, 5.5] and late["spans"][0]["start"] == 1.0 and late["spans"][0]["kind"] == "p2p"
@@ -123,7 +123,7 @@ def test_ranks_sharing_a_host_are_placed_by_its_clock_and_costs_are_the_measured
     predicted = doc["predicted"]
     assert predicted["forward"] == [1.0, 1.0] and predicted["makespan"] == pytest.approx(2 + 1 + 1 + 2.5 + 2.5)  # F0 F1 | F1 B0 on stage 1 | B0 B1
     # another host: no shared clock, each rank's origin is the barrier
-    apart = measured_document(plan, Topology.from_plan(plan), [first, {**second, "host": "two"}], step=3, clock="host")
+    apart = measured_document(plan, Topology.from_plan(plan), [first, {**second, "host": "two"}], step=3)
     assert apart["aligned"] == "barrier" and apart["ranks"][1]["schedule"] == [0.0, 4.5]
 
 
@@ -148,7 +148,7 @@ def test_the_picture_is_a_png_with_both_panels(tmp_path: Path) -> None:
         spans += [("compute", Action(Kind(s["kind"]), s["mb"], s["chunk"]), s["start"], s["end"])
                   for s in doc["predicted"]["spans"] if s["stage"] == stage]
         ranks.append(rank_record(stage, stage, 0, 0, spans, host="h", clock_at_origin=0.0))
-    measured = measured_document(plan, Topology.from_plan(plan), ranks, step=1, clock="host")
+    measured = measured_document(plan, Topology.from_plan(plan), ranks, step=1)
     both = _is_png(write_png(measured, tmp_path / "deep" / "timeline.png"))
     assert both[0] > alone[0] and both[1] == alone[1]  # the measured panel adds rows below, same width
 
