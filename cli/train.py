@@ -29,7 +29,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     p.add_argument("--profile", action="store_true",
                    help="per-phase times (compute, p2p, grad sync, optimizer) in every step's JSON line, from device events "
-                   "read once at the end of each step; without it hal train never waits on an accelerator for timing")
+                   "read once at the end of each step, and the last step's timeline (RUN_DIR/timeline.json, drawn as timeline.png: "
+                   "predicted against measured); without it hal train never waits on an accelerator for timing")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=run)
