@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any, Sequence
 
 from .common import add_config_argument, config_path
@@ -24,6 +25,9 @@ def add_parser(sub: Any) -> None:
     )
     add_config_argument(p, "YAML config with model:, parallel: and train: sections", required=True)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeline", metavar="OUT.png",
+                   help="also draw the schedule's predicted timeline (each stage's time proportional to its layers) "
+                   "as a PNG; needs matplotlib (the report extra)")
     p.set_defaults(func=run)
 
 
@@ -96,8 +100,32 @@ def run(args: argparse.Namespace) -> int:
     from hal.parallel.run_config import load_run_config
     from hal.parallel.train import check_training
 
+    if args.timeline is not None:
+        _check_timeline(args.timeline)
     run = load_run_config(config_path(args))
     check_training(run, run.hal.fallback)  # the verdict hal train would give, before anything starts
     report = plan_report(run)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    if args.timeline is not None:
+        from hal.parallel.timeline import plan_document
+        from hal.parallel.timeline_plot import write_png
+
+        written = write_png(plan_document(run.plan), args.timeline)
+        print(f"hal plan: predicted timeline {written}", file=sys.stderr)
     return 0
+
+
+def _check_timeline(path: str) -> None:
+    """--timeline asked for a picture: matplotlib and a writable .png path, or one line (exit 2) first."""
+    from pathlib import Path
+
+    from hal.errors import HalError
+    from hal.parallel.timeline_plot import missing
+    from hal.run_dirs import check_creatable_file
+
+    if not path.lower().endswith(".png"):
+        raise HalError(f"--timeline {path}: the picture is a PNG; give a path ending in .png")
+    check_creatable_file(Path(path), "--timeline")
+    reason = missing()
+    if reason is not None:
+        raise HalError(f"--timeline: {reason}")

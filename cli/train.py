@@ -29,7 +29,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON on stdout")
     p.add_argument("--profile", action="store_true",
                    help="per-phase times (compute, p2p, grad sync, optimizer) in every step's JSON line, from device events "
-                   "read once at the end of each step; without it hal train never waits on an accelerator for timing")
+                   "read once at the end of each step, and the last step's timeline (RUN_DIR/timeline.json, drawn as timeline.png: "
+                   "predicted against measured); without it hal train never waits on an accelerator for timing")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=run)
@@ -55,7 +56,28 @@ def run(args: argparse.Namespace) -> int:
     status = run_local(job, spawn_ranks)
     if status == 0:
         _print_summary(read_summary(job), args.json)
+        if job.profile:
+            _draw_timeline(job.run_dir)
     return status
+
+
+def _draw_timeline(run_dir: Any) -> None:
+    """RUN_DIR/timeline.png from the timeline.json the writer rank left; without matplotlib, one line why."""
+    from pathlib import Path
+
+    from hal.parallel.timeline import check_document
+    from hal.parallel.timeline_plot import missing, write_png
+
+    source = Path(run_dir) / "timeline.json"
+    if not source.is_file():  # no step ran (a resume at the last step)
+        return
+    reason = missing()
+    if reason is not None:
+        print(f"hal train: timeline.png not drawn: {reason} (the spans are in {source})", file=sys.stderr)
+        return
+    doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
+    png = write_png(doc, source.with_suffix(".png"))
+    print(f"hal train: timeline of step {doc['step']}, predicted against measured: {png}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:

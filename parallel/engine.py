@@ -15,6 +15,8 @@ send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync,
 time, through ``engine.timer`` (``parallel.phase_timer``). On the CPU the host clock is exact. On an
 accelerator set ``engine.measure_on_device = True`` (``hal train --profile``): the phases are then device
 events read once at the end of the step, so the step is not slowed by a synchronization per phase.
+Each compute and P2P interval carries the schedule step it ran (a reference, no extra work): the
+step's timeline, ``engine.step_spans()`` (``parallel.timeline``), is read from those on demand.
 
 Loss convention (``parallel.reshard`` explains why): the last stage returns logits and the engine
 applies ``loss_fn`` (``parallel.loss``); a micro-batch's loss is its token sum over the token count of
@@ -44,7 +46,7 @@ from .model_config import ModelConfig
 from .phase_timer import PhaseTimer
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
-from .schedules import Kind, P2PBatch, get_schedule
+from .schedules import Action, Kind, P2PBatch, get_schedule
 from .schedules.gpipe import ForwardOnly
 from .schedules.interleaved import InterleavedForwardOnly
 from .topology import RankGroups, Topology
@@ -154,6 +156,7 @@ class PipelineEngine:
         self.program = self.schedule.program(S, plan.micro_batches, k, V)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
+        self._step_origin: Any = None  # the timer's mark at the last step's schedule start (step_spans)
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
         self._weight_grads: dict[Key, WeightGradStore] = {}  # split backwards: W halves still to run
         self._deferred: dict[tuple[Kind, int, int], _Posted] = {}  # receives posted, not yet claimed (interleaved)
@@ -179,10 +182,17 @@ class PipelineEngine:
             self._times = StepTimes.from_totals(self.timer.totals(), self.timer.counts)
         return self._times
 
-    def _timed(self, category: str) -> ContextManager[None]:
-        """Count the enclosed region under ``category`` (see ``times``)."""
+    def _timed(self, category: str, label: Any = None) -> ContextManager[None]:
+        """Count the enclosed region under ``category`` (see ``times``); ``label``: the schedule step it runs."""
         self._times = None
-        return self.timer.phase(category)
+        return self.timer.phase(category, label)
+
+    def step_spans(self, origin: Any = None) -> list[Any]:
+        """The last step's labelled intervals (``PhaseTimer.spans``): the schedule, each compute action and
+        P2P post or wait, the gradient sync; in seconds after ``origin`` (a timer mark; default: the
+        schedule's start). With device events this is the step's one wait (as ``times`` is)."""
+        origin = self._step_origin if origin is None else origin
+        return [] if origin is None else self.timer.spans(origin)
 
     # --- data --------------------------------------------------------------------------------------
     def _inputs(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
@@ -192,7 +202,7 @@ class PipelineEngine:
         return tokens[m, self.rows, 1:].to(self.device)
 
     # --- point to point -------------------------------------------------------------------------------
-    def _post(self, comm: Communicator | None, *posted: Any) -> list[Any]:
+    def _post(self, comm: Communicator | None, *posted: Any, label: Any = None) -> list[Any]:
         """Post ``posted`` in one batch; wait for it only when it receives something.
 
         A batch of pure sends is left in flight (``_sends_in_flight``) so this rank goes on computing
@@ -205,7 +215,7 @@ class PipelineEngine:
         if not ops:
             return [None if p is None else p.finish() for p in posted]
         assert comm is not None
-        with self._timed("p2p"):
+        with self._timed("p2p", label):
             if all(op.kind == "send" for op in ops):
                 self._sends_in_flight.append(comm.batch_p2p(ops, async_op=True))
                 return [None for _ in posted]
@@ -216,7 +226,7 @@ class PipelineEngine:
         """Wait for every send still in flight (the end of a schedule: nothing may outlive the step)."""
         if not self._sends_in_flight:
             return
-        with self._timed("p2p"):
+        with self._timed("p2p", "wait for sends"):
             for handle in self._sends_in_flight:
                 handle.wait()
             self._sends_in_flight.clear()
@@ -242,8 +252,8 @@ class PipelineEngine:
         return None if b is None or grad is None else p2p_ops(b.backward, self.rank, grad)
 
     # --- one micro-batch ---------------------------------------------------------------------------------
-    def _forward(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
-        with self._timed("compute"):
+    def _forward(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None, label: Any = None) -> _InFlight:
+        with self._timed("compute", label):
             return self._forward_untimed(tokens, key, received)
 
     def _forward_untimed(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
@@ -274,19 +284,19 @@ class PipelineEngine:
     def _token_count(self) -> int:
         return self.plan.micro_batch_size * self.seq
 
-    def _backward(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
-        with self._timed("compute"):
+    def _backward(self, item: _InFlight, grad: torch.Tensor | None, label: Any = None) -> torch.Tensor | None:
+        with self._timed("compute", label):
             return self._backward_untimed(item, grad)
 
-    def _backward_input(self, key: Key, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+    def _backward_input(self, key: Key, item: _InFlight, grad: torch.Tensor | None, label: Any = None) -> torch.Tensor | None:
         """The input-gradient half of a split backward: the linear layers' weight gradients wait in a store."""
         store = self._weight_grads.setdefault(key, WeightGradStore())
-        with self._timed("compute"), collecting(store):
+        with self._timed("compute", label), collecting(store):
             return self._backward_untimed(item, grad)
 
-    def _backward_weight(self, key: Key) -> None:
+    def _backward_weight(self, key: Key, label: Any = None) -> None:
         """The weight-gradient half: the products the input half left in that micro-batch's store."""
-        with self._timed("compute"):
+        with self._timed("compute", label):
             self._weight_grads.pop(key).run()
 
     def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -315,9 +325,10 @@ class PipelineEngine:
         """
         self.timer.reset()
         self._times = None
-        with self._timed("schedule"):
-            losses = self._execute(tokens)
-        with self._timed("grad_sync"):
+        self._step_origin = start = self.timer.mark()
+        losses = self._execute(tokens)
+        self.timer.add("schedule", start, self.timer.mark(), "schedule")
+        with self._timed("grad_sync", "grad sync"):
             if self.reduce_dp_grads:
                 self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
@@ -355,18 +366,18 @@ class PipelineEngine:
                 continue
             key = (step.chunk, step.micro_batch)
             if step.kind is Kind.FORWARD:
-                item = self._forward(tokens, key, self._claim(Kind.RECV_FORWARD, key, received))
+                item = self._forward(tokens, key, self._claim(Kind.RECV_FORWARD, key, received), step)
                 if item.is_loss:
                     losses.append(item.output.detach())
                 pending[key] = item
             elif step.kind is Kind.BACKWARD:
                 item = pending.pop(key)
-                input_grads[key] = self._backward(item, self._claim(Kind.RECV_BACKWARD, key, grads))
+                input_grads[key] = self._backward(item, self._claim(Kind.RECV_BACKWARD, key, grads), step)
             elif step.kind is Kind.BACKWARD_INPUT:
                 item = pending.pop(key)
-                input_grads[key] = self._backward_input(key, item, self._claim(Kind.RECV_BACKWARD, key, grads))
+                input_grads[key] = self._backward_input(key, item, self._claim(Kind.RECV_BACKWARD, key, grads), step)
             elif step.kind is Kind.BACKWARD_WEIGHT:
-                self._backward_weight(key)
+                self._backward_weight(key, step)
             else:
                 raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
         self._drain_sends()
@@ -383,7 +394,7 @@ class PipelineEngine:
         posted = self._deferred.pop((kind, *key), None)
         if posted is not None:
             if posted.results is None:
-                with self._timed("p2p"):
+                with self._timed("p2p", Action(kind, key[1], key[0])):  # a wait for this receive
                     posted.handle.wait()
                 posted.results = {(a.kind, a.chunk, a.micro_batch): ops.finish() for a, ops in posted.receives}
             return posted.results.pop((kind, *key))
@@ -407,7 +418,7 @@ class PipelineEngine:
             self._post_deferred(self.groups.link(batch.peer_stage), batch, posted)
             return
         comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
-        for a, value in zip(batch.actions, self._post(comm, *posted)):
+        for a, value in zip(batch.actions, self._post(comm, *posted, label=batch)):
             if a.kind is Kind.RECV_FORWARD:
                 received[(a.chunk, a.micro_batch)] = value
             elif a.kind is Kind.RECV_BACKWARD:
@@ -418,7 +429,7 @@ class PipelineEngine:
         ops = [op for p in posted if p is not None for op in p.ops]
         if not ops:
             return
-        with self._timed("p2p"):
+        with self._timed("p2p", batch):
             handle = comm.batch_p2p(ops, async_op=True)
         receives = [(a, p) for a, p in zip(batch.actions, posted)
                     if a.kind in (Kind.RECV_FORWARD, Kind.RECV_BACKWARD) and p is not None]

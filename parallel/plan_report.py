@@ -31,10 +31,16 @@ def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
     (the planner's cost model adds them). Gives each stage's idle share and most micro-batches in flight.
     """
     V = plan.virtual_stages
-    layers = [float(s.layer_count) for s in plan.stages]
-    shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages]
-    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches,
-                   forward_s=layers, backward_s=[2.0 * n for n in layers], virtual_stages=V, chunk_share=shares)
+    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, virtual_stages=V,
+                   **layer_proportional(plan))
     return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
             "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
             "in_flight": list(sim.peak_in_flight), "virtual_stages": V}
+
+
+def layer_proportional(plan: ParallelPlan) -> dict[str, Any]:
+    """The simulator's per-stage times when nothing was measured: one time unit per layer forward,
+    two per layer backward, each chunk's share its share of the stage's layers."""
+    layers = [float(s.layer_count) for s in plan.stages]
+    shares = [[n / s.layer_count for n in s.chunk_layers(plan.virtual_stages)] for s in plan.stages]
+    return {"forward_s": layers, "backward_s": [2.0 * n for n in layers], "chunk_share": shares}

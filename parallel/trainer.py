@@ -18,6 +18,12 @@ breakdown each step (one small gather on the host group), prints the progress li
 appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
 in ``RUN_DIR/tensorboard``, ``parallel.tensorboard_log``); at the end it writes ``summary.json`` in the run
 directory, which ``hal train`` prints with ``--json``.
+
+Under ``--profile`` the last step is also recorded as a timeline: every rank passes one barrier
+before it and marks its start beside the host clock (the previous profiled step already drained the
+device, so the mark is taken at once), and after it sends its spans — each compute action and P2P post or wait, read from the
+step's timer marks — to the writer, which writes ``RUN_DIR/timeline.json`` (``parallel.timeline``)
+for ``hal train`` to draw.
 """
 from __future__ import annotations
 
@@ -311,6 +317,34 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     }
 
 
+# --- the profiled step's timeline ---------------------------------------------------------------------------
+
+
+def _common_start(r: RankRun) -> tuple[Any, float]:
+    """One barrier over the world, then this rank's timer mark and the host clock beside it (``parallel.timeline``
+    lines ranks up by that clock where they share a host, by the barrier elsewhere)."""
+    dist.barrier()
+    return r.engine.timer.mark(), time.perf_counter()
+
+
+def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
+    """Gather every rank's spans of the step just run on the writer, which writes RUN_DIR/timeline.json."""
+    import socket
+
+    from .timeline import measured_document, rank_record
+
+    coord = r.engine.coord
+    mine = rank_record(r.rank, coord.stage, coord.dp, coord.tp, r.engine.step_spans(origin[0]),
+                       host=socket.gethostname(), clock_at_origin=origin[1],
+                       clock="events" if r.engine.measure_on_device else "host")
+    everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == r.writer else None
+    dist.gather_object(mine, everyone, dst=r.writer)
+    if everyone is None:
+        return
+    doc = measured_document(r.job.plan, r.topology, everyone, step=step)
+    Path(r.job.run_dir, "timeline.json").write_text(json.dumps(doc) + "\n", encoding="utf-8")
+
+
 # --- the loop ----------------------------------------------------------------------------------------------
 
 
@@ -358,10 +392,14 @@ def train(r: RankRun) -> None:
     checkpoint = None
     skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
     began = time.perf_counter()
+    timeline_step = r.steps - 1 if r.job.profile else None
     try:
         for step in range(r.start, r.steps):
+            origin = _common_start(r) if step == timeline_step else None
             loss, row = train_step(r, step)
             times = gather_times(row, r.writer)
+            if origin is not None:
+                write_timeline(r, step + 1, origin)
             evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
