@@ -68,6 +68,10 @@ class DeviceProfile:
     def estimated(self) -> bool:
         return self.source == ESTIMATED
 
+    def threads_or_one(self) -> int:
+        """Cores one rank keeps busy while it computes (cpu: the threads it was measured with)."""
+        return self.threads or 1
+
     def layer(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float]:
         """(forward s, backward s, activation bytes) of one layer for ``rows`` rows of ``seq`` tokens.
 
