@@ -77,12 +77,13 @@ class DeviceProfile:
 
         From the points at this (tp, recompute) and the nearest sequence length (time and memory scaled
         by tokens when the length differs); a straight line a + b × rows through them. tp degrees not
-        measured come from tp 1: compute / tp (the cost model adds tp's communication).
+        measured come from tp 1 at rows / tp (the work splits, the per-call overhead does not; the cost
+        model adds tp's communication).
         """
         pts = [p for p in self.layers if p.recompute == recompute and p.tp == tp]
-        split = 1
-        if not pts:
-            pts, split = [p for p in self.layers if p.recompute == recompute and p.tp == 1], tp
+        x = float(rows)
+        if not pts:  # a tp-split layer does 1/tp of the work of tp 1 at the same per-call overhead: tp 1 at rows / tp
+            pts, x = [p for p in self.layers if p.recompute == recompute and p.tp == 1], rows / tp
         if not pts:
             raise ConfigError(f"profile of {self.device}: no layer measured with recompute {'on' if recompute else 'off'}; "
                               "run hal profile again")
@@ -90,9 +91,9 @@ class DeviceProfile:
         pts = sorted((p for p in pts if p.seq == near), key=lambda p: p.rows)
         scale = seq / near
         xs = [p.rows * scale for p in pts]
-        fwd, bwd, act = (max(_fit(xs, [float(getattr(p, v)) for p in pts], rows), 0.0)
+        fwd, bwd, act = (max(_fit(xs, [float(getattr(p, v)) for p in pts], x), 0.0)
                          for v in ("forward_s", "backward_s", "activation_bytes"))
-        return fwd / split, bwd / split, act / split
+        return fwd, bwd, act
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
