@@ -12,11 +12,11 @@ from typing import Any, Sequence
 
 from hal.errors import HalError
 
-from . import bench, conformance, data, devices, export, launch, ops, plan, run, train
+from . import bench, conformance, data, devices, export, launch, ops, plan, profile, run, train
 from . import config as config_cmd
 from .common import EXIT_USAGE, Parser
 
-COMMANDS = (devices, config_cmd, ops, run, launch, bench, plan, train, export, conformance, data)
+COMMANDS = (devices, config_cmd, ops, run, launch, bench, profile, plan, train, export, conformance, data)
 
 
 def build_parser() -> argparse.ArgumentParser:

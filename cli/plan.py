@@ -28,6 +28,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeline", metavar="OUT.png",
                    help="also draw the schedule's predicted timeline (each stage's time proportional to its layers) "
                    "as a PNG; needs matplotlib (the report extra)")
+    p.add_argument("--search", action="store_true",
+                   help="search the plans of the cluster (stage order over device types, grids, layer split, schedule, "
+                   "micro-batching, recompute, zero1) keeping the config's global batch; print the best")
+    p.add_argument("--cluster", metavar="C", help="--search: a YAML file with a cluster: section (default: the config's, "
+                   "else the devices present)")
+    p.add_argument("--profile", metavar="P", help="--search: a profile from hal profile (default: measure the devices "
+                   "present now, quick; estimate the others)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="--search: how many plans to show (default 5)")
+    p.add_argument("--write", metavar="PLAN.yaml", help="--search: write the config with the best plan (hal train runs it)")
     p.set_defaults(func=run)
 
 
@@ -94,8 +103,35 @@ def format_plan(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_search(args: argparse.Namespace) -> int:
+    """``--search``: plan the cluster; the best K plans (and --write the best)."""
+    import sys
+
+    from hal.errors import ConfigError
+    from hal.parallel.planner.plan_search import as_json, format_search, search, write_plan
+    from hal.parallel.run_config import load_run_config
+
+    if args.top < 1:
+        raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
+    run = load_run_config(config_path(args), check_backends=False)
+    report, cost = search(run, args.cluster, args.profile, args.top,
+                          progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
+    print(json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
+    if args.write:
+        write_plan(run, report.results[0], args.write, cost)
+        print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the config and print its topology; a problem raises one ConfigError line (exit 2)."""
+    if args.search:
+        return run_search(args)
+    from hal.errors import ConfigError
+
+    for flag in ("cluster", "profile", "write"):
+        if getattr(args, flag):
+            raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
     from hal.parallel.plan_report import plan_report
     from hal.parallel.run_config import load_run_config
     from hal.parallel.train import check_training

@@ -6,8 +6,8 @@ one ``ConfigError`` line naming where the value came from, the key, the value an
 allowed. YAML is read with ``yaml.safe_load`` only; duplicate keys are refused (safe_load would
 silently keep the last one).
 
-The same file may also carry the engine's sections ``model:``, ``parallel:`` and ``train:``
-(``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
+The same file may also carry the engine's sections ``model:``, ``parallel:`` and ``train:``, and the
+planner's ``cluster:`` (``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
 checks only that each is a mapping and keeps it as a plain dict: ``hal.parallel.run_config``
 parses them with the same schema machinery (``hal.config_schema``). The data flows config → run
 config; ``hal`` never imports ``parallel`` at import time.
@@ -75,6 +75,7 @@ class HalConfig:
     model: Mapping[str, Any] | None = key(RawSection(), None)
     parallel: Mapping[str, Any] | None = key(RawSection(), None)
     train: Mapping[str, Any] | None = key(RawSection(), None)
+    cluster: Mapping[str, Any] | None = key(RawSection(), None)  # the planner's device inventory (parallel.planner.cluster)
     origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})  # not a config key
 
     def section(self, name: str) -> Mapping[str, Any] | None:

@@ -1,0 +1,77 @@
+"""``hal profile --config F``: measure the device types present, estimate the rest, write the planner's profile file."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .common import add_config_argument, config_path
+
+NAME = "profile"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        NAME,
+        help="measure one decoder layer, the embedding, head, optimizer and links per device type (planner input)",
+        description="For the model and precision of CONFIG: time one decoder layer's forward and backward and its "
+        "activation memory (a few micro-batch sizes, recompute off and on), the embedding, the head with the loss, "
+        "AdamW per parameter and the P2P links, on every device type of the cluster that this host has; device types "
+        "it lacks are ESTIMATED from the catalog and labelled so. Writes a JSON file for hal plan --search --profile.",
+    )
+    add_config_argument(p, "YAML config with model:, parallel: and train: sections", required=True)
+    p.add_argument("--cluster", metavar="C", help="a YAML file with a cluster: section (default: the config's, else the devices present)")
+    p.add_argument("--out", metavar="P", default="profile.json", help="where the profile goes (default profile.json)")
+    p.add_argument("--quick", action="store_true", help="fewer points and one repeat, no link measurement (tests, a first look)")
+    p.add_argument("--no-links", action="store_true", help="skip the P2P measurements (the cluster's link figures are used)")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hal.parallel.planner.cluster import load_cluster
+    from hal.parallel.planner.profiler import make_profile
+    from hal.parallel.run_config import load_run_config
+
+    path = config_path(args)
+    config = load_run_config(path, check_backends=False)
+    cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
+    seq = config.train.seq_len or config.model.max_seq_len
+    profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,
+                           links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback)
+    profile.save(args.out)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+    else:
+        print(format_profile(profile.to_dict()))
+    _progress(f"wrote {args.out} in {profile.meta['seconds']:.1f} s")
+    return 0
+
+
+def _progress(message: str) -> None:
+    print(f"hal profile: {message}", file=sys.stderr, flush=True)
+
+
+def format_profile(data: dict[str, Any]) -> str:
+    """One block per device type (measured or ESTIMATED, and on what basis), then the links."""
+    lines = [f"profile for model {data['model_key']} at {data['precision']}, sequence {data['seq']}"]
+    for name, d in data["devices"].items():
+        label = "measured" if d["source"] == "measured" else "ESTIMATED"
+        lines += ["", f"{name} ({d['backend']}): {label} — {d['basis']}"]
+        lines.append(f"  {'tp':>2} {'rows':>4} {'recompute':>9} {'forward ms':>10} {'backward ms':>11} {'activations KiB':>15}")
+        for p in d["layers"]:
+            lines.append(f"  {p['tp']:>2} {p['rows']:>4} {('on' if p['recompute'] else 'off'):>9} {p['forward_s'] * 1e3:>10.3f} "
+                         f"{p['backward_s'] * 1e3:>11.3f} {p['activation_bytes'] / 1024:>15.1f}")
+        e, h = d["embedding"], d["head"]
+        lines.append(f"  embedding {e['forward_s'] * 1e6:.3f} / {e['backward_s'] * 1e6:.3f} µs a token; head + loss "
+                     f"{h['forward_s'] * 1e6:.3f} / {h['backward_s'] * 1e6:.3f} µs a token (forward / backward); AdamW "
+                     f"{d['optimizer_s_per_param'] * 1e9:.2f} ns a parameter"
+                     + (f"; {d['achieved_tflops']:.3g} TFLOP/s" if d.get("achieved_tflops") else "")
+                     + (f" ({d['efficiency']:.1%} of peak)" if d.get("efficiency") else "")
+                     + (" [estimated]" if d["source"] != "measured" else ""))
+    for name, link in data["links"].items():
+        lines.append(f"link {name}: {link['bandwidth_gbps']:.2f} GB/s, {link['latency_us']:.1f} µs ({link['source']}: {link['basis']})")
+    if data["estimated"]:
+        lines.append(f"\nestimated (not measured): {', '.join(data['estimated'])}")
+    return "\n".join(lines)

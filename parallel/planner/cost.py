@@ -1,0 +1,281 @@
+"""Predict a plan's step time and per-rank memory on a cluster, from a profile and the schedule simulator.
+
+Why the simulator: the schedule is data (``parallel.schedules``), so its makespan, per-stage bubble and
+peak in-flight micro-batches for unequal stages come from playing it, not from a closed form that
+holds for one schedule and equal stages only. The cost model's job is to feed it:
+
+- per stage and micro-batch, forward and backward = layers × the profiled layer time at the stage's
+  rows per replica (micro_batch_size / dp) and tp (recompute: the layer points measured with it), plus
+  the embedding on the first stage and norm + head + loss on the last, plus tp's all-reduces (two per
+  layer each way; recompute repeats one) over the stage's link;
+- the boundary transfer: one micro-batch's activations for one receiving replica over the link
+  between the two stages (native CCL, another node, or the bridge between backends) — the simulator
+  takes one p2p time, the slowest boundary's;
+- after the schedule, each stage's dp gradient sync (bucketed ring all-reduce over the stage's link;
+  ZeRO-1: reduce-scatter + all-gather, the same bytes) and its AdamW step; the step ends with the
+  slowest stage.
+
+CPU ranks share their node's cores: compute is stretched by the busy ranks over the cores (busy from
+the simulated bubble, two rounds). Memory per rank = ``memory_check.rank_bytes`` (fp32 weights, grads,
+AdamW state, ZeRO-1 sharded) + activations × the simulator's peak in-flight micro-batches (+ one
+layer's full activations while a checkpointed layer recomputes). Every prediction lists the estimated
+numbers it used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..memory_check import rank_bytes, stage_parameters
+from ..model_config import ModelConfig
+from ..plan import ParallelPlan
+from ..schedules import get_schedule, simulate
+from .cluster import Cluster, DeviceType, Figure
+from .profile import DeviceProfile, Profile
+
+BUCKET_BYTES = 16 * 2**20  # the engine's gradient bucket (parallel.engine.BUCKET_BYTES)
+BOUNDARY_BYTES = 4  # boundary activations travel in the weights' dtype: fp32
+GRAD_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which device type runs each stage, and where in that type's devices (numbered node by node) it starts."""
+
+    kinds: tuple[DeviceType, ...]
+    starts: tuple[int, ...]
+
+    @classmethod
+    def pack(cls, plan: ParallelPlan, kinds: tuple[DeviceType, ...]) -> "Placement":
+        """Stages of one type take its devices in pipeline order."""
+        used: dict[str, int] = {}
+        starts = []
+        for stage, kind in zip(plan.stages, kinds):
+            starts.append(used.get(kind.device, 0))
+            used[kind.device] = starts[-1] + stage.devices
+        return cls(kinds, tuple(starts))
+
+    def nodes(self, k: int, devices: int) -> set[int]:
+        kind, start = self.kinds[k], self.starts[k]
+        return {kind.node_of(i) for i in range(start, start + devices)}
+
+
+@dataclass
+class StageCost:
+    """One stage's share of a step (seconds per micro-batch, per step) and one rank's memory."""
+
+    device: str
+    forward_s: float
+    backward_s: float
+    tp_comm_s: float
+    grad_sync_s: float
+    optimizer_s: float
+    weights_bytes: int  # weights + grads + optimizer state (memory_check.rank_bytes)
+    activation_bytes: int
+    memory_bytes: int
+    capacity_bytes: int | None
+    estimated: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes is None or self.memory_bytes <= self.capacity_bytes
+
+
+@dataclass
+class Prediction:
+    step_s: float
+    tokens_per_s: float
+    schedule_s: float
+    p2p_s: float
+    bubble: tuple[float, ...]
+    bubble_overall: float
+    in_flight: tuple[int, ...]
+    stages: list[StageCost]
+    bound: str
+    estimated: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "schedule_s": self.schedule_s, "p2p_s": self.p2p_s,
+                "bubble": list(self.bubble), "bubble_overall": self.bubble_overall, "in_flight": list(self.in_flight),
+                "bound": self.bound, "fits": self.fits, "estimated": self.estimated,
+                "stages": [s.__dict__ | {"fits": s.fits} for s in self.stages]}
+
+
+def ring_all_reduce_s(nbytes: float, n: int, gbps: float, latency_us: float, buckets: int = 1) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n-1)/n of the bytes each way, 2(n-1) latencies per bucket."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / (gbps * 1e9) + buckets * 2 * (n - 1) * latency_us * 1e-6
+
+
+def transfer_s(nbytes: float, gbps: float, latency_us: float) -> float:
+    return nbytes / (gbps * 1e9) + latency_us * 1e-6
+
+
+class CostModel:
+    """A cluster, a profile, a model, a sequence length and a precision: ``predict(plan, placement)``."""
+
+    def __init__(self, cluster: Cluster, profile: Profile, model: ModelConfig, seq: int) -> None:
+        self.cluster, self.profile, self.model, self.seq = cluster, profile, model, seq
+
+    # --- links ----------------------------------------------------------------------------------------
+    def link(self, a: DeviceType, b: DeviceType, same_node: bool) -> tuple[float, float, bool]:
+        """(GB/s, µs, estimated) between two devices; a measured link of the profile replaces a default figure."""
+        bw, lat = self.cluster.between(a, b, same_node)
+        if a.backend == b.backend == "cpu" and same_node:
+            measured = self.profile.links.get("cpu-island")
+            if measured is not None:
+                bw = Figure(measured.bandwidth_gbps, "measured") if bw.source == "default" else bw
+                lat = Figure(measured.latency_us, "measured") if lat.source == "default" else lat
+        return bw.value, lat.value, "default" in (bw.source, lat.source)
+
+    def device(self, kind: DeviceType) -> DeviceProfile:
+        return self.profile.devices[kind.device]
+
+    # --- one stage --------------------------------------------------------------------------------------
+    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float]:
+        """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch) for
+        stage k, uncontended."""
+        stage, kind, m = plan.stages[k], place.kinds[k], self.model
+        prof = self.device(kind)
+        rows, seq = plan.micro_batch_size // stage.dp, self.seq
+        f, b, act = prof.layer(stage.tp, rows, seq, stage.checkpoint)
+        L = stage.layer_count
+        fwd, bwd = L * f, L * b
+        tokens = rows * seq
+        if k == 0:
+            fwd += tokens * prof.embedding.forward_s
+            bwd += tokens * prof.embedding.backward_s
+        head_act = 0.0
+        if k == plan.num_stages - 1:
+            fwd += tokens * prof.head.forward_s / stage.tp
+            bwd += tokens * prof.head.backward_s / stage.tp
+            head_act = tokens * prof.head.activation_bytes / stage.tp
+        tp_f = tp_b = 0.0
+        if stage.tp > 1:
+            gbps, lat, _ = self.link(kind, kind, True)
+            one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
+            tp_f, tp_b = 2 * L * one, (2 + (1 if stage.checkpoint else 0)) * L * one
+        return fwd, bwd, tp_f, tp_b, L * act + head_act
+
+    def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
+        """(dp gradient sync s, optimizer s) of stage k after the schedule."""
+        stage, kind = plan.stages[k], place.kinds[k]
+        params = stage_parameters(self.model, plan, k) / stage.tp
+        sync = 0.0
+        if stage.dp > 1:
+            spans = len(place.nodes(k, stage.devices)) > 1
+            gbps, lat, _ = self.link(kind, kind, not spans)
+            nbytes = params * GRAD_BYTES
+            sync = ring_all_reduce_s(nbytes, stage.dp, gbps, lat, max(1, math.ceil(nbytes / BUCKET_BYTES)))
+        opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
+        return sync, opt
+
+    def _p2p(self, plan: ParallelPlan, place: Placement) -> float:
+        """The slowest boundary's transfer of one micro-batch to one receiving replica (with interleaving, the wrap too)."""
+        S, worst = plan.num_stages, 0.0
+        pairs = [(k, k + 1) for k in range(S - 1)] + ([(S - 1, 0)] if plan.virtual_stages > 1 else [])
+        for a, b in pairs:
+            sa, sb = plan.stages[a], plan.stages[b]
+            same = place.nodes(a, sa.devices) & place.nodes(b, sb.devices)
+            gbps, lat, _ = self.link(place.kinds[a], place.kinds[b], bool(same))
+            rows = plan.micro_batch_size / sb.dp
+            seq = self.seq / sb.tp if sb.sp else self.seq
+            worst = max(worst, transfer_s(rows * seq * self.model.hidden_size * BOUNDARY_BYTES, gbps, lat))
+        return worst
+
+    # --- the plan -----------------------------------------------------------------------------------------
+    def predict(self, plan: ParallelPlan, place: Placement) -> Prediction:
+        S, M, V = plan.num_stages, plan.micro_batches, plan.virtual_stages
+        base = [self._compute(plan, place, k) for k in range(S)]
+        tails = [self._tail(plan, place, k) for k in range(S)]
+        p2p = self._p2p(plan, place)
+        schedule = get_schedule(plan.schedule)
+        shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages] if V > 1 else None
+        stretch = self._contention(plan, place, [1.0 - 0.0] * S)
+        for _ in range(2):  # contention depends on how busy the ranks are, which the simulation says
+            fwd = [b[0] * stretch[k] + b[2] for k, b in enumerate(base)]
+            bwd = [b[1] * stretch[k] + b[3] for k, b in enumerate(base)]
+            sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V, chunk_share=shares)
+            stretch = self._contention(plan, place, [1.0 - x for x in sim.bubble])
+        tail_stretch = self._contention(plan, place, [1.0] * S)
+        tail = max((t[0] + t[1] * tail_stretch[k]) for k, t in enumerate(tails))
+        step = sim.makespan + tail
+        stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
+        self._host_memory(plan, place, stages)
+        tokens = plan.global_batch_size * self.seq
+        pred = Prediction(step, tokens / step, sim.makespan, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
+                          stages, "", self._estimated(place))
+        pred.bound = self._bound(plan, pred, fwd, bwd, tails)
+        return pred
+
+    def _contention(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
+        """Per stage: how much slower its compute runs because the node's cpu ranks outnumber its cores."""
+        load: dict[tuple[str, int], float] = {}
+        for k, (stage, kind) in enumerate(zip(plan.stages, place.kinds)):
+            if kind.is_cpu:
+                for i in range(place.starts[k], place.starts[k] + stage.devices):
+                    key = (kind.device, kind.node_of(i))
+                    load[key] = load.get(key, 0.0) + busy[k] * self.device(kind).threads_or_one()
+        out = []
+        for k, kind in enumerate(place.kinds):
+            if not kind.is_cpu:
+                out.append(1.0)
+                continue
+            nodes = place.nodes(k, plan.stages[k].devices)
+            out.append(max(max(1.0, load[(kind.device, n)] / (kind.cores or 1)) for n in nodes))
+        return out
+
+    def _stage_cost(self, plan: ParallelPlan, place: Placement, k: int, fwd: float, bwd: float,
+                    base: tuple[float, float, float, float, float], tail: tuple[float, float], in_flight: int) -> StageCost:
+        stage, kind = plan.stages[k], place.kinds[k]
+        static = rank_bytes(self.model, plan, k)
+        per_mb = base[4]
+        held = in_flight / plan.virtual_stages  # the simulator counts chunk activations for interleaved plans
+        act = per_mb * held
+        if stage.checkpoint:  # one layer's full activations while it recomputes
+            act += self.device(kind).layer(stage.tp, plan.micro_batch_size // stage.dp, self.seq, False)[2]
+        capacity = None if kind.memory_bytes is None else int(kind.memory_bytes.value)
+        return StageCost(kind.device, fwd, bwd, base[2] + base[3], tail[0], tail[1], static, int(act), int(static + act), capacity,
+                         self.device(kind).estimated)
+
+    def _host_memory(self, plan: ParallelPlan, place: Placement, stages: list[StageCost]) -> None:
+        """cpu ranks of one node share its memory: each rank's capacity is its share of what the node's ranks need."""
+        need: dict[tuple[str, int], int] = {}
+        for k, (stage, kind) in enumerate(zip(plan.stages, place.kinds)):
+            if kind.is_cpu:
+                for i in range(place.starts[k], place.starts[k] + stage.devices):
+                    key = (kind.device, kind.node_of(i))
+                    need[key] = need.get(key, 0) + stages[k].memory_bytes
+        for k, kind in enumerate(place.kinds):
+            if kind.is_cpu and kind.memory_bytes is not None:
+                worst = max(need[(kind.device, n)] for n in place.nodes(k, plan.stages[k].devices))
+                # a rank fits when the node's ranks together fit: scale this rank's capacity by that ratio
+                stages[k].capacity_bytes = int(stages[k].memory_bytes * kind.memory_bytes.value / max(worst, 1))
+
+    def _estimated(self, place: Placement) -> list[str]:
+        out = sorted({f"{k.device} compute (estimated from the catalog)" for k in place.kinds if self.device(k).estimated})
+        for k in {kind.device: kind for kind in place.kinds}.values():
+            if k.link_gbps.source == "default" and not (k.is_cpu and "cpu-island" in self.profile.links):
+                out.append(f"{k.device} link ({k.link_gbps.value:g} GB/s, documented default)")
+        if len({k.backend for k in place.kinds}) > 1 and self.cluster.links.bridge_gbps == 10.0:
+            out.append("bridge between backends (10 GB/s, documented default)")
+        return out
+
+    def _bound(self, plan: ParallelPlan, pred: Prediction, fwd: list[float], bwd: list[float], tails: list[tuple[float, float]]) -> str:
+        """The largest part of the step: the slowest stage's compute, the bubble, the tail (sync/optimizer), transfers."""
+        M = plan.micro_batches
+        busy = [M * (f + b) for f, b in zip(fwd, bwd)]
+        k = max(range(len(busy)), key=busy.__getitem__)
+        parts = {
+            f"compute of stage {k} ({pred.stages[k].device})": busy[k],
+            f"pipeline bubble ({pred.bubble_overall:.0%} idle)": pred.schedule_s - busy[k],
+            "dp gradient sync": max(t[0] for t in tails),
+            "optimizer step": max(t[1] for t in tails),
+        }
+        return max(parts, key=parts.__getitem__)

@@ -1,0 +1,216 @@
+"""Measure a device type present on this host: one decoder layer, the embedding, the head, AdamW, and the links.
+
+Why in-process and tiny: the planner needs relative stage costs, and one layer at a few micro-batch
+sizes is enough to fit time = a + b × rows (``profile.DeviceProfile.layer``). Each part is built
+with ``build_stage`` — the module the engine runs — and timed on the backend object (synchronize,
+then the host clock), median of ``repeats`` after one warm-up. Activation memory is what autograd
+saves for backward (saved-tensor hooks, parameters excluded, each storage counted once): exact,
+and the same on every device. Links reuse the collectives benchmark library (``collectives.bench``):
+a broadcast between two ranks, at a small and a large size, gives latency and bandwidth — inside one
+island, and across the bridge between two declared islands.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+
+from hal.backend import Backend
+
+from ..flops import PEAK_KEY
+from ..memory_check import layer_parameters
+from ..model_config import ModelConfig
+from ..models.llama import build_stage
+from .profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
+
+Progress = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """Compute threads while measuring: the count each rank of a run gets (hal train: cores / ranks)."""
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def saved_bytes() -> Iterator[list[int]]:
+    """Bytes autograd saves for backward inside the block (each storage once; parameters are not activations)."""
+    seen: set[int] = set()
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total[0] += storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total
+
+
+def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
+    backend.synchronize()
+    start = time.perf_counter()
+    fn()
+    backend.synchronize()
+    return time.perf_counter() - start
+
+
+def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
+             grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
+    """Median forward and backward seconds over ``repeats`` (one warm-up first), and the bytes saved."""
+    fwd, bwd, saved = [], [], 0
+    for i in range(repeats + 1):
+        holder: dict[str, torch.Tensor] = {}
+
+        def run_forward() -> None:
+            holder["out"] = forward()
+
+        with saved_bytes() as box:
+            t_f = _timed(backend, run_forward)
+        out = holder.pop("out")
+        g = grad(out)
+        t_b = _timed(backend, lambda: out.backward(g))
+        if i:
+            fwd.append(t_f)
+            bwd.append(t_b)
+        saved = box[0]
+    return statistics.median(fwd), statistics.median(bwd), saved
+
+
+def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tuple[int, ...], autocast: Callable[[], ContextManager[Any]],
+                   precision: str, repeats: int = 3, threads: int | None = None, progress: Progress | None = None) -> DeviceProfile:
+    """The profile of ``backend``'s device 0 for ``model``: layers at tp 1 for every row count, recompute off and on."""
+    device = backend.device(0)
+    caps = backend.capabilities(0)
+    say = progress or (lambda _: None)
+    with _threads(threads):
+        points = []
+        for recompute in (False, True):
+            layer = build_stage(model, range(0, 1), first=False, last=False, tp_comm=None, sp=False, seed=0,
+                                device=device, checkpoint=recompute)
+            for r in rows:
+                say(f"{caps.catalog_id or backend.name}: one layer, {r} row(s) × {seq} tokens, recompute {'on' if recompute else 'off'}")
+                x = torch.randn(r, seq, model.hidden_size, device=device, requires_grad=True)
+
+                def forward() -> torch.Tensor:
+                    with autocast():
+                        return layer(x)
+
+                f, b, act = _fwd_bwd(backend, forward, repeats, torch.ones_like)
+                points.append(LayerPoint(1, r, seq, recompute, f, b, act))
+        say(f"{caps.catalog_id or backend.name}: embedding, head and loss, AdamW")
+        embedding, head = _ends(backend, model, device, seq, max(rows), autocast, repeats)
+        optimizer = _optimizer_s_per_param(backend, model, device, repeats)
+    big = max((p for p in points if not p.recompute), key=lambda p: p.rows)
+    achieved = _layer_flops(model, big.rows * seq, seq) / (big.forward_s + big.backward_s) / 1e12
+    peak = caps.peak_tflops.get(PEAK_KEY.get(precision, "fp32"))
+    basis = (f"measured on this host ({caps.name}), tp 1, median of {repeats} after a warm-up"
+             + (f", {threads} compute thread(s) per rank" if threads else ""))
+    return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
+                         optimizer, threads, achieved, achieved / peak if peak else None)
+
+
+def _layer_flops(model: ModelConfig, tokens: int, seq: int) -> float:
+    """Forward + backward FLOPs of one layer (parallel.flops' convention: 6·params + 12·heads·head_dim·seq a token)."""
+    return tokens * (6.0 * layer_parameters(model) + 12.0 * model.num_heads * model.head_dim * seq)
+
+
+def _ends(backend: Backend, model: ModelConfig, device: torch.device, seq: int, rows: int,
+          autocast: Callable[[], ContextManager[Any]], repeats: int) -> tuple[PerToken, PerToken]:
+    """The embedding (first stage) and the final norm + head + loss (last stage), per token."""
+    from ..loss import token_sum_cross_entropy
+
+    tokens = rows * seq
+    first = build_stage(model, range(0, 0), first=True, last=False, tp_comm=None, sp=False, seed=0, device=device)
+    ids = torch.randint(0, model.vocab_size, (rows, seq), device=device)
+
+    def embed() -> torch.Tensor:
+        with autocast():
+            return first(ids)
+
+    e = _fwd_bwd(backend, embed, repeats, torch.ones_like)
+    last = build_stage(model, range(model.num_layers, model.num_layers), first=False, last=True, tp_comm=None, sp=False,
+                       seed=0, device=device)
+    hidden = torch.randn(rows, seq, model.hidden_size, device=device, requires_grad=True)
+    labels = torch.randint(0, model.vocab_size, (rows, seq), device=device)
+    loss_fn = token_sum_cross_entropy(None)
+
+    def head() -> torch.Tensor:
+        with autocast():
+            return loss_fn(last(hidden), labels)
+
+    h = _fwd_bwd(backend, head, repeats, lambda out: torch.ones_like(out))
+    return (PerToken(e[0] / tokens, e[1] / tokens, e[2] // tokens), PerToken(h[0] / tokens, h[1] / tokens, h[2] // tokens))
+
+
+def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.device, repeats: int) -> float:
+    """AdamW's step over one decoder layer's parameters (as the trainer builds it), per parameter."""
+    layer = build_stage(model, range(0, 1), first=False, last=False, tp_comm=None, sp=False, seed=0, device=device)
+    params = list(layer.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    matrices, vectors = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4)
+    times = [_timed(backend, opt.step) for _ in range(repeats + 1)][1:]
+    return statistics.median(times) / sum(p.numel() for p in params)
+
+
+# --- links, through the collectives benchmark library ----------------------------------------------------
+
+LINK_SIZES = (4 << 10, 16 << 20)  # bytes: latency-bound, bandwidth-bound
+
+
+def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | None:
+    """One of two ranks: broadcast rank 0 → 1 at two sizes; rank 0 returns µs per call for each size."""
+    import datetime
+    import os
+
+    from hal.collectives import init_distributed, shutdown, world_communicator
+    from hal.collectives.bench import BenchPlan, BenchRank, ours_call
+
+    os.environ.pop("HAL_ISLANDS", None)
+    world = init_distributed(backend, init_method=os.environ.get("HAL_INIT_METHOD"), world_size=2,
+                             islands=[0, 1] if bridged else None, timeout=datetime.timedelta(minutes=2))
+    torch.set_num_threads(1)
+    try:
+        plan = BenchPlan(backend, 2, LINK_SIZES, ("float32",), ("broadcast",), iters, 2, rounds=1)
+        rank = BenchRank(world, world_communicator(validate=False), plan)
+        out = {}
+        for size in LINK_SIZES:
+            inp = torch.ones(size // 4, device=world.device)
+            out[str(size)] = rank.time_us(ours_call("broadcast", rank.comm, inp))
+        return out if world.rank == 0 else None
+    finally:
+        shutdown()
+
+
+def measure_link(backend: str, bridged: bool, iters: int = 20) -> LinkProfile:
+    """Latency and bandwidth of P2P between two ranks of ``backend`` (two islands when ``bridged``)."""
+    import sys
+
+    from hal.launch import run_function
+
+    run = run_function(f"{__name__}:link_rank", 2, {"backend": backend, "bridged": bridged, "iters": iters},
+                       deadline_s=120, what=f"hal profile: {'bridge' if bridged else 'island'} link", echo_stderr=sys.stderr)
+    t = run.values[0]
+    small, large = LINK_SIZES
+    t_small, t_large = t[str(small)], t[str(large)]
+    gbps = (large - small) / max(t_large - t_small, 1e-3) / 1e3
+    kind = "bridge" if bridged else "island"
+    return LinkProfile(kind, backend, gbps, t_small, MEASURED,
+                       f"broadcast between 2 ranks{' in two declared islands' if bridged else ''} (collectives.bench), "
+                       f"{small} B and {large} B, {iters} iterations")

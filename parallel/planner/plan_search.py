@@ -1,0 +1,103 @@
+"""``hal plan --search`` as a library: cluster + profile + cost model + search, the written config, the table.
+
+Why here and not in cli/: the accuracy benchmark and the tests run the same steps without a shell.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import yaml
+
+from ..run_config import RunConfig
+from .cluster import Cluster, check_holds, load_cluster
+from .cost import CostModel
+from .profile import Profile, load_profile
+from .profiler import make_profile
+from .search import Result, Search, SearchReport, report_dict
+
+
+def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str | None,
+                    progress: Callable[[str], None] | None = None) -> tuple[Cluster, Profile, CostModel]:
+    """The cluster (declared or probed), the profile (given, or measured now in quick mode) and the cost model."""
+    from ..flops import model_parameters
+
+    cluster = load_cluster(run.hal.cluster, run.origin, cluster_file)
+    check_holds(cluster, model_parameters(run.model), cluster_file or run.origin)
+    seq = run.train.seq_len or run.model.max_seq_len
+    if profile_file is not None:
+        profile = load_profile(profile_file, run.model, run.hal.precision)
+        missing = [t for t in cluster.types if t.device not in profile.devices]
+        if missing:  # estimate them beside the measured ones, labelled as every estimate is
+            extra = make_profile(Cluster(tuple(missing), cluster.links, cluster.origin), run.model, run.hal.precision, seq,
+                                 links=False, progress=progress)
+            profile.devices.update(extra.devices)
+    else:
+        profile = make_profile(cluster, run.model, run.hal.precision, seq, quick=True, links=False, progress=progress)
+    return cluster, profile, CostModel(cluster, profile, run.model, seq)
+
+
+def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, top: int,
+           progress: Callable[[str], None] | None = None) -> tuple[SearchReport, CostModel]:
+    cluster, profile, cost = planning_inputs(run, cluster_file, profile_file, progress)
+    report = Search(cost, run.plan, progress=progress).run(top)
+    if not profile_file:
+        report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
+    if cluster.probed:
+        report.notes.append("no cluster declared: planned for the devices present")
+    return report, cost
+
+
+def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cost: CostModel) -> None:
+    """The config with its parallel: section replaced by the chosen plan: ``hal train PATH`` runs it as is."""
+    with open(run.origin, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data["parallel"] = result.plan.to_dict()
+    p = result.prediction
+    head = [f"# written by hal plan --search from {run.origin}: predicted {p.step_s:.4g} s a step, "
+            f"{p.tokens_per_s:,.0f} tokens/s, idle share {p.bubble_overall:.1%}, bound by {p.bound}",
+            f"# stages on: {', '.join(k.device for k in result.placement.kinds)}"]
+    if p.estimated:
+        head.append(f"# ESTIMATED (not measured): {'; '.join(p.estimated)}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def stage_text(result: Result) -> str:
+    parts = []
+    for stage, kind in zip(result.plan.stages, result.placement.kinds):
+        grid = f"tp{stage.tp}" + ("+sp" if stage.sp else "") + (f" dp{stage.dp}" if stage.dp > 1 else "")
+        layers = stage.layers if isinstance(stage.layers, int) else "+".join(map(str, stage.layers))
+        parts.append(f"{kind.device}×{stage.devices}[{grid} L{layers}{' rc' if stage.checkpoint else ''}]")
+    return " → ".join(parts)
+
+
+def format_search(report: SearchReport, cost: CostModel) -> str:
+    data = report_dict(report, cost)
+    lines = [f"hal plan --search: {cost.cluster.device_count} device(s) ({', '.join(f'{t.count}× {t.device}' for t in cost.cluster.types)}), "
+             f"{report.considered} candidates ranked by the closed form, best {report.confirmed} re-predicted with the "
+             f"schedule simulator, {report.pruned_memory} dropped for memory; {report.seconds:.2f} s"]
+    for i, r in enumerate(report.results, 1):
+        p, plan = r.prediction, r.plan
+        mem: dict[str, tuple[int, int | None]] = {}
+        for s in p.stages:
+            have = mem.get(s.device, (0, s.capacity_bytes))
+            mem[s.device] = (max(have[0], s.memory_bytes), s.capacity_bytes)
+        memory = ", ".join(f"{d} {_gib(m)} GiB" + (f" of {_gib(c)}" if c else "") for d, (m, c) in mem.items())
+        lines += ["", f"#{i}  {p.tokens_per_s:,.0f} tokens/s  step {p.step_s:.4g} s  idle {p.bubble_overall:.1%}  "
+                      f"{plan.schedule}{f' V={plan.virtual_stages}' if plan.virtual_stages > 1 else ''}  "
+                      f"{plan.micro_batches} × {plan.micro_batch_size} rows{'  zero1' if plan.zero1 else ''}",
+                  f"    {stage_text(r)}", f"    memory a rank: {memory}; bound by {p.bound}"]
+        if p.estimated:
+            lines.append(f"    ESTIMATED: {'; '.join(p.estimated)}")
+    for note in data["notes"]:
+        lines.append(f"\nnote: {note}")
+    return "\n".join(lines)
+
+
+def as_json(report: SearchReport, cost: CostModel) -> dict[str, Any]:
+    return report_dict(report, cost)

@@ -1,0 +1,184 @@
+"""A device profile: what one decoder layer, the embedding, the head and the optimizer cost on each device type.
+
+Why a file: measuring takes time and a cluster is planned many times; the cost model reads numbers,
+not devices. A profile is stamped with the model shape and the precision it was measured for, and one
+made for another model or precision is refused in one line (its numbers would mean nothing).
+
+Every number carries where it comes from: a device type is ``measured`` (``hal profile`` on this host,
+``parallel.planner.measure``) or ``estimated`` (from the catalog, ``parallel.planner.estimate``), and
+every report that uses an estimated number says so. Layer points are per dp replica: ``rows`` rows of
+``seq`` tokens through one layer at tensor-parallel degree ``tp``; ``lookup`` fits time = a + b × rows
+over the points measured, so the cost model can ask for any row count.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from hal.errors import ConfigError
+
+from ..model_config import ModelConfig
+
+SCHEMA = 1
+MEASURED, ESTIMATED = "measured", "estimated"
+
+
+@dataclass(frozen=True)
+class LayerPoint:
+    """One decoder layer, one micro-batch slice: ``rows`` × ``seq`` tokens at ``tp``, recompute on or off."""
+
+    tp: int
+    rows: int
+    seq: int
+    recompute: bool
+    forward_s: float
+    backward_s: float  # with recompute: includes the layer's second forward
+    activation_bytes: int  # saved for backward by one layer for one micro-batch (recompute: its input only)
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """A part whose cost grows with the tokens it sees (embedding; norm + head + loss)."""
+
+    forward_s: float
+    backward_s: float
+    activation_bytes: int  # saved for backward, per token
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device type's costs; ``source`` is measured or estimated, ``basis`` says how."""
+
+    device: str  # catalog id
+    backend: str
+    source: str
+    basis: str
+    layers: tuple[LayerPoint, ...]
+    embedding: PerToken
+    head: PerToken  # final norm, LM head and the loss
+    optimizer_s_per_param: float
+    threads: int | None = None  # cpu: compute threads per rank while measured
+    achieved_tflops: float | None = None  # a layer's forward + backward FLOPs over its time (largest point)
+    efficiency: float | None = None  # achieved / catalog peak, where the catalog has a peak
+
+    @property
+    def estimated(self) -> bool:
+        return self.source == ESTIMATED
+
+    def threads_or_one(self) -> int:
+        """Cores one rank keeps busy while it computes (cpu: the threads it was measured with)."""
+        return self.threads or 1
+
+    def layer(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float]:
+        """(forward s, backward s, activation bytes) of one layer for ``rows`` rows of ``seq`` tokens.
+
+        From the points at this (tp, recompute) and the nearest sequence length (time and memory scaled
+        by tokens when the length differs); a straight line a + b × rows through them. tp degrees not
+        measured come from tp 1 at rows / tp (the work splits, the per-call overhead does not; the cost
+        model adds tp's communication).
+        """
+        pts = [p for p in self.layers if p.recompute == recompute and p.tp == tp]
+        x = float(rows)
+        if not pts:  # a tp-split layer does 1/tp of the work of tp 1 at the same per-call overhead: tp 1 at rows / tp
+            pts, x = [p for p in self.layers if p.recompute == recompute and p.tp == 1], rows / tp
+        if not pts:
+            raise ConfigError(f"profile of {self.device}: no layer measured with recompute {'on' if recompute else 'off'}; "
+                              "run hal profile again")
+        near = min({p.seq for p in pts}, key=lambda s: abs(s - seq))
+        pts = sorted((p for p in pts if p.seq == near), key=lambda p: p.rows)
+        scale = seq / near
+        xs = [p.rows * scale for p in pts]
+        fwd, bwd, act = (max(_fit(xs, [float(getattr(p, v)) for p in pts], x), 0.0)
+                         for v in ("forward_s", "backward_s", "activation_bytes"))
+        return fwd, bwd, act
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> "DeviceProfile":
+        return DeviceProfile(**{**data, "layers": tuple(LayerPoint(**p) for p in data["layers"]),
+                                "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"])})
+
+
+def _fit(xs: list[float], ys: list[float], x: float) -> float:
+    """Least squares a + b·x through the points at ``x``; one point (or one x): proportional to x."""
+    if len(xs) == 1 or len(set(xs)) == 1:
+        return ys[0] * x / xs[0]
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((a - mx) * (c - my) for a, c in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
+    return (my - b * mx) + b * x
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """A point-to-point link measured (or defaulted): inside one island, or across the bridge."""
+
+    kind: str  # island | bridge
+    backend: str
+    bandwidth_gbps: float
+    latency_us: float
+    source: str
+    basis: str = ""
+
+
+@dataclass
+class Profile:
+    """Every device type's costs for one model shape and precision, and the links measured."""
+
+    model: dict[str, Any]
+    precision: str
+    devices: dict[str, DeviceProfile]
+    links: dict[str, LinkProfile] = field(default_factory=dict)
+    seq: int = 0  # the sequence length the layers were measured at
+    meta: dict[str, Any] = field(default_factory=dict)  # torch version, host, when, how long
+
+    @property
+    def model_key(self) -> str:
+        return model_key(self.model)
+
+    def estimated(self) -> list[str]:
+        """Device types whose numbers are estimates (said in every report that uses them)."""
+        return [d for d, p in self.devices.items() if p.estimated]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "model": self.model, "model_key": self.model_key, "precision": self.precision,
+                "seq": self.seq, "devices": {k: v.to_dict() for k, v in self.devices.items()},
+                "links": {k: asdict(v) for k, v in self.links.items()}, "estimated": self.estimated(), "meta": self.meta}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+
+
+def model_key(model: Mapping[str, Any]) -> str:
+    """A short digest of the model shape (every key but the sequence length, which points carry)."""
+    shape = {k: v for k, v in sorted(model.items()) if k not in ("max_seq_len", "rope_theta", "rope_scaling", "norm_eps")}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_profile(path: str | os.PathLike[str], model: ModelConfig, precision: str) -> Profile:
+    """Read ``path`` and refuse it in one line unless it was made for ``model`` at ``precision``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"--profile {path}: cannot read it ({exc.strerror}); run hal profile --config F --out {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--profile {path}: not a profile (invalid JSON at line {exc.lineno}); run hal profile again") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ConfigError(f"--profile {path}: not a hal profile of schema {SCHEMA}; run hal profile again")
+    want = model_key(model.to_dict())
+    if data["model_key"] != want:
+        differ = [k for k, v in model.to_dict().items() if data["model"].get(k) != v and k != "max_seq_len"]
+        raise ConfigError(f"--profile {path}: measured for another model (differs in {', '.join(differ) or 'shape'}); "
+                          "run hal profile with this config")
+    if data["precision"] != precision:
+        raise ConfigError(f"--profile {path}: measured at precision {data['precision']}, the config trains {precision}; "
+                          "run hal profile with this config")
+    return Profile(data["model"], data["precision"], {k: DeviceProfile.from_dict(v) for k, v in data["devices"].items()},
+                   {k: LinkProfile(**v) for k, v in data.get("links", {}).items()}, data.get("seq", 0), data.get("meta", {}))

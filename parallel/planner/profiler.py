@@ -1,0 +1,91 @@
+"""Make a profile for a cluster: measure the device types this host has, estimate the others, measure the links.
+
+Why one place: ``hal profile`` and ``hal plan --search`` (which profiles the present devices itself when
+given no ``--profile``) must agree on what is measured and what is estimated.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from typing import Callable
+
+from hal.errors import ConfigError
+
+from ..model_config import ModelConfig
+from .cluster import Cluster, DeviceType
+from .estimate import estimate_device
+from .measure import measure_device, measure_link
+from .profile import DeviceProfile, LinkProfile, Profile
+
+QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
+MAX_QUICK_LAYER_FLOPS = 5e11  # a present device is measured only when one layer's forward at the largest point is below this
+
+
+def present(kind: DeviceType) -> bool:
+    """Whether this host runs ``kind`` (its backend is available and its device 0 is that catalog model)."""
+    from hal.backend_registry import get_backend
+
+    backend = get_backend(kind.backend)
+    if not backend.is_available() or backend.device_count() == 0:
+        return False
+    return backend.capabilities(0).catalog_id == kind.device
+
+
+def cpu_threads(kind: DeviceType) -> int:
+    """Threads each cpu rank computes with in a run (hal train: the node's cores over its ranks)."""
+    return max(1, (kind.cores or 1) // kind.per_node)
+
+
+def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
+                 links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
+                 fallback: str = "warn") -> Profile:
+    """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too."""
+    from hal.backend_registry import get_backend
+    from hal.precision import resolve_precision
+
+    say = progress or (lambda _: None)
+    started = time.monotonic()
+    rows = QUICK_ROWS if quick else ROWS
+    reps = repeats or (1 if quick else 3)
+    devices: dict[str, DeviceProfile] = {}
+    for kind in cluster.types:
+        if not present(kind):
+            continue
+        backend = get_backend(kind.backend)
+        plan = resolve_precision(precision, backend, backend.capabilities(0), fallback)  # type: ignore[arg-type]
+        plan.apply(backend)
+        _check_size(model, seq, max(rows), kind)
+        devices[kind.device] = measure_device(
+            backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
+            repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say)
+    reference = Profile(model.to_dict(), precision, dict(devices), seq=seq)
+    for kind in cluster.types:
+        if kind.device not in devices:
+            say(f"{kind.device}: not on this host — estimated from the catalog")
+            devices[kind.device] = estimate_device(kind, model, precision, seq, reference)
+    measured_links: dict[str, LinkProfile] = {}
+    if links and any(k.is_cpu and present(k) for k in cluster.types):
+        for bridged in (False, True):
+            say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
+            link = measure_link("cpu", bridged)
+            measured_links[f"cpu-{link.kind}"] = link
+    meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps,
+            "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
+    return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)
+
+
+def _check_size(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> None:
+    """Refuse, before allocating, a layer too big to time in seconds on this host (a 70B layer on a laptop cpu)."""
+    from ..memory_check import layer_parameters
+
+    flops = 2.0 * layer_parameters(model) * rows * seq
+    if kind.is_cpu and flops > MAX_QUICK_LAYER_FLOPS:
+        raise ConfigError(f"hal profile: one layer of this model at {rows} row(s) × {seq} tokens is {flops:.2g} FLOPs, too "
+                          f"much to time on the cpu (limit {MAX_QUICK_LAYER_FLOPS:.0e}); profile with a shorter train.seq_len, "
+                          "or plan with the cpu left out of the cluster")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

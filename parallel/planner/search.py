@@ -1,0 +1,309 @@
+"""Search the plans of a cluster: enumerate, prune, rank with a closed form, confirm the best with the simulator.
+
+Why two rounds: the simulator plays every action (S × M × V of them per stage) in Python, too slow for
+the hundreds of thousands of candidates of a 512-device cluster; the closed form (Metis's: the sum of
+the stages plus (M − 1) × the slowest, the bubble divided by V for interleaved schedules and by about
+three for zero-bubble ones) ranks them in microseconds, and the cost model (``cost.CostModel``, the
+simulator inside) re-predicts the best few hundred, which are then ranked by that prediction.
+
+The space, and how it is pruned:
+- device-type order: every ordering of every non-empty subset of the cluster's types (a type is used
+  whole or not at all: a slow type may be better left out);
+- per type: the stage count p divides its device count, and its p stages are alike (same devices,
+  tp, dp, sp) — stages of one type are interchangeable, so unlike grids within a type add nothing
+  the layer split cannot; tp divides the model's split sizes and fits on one node; sp only with tp ≥ 2;
+- at most as many stages as layers (each stage needs one layer a chunk);
+- micro-batch size: divides the config's global batch (kept fixed, so the training is the same) and
+  is a multiple of every stage's dp; micro-batch count ≥ stages (1F1B), a multiple of it when interleaved;
+- layer split: balanced by each stage's speed (greedy: the next layer goes where the stage time grows
+  least; uneven allowed, embedding and head counted), so it is computed, not enumerated;
+- recompute per stage and ZeRO-1: only where the plan would not fit otherwise (both cost time or
+  nothing): turned on stage by stage, then ZeRO-1, then the candidate is dropped;
+- schedules: 1f1b, zero-bubble, and with 2 chunks a stage interleaved-1f1b and interleaved-zero-bubble.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from hal.errors import ConfigError
+
+from ..memory_check import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters
+from ..model_config import ModelConfig
+from ..plan import ParallelPlan, StagePlan, validate_plan
+from .cluster import Cluster, DeviceType
+from .cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, ring_all_reduce_s, transfer_s
+
+SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble")
+CONFIRM = 200  # candidates the simulator re-predicts
+BUBBLE_DIVISOR = {"1f1b": 1.0, "zero-bubble": 3.0, "interleaved-1f1b": 2.0, "interleaved-zero-bubble": 6.0}
+
+
+@dataclass(frozen=True)
+class Grid:
+    kind: DeviceType
+    stages: int
+    tp: int
+    dp: int
+    sp: bool
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass
+class Result:
+    plan: ParallelPlan
+    placement: Placement
+    prediction: Prediction
+
+
+@dataclass
+class SearchReport:
+    results: list[Result]
+    considered: int  # candidates ranked by the closed form
+    confirmed: int  # re-predicted with the simulator
+    pruned_memory: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_choices(model: ModelConfig, limit: int) -> list[int]:
+    g = math.gcd(model.num_heads, model.num_kv_heads, model.hidden_size, model.ffn_hidden_size, model.vocab_size)
+    return [t for t in _divisors(g) if t <= limit]
+
+
+class Search:
+    """One search over ``cluster`` for ``model`` keeping ``base``'s global batch and flags."""
+
+    def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None) -> None:
+        self.cost, self.base = cost, base
+        self.model, self.seq = cost.model, cost.seq
+        self.rows_total = base.global_batch_size
+        self.say = progress or (lambda _: None)
+        self._layer_cache: dict[tuple[str, int, int, bool], tuple[float, float, float]] = {}
+
+    # --- enumeration ------------------------------------------------------------------------------
+    def grids(self, kind: DeviceType) -> list[Grid]:
+        out = []
+        for p in _divisors(kind.count):
+            if p > self.model.num_layers:
+                continue
+            d = kind.count // p
+            for tp in _tp_choices(self.model, min(d, kind.per_node)):
+                if d % tp:
+                    continue
+                for sp in ((False, True) if tp > 1 and self.seq % tp == 0 else (False,)):
+                    out.append(Grid(kind, p, tp, d // tp, sp))
+        return out
+
+    def layouts(self) -> Iterator[tuple[Grid, ...]]:
+        """Every ordered choice of device types, each with one of its grids."""
+        types = list(self.cost.cluster.types)
+        per_type = {t.device: self.grids(t) for t in types}
+        for r in range(1, len(types) + 1):
+            for order in itertools.permutations(types, r):
+                for combo in itertools.product(*(per_type[t.device] for t in order)):
+                    if sum(g.stages for g in combo) <= self.model.num_layers:
+                        yield combo
+
+    # --- costs used by the closed form ----------------------------------------------------------------
+    def _layer(self, kind: DeviceType, tp: int, rows: int, recompute: bool) -> tuple[float, float, float]:
+        key = (kind.device, tp, rows, recompute)
+        if key not in self._layer_cache:
+            self._layer_cache[key] = self.cost.device(kind).layer(tp, rows, self.seq, recompute)
+        return self._layer_cache[key]
+
+    def _contention(self, layout: tuple[Grid, ...]) -> dict[str, float]:
+        out = {}
+        for g in layout:
+            if g.kind.is_cpu:
+                ranks = g.stages * g.devices * self.cost.device(g.kind).threads_or_one()
+                out[g.kind.device] = max(1.0, ranks / len(g.kind.nodes) / (g.kind.cores or 1))
+        return out
+
+    def candidates(self, layout: tuple[Grid, ...]) -> Iterator[tuple[float, ParallelPlan, tuple[DeviceType, ...]]]:
+        """(closed-form step s, plan, stage kinds) for every micro-batching and schedule of ``layout`` that fits."""
+        stages = [g for g in layout for _ in range(g.stages)]
+        S, L = len(stages), self.model.num_layers
+        kinds = tuple(g.kind for g in stages)
+        lcm = math.lcm(*(g.dp for g in stages))
+        stretch = self._contention(layout)
+        for mbs in _divisors(self.rows_total):
+            if mbs % lcm:
+                continue
+            M = self.rows_total // mbs
+            for schedule in SCHEDULES:
+                V = 2 if schedule.startswith("interleaved") else 1
+                if M < S or (V > 1 and (S < 2 or M % S or L < S * V)):
+                    continue
+                built = self._build(stages, kinds, mbs, M, schedule, V, stretch)
+                if built is not None:
+                    yield built
+
+    def _build(self, stages: list[Grid], kinds: tuple[DeviceType, ...], mbs: int, M: int, schedule: str, V: int,
+               stretch: dict[str, float]) -> tuple[float, ParallelPlan, tuple[DeviceType, ...]] | None:
+        S, m = len(stages), self.model
+        recompute = [False] * S
+        zero1 = False
+        while True:
+            per_layer, extra = [], []
+            for k, g in enumerate(stages):
+                rows = mbs // g.dp
+                f, b, _ = self._layer(g.kind, g.tp, rows, recompute[k])
+                c = stretch.get(g.kind.device, 1.0)
+                tp_s = 0.0
+                if g.tp > 1:
+                    gbps, lat, _ = self.cost.link(g.kind, g.kind, True)
+                    tp_s = (4 + recompute[k]) * ring_all_reduce_s(rows * self.seq * m.hidden_size * BOUNDARY_BYTES, g.tp, gbps, lat)
+                per_layer.append((f + b) * c + tp_s)
+                prof, tokens, e = self.cost.device(g.kind), rows * self.seq, 0.0
+                if k == 0:
+                    e += tokens * (prof.embedding.forward_s + prof.embedding.backward_s) * c
+                if k == S - 1:
+                    e += tokens * (prof.head.forward_s + prof.head.backward_s) * c / g.tp
+                extra.append(e)
+            layers = balance(per_layer, extra, m.num_layers, V)
+            if layers is None:
+                return None
+            over = self._over_memory(stages, layers, mbs, M, recompute, zero1, S, V)
+            if over is None:
+                break
+            if not recompute[over]:
+                recompute[over] = True
+            elif not zero1 and stages[over].dp > 1:
+                zero1 = True
+            else:
+                self.pruned_memory += 1
+                return None
+        times = [n * c + e for n, c, e in zip(layers, per_layer, extra)]
+        p2p = self._p2p(stages, mbs)
+        slowest = max(times)
+        step = sum(times) / BUBBLE_DIVISOR[schedule] + (M - 1) * slowest + 2 * (S * V - 1) * p2p + self._tail(stages, layers, zero1)
+        plan_stages = tuple(
+            StagePlan(g.kind.backend, g.devices, _chunks(n, V), g.tp, g.dp, g.sp, recompute[k], None, None)
+            for k, (g, n) in enumerate(zip(stages, layers)))
+        plan = ParallelPlan(plan_stages, schedule, M, mbs, zero1, self.base.compile, self.base.compile_backend,
+                            self.base.fused_head, V)
+        return step, plan, kinds
+
+    def _stage_params(self, k: int, S: int, layers: int) -> int:
+        m = self.model
+        count = layers * layer_parameters(m)
+        if k == 0:
+            count += m.vocab_size * m.hidden_size
+        if k == S - 1:
+            count += m.hidden_size + (0 if m.tie_embeddings and S == 1 else m.vocab_size * m.hidden_size)
+        return count
+
+    def _over_memory(self, stages: list[Grid], layers: list[int], mbs: int, M: int, recompute: list[bool], zero1: bool,
+                     S: int, V: int) -> int | None:
+        """The first stage whose rank would not fit (1F1B's in-flight bound: S − k micro-batches), or None."""
+        host: dict[tuple[str, int], float] = {}
+        worst = None
+        for k, g in enumerate(stages):
+            params = self._stage_params(k, S, layers[k]) / g.tp
+            static = params * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / (g.dp if zero1 else 1))
+            act = layers[k] * self._layer(g.kind, g.tp, mbs // g.dp, recompute[k])[2] * min(S - k + (V > 1) * S, M)
+            need = static + act
+            cap = g.kind.memory_bytes
+            if cap is None:
+                continue
+            if g.kind.is_cpu:
+                host[(g.kind.device, 0)] = host.get((g.kind.device, 0), 0.0) + need * g.devices
+                if host[(g.kind.device, 0)] > cap.value * len(g.kind.nodes) and worst is None:
+                    worst = k
+            elif need > cap.value and worst is None:
+                worst = k
+        return worst
+
+    def _p2p(self, stages: list[Grid], mbs: int) -> float:
+        worst = 0.0
+        for a, b in zip(stages, stages[1:]):
+            gbps, lat, _ = self.cost.link(a.kind, b.kind, a.kind.device == b.kind.device and len(a.kind.nodes) == 1)
+            seq = self.seq / b.tp if b.sp else self.seq
+            worst = max(worst, transfer_s(mbs / b.dp * seq * self.model.hidden_size * BOUNDARY_BYTES, gbps, lat))
+        return worst
+
+    def _tail(self, stages: list[Grid], layers: list[int], zero1: bool) -> float:
+        worst, S = 0.0, len(stages)
+        for k, (g, n) in enumerate(zip(stages, layers)):
+            params = self._stage_params(k, S, n) / g.tp
+            gbps, lat, _ = self.cost.link(g.kind, g.kind, g.devices <= g.kind.per_node)
+            sync = ring_all_reduce_s(params * 4, g.dp, gbps, lat)
+            opt = params / (g.dp if zero1 else 1) * self.cost.device(g.kind).optimizer_s_per_param
+            worst = max(worst, sync + opt)
+        return worst
+
+    # --- the search --------------------------------------------------------------------------------------
+    def run(self, top: int = 5) -> SearchReport:
+        started = time.monotonic()
+        self.pruned_memory = 0
+        best: list[tuple[float, int, ParallelPlan, tuple[DeviceType, ...]]] = []
+        considered = 0
+        for layout in self.layouts():
+            for step, plan, kinds in self.candidates(layout):
+                considered += 1
+                item = (-step, considered, plan, kinds)
+                if len(best) < CONFIRM:
+                    heapq.heappush(best, item)
+                elif item[0] > best[0][0]:
+                    heapq.heapreplace(best, item)
+        if not best:
+            raise ConfigError(f"hal plan --search: no plan of this model fits the cluster's {self.cost.cluster.device_count} "
+                              f"devices ({self.pruned_memory} ran out of memory even with recompute and zero1); add devices, "
+                              "shrink the model or the global batch")
+        self.say(f"closed form ranked {considered} candidates; the simulator re-predicts the best {len(best)}")
+        results = []
+        for _, _, plan, kinds in best:
+            place = Placement.pack(plan, kinds)
+            pred = self.cost.predict(plan, place)
+            if pred.fits:
+                results.append(Result(plan, place, pred))
+        results.sort(key=lambda r: r.prediction.step_s)
+        for r in results[:top]:
+            validate_plan(r.plan, self.model, world_size=r.plan.world_size, check_backends=False, seq_len=self.seq,
+                          single_host=False, origin="hal plan --search")
+        return SearchReport(results[:top], considered, len(best), self.pruned_memory, time.monotonic() - started)
+
+
+def _chunks(layers: int, V: int) -> int | tuple[int, ...]:
+    if V == 1:
+        return layers
+    return tuple(layers // V + (1 if i < layers % V else 0) for i in range(V))
+
+
+def balance(per_layer: list[float], extra: list[float], layers: int, V: int = 1) -> list[int] | None:
+    """Layers per stage minimising the slowest stage (time = n × per_layer + extra), each stage ≥ V layers."""
+    S = len(per_layer)
+    if layers < S * V:
+        return None
+    counts = [V] * S
+    heap = [((counts[k] + 1) * per_layer[k] + extra[k], k) for k in range(S)]
+    heapq.heapify(heap)
+    for _ in range(layers - S * V):
+        _, k = heapq.heappop(heap)
+        counts[k] += 1
+        heapq.heappush(heap, ((counts[k] + 1) * per_layer[k] + extra[k], k))
+    return counts
+
+
+def report_dict(report: SearchReport, cost: CostModel) -> dict[str, Any]:
+    """The search as plain data (``--json``)."""
+    tokens = cost.seq
+    return {
+        "considered": report.considered, "confirmed_with_simulator": report.confirmed, "pruned_memory": report.pruned_memory,
+        "search_s": report.seconds, "cluster": cost.cluster.to_dict(), "profile_estimated": cost.profile.estimated(),
+        "seq": tokens, "notes": report.notes,
+        "plans": [{"rank": i + 1, "plan": r.plan.to_dict(), "devices": [k.device for k in r.placement.kinds],
+                   "prediction": r.prediction.to_dict()} for i, r in enumerate(report.results)],
+    }

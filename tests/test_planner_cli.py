@@ -1,0 +1,63 @@
+"""hal profile and hal plan --search as a user runs them: a written plan that hal train runs as is; bad input exit 2."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from .conftest import run_hal
+
+CONFIG = """backend: cpu
+precision: fp32
+model: {vocab_size: 256, hidden_size: 32, num_layers: 4, num_heads: 2, num_kv_heads: 2, ffn_hidden_size: 64, max_seq_len: 16}
+parallel: {micro_batches: 4, micro_batch_size: 2, stages: [{backend: cpu, devices: 1, layers: 4}]}
+train: {steps: 2, data: synthetic}
+cluster:
+  groups: [{backend: cpu, device: cpu-generic, count: 2, cores: 2}]
+"""
+
+
+def test_profile_search_write_train(tmp_path) -> None:
+    config, profile, written = tmp_path / "run.yaml", tmp_path / "p.json", tmp_path / "plan.yaml"
+    config.write_text(CONFIG)
+    out = run_hal("profile", "--config", str(config), "--out", str(profile), "--quick")
+    assert out.returncode == 0, out.stderr
+    assert "cpu-generic (cpu): measured" in out.stdout and "hal profile: cpu-generic: one layer" in out.stderr
+    out = run_hal("plan", "--search", "--config", str(config), "--profile", str(profile), "--top", "2", "--write", str(written))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("tokens/s") == 2 and "compute (estimated" not in out.stdout  # the cpu was measured
+    assert "cpu-generic link (2 GB/s, documented default)" in out.stdout  # --quick measured no link: said so
+    plan = yaml.safe_load(written.read_text())["parallel"]
+    assert sum(s["devices"] for s in plan["stages"]) == 2 and plan["micro_batches"] * plan["micro_batch_size"] == 8
+    out = run_hal("train", str(written), "--steps", "2", "--json", "--run-dir", str(tmp_path / "run"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["last_step"] == 2
+    # the profile of another model is refused in one line
+    other = tmp_path / "other.yaml"
+    other.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 64"))
+    out = run_hal("plan", "--search", "--config", str(other), "--profile", str(profile))
+    assert out.returncode == 2 and "measured for another model (differs in hidden_size)" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_bad_cluster_and_what_if_through_the_command(tmp_path) -> None:
+    config, cluster = tmp_path / "run.yaml", tmp_path / "c.yaml"
+    config.write_text(CONFIG)
+    cluster.write_text("cluster:\n  groups: [{backend: ascend, device: huawei-ascend-91b, count: 8}]\n")
+    out = run_hal("plan", "--search", "--config", str(config), "--cluster", str(cluster))
+    assert out.returncode == 2 and "did you mean 'huawei-ascend-910b'?" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    cluster.write_text("cluster:\n  groups:\n"
+                       "    - {backend: cuda, device: nvidia-h100-sxm, count: 8, node: 0}\n"
+                       "    - {backend: ascend, device: huawei-ascend-910b, count: 8, node: 1, peak_tflops: {fp32: 80},"
+                       " memory_gb: 64, memory_bandwidth_gbps: 1600}\n")
+    out = run_hal("plan", "--search", "--config", str(config), "--cluster", str(cluster), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert sorted(report["profile_estimated"]) == ["huawei-ascend-910b", "nvidia-h100-sxm"]
+    assert all(p["prediction"]["estimated"] for p in report["plans"])
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("cluster:\n  groups: [{backend: cuda, device: nvidia-v100-sxm2-16gb, count: 1}]\n")
+    big = tmp_path / "big.yaml"
+    big.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 8192").replace("ffn_hidden_size: 64", "ffn_hidden_size: 32768"))
+    out = run_hal("plan", "--search", "--config", str(big), "--cluster", str(tiny))
+    assert out.returncode == 2 and "cannot" not in out.stdout and "needs at least" in out.stderr

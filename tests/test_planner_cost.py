@@ -1,0 +1,114 @@
+"""The cost model against the simulator's closed forms, its monotonicity, and the search's plans (valid, balanced, what-if)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from hal.parallel.model_config import ModelConfig
+from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
+from hal.parallel.planner.cluster import parse_cluster, resolve
+from hal.parallel.planner.cost import CostModel, Placement
+from hal.parallel.planner.profile import DeviceProfile, LayerPoint, PerToken, Profile
+from hal.parallel.planner.profiler import make_profile
+from hal.parallel.planner.search import Search, balance
+
+MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
+FAST = {"intra_node_gbps": 1e9, "intra_node_latency_us": 0}
+
+
+def _profile(device: str, backend: str, f: float = 1e-3, b: float = 2e-3, ends: float = 0.0) -> DeviceProfile:
+    """Layer time proportional to rows (no fixed part); recompute adds one forward to the backward."""
+    points = tuple(LayerPoint(1, r, 32, rc, f * r, (b + (f if rc else 0)) * r, (4 * 32 * 64 if rc else 100_000) * r)
+                   for rc in (False, True) for r in (1, 2, 4))
+    return DeviceProfile(device, backend, "measured", "synthetic", points, PerToken(ends, ends, 0), PerToken(ends, ends, 0), 0.0)
+
+
+def _cost(groups: list[dict], links: dict | None = None, **profiles: DeviceProfile) -> CostModel:
+    cluster = resolve(parse_cluster({"groups": groups, "links": links or FAST}))
+    profile = Profile(MODEL.to_dict(), "fp32", {t.device: profiles.get(t.device.replace("-", "_"), _profile(t.device, t.backend))
+                                                for t in cluster.types})
+    return CostModel(cluster, profile, MODEL, 32)
+
+
+H100 = {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}
+
+
+def _plan(S: int, M: int, schedule: str = "1f1b", **stage: object) -> ParallelPlan:
+    return ParallelPlan(tuple(StagePlan("cuda", 1, MODEL.num_layers // S, **stage) for _ in range(S)), schedule, M, 1)
+
+
+def test_equal_stages_give_the_1f1b_closed_form() -> None:
+    cost = _cost([H100])
+    S, M = 4, 8
+    plan = _plan(S, M)
+    pred = cost.predict(plan, Placement.pack(plan, (cost.cluster.types[0],) * S))
+    stage = 2 * (1e-3 + 2e-3)  # two layers, forward + backward, one row
+    assert pred.step_s == pytest.approx((M + S - 1) * stage, rel=1e-6)  # no p2p, optimizer or sync in this profile
+    assert pred.bubble[0] == pytest.approx((S - 1) / (M + S - 1), rel=1e-6)
+    assert pred.in_flight == (4, 3, 2, 1) and pred.tokens_per_s == pytest.approx(M * 32 / pred.step_s)
+
+
+def test_costs_move_the_right_way() -> None:
+    cost = _cost([H100])
+
+    def predict(plan: ParallelPlan, c: CostModel = cost):
+        return c.predict(plan, Placement.pack(plan, (c.cluster.types[0],) * plan.num_stages))
+
+    base = predict(_plan(4, 8))
+    rc = predict(_plan(4, 8, checkpoint=True))
+    assert rc.step_s > base.step_s and rc.stages[0].activation_bytes < base.stages[0].activation_bytes
+    assert predict(_plan(4, 16)).step_s > base.step_s and predict(_plan(4, 16)).bubble_overall < base.bubble_overall
+    assert predict(_plan(4, 8, "zero-bubble")).step_s < base.step_s
+    slow = _cost([H100], {"intra_node_gbps": 0.001, "intra_node_latency_us": 1000})
+    assert predict(_plan(4, 8), slow).step_s > base.step_s + 2 * 3 * 1e-3  # at least the boundary latencies
+    dp = ParallelPlan((StagePlan("cuda", 2, 4, 1, 2), StagePlan("cuda", 2, 4, 1, 2)), "1f1b", 4, 2)
+    zero = dataclasses.replace(dp, zero1=True)
+    assert predict(zero).stages[0].weights_bytes < predict(dp).stages[0].weights_bytes
+
+
+def test_balance_gives_the_faster_stage_more_layers() -> None:
+    assert balance([1.0, 3.0], [0.0, 0.0], 8) == [6, 2]
+    assert balance([1.0, 1.0], [0.0, 4.0], 8) == [6, 2]  # the head's cost counts
+    assert balance([1.0, 1.0], [0.0, 0.0], 3, V=2) is None  # each stage needs a layer a chunk
+
+
+def test_search_plans_are_valid_and_use_the_fast_device() -> None:
+    cost = _cost([{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
+                  {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}],
+                 cpu_generic=_profile("cpu-generic", "cpu", f=1e-2, b=2e-2))
+    base = ParallelPlan((StagePlan("cpu", 1, 8),), "1f1b", 8, 1)
+    report = Search(cost, base).run(top=3)
+    assert report.results and report.considered >= report.confirmed
+    steps = [r.prediction.step_s for r in report.results]
+    assert steps == sorted(steps)
+    for r in report.results:
+        validate_plan(r.plan, MODEL, world_size=r.plan.world_size, check_backends=False, seq_len=32, single_host=False)
+        assert r.plan.global_batch_size == 8
+    best = report.results[0]
+    layers = {}
+    for stage, kind in zip(best.plan.stages, best.placement.kinds):
+        layers[kind.device] = layers.get(kind.device, 0) + stage.layer_count
+    assert layers.get("nvidia-h100-sxm", 0) > layers.get("cpu-generic", 0)  # 10× faster: most layers
+
+
+def test_what_if_ascend_and_h100_from_catalog_figures() -> None:
+    model = ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
+                        ffn_hidden_size=8192, max_seq_len=2048)
+    cluster = resolve(parse_cluster({"groups": [
+        {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 8, "node": 0},
+        {"backend": "ascend", "device": "huawei-ascend-910b", "count": 8, "node": 1,  # the catalog has no figures:
+         "peak_tflops": {"bf16": 313}, "memory_gb": 64, "memory_bandwidth_gbps": 1600}]}))  # community figures, declared
+    profile = make_profile(cluster, model, "bf16-mixed", 2048, links=False)  # neither is here: both estimated
+    assert sorted(profile.estimated()) == ["huawei-ascend-910b", "nvidia-h100-sxm"]
+    cost = CostModel(cluster, profile, model, 2048)
+    started = time.monotonic()
+    report = Search(cost, ParallelPlan((StagePlan("cuda", 1, 16),), "1f1b", 64, 1)).run(top=3)
+    assert time.monotonic() - started < 30
+    best = report.results[0].prediction
+    assert any("nvidia-h100-sxm compute (estimated" in e for e in best.estimated)
+    assert best.fits and best.tokens_per_s > 0
+    mixed = [r for r in report.results if len({k.backend for k in r.placement.kinds}) > 1]
+    for r in mixed:
+        assert any("bridge between backends" in e for e in r.prediction.estimated)
