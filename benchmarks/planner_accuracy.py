@@ -79,6 +79,7 @@ def main() -> int:
 
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.plan_search import planning_inputs
+    from hal.launch import run_function
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
@@ -90,7 +91,8 @@ def main() -> int:
         run = load_run_config(first)
         print("profiling this host (hal profile's measurement) ...", file=sys.stderr, flush=True)
         cluster, _, _ = planning_inputs(run, None, None)
-        profile = make_profile(cluster, run.model, "fp32", run.model.max_seq_len, progress=lambda m: None)
+        profile = make_profile(cluster, run.model, "fp32", run.model.max_seq_len, progress=lambda m: None,
+                               launch=run_function)
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:

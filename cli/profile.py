@@ -34,12 +34,15 @@ def run(args: argparse.Namespace) -> int:
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
+    from hal.launch import run_function
+
     path = config_path(args)
     config = load_run_config(path, check_backends=False)
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
     profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,
-                           links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback)
+                           links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback,
+                           launch=run_function)
     profile.save(args.out)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))

@@ -72,7 +72,7 @@ def test_console_script_and_module_agree() -> None:
         (["ops", "--backend", "cdua"], "did you mean 'cuda'"),
         (["run", "--backend", "cpu", "missing_script.py"], "script 'missing_script.py' not found"),
         (["run", "--backend", "cuda", "examples/cuda_train.py"], "backend 'cuda' is not available"),
-        ([], "give a command: devices, config, ops, run, launch, bench, plan, train, export, conformance, data"),
+        ([], "give a command: devices, config, ops, run, launch, bench, profile, plan, train, export, conformance, data"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(args, needle) -> None:

@@ -198,13 +198,13 @@ def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | Non
         shutdown()
 
 
-def measure_link(backend: str, bridged: bool, iters: int = 20) -> LinkProfile:
-    """Latency and bandwidth of P2P between two ranks of ``backend`` (two islands when ``bridged``)."""
+def measure_link(backend: str, bridged: bool, launch: Callable[..., Any], iters: int = 20) -> LinkProfile:
+    """Latency and bandwidth of P2P between two ranks of ``backend`` (two islands when ``bridged``).
+
+    ``launch``: ``hal.launch.run_function``, handed in by the command (the launcher sits above this floor)."""
     import sys
 
-    from hal.launch import run_function
-
-    run = run_function(f"{__name__}:link_rank", 2, {"backend": backend, "bridged": bridged, "iters": iters},
+    run = launch(f"{__name__}:link_rank", 2, {"backend": backend, "bridged": bridged, "iters": iters},
                        deadline_s=120, what=f"hal profile: {'bridge' if bridged else 'island'} link", echo_stderr=sys.stderr)
     t = run.values[0]
     small, large = LINK_SIZES

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from hal.errors import ConfigError
 
@@ -38,8 +38,11 @@ def cpu_threads(kind: DeviceType) -> int:
 
 def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
                  links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
-                 fallback: str = "warn") -> Profile:
-    """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too."""
+                 fallback: str = "warn", launch: Callable[..., Any] | None = None) -> Profile:
+    """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too.
+
+    ``launch`` (``hal.launch.run_function``) starts the two ranks a link is timed between; links are measured
+    only when it is given (the command hands it in: the launcher is above this floor)."""
     from hal.backend_registry import get_backend
     from hal.precision import resolve_precision
 
@@ -64,10 +67,10 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             say(f"{kind.device}: not on this host — estimated from the catalog")
             devices[kind.device] = estimate_device(kind, model, precision, seq, reference)
     measured_links: dict[str, LinkProfile] = {}
-    if links and any(k.is_cpu and present(k) for k in cluster.types):
+    if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
         for bridged in (False, True):
             say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
-            link = measure_link("cpu", bridged)
+            link = measure_link("cpu", bridged, launch)
             measured_links[f"cpu-{link.kind}"] = link
     meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps,
             "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
