@@ -16,8 +16,12 @@ Reported, with the card:
     1 - compute / schedule time, against the ideal (P-1)/(M+P-1) of equal stages.
 
     python benchmarks/pipeline.py [--backend cuda] [--stages 4] [--micro-batches 8] [--micro-batch-size 1]
-        [--preset 1b|tiny] [--layers 7,6,6,5] [--compile] [--fused-head] [--reference-ops]
+        [--preset 1b|tiny] [--layers 7,6,6,5] [--compile] [--fused-head] [--reference-ops] [--master-weights]
         [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900]
+
+``--master-weights`` keeps the weights in float32 and runs the forward under ``--dtype`` autocast — what
+``hal train``'s bf16-mixed does (fp32 master weights and gradients, casts every micro-batch, fp32 boundaries)
+— for both schedules, so ``hal train``'s throughput has a baseline in its own precision.
 
 ``--fused-head`` makes the last stage return the head's input and the loss apply the head through the
 fused linear + cross-entropy (``parallel.fused_head``) — for both schedules, which share the loss.
@@ -110,7 +114,11 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
         dtype = getattr(torch, opts["dtype"])
-        engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype, seq_len=opts["seq"])
+        autocast = None
+        if opts.get("master_weights"):  # hal train's mixed precision: fp32 weights, the forward under autocast
+            autocast, dtype = (lambda d=dtype: backend.autocast(d)), torch.float32
+        engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype,
+                                seq_len=opts["seq"], autocast=autocast)
         M, mbs, seq = plan.micro_batches, plan.micro_batch_size, opts["seq"]
         gen = torch.Generator().manual_seed(1)  # the same tokens on every rank
         tokens = torch.randint(0, model.vocab_size, (M, mbs, seq + 1), generator=gen).to(device)
@@ -226,12 +234,13 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
 
     def step() -> None:
         engine.module.zero_grad(set_to_none=True)
-        if rank == 0:
-            schedule.step(x)
-        elif rank == world_size - 1:
-            schedule.step(target=y, losses=[])
-        else:
-            schedule.step()
+        with engine.autocast():  # the same region as ours under --master-weights (a no-op context otherwise)
+            if rank == 0:
+                schedule.step(x)
+            elif rank == world_size - 1:
+                schedule.step(target=y, losses=[])
+            else:
+                schedule.step()
 
     return step
 
@@ -265,7 +274,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
               for k, (_, r) in enumerate(sorted(reports.items()))]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
-        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
+        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False), "master_weights": opts.get("master_weights", False),
         "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
@@ -283,7 +292,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 def table(s: dict[str, Any]) -> str:
     lines = [
         f"pipeline {s.get('schedule', '1f1b')} on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
-        f"seq {s['seq']}, {s['dtype']}, M={s['micro_batches']} x mbs {s['micro_batch_size']}"
+        f"seq {s['seq']}, {s['dtype']}" + (" autocast, fp32 master weights" if s.get("master_weights") else "") + f", M={s['micro_batches']} x mbs {s['micro_batch_size']}"
         + (", layers compiled" if s.get("compile") else ", eager")
         + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
         + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",
@@ -316,6 +325,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="1b")
     parser.add_argument("--seq", type=int, help="sequence length (default: the preset's max_seq_len)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--master-weights", action="store_true",
+                        help="float32 weights with the forward under --dtype autocast (hal train's mixed precision), both schedules")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="ours/torch alternations; medians reported")
@@ -367,7 +378,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
-            "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual}
+            "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual,
+            "master_weights": args.master_weights}
 
 
 def main(argv: list[str] | None = None) -> int:

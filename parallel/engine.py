@@ -201,6 +201,20 @@ class PipelineEngine:
     def _labels(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
         return tokens[m, self.rows, 1:].to(self.device)
 
+    def _tokens_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the step's tokens on its device, in one asynchronous copy.
+
+        Why: a pageable host tensor copied per micro-batch makes the host wait until the device
+        drained everything queued before it (twice per micro-batch on a stage holding both ends),
+        so the launch of the next kernels is no longer hidden behind the running ones. One pinned,
+        non-blocking copy per step keeps the queue full. Stages that read no tokens skip it.
+        """
+        if tokens.device == self.device or not (self.first or self.last):
+            return tokens
+        if self.device.type != "cpu" and tokens.device.type == "cpu":
+            tokens = tokens.pin_memory()  # a non-blocking copy from pageable memory would still block
+        return tokens.to(self.device, non_blocking=True)
+
     # --- point to point -------------------------------------------------------------------------------
     def _post(self, comm: Communicator | None, *posted: Any, label: Any = None) -> list[Any]:
         """Post ``posted`` in one batch; wait for it only when it receives something.
@@ -360,6 +374,7 @@ class PipelineEngine:
         grads: dict[Key, torch.Tensor] = {}  # RECV_B results, waiting for their backward
         input_grads: dict[Key, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
         losses: list[torch.Tensor] = []
+        tokens = self._tokens_on_device(tokens)
         for step in self.program if program is None else program:
             if isinstance(step, P2PBatch):
                 self._communicate(step, pending, received, grads, input_grads)

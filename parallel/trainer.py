@@ -49,7 +49,8 @@ from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
 # "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
-TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed")
+TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed",
+                                "peak_memory")
 
 
 @dataclass
@@ -84,7 +85,10 @@ def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
         return Zero1AdamW(params, groups.dp, **hyper)
     matrices = [p for p in params if p.dim() >= 2]
     vectors = [p for p in params if p.dim() < 2]  # norm weights (and biases): no weight decay
-    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper)
+    # CUDA (and ROCm, which torch also calls cuda) has one fused kernel for the whole update; elsewhere
+    # torch's default (foreach) stays, which the single-process references of the tests also use.
+    fused = {"fused": True} if engine.device.type == "cuda" else {}
+    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper, **fused)
 
 
 def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
@@ -199,7 +203,15 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
     # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
     step_s = t.step if timed else time.perf_counter() - wall_started
-    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed]
+    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r)]
+
+
+def _peak_memory(r: RankRun) -> float:
+    """This rank's peak memory so far: the device allocator's high-water mark (the cpu: the process's peak RSS)."""
+    try:
+        return float(r.engine.backend.max_memory_allocated(r.engine.device.index))
+    except (RuntimeError, OSError):  # a runtime without allocator statistics: unknown, not zero
+        return float("nan")
 
 
 def evaluate(r: RankRun) -> float | None:
@@ -259,7 +271,9 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
         }
         if float(times[list(mesh.ranks), col["timed"]].min()) < 1.0:
             phases = dict.fromkeys(phases)
-        stages.append({"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), **phases})
+        memory = float(times[list(mesh.ranks), col["peak_memory"]].max()) if "peak_memory" in col else float("nan")
+        stages.append({"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), **phases,
+                       "peak_memory_bytes": None if math.isnan(memory) else int(memory)})
     peak = float(times[:, col["peak_tflops"]].sum())
     all_timed = float(times[:, col["timed"]].min()) >= 1.0
     return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s if all_timed else None,
@@ -313,7 +327,10 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
-                    "layers": m.layer_ids} for m in r.topology.stages],
+                    "layers": m.layer_ids,
+                    # the allocator's high-water mark over the run, the stage's largest rank (cpu: peak RSS)
+                    "peak_memory_bytes": max((rec["stages"][m.index].get("peak_memory_bytes") or 0 for rec in records), default=None)}
+                   for m in r.topology.stages],
     }
 
 

@@ -18,7 +18,7 @@ TOPOLOGY = Topology.from_plan(ParallelPlan((StagePlan("cuda", 1, 1), StagePlan("
 
 def _row(peak: float, timed: float) -> list[float]:
     values = {"compute": 1.0, "p2p": 0.5, "grad_sync": 0.1, "optimizer": 0.2, "schedule": 2.0, "step": 2.5,
-              "peak_tflops": peak, "timed": timed}
+              "peak_tflops": peak, "timed": timed, "peak_memory": 3e9}
     return [values[name] for name in TIME_FIELDS]
 
 
@@ -30,6 +30,7 @@ def test_phases_are_null_where_an_accelerator_was_not_synchronized() -> None:
     assert host["compute_s"] == 1.0 and host["bubble_s"] == pytest.approx(0.5)
     assert record["step_s"] == 2.5 and record["tokens_per_s"] == pytest.approx(400.0)
     assert record["peak_tflops"] is None  # one device's peak is unknown: no MFU rather than a wrong one
+    assert gpu["peak_memory_bytes"] == host["peak_memory_bytes"] == 3_000_000_000
 
 
 def test_profiled_steps_keep_every_phase_and_sum_the_peaks() -> None:

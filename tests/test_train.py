@@ -74,6 +74,8 @@ def test_main_job_trains_logs_breakdown_and_shows_progress(tmp_path: Path) -> No
     summary = json.loads(result.stdout)
     assert summary["world_size"] == 4 and [s["tp"] for s in summary["stages"]] == [2, 1]
     assert [s["dp"] for s in summary["stages"]] == [1, 2]
+    # every stage reports its peak memory (cpu ranks: their peak RSS), at least the weights it holds
+    assert all(s["peak_memory_bytes"] > 1 << 20 for s in summary["stages"])
     # progress: not a terminal here, so one plain line per step
     assert "step 1/2 loss " in result.stderr and "step 2/2 loss " in result.stderr and "tok/s" in result.stderr
     records = _log(run_dir / "train.jsonl")
