@@ -15,8 +15,9 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
   ZeRO-1: reduce-scatter + all-gather, the same bytes) and its AdamW step; the step ends with the
   slowest stage.
 
-CPU ranks share their node's cores: compute is stretched by the busy ranks over the cores (busy from
-the simulated bubble, two rounds). Memory per rank = ``memory_check.rank_bytes`` (fp32 weights, grads,
+CPU ranks share their node's cores: compute is stretched by the node's occupancy (busy share × ranks ×
+threads / cores, busy from the simulated bubble, two rounds) through the slowdown the profile's calibration
+pipelines measured at such occupancies (``planner.calibrate``; without them, occupancy itself). Memory per rank = ``memory_check.rank_bytes`` (fp32 weights, grads,
 AdamW state, ZeRO-1 sharded) + activations × the simulator's peak in-flight micro-batches (+ one
 layer's full activations while a checkpointed layer recomputes). Every prediction lists the estimated
 numbers it used.
@@ -138,9 +139,9 @@ class CostModel:
         return self.profile.devices[kind.device]
 
     # --- one stage --------------------------------------------------------------------------------------
-    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float]:
-        """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch) for
-        stage k, uncontended."""
+    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int]:
+        """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch,
+        tp all-reduces forward, backward) for stage k, uncontended."""
         stage, kind, m = plan.stages[k], place.kinds[k], self.model
         prof = self.device(kind)
         rows, seq = plan.micro_batch_size // stage.dp, self.seq
@@ -157,11 +158,14 @@ class CostModel:
             bwd += tokens * prof.head.backward_s / stage.tp
             head_act = tokens * prof.head.activation_bytes / stage.tp
         tp_f = tp_b = 0.0
+        waits_f = waits_b = 0  # tp all-reduces inside the stage's compute (each a blocking exchange)
         if stage.tp > 1:
             gbps, lat, _ = self.link(kind, kind, True)
             one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
-            tp_f, tp_b = 2 * L * one, (2 + (1 if stage.checkpoint else 0)) * L * one
-        return fwd, bwd, tp_f, tp_b, L * act + head_act
+            calls_f, calls_b = 2 * L, (2 + (1 if stage.checkpoint else 0)) * L
+            tp_f, tp_b = calls_f * one, calls_b * one
+            waits_f, waits_b = calls_f, calls_b
+        return fwd, bwd, tp_f, tp_b, L * act + head_act, waits_f, waits_b
 
     def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
@@ -197,14 +201,18 @@ class CostModel:
         p2p = self._p2p(plan, place)
         schedule = get_schedule(plan.schedule)
         shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages] if V > 1 else None
-        stretch = self._contention(plan, place, [1.0 - 0.0] * S)
-        for _ in range(2):  # contention depends on how busy the ranks are, which the simulation says
-            fwd = [b[0] * stretch[k] + b[2] for k, b in enumerate(base)]
-            bwd = [b[1] * stretch[k] + b[3] for k, b in enumerate(base)]
-            sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V, chunk_share=shares)
-            stretch = self._contention(plan, place, [1.0 - x for x in sim.bubble])
-        tail_stretch = self._contention(plan, place, [1.0] * S)
-        tail = max((t[0] + t[1] * tail_stretch[k]) for k, t in enumerate(tails))
+        occupancy = self._occupancy(plan, place, [1.0] * S)
+        for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
+            stretch = [self._stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            hand = [self._hand_off(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
+            bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
+            sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p + max(hand), virtual_stages=V,
+                           chunk_share=shares)
+            occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
+        tail_occupancy = self._occupancy(plan, place, [1.0] * S)
+        tail = max((t[0] + t[1] * self._stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
         step = sim.makespan + tail
         stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
         self._host_memory(plan, place, stages)
@@ -214,8 +222,9 @@ class CostModel:
         pred.bound = self._bound(plan, pred, fwd, bwd, tails)
         return pred
 
-    def _contention(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
-        """Per stage: how much slower its compute runs because the node's cpu ranks outnumber its cores."""
+    def _occupancy(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
+        """Per stage: how busy the cores of its (busiest) cpu node are — busy share × threads of every rank
+        there, over the node's cores; 0 for stages on accelerators."""
         load: dict[tuple[str, int], float] = {}
         for k, (stage, kind) in enumerate(zip(plan.stages, place.kinds)):
             if kind.is_cpu:
@@ -224,15 +233,28 @@ class CostModel:
                     load[key] = load.get(key, 0.0) + busy[k] * self.device(kind).threads_or_one()
         out = []
         for k, kind in enumerate(place.kinds):
-            if not kind.is_cpu:
-                out.append(1.0)
-                continue
             nodes = place.nodes(k, plan.stages[k].devices)
-            out.append(max(max(1.0, load[(kind.device, n)] / (kind.cores or 1)) for n in nodes))
+            out.append(max(load[(kind.device, n)] / (kind.cores or 1) for n in nodes) if kind.is_cpu else 0.0)
         return out
 
+    def _tp_wait(self, kind: DeviceType, occupancy: float) -> float:
+        """What one tp all-reduce costs on a cpu node this busy, calibrated (0 elsewhere: the ring model stands)."""
+        return (self.device(kind).tp_all_reduce_s(occupancy) or 0.0) if kind.is_cpu else 0.0
+
+    def _hand_off(self, kind: DeviceType, occupancy: float) -> float:
+        """The wait a blocking hand-off costs on a cpu node this busy (the profile's calibration; 0 elsewhere)."""
+        return self.device(kind).hand_off_s(occupancy) if kind.is_cpu else 0.0
+
+    def _stretch(self, kind: DeviceType, occupancy: float) -> float:
+        """The profile's measured in-run slowdown at this node occupancy; without calibration points, the share
+        of the node's cores each busy rank gets."""
+        if not kind.is_cpu:
+            return 1.0
+        measured = self.device(kind).stretch(occupancy)
+        return max(1.0, occupancy) if measured is None else measured
+
     def _stage_cost(self, plan: ParallelPlan, place: Placement, k: int, fwd: float, bwd: float,
-                    base: tuple[float, float, float, float, float], tail: tuple[float, float], in_flight: int) -> StageCost:
+                    base: tuple[float, float, float, float, float, int, int], tail: tuple[float, float], in_flight: int) -> StageCost:
         stage, kind = plan.stages[k], place.kinds[k]
         static = rank_bytes(self.model, plan, k)
         per_mb = base[4]

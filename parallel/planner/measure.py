@@ -27,6 +27,7 @@ from ..models.llama import build_stage
 from .profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 
 Progress = Callable[[str], None]
+MIN_MEASURED_S, MAX_REPEATS = 0.3, 50
 
 
 @contextlib.contextmanager
@@ -71,9 +72,13 @@ def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
 
 def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
              grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
-    """Median forward and backward seconds over ``repeats`` (one warm-up first), and the bytes saved."""
+    """Median forward and backward seconds over ``repeats`` or more (one warm-up first), and the bytes saved.
+
+    Short parts are repeated until about ``MIN_MEASURED_S`` was measured (at most ``MAX_REPEATS``): three
+    millisecond-long samples on a shared host swing by tens of percent, which the planner would inherit."""
     fwd, bwd, saved = [], [], 0
-    for i in range(repeats + 1):
+    i = 0
+    while i <= repeats or (sum(fwd) + sum(bwd) < MIN_MEASURED_S and i <= MAX_REPEATS):
         holder: dict[str, torch.Tensor] = {}
 
         def run_forward() -> None:
@@ -88,6 +93,7 @@ def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int
             fwd.append(t_f)
             bwd.append(t_b)
         saved = box[0]
+        i += 1
     return statistics.median(fwd), statistics.median(bwd), saved
 
 

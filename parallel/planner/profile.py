@@ -63,10 +63,42 @@ class DeviceProfile:
     threads: int | None = None  # cpu: compute threads per rank while measured
     achieved_tflops: float | None = None  # a layer's forward + backward FLOPs over its time (largest point)
     efficiency: float | None = None  # achieved / catalog peak, where the catalog has a peak
+    # cpu: (node occupancy, compute slowdown, hand-off s) measured by calibration pipelines (``planner.calibrate``)
+    contention: tuple[tuple[float, float, float], ...] = ()
+    # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs), calibrated (``planner.calibrate``)
+    tp_all_reduce: tuple[tuple[float, float], ...] = ()
 
     @property
     def estimated(self) -> bool:
         return self.source == ESTIMATED
+
+    def stretch(self, occupancy: float) -> float | None:
+        """How much slower this device computes in a run whose node is ``occupancy`` busy (busy share × ranks ×
+        threads / cores), from the calibration points; None when the profile has none (the cost model then
+        assumes max(1, occupancy))."""
+        return self._contended(occupancy, 1, 1.0)
+
+    def hand_off_s(self, occupancy: float) -> float:
+        """Seconds a blocking hand-off between ranks of a node ``occupancy`` busy costs (0 without calibration)."""
+        return self._contended(occupancy, 2, 0.0) or 0.0
+
+    def tp_all_reduce_s(self, occupancy: float) -> float | None:
+        """Seconds one tp all-reduce inside a layer costs on a node ``occupancy`` busy; None without calibration."""
+        return self._contended(occupancy, 1, 0.0, self.tp_all_reduce)
+
+    def _contended(self, occupancy: float, column: int, floor: float, table: Any = None) -> float | None:
+        """Column ``column`` of the calibration points at ``occupancy``: linear between points and beyond the last."""
+        rows = self.contention if table is None else table
+        if not rows:
+            return None
+        pts = sorted((p[0], p[column]) for p in rows)  # the first: one rank alone on the node
+        if occupancy <= pts[0][0] or len(pts) == 1:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if occupancy <= x1 or (x1, y1) == pts[-1]:
+                slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
+                return max(floor, y0 + slope * (occupancy - x0))
+        return pts[-1][1]
 
     def threads_or_one(self) -> int:
         """Cores one rank keeps busy while it computes (cpu: the threads it was measured with)."""
@@ -101,7 +133,9 @@ class DeviceProfile:
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> "DeviceProfile":
         return DeviceProfile(**{**data, "layers": tuple(LayerPoint(**p) for p in data["layers"]),
-                                "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"])})
+                                "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"]),
+                                "contention": tuple(tuple(map(float, p)) for p in data.get("contention", ())),
+                                "tp_all_reduce": tuple(tuple(map(float, p)) for p in data.get("tp_all_reduce", ()))})
 
 
 def _fit(xs: list[float], ys: list[float], x: float) -> float:

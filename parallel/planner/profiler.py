@@ -5,6 +5,7 @@ given no ``--profile``) must agree on what is measured and what is estimated.
 """
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 from typing import Any, Callable
@@ -12,6 +13,7 @@ from typing import Any, Callable
 from hal.errors import ConfigError
 
 from ..model_config import ModelConfig
+from .calibrate import calibrate_node, calibrate_tp
 from .cluster import Cluster, DeviceType
 from .estimate import estimate_device
 from .measure import measure_device, measure_link
@@ -38,8 +40,11 @@ def cpu_threads(kind: DeviceType) -> int:
 
 def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
                  links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
-                 fallback: str = "warn", launch: Callable[..., Any] | None = None) -> Profile:
+                 fallback: str = "warn", launch: Callable[..., Any] | None = None, calibrate: bool = True) -> Profile:
     """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too.
+
+    A cpu node with several ranks also gets its in-run slowdown (``planner.calibrate``) unless ``calibrate``
+    is off or no ``launch`` is given.
 
     ``launch`` (``hal.launch.run_function``) starts the two ranks a link is timed between; links are measured
     only when it is given (the command hands it in: the launcher is above this floor)."""
@@ -58,9 +63,19 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         plan = resolve_precision(precision, backend, backend.capabilities(0), fallback)  # type: ignore[arg-type]
         plan.apply(backend)
         _check_size(model, seq, max(rows), kind)
-        devices[kind.device] = measure_device(
+        measured = measure_device(
             backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
             repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say)
+        if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
+            say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
+            points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
+                                    rows=max(rows), seq=seq, launch=launch)
+            measured = dataclasses.replace(measured, contention=points)
+            tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
+                                     rows=max(rows), seq=seq, launch=launch)
+            measured = dataclasses.replace(measured, tp_all_reduce=tp_points,
+                                           basis=measured.basis + "; in-run slowdown and waits from calibration pipelines")
+        devices[kind.device] = measured
     reference = Profile(model.to_dict(), precision, dict(devices), seq=seq)
     for kind in cluster.types:
         if kind.device not in devices:

@@ -1,0 +1,90 @@
+"""The cpu node's in-run calibration: real pipelines on gloo, the hand-off solved through the simulator, the
+cost model's use of the points (interpolation, not beyond what was measured without saying so)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hal.launch import run_function
+from hal.parallel.model_config import ModelConfig
+from hal.parallel.plan import ParallelPlan, StagePlan
+from hal.parallel.planner import calibrate
+from hal.parallel.planner.cluster import parse_cluster, resolve
+from hal.parallel.planner.cost import CostModel, Placement
+from hal.parallel.planner.profile import DeviceProfile, Profile
+from hal.parallel.planner.profiler import make_profile
+from hal.parallel.schedules import get_schedule, simulate
+
+MODEL = ModelConfig(vocab_size=128, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
+CLUSTER = resolve(parse_cluster({"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": 2}]}))
+
+
+@pytest.fixture(scope="module")
+def measured() -> Profile:
+    return make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function)
+
+
+def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile) -> None:
+    cpu = measured.devices["cpu-generic"]
+    assert "calibration pipelines" in cpu.basis
+    solo, *runs = sorted(cpu.contention)
+    assert solo == (0.5, 1.0, 0.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
+    assert len(runs) == 2 and solo[0] < runs[0][0] < runs[1][0]  # 2 then 4 ranks: each keeps the node busier
+    assert all(slowdown >= 1.0 and hand >= 0.0 for _, slowdown, hand in runs)
+    assert cpu.tp_all_reduce[0] == (0.5, 0.0) and len(cpu.tp_all_reduce) == 2 and cpu.tp_all_reduce[1][1] >= 0.0
+    back = DeviceProfile.from_dict(cpu.to_dict())
+    assert back == cpu
+
+
+def test_hand_off_is_the_p2p_time_that_reproduces_the_schedule() -> None:
+    device = _synthetic(())
+    S, M = 3, calibrate.MICRO_BATCHES_PER_STAGE * 3
+    f, b, _ = device.layer(1, 2, 32, False)
+    compute = [M * (f + b) * k for k in (1.0, 1.2, 1.1)]
+    share = f / (f + b)
+    makespan = simulate(get_schedule("1f1b"), S, M, forward_s=[c / M * share for c in compute],
+                        backward_s=[c / M * (1 - share) for c in compute], p2p_s=0.004).makespan
+    values = [{"compute_s": c, "schedule_s": makespan} for c in compute]
+    assert calibrate.hand_off_s(device, values, 2, 32) == pytest.approx(0.004, rel=1e-6)
+    assert calibrate.hand_off_s(device, [{"compute_s": c, "schedule_s": 0.0} for c in compute], 2, 32) == 0.0
+
+
+def test_points_interpolate_and_an_uncalibrated_profile_says_none() -> None:
+    device = _synthetic(((0.5, 1.0, 0.0), (1.0, 1.5, 0.002), (1.5, 2.5, 0.004)), ((0.5, 0.0), (1.5, 0.001)))
+    assert device.stretch(0.25) == 1.0 and device.stretch(0.75) == pytest.approx(1.25) and device.stretch(1.25) == pytest.approx(2.0)
+    assert device.stretch(2.0) == pytest.approx(3.5)  # beyond the last point: its segment's slope
+    assert device.hand_off_s(1.0) == pytest.approx(0.002) and device.hand_off_s(0.1) == 0.0
+    assert device.tp_all_reduce_s(1.0) == pytest.approx(0.0005)
+    bare = _synthetic(())
+    assert bare.stretch(1.0) is None and bare.hand_off_s(1.0) == 0.0 and bare.tp_all_reduce_s(1.0) is None
+
+
+def test_cost_model_charges_the_calibrated_slowdown_waits_and_tp_all_reduces() -> None:
+    plain = _synthetic(())
+    busy = _synthetic(((0.5, 1.0, 0.0), (1.5, 2.0, 0.003)), ((0.5, 0.0), (1.5, 0.002)))
+    pipeline = ParallelPlan(tuple(StagePlan("cpu", 1, 2) for _ in range(4)), "1f1b", 8, 2)
+    tp = ParallelPlan((StagePlan("cpu", 2, 4, tp=2), StagePlan("cpu", 2, 4, tp=2)), "1f1b", 4, 2)
+    kinds = (CLUSTER.types[0],)
+    for plan in (pipeline, tp):
+        place = Placement.pack(plan, kinds * plan.num_stages)
+        before = CostModel(CLUSTER, _profile(plain), MODEL, 32).predict(plan, place)
+        after = CostModel(CLUSTER, _profile(busy), MODEL, 32).predict(plan, place)
+        assert after.step_s > before.step_s * 1.2, (plan.num_stages, before.step_s, after.step_s)
+    # tp's all-reduces: the calibrated wait per call lengthens the tp stages beyond the slowdown alone
+    no_tp_wait = dataclasses.replace(busy, tp_all_reduce=((0.5, 0.0), (1.5, 0.0)))
+    place = Placement.pack(tp, kinds * 2)
+    slower = CostModel(CLUSTER, _profile(busy), MODEL, 32).predict(tp, place).stages[0].forward_s
+    assert slower > CostModel(CLUSTER, _profile(no_tp_wait), MODEL, 32).predict(tp, place).stages[0].forward_s
+
+
+def _synthetic(contention: tuple, tp_points: tuple = ()) -> DeviceProfile:
+    from hal.parallel.planner.profile import LayerPoint, PerToken
+
+    layers = tuple(LayerPoint(1, r, 32, rc, 1e-3 * r, 2e-3 * r * (1.5 if rc else 1.0), 1000 * r) for r in (1, 2, 4) for rc in (False, True))
+    return DeviceProfile("cpu-generic", "cpu", "measured", "synthetic", layers, PerToken(1e-7, 1e-7, 8), PerToken(1e-6, 2e-6, 64),
+                         1e-9, threads=1, contention=contention, tp_all_reduce=tp_points)
+
+
+def _profile(device: DeviceProfile) -> Profile:
+    return Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {}, 32, {})
