@@ -1,18 +1,21 @@
-"""The planner's accuracy on the CPU: predicted against measured steady-state step time for 8+ plans of 4 ranks.
+"""The planner's accuracy: predicted against measured steady-state step time (and memory) for 9 plans of 4 ranks.
 
 One profile of this host (``hal profile``'s measurement: one layer at a few row counts, recompute off
-and on, embedding, head, AdamW, the P2P links), one cluster (4 cpu ranks sharing this host's cores), then
-for each plan: the cost model's prediction and a short ``hal train --json`` run (the median step after
-the first), and the error. Memory is not compared here: the ranks' host RSS is
-dominated by torch itself on a model this small; the memory model is tested against its parts instead.
+and on, embedding, head, AdamW; on the cpu also the links and the node's calibration pipelines), one
+cluster (4 ranks of ``--backend``: cpu ranks sharing this host's cores, or 4 GPUs), then for each plan:
+the cost model's prediction and a short ``hal train --json`` run (the median step after the first), and
+the error. On GPUs each stage's predicted memory is compared with its allocator peak; on the cpu it is
+not (the ranks' RSS is mostly torch itself on a model this small). Last, the choice: how the plan the
+model ranks first measures against the fastest measured one.
 
-    python benchmarks/planner_accuracy.py [--steps 10] [--json] [--only 1,3]
+    python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -22,45 +25,67 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-MODEL = {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
-         "ffn_hidden_size": 704, "max_seq_len": 64}
-CPU = {"backend": "cpu", "devices": 1}
-
-PLANS: list[tuple[str, dict[str, Any]]] = [
-    ("4 stages 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2,
-                          "stages": [{**CPU, "layers": 2}] * 4}),
-    ("4 stages zero-bubble M8", {"schedule": "zero-bubble", "micro_batches": 8, "micro_batch_size": 2,
-                                 "stages": [{**CPU, "layers": 2}] * 4}),
-    ("4 stages interleaved V2 M8", {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 8,
-                                    "micro_batch_size": 2, "stages": [{**CPU, "layers": 2}] * 4}),
-    ("4 stages 1f1b M4 recompute", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
-                                    "stages": [{**CPU, "layers": 2, "checkpoint": True}] * 4}),
-    ("tp2 | tp2 1f1b M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
-                           "stages": [{"backend": "cpu", "devices": 2, "tp": 2, "layers": 4}] * 2}),
-    ("dp2 | dp2 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2,
-                           "stages": [{"backend": "cpu", "devices": 2, "dp": 2, "layers": 4}] * 2}),
-    ("tp2+sp rc | dp2 5/3 M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
-                                "stages": [{"backend": "cpu", "devices": 2, "tp": 2, "sp": True, "layers": 5, "checkpoint": True},
-                                           {"backend": "cpu", "devices": 2, "dp": 2, "layers": 3}]}),
-    ("dp2 zero1 | dp2 6/2 M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4, "zero1": True,
-                                "stages": [{"backend": "cpu", "devices": 2, "dp": 2, "layers": 6},
-                                           {"backend": "cpu", "devices": 2, "dp": 2, "layers": 2}]}),
-    ("tp2 dp2 one stage M2", {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 8,
-                              "stages": [{"backend": "cpu", "devices": 4, "tp": 2, "dp": 2, "layers": 8}]}),
-]
+MODELS = {
+    # cpu: small enough for 4 ranks on 2 cores; cuda: TinyLlama's layer shape, 8 layers, seq 1024 (GPU-bound steps)
+    "cpu": {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
+            "ffn_hidden_size": 704, "max_seq_len": 64},
+    "cuda": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 8, "num_heads": 16, "num_kv_heads": 4,
+             "ffn_hidden_size": 5632, "max_seq_len": 1024},
+}
+PRECISION = {"cpu": "fp32", "cuda": "bf16-mixed"}
 
 
-def config_text(parallel: dict[str, Any], steps: int) -> str:
+def plans(backend: str) -> list[tuple[str, dict[str, Any]]]:
+    """The measured plans: 4 ranks in every tp/dp/stage split, schedule, micro-batching and recompute tried."""
+    one = {"backend": backend, "devices": 1}
+    two = {"backend": backend, "devices": 2}
+    return [
+        ("4 stages 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2, "stages": [{**one, "layers": 2}] * 4}),
+        ("4 stages zero-bubble M8", {"schedule": "zero-bubble", "micro_batches": 8, "micro_batch_size": 2,
+                                     "stages": [{**one, "layers": 2}] * 4}),
+        ("4 stages interleaved V2 M8", {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 8,
+                                        "micro_batch_size": 2, "stages": [{**one, "layers": 2}] * 4}),
+        ("4 stages 1f1b M4 recompute", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
+                                        "stages": [{**one, "layers": 2, "checkpoint": True}] * 4}),
+        ("tp2 | tp2 1f1b M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4, "stages": [{**two, "tp": 2, "layers": 4}] * 2}),
+        ("dp2 | dp2 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2, "stages": [{**two, "dp": 2, "layers": 4}] * 2}),
+        ("tp2+sp rc | dp2 5/3 M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
+                                    "stages": [{**two, "tp": 2, "sp": True, "layers": 5, "checkpoint": True},
+                                               {**two, "dp": 2, "layers": 3}]}),
+        ("dp2 zero1 | dp2 6/2 M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4, "zero1": True,
+                                    "stages": [{**two, "dp": 2, "layers": 6}, {**two, "dp": 2, "layers": 2}]}),
+        ("tp2 dp2 one stage M2", {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 8,
+                                  "stages": [{"backend": backend, "devices": 4, "tp": 2, "dp": 2, "layers": 8}]}),
+    ]
+
+
+PLANS = plans("cpu")
+
+
+def cluster_group(backend: str) -> dict[str, Any]:
+    """4 ranks of ``backend`` on this host, as a cluster group (cuda: the catalog model of device 0)."""
+    if backend == "cpu":
+        return {"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": os.cpu_count() or 1}
+    from hal.backend_registry import get_backend
+
+    device = get_backend(backend).capabilities(0).catalog_id
+    if device is None:
+        raise SystemExit(f"planner_accuracy: device 0 of {backend} is not in the catalog; it cannot be planned for")
+    return {"backend": backend, "device": device, "count": 4}
+
+
+def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", checkpoint_dir: str | None = None) -> str:
     import yaml
 
-    return yaml.safe_dump({"backend": "cpu", "precision": "fp32", "fallback": "warn", "model": MODEL, "parallel": parallel,
-                           "train": {"steps": steps, "lr": 1e-3, "data": "synthetic"},
-                           "cluster": {"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 4,
-                                                   "cores": os.cpu_count() or 1}]}}, sort_keys=False)
+    train: dict[str, Any] = {"steps": steps, "lr": 1e-3, "data": "synthetic"}
+    if checkpoint_dir:
+        train["checkpoint_dir"] = checkpoint_dir
+    return yaml.safe_dump({"backend": backend, "precision": PRECISION[backend], "fallback": "warn", "model": MODELS[backend],
+                           "parallel": parallel, "train": train, "cluster": {"groups": [cluster_group(backend)]}}, sort_keys=False)
 
 
-def measured_step_s(path: Path, run_dir: Path, steps: int) -> float:
-    """Median seconds a step of ``hal train`` after the first (warm-up) step, from its step log.
+def measured(path: Path, run_dir: Path, steps: int) -> tuple[float, list[int | None]]:
+    """Median seconds a step of ``hal train`` after the first (warm-up) step, and each stage's peak memory.
 
     The median: on a shared 2-core host single steps swing by ±20 % (other processes, the scheduler);
     a mean over a few steps moves the "measured" side of the comparison by ±10 % from run to run."""
@@ -68,61 +93,96 @@ def measured_step_s(path: Path, run_dir: Path, steps: int) -> float:
                           "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(f"hal train {path} failed:\n{out.stderr[-2000:]}")
+    summary = json.loads(out.stdout)
     records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines() if line.strip()]
     times = [r["step_s"] for r in records if "step_s" in r][1:]
-    return statistics.median(times)
+    return statistics.median(times), [st.get("peak_memory_bytes") for st in summary["stages"]]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="cpu", choices=sorted(MODELS), help="the 4 ranks' backend (cuda: 4 GPUs)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", help="comma-separated plan numbers (1-based)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
+    from hal.launch import run_function
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.plan_search import planning_inputs
-    from hal.launch import run_function
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
-    chosen = [int(x) - 1 for x in args.only.split(",")] if args.only else range(len(PLANS))
+    todo = plans(args.backend)
+    chosen = [int(x) - 1 for x in args.only.split(",")] if args.only else range(len(todo))
     rows = []
+    gpu = args.backend != "cpu"
     with tempfile.TemporaryDirectory(prefix="planner-accuracy-") as tmp:
         first = Path(tmp, "base.yaml")
-        first.write_text(config_text(PLANS[0][1], args.steps))
+        first.write_text(config_text(todo[0][1], args.steps, args.backend))
         run = load_run_config(first)
-        print("profiling this host (hal profile's measurement) ...", file=sys.stderr, flush=True)
+        print(f"profiling this host's {args.backend} (hal profile's measurement) ...", file=sys.stderr, flush=True)
         cluster, _, _ = planning_inputs(run, None, None)
-        profile = make_profile(cluster, run.model, "fp32", run.model.max_seq_len, progress=lambda m: None,
+        profile = make_profile(cluster, run.model, PRECISION[args.backend], run.model.max_seq_len, progress=lambda m: None,
                                launch=run_function)
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:
-            name, parallel = PLANS[i]
+            name, parallel = todo[i]
             path = Path(tmp, f"plan{i + 1}.yaml")
-            path.write_text(config_text(parallel, args.steps))
+            # the final checkpoint of a GPU-sized model (GBs) goes to memory where there is some: it is not timed
+            shm = Path("/dev/shm")
+            ckpt = str(Path(tempfile.mkdtemp(prefix="planner-accuracy-", dir=shm))) if gpu and shm.is_dir() else None
+            path.write_text(config_text(parallel, args.steps, args.backend, ckpt))
             run = load_run_config(path)
             _, _, cost = planning_inputs(run, None, str(profile_path))
             kind = cluster.types[0]
             pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
-            measured = measured_step_s(path, Path(tmp, f"run{i + 1}"), args.steps)
-            err = (pred.step_s - measured) / measured
-            rows.append({"plan": name, "predicted_s": pred.step_s, "measured_s": measured, "error": err, "bound": pred.bound})
-            print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {measured:7.3f} s  error {err:+6.1%}",
+            try:
+                step_s, memory = measured(path, Path(tmp, f"run{i + 1}"), args.steps)
+            finally:
+                if ckpt:
+                    shutil.rmtree(ckpt, ignore_errors=True)
+            err = (pred.step_s - step_s) / step_s
+            mem_err = [((st.memory_bytes - m) / m if m else None) for st, m in zip(pred.stages, memory)]
+            rows.append({"plan": name, "predicted_s": pred.step_s, "measured_s": step_s, "error": err, "bound": pred.bound,
+                         "predicted_memory": [st.memory_bytes for st in pred.stages], "measured_memory": memory,
+                         "memory_error": mem_err})
+            print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}",
                   file=sys.stderr, flush=True)
     errors = [abs(r["error"]) for r in rows]
-    result = {"rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
-              "cores": os.cpu_count(), "profile_links": {k: v.__dict__ for k, v in profile.links.items()}}
+    pick = min(rows, key=lambda r: r["predicted_s"])
+    fastest = min(rows, key=lambda r: r["measured_s"])
+    result = {"backend": args.backend, "card": profile.meta.get("host"), "devices": [t.device for t in cluster.types],
+              "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
+              "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
+              "cores": os.cpu_count(), "profile": profile.to_dict()}
+    if gpu:
+        mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
+        result["memory_median_abs_error"] = statistics.median(mem) if mem else None
+        result["memory_worst_abs_error"] = max(mem) if mem else None
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{'plan':<30} {'predicted s':>11} {'measured s':>10} {'error':>7}  bound")
-    for r in rows:
-        print(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%}  {r['bound']}")
-    print(f"median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
-          f"({len(rows)} plans, 4 cpu ranks on {os.cpu_count()} cores)")
+    print(table(result))
     return 0
+
+
+def table(result: dict[str, Any]) -> str:
+    gpu = result["backend"] != "cpu"
+    lines = [f"{'plan':<30} {'predicted s':>11} {'measured s':>10} {'error':>7}" + ("  memory GiB pred/meas per stage" if gpu else "  bound")]
+    for r in result["rows"]:
+        tail = ("  " + " ".join(f"{p / 2**30:.1f}/{(m or 0) / 2**30:.1f}" for p, m in zip(r["predicted_memory"], r["measured_memory"]))
+                if gpu else f"  {r['bound']}")
+        lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%}{tail}")
+    where = f"4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
+    lines.append(f"step time: median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
+                 f"({len(result['rows'])} plans, {where})")
+    if gpu and result.get("memory_median_abs_error") is not None:
+        lines.append(f"peak memory: median |error| {result['memory_median_abs_error']:.1%}, worst {result['memory_worst_abs_error']:.1%}")
+    lines.append(f"choice: the planner's top pick ({result['top_pick']}) measures {result['top_pick_over_fastest']:.3f}× "
+                 f"the fastest measured ({result['fastest']})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

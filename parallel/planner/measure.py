@@ -72,6 +72,50 @@ def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
 
 def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
              grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
+    """Forward and backward seconds of one call, and the bytes saved for backward.
+
+    The host runs each call alone; an accelerator queues ``QUEUED`` calls back to back between two
+    synchronizations (``_queued``) — in a run, the host queues the next layer's kernels while the device
+    runs this one's, so a synchronized single call would charge the launch latency a run hides."""
+    if backend.device_type == "cpu":
+        return _fwd_bwd_each(backend, forward, repeats, grad)
+    return _queued(backend, forward, repeats, grad)
+
+
+QUEUED = 8  # calls an accelerator measurement queues between two synchronizations
+
+
+def _queued(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
+            grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
+    """Median over ``repeats`` rounds (one warm-up) of QUEUED forwards, then their QUEUED backwards, per call."""
+    fwd, bwd, saved = [], [], 0
+    for i in range(repeats + 1):
+        outs: list[torch.Tensor] = []
+        with saved_bytes() as box:
+            first = forward()
+        saved = box[0]
+        outs.append(first)
+        backend.synchronize()
+        start = time.perf_counter()
+        outs.extend(forward() for _ in range(QUEUED))
+        backend.synchronize()
+        t_f = (time.perf_counter() - start) / QUEUED
+        grads = [grad(o) for o in outs]
+        outs[0].backward(grads[0])
+        backend.synchronize()
+        start = time.perf_counter()
+        for o, g in zip(outs[1:], grads[1:]):
+            o.backward(g)
+        backend.synchronize()
+        t_b = (time.perf_counter() - start) / QUEUED
+        if i:
+            fwd.append(t_f)
+            bwd.append(t_b)
+    return statistics.median(fwd), statistics.median(bwd), saved
+
+
+def _fwd_bwd_each(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
+                  grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
     """Median forward and backward seconds over ``repeats`` or more (one warm-up first), and the bytes saved.
 
     Short parts are repeated until about ``MIN_MEASURED_S`` was measured (at most ``MAX_REPEATS``): three
@@ -170,7 +214,8 @@ def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.d
     for p in params:
         p.grad = torch.randn_like(p)
     matrices, vectors = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4)
+    fused = {"fused": True} if device.type == "cuda" else {}  # as the trainer builds it (parallel.trainer)
+    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4, **fused)
     times = [_timed(backend, opt.step) for _ in range(repeats + 1)][1:]
     return statistics.median(times) / sum(p.numel() for p in params)
 
