@@ -146,9 +146,10 @@ def triton_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     if not _same_device(x, residual, weight):
         return _add_rms_norm(x, residual, weight, eps)
     why = _norm_problem(x, weight)
-    if not why and (residual.shape != x.shape or residual.dtype != x.dtype):
-        why = (f"the kernel takes a residual of x's shape and dtype (x {tuple(x.shape)} {x.dtype}, "
-               f"residual {tuple(residual.shape)} {residual.dtype})")
+    if not why and residual.shape != x.shape:
+        why = f"the kernel takes a residual of x's shape (x {tuple(x.shape)}, residual {tuple(residual.shape)})"
+    if not why and not (residual.dtype.is_floating_point and residual.dtype.itemsize >= 2):
+        why = f"the kernel takes a float16/bfloat16/float32/float64 residual, not {residual.dtype}"
     if why:
         _to_reference("add_rms_norm", x, why)
         return _add_rms_norm(x, residual, weight, eps)

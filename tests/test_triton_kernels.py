@@ -128,6 +128,30 @@ def test_add_rms_norm_keeps_the_stream_in_its_dtype() -> None:
     torch.testing.assert_close(y, ops._rms_norm(x + r, w), rtol=1e-3, atol=1e-3)
 
 
+def test_add_rms_norm_of_a_half_branch_onto_a_float32_stream() -> None:
+    """Mixed precision with fp32 weights: autocast's bf16 branch output added to the fp32 residual stream. The
+    kernel keeps h and y in fp32 (the reference's promotion) and hands each input its gradient in its dtype."""
+    xs, rs, ws = _leaves(torch.float32, (6, 40), (6, 40), (40,))
+    x = xs.to(torch.bfloat16).to(DEVICE).requires_grad_(True)
+    r, w = rs.float().to(DEVICE).requires_grad_(True), ws.float().to(DEVICE).requires_grad_(True)
+    y, h = library.add_rms_norm(x, r, w)
+    assert y.dtype == h.dtype == torch.float32
+    xr, rr, wr = (t.detach().double().cpu().requires_grad_(True) for t in (x, r, w))
+    ye, he = ops._add_rms_norm(xr, rr, wr)
+    torch.testing.assert_close(h.cpu().double(), he.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y.cpu().double(), ye.detach(), rtol=1e-5, atol=1e-5)
+    gy, gh = torch.randn(6, 40, dtype=torch.float64), torch.randn(6, 40, dtype=torch.float64)
+    torch.autograd.backward([ye, he], [gy, gh])
+    torch.autograd.backward([y, h], [gy.float().to(DEVICE), gh.float().to(DEVICE)])
+    assert x.grad.dtype == torch.bfloat16 and r.grad.dtype == torch.float32
+    torch.testing.assert_close(r.grad.cpu().double(), rr.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.cpu().double(), xr.grad.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(w.grad.cpu().double(), wr.grad, rtol=1e-4, atol=1e-4)
+    clear_downgrades()
+    triton_ops.triton_add_rms_norm(x.detach(), r.detach(), w.detach())  # the registry's wrapper takes it as well
+    assert not [d for d in recorded_downgrades() if "add_rms_norm" in str(d)]
+
+
 def test_rms_norm_backward_sums_the_weight_gradient_over_many_rows() -> None:
     """More rows than programs: each program walks several rows (the persistent grid's loop)."""
     x, w = _leaves(torch.float32, (50, 19), (19,))

@@ -58,7 +58,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, 
 @_add_rms_norm.register_fake
 def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format, dtype=torch.promote_types(x.dtype, residual.dtype))
     return y, torch.empty_like(y), x.new_empty(_rows(x), dtype=torch.float32)
 
 
@@ -94,7 +94,8 @@ def _add_rms_norm_grad(ctx: Any, dy: torch.Tensor, dh: torch.Tensor | None, _drs
                        ) -> tuple[Any, ...]:
     h, weight, rstd = ctx.saved_tensors
     dx, dw = torch.ops.hal_triton.rms_norm_backward(dy, h, weight, rstd, dh)
-    return dx, dx, dw, None  # h = x + residual: both receive h's gradient
+    # h = x + residual: both receive h's gradient (autograd rounds it to each input's dtype where they differ)
+    return dx, dx, dw, None
 
 
 _rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)

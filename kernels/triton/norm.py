@@ -1,8 +1,8 @@
 """rms_norm and the fused residual-add + rms_norm: forward and backward, fp32 accumulation.
 
 Semantics are hal.ops._rms_norm's: y = x * rsqrt(mean(x², last dim) + eps) * weight computed in fp32,
-rounded once to x's dtype; the fused form first rounds h = x + residual to the dtype (the residual
-stream the model keeps) and normalises h. One program owns a whole row (a hidden size up to
+rounded once to x's dtype; the fused form first rounds h = x + residual to the promoted dtype of the
+two (the residual stream the model keeps: fp32 under autocast with fp32 weights) and normalises h. One program owns a whole row (a hidden size up to
 ``launch.MAX_FUSED_SIZE``). The backward runs a persistent grid: each program walks rows
 pid, pid + G, ... and keeps its share of the weight gradient in fp32 registers, summed over
 programs afterwards — no atomics, so the result is deterministic.
@@ -78,13 +78,16 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
     n = x.shape[-1]
     x2 = _rows(x)
     rows = x2.shape[0]
-    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    # h = x + residual in the promoted dtype, as the reference's add: a bf16 branch output added to the fp32
+    # residual stream of a mixed-precision model (fp32 weights under autocast) stays fp32, and so does y
+    stream = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y = torch.empty((rows, n), dtype=stream, device=x.device)
     rstd = torch.empty((rows,), dtype=torch.float32, device=x.device)
     if residual is None:
         h, r2 = x2, x2
     else:
         r2 = _rows(residual)
-        h = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+        h = torch.empty((rows, n), dtype=stream, device=x.device)
     if rows and n:
         block, warps = row_block(n)
         with on_device(x.device):
