@@ -1,5 +1,5 @@
-"""The cpu node's in-run calibration: real pipelines on gloo, the hand-off solved through the simulator, the
-cost model's use of the points (interpolation, not beyond what was measured without saying so)."""
+"""The cpu node's in-run calibration: real pipelines on gloo, the slowdown and the tp wait solved through the
+simulator, the cost model's use of the points (interpolated between them)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,40 +29,45 @@ def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile
     cpu = measured.devices["cpu-generic"]
     assert "calibration pipelines" in cpu.basis
     solo, *runs = sorted(cpu.contention)
-    assert solo == (0.5, 1.0, 0.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
+    assert solo == (0.5, 1.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
     assert len(runs) == 2 and solo[0] < runs[0][0] < runs[1][0]  # 2 then 4 ranks: each keeps the node busier
-    assert all(slowdown >= 1.0 and hand >= 0.0 for _, slowdown, hand in runs)
+    assert all(slowdown >= 1.0 for _, slowdown in runs)
     assert cpu.tp_all_reduce[0] == (0.5, 0.0) and len(cpu.tp_all_reduce) == 2 and cpu.tp_all_reduce[1][1] >= 0.0
     back = DeviceProfile.from_dict(cpu.to_dict())
     assert back == cpu
 
 
-def test_hand_off_is_the_p2p_time_that_reproduces_the_schedule() -> None:
-    device = _synthetic(())
-    S, M = 3, calibrate.MICRO_BATCHES_PER_STAGE * 3
-    f, b, _ = device.layer(1, 2, 32, False)
-    compute = [M * (f + b) * k for k in (1.0, 1.2, 1.1)]
+def test_slowdown_and_tp_wait_are_what_reproduce_the_measured_schedule() -> None:
+    device = _synthetic(((0.5, 1.0), (1.5, 2.0)))
+    S, M, rows = 3, calibrate.MICRO_BATCHES_PER_STAGE * 3, 2
+    solo = [calibrate.solo_compute_s(device, S, k, rows, 32) / M for k in range(S)]
+    f, b, _ = device.layer(1, rows, 32, False)
     share = f / (f + b)
-    makespan = simulate(get_schedule("1f1b"), S, M, forward_s=[c / M * share for c in compute],
-                        backward_s=[c / M * (1 - share) for c in compute], p2p_s=0.004).makespan
-    values = [{"compute_s": c, "schedule_s": makespan} for c in compute]
-    assert calibrate.hand_off_s(device, values, 2, 32) == pytest.approx(0.004, rel=1e-6)
-    assert calibrate.hand_off_s(device, [{"compute_s": c, "schedule_s": 0.0} for c in compute], 2, 32) == 0.0
+    slow = simulate(get_schedule("1f1b"), S, M, forward_s=[1.7 * c * share for c in solo],
+                    backward_s=[1.7 * c * (1 - share) for c in solo]).makespan
+    assert calibrate.schedule_slowdown(device, [{"compute_s": 1.0, "schedule_s": slow}] * S, rows, 32) == pytest.approx(1.7)
+    assert calibrate.schedule_slowdown(device, [{"compute_s": 1.0, "schedule_s": 0.0}] * S, rows, 32) == 1.0
+    # tp: compute × the slowdown at the run's occupancy, plus 16 all-reduces a micro-batch of 2 ms each
+    tp_solo = [2.0 * calibrate.solo_compute_s(device, 2, k, rows, 32, 2) / 8 for k in range(2)]
+    calls = calibrate.LAYERS * 4
+    target = simulate(get_schedule("1f1b"), 2, 8, forward_s=[c / 3 + 0.002 * calls / 2 for c in tp_solo],
+                      backward_s=[2 * c / 3 + 0.002 * calls / 2 for c in tp_solo]).makespan
+    wait = calibrate.tp_wait_s(device, [{"compute_s": 1.0, "schedule_s": target}] * 4, 2, 2, rows, 32, 1.5)
+    assert wait == pytest.approx(0.002, rel=1e-6)
 
 
 def test_points_interpolate_and_an_uncalibrated_profile_says_none() -> None:
-    device = _synthetic(((0.5, 1.0, 0.0), (1.0, 1.5, 0.002), (1.5, 2.5, 0.004)), ((0.5, 0.0), (1.5, 0.001)))
+    device = _synthetic(((0.5, 1.0), (1.0, 1.5), (1.5, 2.5)), ((0.5, 0.0), (1.5, 0.001)))
     assert device.stretch(0.25) == 1.0 and device.stretch(0.75) == pytest.approx(1.25) and device.stretch(1.25) == pytest.approx(2.0)
     assert device.stretch(2.0) == pytest.approx(3.5)  # beyond the last point: its segment's slope
-    assert device.hand_off_s(1.0) == pytest.approx(0.002) and device.hand_off_s(0.1) == 0.0
     assert device.tp_all_reduce_s(1.0) == pytest.approx(0.0005)
     bare = _synthetic(())
-    assert bare.stretch(1.0) is None and bare.hand_off_s(1.0) == 0.0 and bare.tp_all_reduce_s(1.0) is None
+    assert bare.stretch(1.0) is None and bare.tp_all_reduce_s(1.0) is None
 
 
-def test_cost_model_charges_the_calibrated_slowdown_waits_and_tp_all_reduces() -> None:
+def test_cost_model_charges_the_calibrated_slowdown_and_tp_all_reduces() -> None:
     plain = _synthetic(())
-    busy = _synthetic(((0.5, 1.0, 0.0), (1.5, 2.0, 0.003)), ((0.5, 0.0), (1.5, 0.002)))
+    busy = _synthetic(((0.5, 1.0), (1.5, 2.0)), ((0.5, 0.0), (1.5, 0.002)))
     pipeline = ParallelPlan(tuple(StagePlan("cpu", 1, 2) for _ in range(4)), "1f1b", 8, 2)
     tp = ParallelPlan((StagePlan("cpu", 2, 4, tp=2), StagePlan("cpu", 2, 4, tp=2)), "1f1b", 4, 2)
     kinds = (CLUSTER.types[0],)

@@ -204,11 +204,10 @@ class CostModel:
         occupancy = self._occupancy(plan, place, [1.0] * S)
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
             stretch = [self._stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
-            hand = [self._hand_off(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
-            sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p + max(hand), virtual_stages=V,
+            sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
                            chunk_share=shares)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
@@ -240,10 +239,6 @@ class CostModel:
     def _tp_wait(self, kind: DeviceType, occupancy: float) -> float:
         """What one tp all-reduce costs on a cpu node this busy, calibrated (0 elsewhere: the ring model stands)."""
         return (self.device(kind).tp_all_reduce_s(occupancy) or 0.0) if kind.is_cpu else 0.0
-
-    def _hand_off(self, kind: DeviceType, occupancy: float) -> float:
-        """The wait a blocking hand-off costs on a cpu node this busy (the profile's calibration; 0 elsewhere)."""
-        return self.device(kind).hand_off_s(occupancy) if kind.is_cpu else 0.0
 
     def _stretch(self, kind: DeviceType, occupancy: float) -> float:
         """The profile's measured in-run slowdown at this node occupancy; without calibration points, the share

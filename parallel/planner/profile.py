@@ -63,8 +63,8 @@ class DeviceProfile:
     threads: int | None = None  # cpu: compute threads per rank while measured
     achieved_tflops: float | None = None  # a layer's forward + backward FLOPs over its time (largest point)
     efficiency: float | None = None  # achieved / catalog peak, where the catalog has a peak
-    # cpu: (node occupancy, compute slowdown, hand-off s) measured by calibration pipelines (``planner.calibrate``)
-    contention: tuple[tuple[float, float, float], ...] = ()
+    # cpu: (node occupancy, slowdown) measured by calibration pipelines (``planner.calibrate``)
+    contention: tuple[tuple[float, float], ...] = ()
     # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs), calibrated (``planner.calibrate``)
     tp_all_reduce: tuple[tuple[float, float], ...] = ()
 
@@ -77,10 +77,6 @@ class DeviceProfile:
         threads / cores), from the calibration points; None when the profile has none (the cost model then
         assumes max(1, occupancy))."""
         return self._contended(occupancy, 1, 1.0)
-
-    def hand_off_s(self, occupancy: float) -> float:
-        """Seconds a blocking hand-off between ranks of a node ``occupancy`` busy costs (0 without calibration)."""
-        return self._contended(occupancy, 2, 0.0) or 0.0
 
     def tp_all_reduce_s(self, occupancy: float) -> float | None:
         """Seconds one tp all-reduce inside a layer costs on a node ``occupancy`` busy; None without calibration."""
