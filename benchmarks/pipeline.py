@@ -354,6 +354,11 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         parser.error("--stages must be at least 2 (a pipeline)")
     if "zero-bubble" in args.schedule and args.compile:
         parser.error(f"--schedule {args.schedule} splits each backward in eager autograd; drop --compile")
+    if "zero-bubble" in args.schedule and args.fused_head:
+        # torch's zero-bubble schedules split the weight gradients of the stage module they hold; the fused
+        # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
+        parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
+                     "inside the loss; drop --fused-head")
     interleaved = args.schedule.startswith("interleaved")
     virtual = args.virtual_stages or (2 if interleaved else 1)
     if (virtual > 1) != interleaved or virtual < 1:

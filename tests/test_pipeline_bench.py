@@ -47,3 +47,20 @@ def test_interleaved_benchmark_runs_torchs_interleaved_schedule_on_the_same_chun
     summary = json.loads(out.stdout)
     assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == "ScheduleInterleaved1F1B"
     assert summary["bubble_ideal"] == 1 / 9 and summary["tokens_per_s"]["torch"] > 0
+
+
+def test_master_weights_runs_both_schedules_in_hal_trains_precision() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--stages", "2",
+         "--steps", "1", "--rounds", "1", "--warmup", "1", "--micro-batches", "2", "--master-weights", "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["master_weights"] is True and summary["tokens_per_s"]["torch"] > 0
+
+
+def test_zero_bubble_with_a_fused_head_is_refused_in_one_line() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny",
+                          "--schedule", "zero-bubble", "--fused-head"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "drop --fused-head" in out.stderr.strip().splitlines()[-1]
