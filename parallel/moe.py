@@ -1,0 +1,238 @@
+"""A mixture-of-experts block on one rank: router, dropless routing, SwiGLU experts, shared experts, the losses.
+
+This is the single-rank block that expert parallelism (experts sharded over ranks, tokens moved by an
+all-to-all) builds on; its semantics are the reference the EP version is checked against.
+
+- **Router**: a linear layer to E logits; scores are softmax over all experts (Mixtral, Qwen2-MoE) or an
+  independent sigmoid per expert (DeepSeek-V3); the top-k experts of each token are kept, their weights
+  optionally renormalised to sum to 1 (Mixtral always; Qwen2-MoE's ``norm_topk_prob``).
+- **Dropless routing**: every (token, choice) pair is processed — no capacity factor, nothing dropped.
+  Pairs are sorted by expert once (``argsort``), so each expert sees one contiguous block; the only
+  host read is the per-expert counts (as torchtitan's and Megablocks' dropless paths).
+- **Experts**: SwiGLU MLPs whose weights are stacked (E, ·, ·), so a grouped matmul can run all of them
+  in one call. ``torch._grouped_mm`` is used where the device and dtype take it (CUDA, bf16, aligned
+  strides: probed once per device and dtype); elsewhere a loop over the experts' blocks. The loop is the
+  defined path, not an error: which one ran is ``MoE.path`` and a downgrade record when the grouped
+  path was asked for and cannot run.
+- **Shared experts** (Qwen2-MoE, DeepSeek): a dense SwiGLU every token goes through, optionally gated by
+  a sigmoid of one more linear (Qwen2-MoE's ``shared_expert_gate``).
+- **Losses**: the load-balancing auxiliary loss of Switch / Mixtral, E · Σ_e f_e · P_e (f_e the share of
+  routed pairs that chose e, P_e the mean router probability of e), and the router z-loss of ST-MoE,
+  mean(logsumexp(logits)²). Both are returned with the load (tokens per expert) so the trainer can weight
+  them and log the balance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hal import ops
+from hal.downgrades import Downgrade, record_downgrade
+
+Scoring = Literal["softmax", "sigmoid"]
+ExpertPath = Literal["grouped_mm", "loop"]
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The MoE block's shape and routing (the family configs map Mixtral's and Qwen2-MoE's names onto it)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_size: int
+    scoring: Scoring = "softmax"
+    normalize_top_k: bool = True
+    shared_ffn_size: int = 0  # 0: no shared expert
+    shared_gate: bool = False  # Qwen2-MoE: the shared expert's output × sigmoid(gate(x))
+    aux_loss_weight: float = 0.01
+    z_loss_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1:
+            raise ValueError(f"moe: num_experts {self.num_experts} must be at least 1")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"moe: top_k {self.top_k} must be between 1 and num_experts ({self.num_experts}); lower top_k")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"moe: scoring {self.scoring!r} must be softmax or sigmoid")
+        if self.expert_ffn_size < 1 or self.shared_ffn_size < 0:
+            raise ValueError("moe: expert_ffn_size must be at least 1 and shared_ffn_size at least 0")
+        if self.shared_gate and not self.shared_ffn_size:
+            raise ValueError("moe: shared_gate needs a shared expert (shared_ffn_size > 0)")
+
+
+@dataclass
+class MoEStats:
+    """What one forward routed: the losses (already unweighted) and the tokens each expert received."""
+
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    load: torch.Tensor  # (E,) int64: routed (token, choice) pairs per expert
+
+    def imbalance(self) -> float:
+        """max / mean load (1.0 = perfectly even); the log's balance figure."""
+        load = self.load.float()
+        return float(load.max() / load.mean().clamp_min(1e-9))
+
+
+class Router(nn.Module):
+    """Token → top-k experts and their weights."""
+
+    def __init__(self, hidden: int, config: MoEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.gate = nn.Linear(hidden, config.num_experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(top-k expert ids (T, k), their weights (T, k) in x's dtype, probabilities (T, E) fp32, logits (T, E) fp32)."""
+        logits = self.gate(x).float()
+        probs = torch.softmax(logits, dim=-1) if self.config.scoring == "softmax" else torch.sigmoid(logits)
+        weights, experts = torch.topk(probs, self.config.top_k, dim=-1)
+        if self.config.normalize_top_k:
+            weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-20)
+        return experts, weights.to(x.dtype), probs, logits
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts with stacked weights: gate|up (E, H, 2F) and down (E, F, H)."""
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = 0.02) -> None:
+        super().__init__()
+        self.ffn = ffn
+        self.gate_up = nn.Parameter(torch.randn(num_experts, hidden, 2 * ffn) * std)
+        self.down = nn.Parameter(torch.randn(num_experts, ffn, hidden) * std / math.sqrt(2))
+
+    def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
+        """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
+        if path == "grouped_mm":
+            offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+            hidden = ops.swiglu(torch._grouped_mm(x, self.gate_up.to(x.dtype), offs=offsets))
+            return torch._grouped_mm(hidden, self.down.to(x.dtype), offs=offsets)
+        outs = []
+        for e, block in enumerate(torch.split(x, counts)):
+            if block.shape[0]:  # an expert no token chose does no work (its weights get no gradient this step)
+                outs.append(ops.swiglu(block @ self.gate_up[e].to(x.dtype)) @ self.down[e].to(x.dtype))
+        return torch.cat(outs) if outs else x.new_zeros(x.shape)
+
+
+class SharedExpert(nn.Module):
+    """A dense SwiGLU every token passes through, optionally gated per token."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+        self.gate = nn.Linear(hidden, 1, bias=False) if gated else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.down(ops.swiglu(self.gate_up(x)))
+        return out * torch.sigmoid(self.gate(x)) if self.gate is not None else out
+
+
+_GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` runs forward and backward here (probed once per device type and dtype).
+
+    Only CUDA is tried: torch 2.13's cpu kernel exists but its backward fails on expanded gradients."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_OK:
+        ok = False
+        if device.type == "cuda" and hasattr(torch, "_grouped_mm"):
+            try:
+                x = torch.randn(32, 64, device=device, dtype=dtype, requires_grad=True)
+                w = torch.randn(2, 64, 32, device=device, dtype=dtype, requires_grad=True)
+                y = torch._grouped_mm(x, w, offs=torch.tensor([16, 32], device=device, dtype=torch.int32))
+                y.backward(torch.ones_like(y))
+                ok = True
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GROUPED_OK[key] = ok
+    return _GROUPED_OK[key]
+
+
+class MoE(nn.Module):
+    """The MoE feed-forward block: ``forward(x)`` → (output of x's shape, MoEStats)."""
+
+    def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.grouped = grouped
+        self.router = Router(hidden, config)
+        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts)
+        self.shared = SharedExpert(hidden, config.shared_ffn_size, config.shared_gate) if config.shared_ffn_size else None
+        self.path: ExpertPath | None = None  # which expert path the last forward took
+
+    def _path(self, x: torch.Tensor) -> ExpertPath:
+        if not self.grouped:
+            return "loop"
+        if grouped_mm_works(x.device, x.dtype):
+            return "grouped_mm"
+        if x.device.type == "cuda":  # asked for and expected to run: say that it did not
+            record_downgrade(Downgrade("op", f"moe experts on {x.device.type}/{str(x.dtype).replace('torch.', '')}",
+                                       "grouped_mm", "loop", "torch._grouped_mm does not run for this device and dtype"))
+        return "loop"
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        T, E, k = tokens.shape[0], self.config.num_experts, self.config.top_k
+        experts, weights, probs, logits = self.router(tokens)
+        flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
+        order = torch.argsort(flat, stable=True)  # pairs grouped by expert, token order kept inside a group
+        load = torch.bincount(flat, minlength=E)
+        counts = load.tolist()  # the one host read: the block sizes
+        rows = tokens[order // k]  # each pair's token, expert-sorted
+        self.path = self._path(rows)
+        out_sorted = self.experts(rows, counts, self.path)
+        pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
+        out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        stats = MoEStats(load_balancing_loss(probs, flat, E, T * k), z_loss(logits), load)
+        return out.view(shape), stats
+
+    def loss(self, stats: MoEStats) -> torch.Tensor:
+        """The auxiliary terms to add to the language-model loss, with the config's weights."""
+        return self.config.aux_loss_weight * stats.aux_loss + self.config.z_loss_weight * stats.z_loss
+
+
+def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int, pairs: int) -> torch.Tensor:
+    """E · Σ_e f_e · P_e: f_e the share of routed pairs that went to e (no gradient), P_e the mean probability
+    of e over tokens (with gradient). 1.0 when routing is even and the router agrees; up to E when one
+    expert takes everything."""
+    f = torch.bincount(chosen, minlength=num_experts).float() / max(pairs, 1)
+    p = probs.mean(dim=0)
+    if probs.shape[0] and not torch.allclose(probs.sum(-1), torch.ones_like(probs[:, 0])):
+        p = p / p.sum().clamp_min(1e-20)  # sigmoid scores: compare shares, not raw sums
+    return num_experts * torch.sum(f * p)
+
+
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE's router z-loss: mean over tokens of logsumexp(logits)², which keeps the logits small."""
+    return torch.logsumexp(logits, dim=-1).pow(2).mean() if logits.shape[0] else logits.sum() * 0.0
+
+
+def reference_moe(module: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The same block computed token by token and choice by choice — slow, for tests only: the definition
+    every fast path must match."""
+    tokens = x.reshape(-1, x.shape[-1])
+    experts, weights, _, _ = module.router(tokens)
+    rows = []
+    for t in range(tokens.shape[0]):
+        acc = torch.zeros_like(tokens[t])
+        for j in range(module.config.top_k):
+            e = int(experts[t, j])
+            h = F.silu(tokens[t] @ module.experts.gate_up[e][:, : module.experts.ffn]) * (
+                tokens[t] @ module.experts.gate_up[e][:, module.experts.ffn:])
+            acc = acc + weights[t, j] * (h @ module.experts.down[e])
+        rows.append(acc)
+    out = torch.stack(rows)
+    if module.shared is not None:
+        out = out + module.shared(tokens)
+    return out.view(x.shape)
