@@ -202,12 +202,12 @@ class PipelineEngine:
         return tokens[m, self.rows, 1:].to(self.device)
 
     def _tokens_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of the step's tokens on its device, in one asynchronous copy.
+        """The step's tokens on this rank's device, in one asynchronous copy (a first or last stage only).
 
         Why: a pageable host tensor copied per micro-batch makes the host wait until the device
         drained everything queued before it (twice per micro-batch on a stage holding both ends),
         so the launch of the next kernels is no longer hidden behind the running ones. One pinned,
-        non-blocking copy per step keeps the queue full. Stages that read no tokens skip it.
+        non-blocking copy per step keeps the queue full.
         """
         if tokens.device == self.device or not (self.first or self.last):
             return tokens

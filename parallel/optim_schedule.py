@@ -1,4 +1,4 @@
-"""The training loop's learning-rate schedule and global gradient clipping, as the pipeline needs them.
+"""The training loop's learning-rate schedule, global gradient clipping and AdamW's implementation choice.
 
 Learning rate: linear warm-up from 0 over ``warmup_steps``, then constant, cosine or linear decay to
 ``min_lr`` at the last step — a pure function of the step, so a resumed run continues on the same
@@ -81,3 +81,10 @@ def clip_global_norm(module: torch.nn.Module, max_norm: float, *, tp_rank: int, 
 
 
 __all__ = ["LR_SCHEDULES", "clip_global_norm", "learning_rate", "owned_square_sum", "set_learning_rate"]
+
+
+def adamw_options(device: "torch.device") -> dict[str, bool]:
+    """AdamW's implementation choice for ``device``: CUDA (and ROCm, which torch also calls cuda) has one fused
+    kernel for the whole update; elsewhere torch's default (foreach) stays, which the single-process
+    references of the tests also use. The trainer and the planner's measurement both build AdamW this way."""
+    return {"fused": True} if device.type == "cuda" else {}

@@ -44,7 +44,7 @@ from hal.errors import HalError
 
 from .data import global_batch
 from .job import Job
-from .optim_schedule import clip_global_norm, learning_rate, set_learning_rate
+from .optim_schedule import adamw_options, clip_global_norm, learning_rate, set_learning_rate
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -85,10 +85,8 @@ def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
         return Zero1AdamW(params, groups.dp, **hyper)
     matrices = [p for p in params if p.dim() >= 2]
     vectors = [p for p in params if p.dim() < 2]  # norm weights (and biases): no weight decay
-    # CUDA (and ROCm, which torch also calls cuda) has one fused kernel for the whole update; elsewhere
-    # torch's default (foreach) stays, which the single-process references of the tests also use.
-    fused = {"fused": True} if engine.device.type == "cuda" else {}
-    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper, **fused)
+    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper,
+                             **adamw_options(engine.device))
 
 
 def _precision_plan(backend: Any, job: Job, stage: int) -> Any:

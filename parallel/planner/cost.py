@@ -16,9 +16,10 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
   slowest stage.
 
 CPU ranks share their node's cores: compute is stretched by the node's occupancy (busy share × ranks ×
-threads / cores, busy from the simulated bubble, two rounds) through the slowdown the profile's calibration
-pipelines measured at such occupancies (``planner.calibrate``; without them, occupancy itself). Memory per rank = ``memory_check.rank_bytes`` (fp32 weights, grads,
-AdamW state, ZeRO-1 sharded) + activations × the simulator's peak in-flight micro-batches (+ one
+threads / cores, busy from the simulated bubble, three rounds) through the slowdown the profile's
+calibration pipelines measured at such occupancies (``planner.calibrate``; without them, occupancy
+itself), and a tp all-reduce costs at least the calibrated wait. Memory per rank =
+``memory_check.rank_bytes`` (fp32 weights, grads, AdamW state, ZeRO-1 sharded) + activations × the simulator's peak in-flight micro-batches (+ one
 layer's full activations while a checkpointed layer recomputes). Every prediction lists the estimated
 numbers it used.
 """
@@ -158,14 +159,13 @@ class CostModel:
             bwd += tokens * prof.head.backward_s / stage.tp
             head_act = tokens * prof.head.activation_bytes / stage.tp
         tp_f = tp_b = 0.0
-        waits_f = waits_b = 0  # tp all-reduces inside the stage's compute (each a blocking exchange)
+        calls_f = calls_b = 0  # tp all-reduces inside the stage's compute (each a blocking exchange)
         if stage.tp > 1:
             gbps, lat, _ = self.link(kind, kind, True)
             one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
             calls_f, calls_b = 2 * L, (2 + (1 if stage.checkpoint else 0)) * L
             tp_f, tp_b = calls_f * one, calls_b * one
-            waits_f, waits_b = calls_f, calls_b
-        return fwd, bwd, tp_f, tp_b, L * act + head_act, waits_f, waits_b
+        return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b
 
     def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
@@ -203,7 +203,7 @@ class CostModel:
         shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages] if V > 1 else None
         occupancy = self._occupancy(plan, place, [1.0] * S)
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
-            stretch = [self._stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            stretch = [self.stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
@@ -211,7 +211,7 @@ class CostModel:
                            chunk_share=shares)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
-        tail = max((t[0] + t[1] * self._stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
+        tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
         step = sim.makespan + tail
         stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
         self._host_memory(plan, place, stages)
@@ -240,7 +240,7 @@ class CostModel:
         """What one tp all-reduce costs on a cpu node this busy, calibrated (0 elsewhere: the ring model stands)."""
         return (self.device(kind).tp_all_reduce_s(occupancy) or 0.0) if kind.is_cpu else 0.0
 
-    def _stretch(self, kind: DeviceType, occupancy: float) -> float:
+    def stretch(self, kind: DeviceType, occupancy: float) -> float:
         """The profile's measured in-run slowdown at this node occupancy; without calibration points, the share
         of the node's cores each busy rank gets."""
         if not kind.is_cpu:

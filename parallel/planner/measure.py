@@ -24,6 +24,7 @@ from ..flops import PEAK_KEY
 from ..memory_check import layer_parameters
 from ..model_config import ModelConfig
 from ..models.llama import build_stage
+from ..optim_schedule import adamw_options
 from .profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 
 Progress = Callable[[str], None]
@@ -214,8 +215,7 @@ def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.d
     for p in params:
         p.grad = torch.randn_like(p)
     matrices, vectors = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
-    fused = {"fused": True} if device.type == "cuda" else {}  # as the trainer builds it (parallel.trainer)
-    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4, **fused)
+    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4, **adamw_options(device))
     times = [_timed(backend, opt.step) for _ in range(repeats + 1)][1:]
     return statistics.median(times) / sum(p.numel() for p in params)
 

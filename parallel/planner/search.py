@@ -128,7 +128,7 @@ class Search:
         for g in layout:
             if g.kind.is_cpu:
                 ranks = g.stages * g.devices * self.cost.device(g.kind).threads_or_one()
-                out[g.kind.device] = self.cost._stretch(g.kind, ranks / len(g.kind.nodes) / (g.kind.cores or 1))
+                out[g.kind.device] = self.cost.stretch(g.kind, ranks / len(g.kind.nodes) / (g.kind.cores or 1))
         return out
 
     def candidates(self, layout: tuple[Grid, ...]) -> Iterator[tuple[float, ParallelPlan, tuple[DeviceType, ...]]]:
