@@ -202,6 +202,31 @@ class MoE(nn.Module):
         return self.config.aux_loss_weight * stats.aux_loss + self.config.z_loss_weight * stats.z_loss
 
 
+class _AttachAuxLoss(torch.autograd.Function):
+    """Identity on the activations; in backward, the auxiliary loss receives ``scale`` as its gradient."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale  # type: ignore[attr-defined]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (aux,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return grad, torch.full_like(aux, ctx.scale), None  # type: ignore[attr-defined]
+
+
+def attach_aux_loss(x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x`` unchanged, with ``scale · aux`` added to whatever loss ``x`` flows into, for the gradient.
+
+    Why: in a pipeline the language-model loss exists only on the last stage, but an MoE layer's auxiliary
+    loss is made on whichever stage holds the layer. Riding on the activations' backward (as Megatron-Core
+    does) gives every stage's router its aux-loss gradient in the same backward pass, under any schedule,
+    with nothing sent between stages. ``scale`` carries the loss weight and the micro-batch average."""
+    return _AttachAuxLoss.apply(x, aux, scale)
+
+
 def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int, pairs: int) -> torch.Tensor:
     """E · Σ_e f_e · P_e: f_e the share of routed pairs that went to e (no gradient), P_e the mean probability
     of e over tokens (with gradient). 1.0 when routing is even and the router agrees; up to E when one

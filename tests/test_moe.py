@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hal.parallel.moe import MoE, MoEConfig, load_balancing_loss, reference_moe, z_loss
+from hal.parallel.moe import MoE, MoEConfig, attach_aux_loss, load_balancing_loss, reference_moe, z_loss
 
 H = 16
 
@@ -103,3 +103,20 @@ def test_the_auxiliary_loss_lowers_the_imbalance_of_a_skewed_input() -> None:
     _, with_aux = train(0.5)
     assert start > 3.0  # nearly everything on one expert of 4 at the start
     assert without > 3.0 and with_aux < 0.5 * without, (start, without, with_aux)  # measured: 4.0 → 4.0 vs 1.73
+
+
+def test_an_aux_loss_attached_to_the_activations_gets_its_gradient_in_their_backward() -> None:
+    """The pipeline's way: the stage's output carries the aux loss; the loss downstream never sees it, yet the
+    router's gradient equals that of the LM loss + weight × aux loss summed explicitly."""
+    config = MoEConfig(num_experts=4, top_k=2, expert_ffn_size=8, aux_loss_weight=0.1, z_loss_weight=0.01)
+    module, x = _pair(config)
+    out, stats = module(x)
+    downstream = attach_aux_loss(out, module.loss(stats), 0.5)  # 0.5: one of two micro-batches
+    torch.testing.assert_close(downstream, out)
+    got = torch.autograd.grad((downstream.pow(2).sum()) * 0.5, list(module.parameters()))
+    out2, stats2 = module(x)
+    want = torch.autograd.grad((out2.pow(2).sum() + module.loss(stats2)) * 0.5, list(module.parameters()))
+    assert module.router.gate.weight in list(module.parameters())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    assert float(module.loss(stats).detach()) > 0  # the aux terms are not zero: the test could fail
