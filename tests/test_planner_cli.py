@@ -27,6 +27,9 @@ def test_profile_search_write_train(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("tokens/s") == 2 and "compute (estimated" not in out.stdout  # the cpu was measured
     assert "cpu-generic link (2 GB/s, documented default)" in out.stdout  # --quick measured no link: said so
+    assert "without calibration" not in out.stdout  # hal profile calibrated the shared node
+    uncalibrated = run_hal("plan", "--search", "--config", str(config), "--top", "1")
+    assert uncalibrated.returncode == 0 and "without calibration" in uncalibrated.stdout, uncalibrated.stdout
     plan = yaml.safe_load(written.read_text())["parallel"]
     assert sum(s["devices"] for s in plan["stages"]) == 2 and plan["micro_batches"] * plan["micro_batch_size"] == 8
     out = run_hal("train", str(written), "--steps", "2", "--json", "--run-dir", str(tmp_path / "run"), timeout=300)

@@ -45,6 +45,12 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:
         report.notes.append("no cluster declared: planned for the devices present")
+    shared = [t.device for t in cluster.types if t.is_cpu and t.per_node > 1 and t.device in profile.devices
+              and not profile.devices[t.device].estimated and not profile.devices[t.device].contention]
+    if shared:
+        report.notes.append(f"{', '.join(shared)}: ranks sharing a node's cores without calibration — each busy rank is "
+                            "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
+                            "pipeline runs (pass its file with --profile)")
     return report, cost
 
 
