@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hal import ops
@@ -194,7 +193,7 @@ class MoE(nn.Module):
         out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        stats = MoEStats(load_balancing_loss(probs, flat, E, T * k), z_loss(logits), load)
+        stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring), z_loss(logits), load)
         return out.view(shape), stats
 
     def loss(self, stats: MoEStats) -> torch.Tensor:
@@ -227,37 +226,18 @@ def attach_aux_loss(x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.T
     return _AttachAuxLoss.apply(x, aux, scale)
 
 
-def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int, pairs: int) -> torch.Tensor:
+def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int, pairs: int,
+                        scoring: Scoring = "softmax") -> torch.Tensor:
     """E · Σ_e f_e · P_e: f_e the share of routed pairs that went to e (no gradient), P_e the mean probability
     of e over tokens (with gradient). 1.0 when routing is even and the router agrees; up to E when one
-    expert takes everything."""
+    expert takes everything. Sigmoid scores do not sum to 1: their means are compared as shares."""
     f = torch.bincount(chosen, minlength=num_experts).float() / max(pairs, 1)
     p = probs.mean(dim=0)
-    if probs.shape[0] and not torch.allclose(probs.sum(-1), torch.ones_like(probs[:, 0])):
-        p = p / p.sum().clamp_min(1e-20)  # sigmoid scores: compare shares, not raw sums
+    if scoring == "sigmoid":
+        p = p / p.sum().clamp_min(1e-20)
     return num_experts * torch.sum(f * p)
 
 
 def z_loss(logits: torch.Tensor) -> torch.Tensor:
     """ST-MoE's router z-loss: mean over tokens of logsumexp(logits)², which keeps the logits small."""
     return torch.logsumexp(logits, dim=-1).pow(2).mean() if logits.shape[0] else logits.sum() * 0.0
-
-
-def reference_moe(module: MoE, x: torch.Tensor) -> torch.Tensor:
-    """The same block computed token by token and choice by choice — slow, for tests only: the definition
-    every fast path must match."""
-    tokens = x.reshape(-1, x.shape[-1])
-    experts, weights, _, _ = module.router(tokens)
-    rows = []
-    for t in range(tokens.shape[0]):
-        acc = torch.zeros_like(tokens[t])
-        for j in range(module.config.top_k):
-            e = int(experts[t, j])
-            h = F.silu(tokens[t] @ module.experts.gate_up[e][:, : module.experts.ffn]) * (
-                tokens[t] @ module.experts.gate_up[e][:, module.experts.ffn:])
-            acc = acc + weights[t, j] * (h @ module.experts.down[e])
-        rows.append(acc)
-    out = torch.stack(rows)
-    if module.shared is not None:
-        out = out + module.shared(tokens)
-    return out.view(x.shape)

@@ -5,9 +5,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hal.parallel.moe import MoE, MoEConfig, attach_aux_loss, load_balancing_loss, reference_moe, z_loss
+import torch.nn.functional as F
+
+from hal.parallel.moe import MoE, MoEConfig, attach_aux_loss, load_balancing_loss, z_loss
 
 H = 16
+
+
+def reference_moe(module: MoE, x: torch.Tensor) -> torch.Tensor:
+    """The block computed token by token and choice by choice: the definition every fast path must match."""
+    tokens = x.reshape(-1, x.shape[-1])
+    experts, weights, _, _ = module.router(tokens)
+    ffn, rows = module.experts.ffn, []
+    for t in range(tokens.shape[0]):
+        acc = torch.zeros_like(tokens[t])
+        for j in range(module.config.top_k):
+            e = int(experts[t, j])
+            up = module.experts.gate_up[e]
+            h = F.silu(tokens[t] @ up[:, :ffn]) * (tokens[t] @ up[:, ffn:])
+            acc = acc + weights[t, j] * (h @ module.experts.down[e])
+        rows.append(acc)
+    out = torch.stack(rows)
+    if module.shared is not None:
+        out = out + module.shared(tokens)
+    return out.view(x.shape)
 
 
 def _pair(config: MoEConfig, seed: int = 0) -> tuple[MoE, torch.Tensor]:
@@ -73,6 +94,8 @@ def test_losses_at_their_known_points() -> None:
     one_hot = torch.zeros(T, E)
     one_hot[:, 0] = 1.0
     assert float(load_balancing_loss(one_hot, torch.zeros(T, dtype=torch.long), E, T)) == pytest.approx(E)
+    sigmoid_even = torch.full((T, E), 0.3)  # sigmoid scores need not sum to 1: compared as shares
+    assert float(load_balancing_loss(sigmoid_even, torch.arange(T) % E, E, T, "sigmoid")) == pytest.approx(1.0)
     assert float(z_loss(torch.zeros(T, E))) == pytest.approx(torch.log(torch.tensor(float(E))).item() ** 2)
 
 

@@ -113,14 +113,10 @@ def schedule_slowdown(device: DeviceProfile, values: list[dict[str, float]], row
     share = f1 / (f1 + b1) if f1 + b1 > 0 else 1 / 3
     solo = [solo_compute_s(device, S, k, rows, seq) / M for k in range(S)]
     target = max(v["schedule_s"] for v in values)
-    schedule = get_schedule("1f1b")
-
-    def makespan(factor: float) -> float:
-        return simulate(schedule, S, M, forward_s=[factor * c * share for c in solo],
-                        backward_s=[factor * c * (1 - share) for c in solo]).makespan
-
-    base = makespan(1.0)
-    return max(1.0, target / base) if base > 0 else 1.0  # compute scales the makespan linearly without p2p time
+    # without p2p time the makespan scales linearly with every stage's compute: one simulation gives the factor
+    base = simulate(get_schedule("1f1b"), S, M, forward_s=[c * share for c in solo],
+                    backward_s=[c * (1 - share) for c in solo]).makespan
+    return max(1.0, target / base) if base > 0 else 1.0
 
 
 def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
