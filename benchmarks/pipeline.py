@@ -17,7 +17,7 @@ Reported, with the card:
 
     python benchmarks/pipeline.py [--backend cuda] [--stages 4] [--micro-batches 8] [--micro-batch-size 1]
         [--preset 1b|tiny] [--layers 7,6,6,5] [--compile] [--fused-head] [--reference-ops] [--master-weights]
-        [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900]
+        [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900] [--trace DIR]
 
 ``--master-weights`` keeps the weights in float32 and runs the forward under ``--dtype`` autocast — what
 ``hal train``'s bf16-mixed does (fp32 master weights and gradients, casts every micro-batch, fp32 boundaries)
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -155,6 +156,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         report["step_s"] = times
         report["peak_memory_bytes"] = peak
         report["bubble"] = _bubble(engine, tokens, opts["steps"])
+        if opts.get("trace"):
+            report["trace"] = _trace(opts["trace"], rank, device, {"ours": ours, "torch": torch_step}, sync)
         if rank == 0 and device.type != "cpu":
             caps = backend.capabilities(device.index or 0)
             report["peak_bf16_tflops"] = caps.peak_tflops.get("bf16")
@@ -183,6 +186,56 @@ def _bubble(engine: Any, tokens: torch.Tensor, steps: int) -> dict[str, float]:
     engine.measure_on_device = False
     return {"compute_s": compute / steps, "p2p_s": p2p / steps, "schedule_s": schedule / steps,
             "idle_fraction": 1.0 - compute / schedule}
+
+
+def _trace(directory: str, rank: int, device: torch.device, steps: dict[str, Any], sync: Any) -> dict[str, Any]:
+    """Profile one step of each schedule on this rank (torch.profiler): where the host and the device spend it.
+
+    Writes ``rank{r}_{name}.txt`` (operators by self device time and by host time) and, for ranks 0 and 1,
+    a gzipped Chrome trace; returns each step's device-busy share (kernel time over the step's wall time),
+    which tells a device-bound step (near 1) from a host-bound one.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    shares: dict[str, Any] = {}
+    for name, fn in steps.items():
+        sync()
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            fn()
+            sync()
+        wall = time.perf_counter() - start
+        averages = prof.key_averages()
+        device_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in averages)
+        tables = []
+        for key in ("self_device_time_total", "cpu_time_total", "self_cpu_time_total"):
+            try:
+                tables.append(f"--- by {key}\n" + averages.table(sort_by=key, row_limit=30))
+            except Exception as exc:  # noqa: BLE001 - a sort key this torch lacks: say so, keep the others
+                tables.append(f"--- by {key}: {exc}")
+        (out / f"rank{rank}_{name}.txt").write_text(f"wall {wall:.4f} s, device kernels {device_us / 1e6:.4f} s\n"
+                                                    + "\n".join(tables))
+        if rank < 2:
+            trace = out / f"rank{rank}_{name}.json"
+            prof.export_chrome_trace(str(trace))
+            import gzip
+            import shutil
+
+            with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            trace.unlink()
+        shares[name] = {"wall_s": wall, "device_busy_s": device_us / 1e6}
+    # The host's own speed on this rank: a fixed pure-Python loop (a rank sharing its core runs it slower).
+    start = time.perf_counter()
+    total = 0
+    for i in range(200_000):
+        total += i & 7
+    shares["python_loop_s"] = time.perf_counter() - start
+    shares["cpus_allowed"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return shares
 
 
 class _ChunkView(torch.nn.Module):
@@ -270,7 +323,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
                "peak_mem_gib_torch": r["peak_memory_bytes"]["torch"] / 2**30,
                "compute_s": r["bubble"]["compute_s"], "p2p_s": r["bubble"]["p2p_s"],
                "schedule_s": r["bubble"]["schedule_s"], "idle_fraction": r["bubble"]["idle_fraction"],
-               "idle_simulated": predicted[k]}
+               "idle_simulated": predicted[k], **({"trace": r["trace"]} if "trace" in r else {})}
               for k, (_, r) in enumerate(sorted(reports.items()))]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
@@ -345,6 +398,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                              "interleaved-1f1b); zero-bubble refuses --compile")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
+    parser.add_argument("--trace", metavar="DIR",
+                        help="after the timed rounds, profile one step of each schedule on every rank into DIR")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in ("stages", "micro_batches", "micro_batch_size", "steps", "rounds"):
@@ -384,7 +439,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
             "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual,
-            "master_weights": args.master_weights}
+            "master_weights": args.master_weights, "trace": args.trace}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,10 +15,14 @@ from hal.parallel.models.llama import full_model
 from hal.parallel.plan import ParallelPlan, StagePlan, parse_plan
 from hal.parallel.topology import Topology
 
+from .conftest import has_cuda
+
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_hidden_size=48, max_seq_len=16)
 
 
 def _steps(stage: torch.nn.Module, batches: list[torch.Tensor], warm: bool) -> tuple[list[float], list[torch.Tensor]]:
+    device = next(stage.parameters()).device
+    batches = [b.to(device) for b in batches]
     loss_fn = token_sum_cross_entropy(None)
     losses = []
     for i, batch in enumerate(batches):
@@ -48,6 +52,33 @@ def test_compiled_layers_match_eager_with_no_graph_break() -> None:
     assert got_losses == pytest.approx(want_losses, rel=1e-6, abs=1e-6)
     for got, want in zip(got_grads, want_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess  # inductor starts ptxas
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_inductor_compiled_layers_with_the_triton_kernels_match_eager() -> None:
+    """The GPU path: inductor, the registry's Triton kernels (traced into where they are triton ops), fp32;
+    no graph break, and the losses and gradients of the eager stage."""
+    from torch._dynamo.utils import counters
+
+    from hal import ops
+
+    assert ops.registry.choose("rms_norm", "cuda", torch.float32).impl.name == "triton"
+    torch.manual_seed(0)
+    batches = [torch.randint(0, MODEL.vocab_size, (2, 17)) for _ in range(3)]
+    eager = full_model(MODEL, seed=3).to("cuda")
+    compiled = full_model(MODEL, seed=3).to("cuda")
+    compile_layers(compiled, "inductor")
+    torch._dynamo.reset()
+    counters.clear()
+    want_losses, want_grads = _steps(eager, batches, warm=False)
+    got_losses, got_grads = _steps(compiled, batches, warm=True)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert got_losses == pytest.approx(want_losses, rel=1e-4, abs=1e-5)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
 
 
 def test_plan_compile_is_global_with_a_per_stage_override() -> None:

@@ -319,6 +319,33 @@ def test_torch_compile_sees_each_kernel_as_one_op() -> None:
     torch.testing.assert_close(grads[1], w.grad)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="inductor compiles Triton kernels only on a GPU")
+def test_on_a_gpu_inductor_launches_the_kernels_itself() -> None:
+    """Where Triton compiles, the ops are triton ops: inductor traces into them (no opaque op, no Python launch
+    per call in a compiled layer) and the compiled forward and backward equal the eager ones."""
+    assert library.TRACEABLE, "a GPU with torch.library.triton_op: the ops should be traceable"
+    x = torch.randn(2, 64, 128, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.ones(128, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = (t.to(DEVICE, torch.bfloat16) for t in _rope_tables(64, 128))
+    gate_up = torch.randn(128, 256, device=DEVICE, dtype=torch.bfloat16) / 16
+
+    def block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        normed, h = library.add_rms_norm(x, x * 0.5, w)
+        rotated = library.rotary_embedding(library.rms_norm(normed, w), cos, sin)
+        return (h + library.swiglu(rotated @ gate_up)).float().square().mean()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="inductor", fullgraph=True)
+    loss = compiled(x, w)
+    loss.backward()
+    got = (loss.detach(), x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    expected = block(x, w)
+    expected.backward()
+    for a, b in zip(got, (expected.detach(), x.grad, w.grad)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
 # --- in the registry ---------------------------------------------------------------------------------------------
 KERNEL_OPS = ("rms_norm", "add_rms_norm", "rotary_embedding", "swiglu", "linear_cross_entropy")
 

@@ -32,6 +32,24 @@ def interpreted(kernel: Any) -> bool:
     return language and bool(InterpretedFunction) and isinstance(kernel, InterpretedFunction)
 
 
+@triton.jit
+def _probe(X):
+    """A kernel that is never launched: what ``triton.jit`` makes in this process (compiled or interpreted)."""
+    tl.store(X, tl.load(X))
+
+
+def probe_kernel() -> Any:
+    return _probe
+
+
+def launcher(kernel: Any) -> Any:
+    """``kernel`` as the ops launch it: wrapped for torch.compile to trace into (a triton op's body must call
+    its kernels through ``torch.library.wrap_triton``), or as it is where it is interpreted."""
+    if not isinstance(kernel, JITFunction) or interpreted(kernel) or not hasattr(torch.library, "wrap_triton"):
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
 def check_device(kernel: Any, device: torch.device) -> None:
     """Refuse, with the fix, a CPU tensor for a compiled kernel (it would be read as a device pointer)."""
     if device.type == "cpu" and not interpreted(kernel):

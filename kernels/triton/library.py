@@ -3,15 +3,28 @@
 Autograd and torch.compile see each op as one node: the forward op returns what its backward needs
 (rstd, the fused residual), the backward is a custom op of its own, and a fake implementation gives
 shapes and dtypes for tracing. Schemas are spelled out rather than inferred from annotations, so
-torch 2.4-2.13 read them alike. This module imports no triton: each op imports its kernel module
-when it first runs, so defining the ops costs nothing where triton is absent.
+torch 2.4-2.13 read them alike.
+
+Where Triton compiles kernels (a GPU) and torch has ``torch.library.triton_op`` (2.6+), the ops are
+triton ops instead: eager calls run the same Python launchers, but torch.compile traces *into* them and
+inductor launches the kernels from its generated code. Why: an opaque custom op in a compiled layer
+costs a Python dispatch and a Triton launch per call (about 0.1-0.2 ms of host time each), which left
+the first pipeline stage host-bound at micro-batch 1 (4 x H200: 75k tokens/s against 189k with
+inductor's own fused ops). Under Triton's interpreter (CPU tests) kernels cannot be traced, so the ops
+stay opaque custom ops with the fake implementations below. ``TRACEABLE`` says which one this process has.
+
+This module imports triton only to ask whether it interprets (``_traceable``, once, where triton is
+installed); each op imports its kernel module when it first runs.
 
 The functions at the bottom (``rms_norm``, ``add_rms_norm``, ``rotary_embedding``, ``swiglu``,
 ``linear_cross_entropy``) are what the registry's wrappers and the tests call.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import sys
 from typing import Any
 
 import torch
@@ -21,8 +34,38 @@ MEAN, SUM = 0, 1  # linear_cross_entropy's reduction codes (the schema takes an 
 REDUCTIONS = {"mean": MEAN, "sum": SUM}
 
 
+def _traceable() -> bool:
+    """Whether the ops can be triton ops: torch has the API and Triton will compile, not interpret.
+
+    Decided when the ops are defined (this module's import), without importing triton where it is not
+    loaded yet: the interpreter is chosen by TRITON_INTERPRET when triton is first imported.
+    """
+    if not (hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")):
+        return False
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return False  # nothing for Triton to compile for: kernels run here only in the interpreter
+    if "triton" in sys.modules:
+        from .launch import interpreted, probe_kernel
+
+        return not interpreted(probe_kernel())
+    return os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and importlib.util.find_spec("triton") is not None
+
+
+TRACEABLE = _traceable()
+
+
 def _op(name: str, schema: str) -> Any:
+    if TRACEABLE:  # the schema is inferred from the annotations (they match ``schema``)
+        return torch.library.triton_op(f"{NAMESPACE}::{name}", mutates_args=())
     return torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=(), schema=schema)
+
+
+def _fake(op: Any) -> Any:
+    """``op.register_fake``, unless ``op`` is a triton op: its implementation is then its own fake."""
+    if TRACEABLE:
+        return lambda fn: fn
+    return op.register_fake
 
 
 # --- rms_norm and add_rms_norm ------------------------------------------------------------------------
@@ -50,19 +93,19 @@ def _rms_norm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, 
     return norm.rms_norm_backward(dy, h, weight, rstd, d_residual)
 
 
-@_rms_norm.register_fake
+@_fake(_rms_norm)
 def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(_rows(x), dtype=torch.float32)
 
 
-@_add_rms_norm.register_fake
+@_fake(_add_rms_norm)
 def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     y = torch.empty_like(x, memory_format=torch.contiguous_format, dtype=torch.promote_types(x.dtype, residual.dtype))
     return y, torch.empty_like(y), x.new_empty(_rows(x), dtype=torch.float32)
 
 
-@_rms_norm_backward.register_fake
+@_fake(_rms_norm_backward)
 def _(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
       d_residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(h, memory_format=torch.contiguous_format), torch.empty_like(weight)
@@ -110,7 +153,7 @@ def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: to
     return rope.rope(x, cos, sin, out_dtype, backward=transpose)
 
 
-@_rotary.register_fake
+@_fake(_rotary)
 def _(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype, transpose: bool) -> torch.Tensor:
     return x.new_empty(x.shape, dtype=out_dtype)
 
@@ -163,12 +206,12 @@ def _swiglu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return swiglu.swiglu_backward(dy, x)
 
 
-@_swiglu.register_fake
+@_fake(_swiglu)
 def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-@_swiglu_backward.register_fake
+@_fake(_swiglu_backward)
 def _(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -196,7 +239,7 @@ def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                           grad_hidden, grad_weight)
 
 
-@_linear_ce.register_fake
+@_fake(_linear_ce)
 def _(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: int,
       chunk_size: int, grad_hidden: bool, grad_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     loss = hidden.new_empty((), dtype=torch.float32)

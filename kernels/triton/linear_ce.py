@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device
+from .launch import check_device, on_device, launcher
 
 BLOCK_V = 4096  # vocabulary columns per loop step of a row program
 MEAN, SUM = 0, 1
@@ -98,7 +98,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         for start in range(0, n, chunk):
             h_c = hidden[start:start + chunk]
             logits = h_c @ weight.t()  # (C, V) in the inputs' dtype, fp32 accumulation in the matmul
-            _ce_rows[(h_c.shape[0],)](logits, logits.stride(0), target[start:start + chunk], per_token[start:start + chunk],
+            launcher(_ce_rows)[(h_c.shape[0],)](logits, logits.stride(0), target[start:start + chunk], per_token[start:start + chunk],
                                       n_valid, vocab, ignore_index, MEAN_REDUCTION=reduction == MEAN, BLOCK=block,
                                       num_warps=8 if block >= 2048 else 4)
             if grad_hidden:

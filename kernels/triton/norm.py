@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device, program_count, row_block
+from .launch import check_device, on_device, program_count, row_block, launcher
 
 # The backward's persistent grid; on an H100 (bf16, hidden 2048-4096, 2k-8k rows) 2 programs per SM of
 # 2 rows a step ran 20-25 % faster than 4 x 1 (fewer partial weight-gradient rows to sum, more loads in flight).
@@ -91,7 +91,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if rows and n:
         block, warps = row_block(n)
         with on_device(x.device):
-            _rms_norm_fwd[(rows,)](x2, r2, weight.contiguous(), y, h, rstd, x2.stride(0), r2.stride(0), y.stride(0),
+            launcher(_rms_norm_fwd)[(rows,)](x2, r2, weight.contiguous(), y, h, rstd, x2.stride(0), r2.stride(0), y.stride(0),
                                    h.stride(0), n, float(eps), HAS_RESIDUAL=residual is not None, BLOCK=block,
                                    num_warps=warps)
     shape = x.shape
@@ -112,7 +112,7 @@ def rms_norm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, r
     if rows and n:
         block, warps = row_block(n)
         with on_device(h.device):
-            _rms_norm_bwd[(programs,)](dy2, h2, weight.contiguous(), rstd, dres, dx, partial, dy2.stride(0), h2.stride(0),
+            launcher(_rms_norm_bwd)[(programs,)](dy2, h2, weight.contiguous(), rstd, dres, dx, partial, dy2.stride(0), h2.stride(0),
                                        dres.stride(0), dx.stride(0), rows, n, HAS_DRES=d_residual is not None,
                                        ROWS=BWD_ROWS, BLOCK=block, num_warps=warps)
     return dx.view(h.shape), partial.sum(0).to(weight.dtype)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device
+from .launch import check_device, on_device, launcher
 
 # Tile: BLOCK_S positions x HEADS heads per program (head-independent cos/sin read once for them); on an
 # H100 every setting tried (8-64 positions, 1-8 heads) ran within 5 % of the copy bandwidth.
@@ -91,7 +91,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch
         grid = (batch * triton.cdiv(heads, group), triton.cdiv(seq, BLOCK_S))
         per_head = c4.stride(1) != 0 or s4.stride(1) != 0
         with on_device(x.device):
-            _rope[grid](x4, c4, s4, y, heads, seq, dim // 2, *x4.stride(), *c4.stride(), *s4.stride(), *y.stride(),
+            launcher(_rope)[grid](x4, c4, s4, y, heads, seq, dim // 2, *x4.stride(), *c4.stride(), *s4.stride(), *y.stride(),
                         BACKWARD=backward, TABLE_PER_HEAD=per_head, HEADS=group, BLOCK_S=BLOCK_S, BLOCK_D=block_d,
                         num_warps=NUM_WARPS)
     return y.view(x.shape)

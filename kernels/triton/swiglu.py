@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device
+from .launch import check_device, on_device, launcher
 
 BLOCK = 1024
 
@@ -56,7 +56,7 @@ def swiglu_forward(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((rows, n_half), dtype=x.dtype, device=x.device)
     if y.numel():
         with on_device(x.device):
-            _swiglu_fwd[(rows, triton.cdiv(n_half, BLOCK))](x2, y, n_half, x2.stride(0), x2.stride(1), y.stride(0),
+            launcher(_swiglu_fwd)[(rows, triton.cdiv(n_half, BLOCK))](x2, y, n_half, x2.stride(0), x2.stride(1), y.stride(0),
                                                            BLOCK=BLOCK, num_warps=4)
     return y.view(*x.shape[:-1], n_half)
 
@@ -72,6 +72,6 @@ def swiglu_backward(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     dx = torch.empty((rows, 2 * n_half), dtype=x.dtype, device=x.device)
     if dx.numel():
         with on_device(x.device):
-            _swiglu_bwd[(rows, triton.cdiv(n_half, BLOCK))](dy2, x2, dx, n_half, dy2.stride(0), x2.stride(0),
+            launcher(_swiglu_bwd)[(rows, triton.cdiv(n_half, BLOCK))](dy2, x2, dx, n_half, dy2.stride(0), x2.stride(0),
                                                            x2.stride(1), dx.stride(0), BLOCK=BLOCK, num_warps=4)
     return dx.view(x.shape)
