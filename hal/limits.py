@@ -24,6 +24,7 @@ VOCAB = Limit(2**22, "tokens in a vocabulary")
 WIDTH = Limit(2**16, "hidden width")
 FFN_WIDTH = Limit(2**18, "feed-forward width")
 HEADS = Limit(1024, "attention heads")
+EXPERTS = Limit(4096, "experts in one MoE layer")
 SEQUENCE = Limit(2**20, "tokens in one sequence")
 
 

@@ -134,6 +134,9 @@ class PipelineEngine:
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
             fused_head=plan.fused_head, init_from=init_from,
         )
+        # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
+        # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
+        self.module.configure_moe(1.0 / (plan.micro_batches * self.mesh.dp), groups.dp if self.mesh.dp > 1 else None)
         self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
         if self.mesh.compile:
             compile_layers(self.module, self.mesh.compile_backend)

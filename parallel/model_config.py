@@ -5,7 +5,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 from hal import limits
-from hal.config_schema import Custom, Flag, Number, PositiveInt, key, parse_section, reject_unknown, section_specs
+from hal.config_schema import (
+    Choice, Custom, Flag, NonNegativeInt, Number, PositiveInt, key, parse_section, reject_unknown, section_specs,
+)
 from hal.errors import ConfigError
 
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -48,10 +50,49 @@ class ModelConfig:
     norm_eps: float = key(Number(positive=True), 1e-6)
     rope_scaling: dict[str, float] | None = key(Custom(_rope_scaling), None)  # Llama 3's long-context scaling
     qkv_bias: bool = key(Flag(), False)  # a bias on the q, k, v projections (Qwen2); no other linear has one
+    # Mixture of experts (``parallel.moe``): 0 experts is a dense model. Layer i is an MoE layer when
+    # i >= moe_first_dense and (i + 1) % moe_every == 0 (Qwen2-MoE's decoder_sparse_step; DeepSeek's
+    # first dense layers); the others keep the dense SwiGLU MLP of ffn_hidden_size.
+    moe_num_experts: int = key(NonNegativeInt(limits.EXPERTS), 0)
+    moe_top_k: int = key(PositiveInt(limits.EXPERTS), 2)
+    moe_ffn_hidden_size: int = key(NonNegativeInt(limits.FFN_WIDTH), 0)  # each expert's SwiGLU width; 0: ffn_hidden_size
+    moe_shared_ffn_size: int = key(NonNegativeInt(limits.FFN_WIDTH), 0)  # a shared expert every token passes (0: none)
+    moe_shared_gate: bool = key(Flag(), False)  # Qwen2-MoE: the shared expert's output × sigmoid(gate(x))
+    moe_scoring: str = key(Choice(("softmax", "sigmoid")), "softmax")
+    moe_normalize_top_k: bool = key(Flag(), True)  # renormalise the top-k weights to sum to 1
+    moe_aux_loss_weight: float = key(Number(positive=False), 0.01)  # load-balancing loss (Switch / Mixtral)
+    moe_z_loss_weight: float = key(Number(positive=False), 0.0)  # router z-loss (ST-MoE)
+    moe_every: int = key(PositiveInt(limits.LAYERS), 1)
+    moe_first_dense: int = key(NonNegativeInt(limits.LAYERS), 0)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_num_experts > 0 and any(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (global) has the MoE block instead of the dense MLP."""
+        return (self.moe_num_experts > 0 and index >= self.moe_first_dense
+                and (index + 1) % self.moe_every == 0)
+
+    def moe_layers(self, layers: range | None = None) -> list[int]:
+        """The MoE layers among ``layers`` (default: all)."""
+        return [i for i in (layers if layers is not None else range(self.num_layers)) if self.is_moe_layer(i)]
+
+    def moe_config(self) -> Any:
+        """The MoE block's ``parallel.moe.MoEConfig`` (None for a dense model)."""
+        if not self.moe_num_experts:
+            return None
+        from .moe import MoEConfig
+
+        return MoEConfig(num_experts=self.moe_num_experts, top_k=self.moe_top_k,
+                         expert_ffn_size=self.moe_ffn_hidden_size or self.ffn_hidden_size, scoring=self.moe_scoring,  # type: ignore[arg-type]
+                         normalize_top_k=self.moe_normalize_top_k, shared_ffn_size=self.moe_shared_ffn_size,
+                         shared_gate=self.moe_shared_gate, aux_loss_weight=self.moe_aux_loss_weight,
+                         z_loss_weight=self.moe_z_loss_weight)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +124,18 @@ class ModelConfig:
             raise ConfigError(f"{origin}: model.num_heads {self.num_heads} is not divisible by model.num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise ConfigError(f"{origin}: head size {self.head_dim} must be even for rotary embeddings; change hidden_size or num_heads")
+        if self.moe_num_experts:
+            if self.moe_top_k > self.moe_num_experts:
+                raise ConfigError(f"{origin}: model.moe_top_k {self.moe_top_k} is above model.moe_num_experts "
+                                  f"{self.moe_num_experts}; a token can choose at most every expert — lower moe_top_k")
+            if self.moe_shared_gate and not self.moe_shared_ffn_size:
+                raise ConfigError(f"{origin}: model.moe_shared_gate needs a shared expert; set model.moe_shared_ffn_size")
+            if not self.is_moe:
+                raise ConfigError(f"{origin}: model.moe_num_experts {self.moe_num_experts} but no layer is an MoE layer "
+                                  f"(moe_first_dense {self.moe_first_dense}, moe_every {self.moe_every}, "
+                                  f"{self.num_layers} layers); lower moe_first_dense or moe_every")
+        elif self.moe_shared_ffn_size or self.moe_shared_gate:
+            raise ConfigError(f"{origin}: model.moe_shared_ffn_size / moe_shared_gate need model.moe_num_experts > 0")
 
 
 def weights_source(raw: Any, origin: str = "config") -> str | None:

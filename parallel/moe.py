@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from hal import ops
 from hal.downgrades import Downgrade, record_downgrade
+
+from .layers import DEFAULT_STD, ParamMeta
 
 Scoring = Literal["softmax", "sigmoid"]
 ExpertPath = Literal["grouped_mm", "loop"]
@@ -78,6 +80,12 @@ class MoEStats:
         return float(load.max() / load.mean().clamp_min(1e-9))
 
 
+def _described(param: nn.Parameter, std: float) -> nn.Parameter:
+    """``param`` with the ParamMeta a model's seeded initialisation reads (replicated: no TP split)."""
+    param.hal_meta = ParamMeta(tuple(param.shape), None, std=std)  # type: ignore[attr-defined]
+    return param
+
+
 class Router(nn.Module):
     """Token → top-k experts and their weights."""
 
@@ -85,6 +93,7 @@ class Router(nn.Module):
         super().__init__()
         self.config = config
         self.gate = nn.Linear(hidden, config.num_experts, bias=False)
+        _described(self.gate.weight, DEFAULT_STD)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(top-k expert ids (T, k), their weights (T, k) in x's dtype, probabilities (T, E) fp32, logits (T, E) fp32)."""
@@ -99,11 +108,12 @@ class Router(nn.Module):
 class Experts(nn.Module):
     """E SwiGLU experts with stacked weights: gate|up (E, H, 2F) and down (E, F, H)."""
 
-    def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = 0.02) -> None:
+    def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = DEFAULT_STD,
+                 out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
         super().__init__()
         self.ffn = ffn
-        self.gate_up = nn.Parameter(torch.randn(num_experts, hidden, 2 * ffn) * std)
-        self.down = nn.Parameter(torch.randn(num_experts, ffn, hidden) * std / math.sqrt(2))
+        self.gate_up = _described(nn.Parameter(torch.randn(num_experts, hidden, 2 * ffn) * std), std)
+        self.down = _described(nn.Parameter(torch.randn(num_experts, ffn, hidden) * out_std), out_std)
 
     def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
         """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
@@ -121,11 +131,15 @@ class Experts(nn.Module):
 class SharedExpert(nn.Module):
     """A dense SwiGLU every token passes through, optionally gated per token."""
 
-    def __init__(self, hidden: int, ffn: int, gated: bool) -> None:
+    def __init__(self, hidden: int, ffn: int, gated: bool, *, out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
         super().__init__()
         self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
         self.down = nn.Linear(ffn, hidden, bias=False)
         self.gate = nn.Linear(hidden, 1, bias=False) if gated else None
+        _described(self.gate_up.weight, DEFAULT_STD)
+        _described(self.down.weight, out_std)
+        if self.gate is not None:
+            _described(self.gate.weight, DEFAULT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.down(ops.swiglu(self.gate_up(x)))
@@ -158,14 +172,20 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
 class MoE(nn.Module):
     """The MoE feed-forward block: ``forward(x)`` → (output of x's shape, MoEStats)."""
 
-    def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True) -> None:
+    def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True,
+                 out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
         super().__init__()
         self.config = config
         self.grouped = grouped
         self.router = Router(hidden, config)
-        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts)
-        self.shared = SharedExpert(hidden, config.shared_ffn_size, config.shared_gate) if config.shared_ffn_size else None
+        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts, out_std=out_std)
+        self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std)
+                       if config.shared_ffn_size else None)
         self.path: ExpertPath | None = None  # which expert path the last forward took
+        # The ranks whose tokens together make one micro-batch (a stage's dp replicas): the balancing loss's
+        # routed shares f_e are counted over all of them, so a data-parallel run computes the balancing
+        # loss of the whole micro-batch, as one device would (one all-reduce of E counts per forward).
+        self.balance_group: Any = None
 
     def _path(self, x: torch.Tensor) -> ExpertPath:
         if not self.grouped:
@@ -193,7 +213,12 @@ class MoE(nn.Module):
         out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:
             out = out + self.shared(tokens)
-        stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring), z_loss(logits), load)
+        routed = load
+        if self.balance_group is not None and self.balance_group.size > 1:
+            routed = load.clone()
+            self.balance_group.all_reduce(routed, "sum")
+        stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring, routed=routed),
+                         z_loss(logits), load)
         return out.view(shape), stats
 
     def loss(self, stats: MoEStats) -> torch.Tensor:
@@ -227,11 +252,15 @@ def attach_aux_loss(x: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.T
 
 
 def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: int, pairs: int,
-                        scoring: Scoring = "softmax") -> torch.Tensor:
+                        scoring: Scoring = "softmax", routed: torch.Tensor | None = None) -> torch.Tensor:
     """E · Σ_e f_e · P_e: f_e the share of routed pairs that went to e (no gradient), P_e the mean probability
     of e over tokens (with gradient). 1.0 when routing is even and the router agrees; up to E when one
-    expert takes everything. Sigmoid scores do not sum to 1: their means are compared as shares."""
-    f = torch.bincount(chosen, minlength=num_experts).float() / max(pairs, 1)
+    expert takes everything. Sigmoid scores do not sum to 1: their means are compared as shares.
+    ``routed``: pairs per expert counted over more ranks than this one (then f_e is their share)."""
+    if routed is not None:
+        f = routed.float() / routed.sum().clamp_min(1).float()
+    else:
+        f = torch.bincount(chosen, minlength=num_experts).float() / max(pairs, 1)
     p = probs.mean(dim=0)
     if scoring == "sigmoid":
         p = p / p.sum().clamp_min(1e-20)

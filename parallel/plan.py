@@ -240,6 +240,7 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
             f"schedule 1f1b needs to fill the pipeline; set micro_batches ≥ {plan.num_stages} or use schedule: gpipe"
         )
     _check_chunks(origin, plan)
+    _check_moe(origin, plan, model)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
     if splits_backward(plan.schedule) and compiled:
         plain = "interleaved-1f1b" if plan.virtual_stages > 1 else "1f1b"
@@ -248,6 +249,44 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
             f"layer cannot (its backward is one graph), and stage(s) {', '.join(map(str, compiled))} compile; "
             f"set compile: false there or use schedule: {plain}"
         )
+
+
+def moe_stages(plan: ParallelPlan, model: ModelConfig) -> list[int]:
+    """The stages holding at least one MoE layer."""
+    if not model.moe_num_experts:
+        return []
+    from .topology import Topology
+
+    return [m.index for m in Topology.from_plan(plan).stages if model.moe_layers(m.layer_ids)]
+
+
+def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str | None = None) -> None:
+    """What a stage holding MoE layers cannot run yet: one line each, naming the stage and the way out.
+    ``precision``: the run's precision (a stage's own ``precision:`` overrides it)."""
+    for k in moe_stages(plan, model):
+        stage = plan.stages[k]
+        where = f"stage {k} (parallel.stages[{k}])"
+        if stage.tp > 1:
+            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(_stage_layers(plan, k))} with "
+                              f"tp {stage.tp}; tensor parallelism inside the experts is not implemented — give MoE "
+                              "stages tp 1 (use dp) or move the MoE layers to a tp-1 stage")
+        if plan.stage_compiles(k):
+            raise ConfigError(f"{origin}: {where} holds MoE layers and compiles; the MoE block reads its per-expert "
+                              "token counts on the host, a graph break in every layer — set compile: false on that stage")
+        if (stage.precision or precision) == "fp8-mixed":
+            raise ConfigError(f"{origin}: {where} holds MoE layers under fp8-mixed; the experts' grouped matmuls "
+                              "have no fp8 path — give that stage precision: bf16-mixed")
+
+
+def check_moe_precision(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str) -> None:
+    """``_check_moe`` with the run's precision known (the run config's check)."""
+    _check_moe(origin, plan, model, precision)
+
+
+def _stage_layers(plan: ParallelPlan, k: int) -> list[int]:
+    from .topology import Topology
+
+    return Topology.from_plan(plan).stages[k].layer_ids
 
 
 def splits_backward(schedule: str) -> bool:

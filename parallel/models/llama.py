@@ -24,6 +24,7 @@ import functools
 import hashlib
 import math
 import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ from ..layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
 )
 from ..model_config import ROPE_SCALING_KEYS, ModelConfig
+from ..moe import MoE, attach_aux_loss
 from ..tp_comm import TPComm, tp_size
 from ..weight_grad import split_linear
 
@@ -145,15 +147,54 @@ class MLP(nn.Module):
         return self.down(ops.swiglu(self.gate_up(x)))
 
 
-class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(x)); the residual stream is seq-sharded under SP."""
+class MoEFeedForward(MoE):
+    """The MoE block as a decoder layer's feed-forward: its output only, the auxiliary loss attached to it.
 
-    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool) -> None:
+    The balancing and z losses (weighted by the config) reach the router through ``attach_aux_loss`` with
+    ``aux_scale`` — the share of the step's loss one forward is: 1 / (micro-batches × dp replicas) in the
+    engine, as the language-model loss of a micro-batch on one replica. ``tally`` sums what each forward
+    routed until the trainer reads it (``take_tally``), on the device, with no host read per forward.
+    """
+
+    def __init__(self, config: ModelConfig, tp_comm: TPComm) -> None:
+        if tp_size(tp_comm) > 1:
+            raise ConfigError("MoE layers run at tp 1 (tensor parallelism inside the experts is not implemented); "
+                              "give the stage holding them tp 1")
+        super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config))
+        self.aux_scale = 1.0
+        self._tally: list[torch.Tensor] | None = None  # [pairs per expert, aux sum, z sum, forwards]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out, stats = super().forward(x)
+        with torch.no_grad():
+            row = [stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
+                   stats.z_loss.detach().double().reshape(1), torch.ones(1, dtype=torch.float64, device=x.device)]
+            self._tally = row if self._tally is None else [a + b for a, b in zip(self._tally, row)]
+        aux = self.loss(stats)
+        if torch.is_grad_enabled() and aux.requires_grad and self.aux_scale:
+            out = attach_aux_loss(out, aux, self.aux_scale)
+        return out
+
+    def take_tally(self) -> dict[str, Any] | None:
+        """What the forwards since the last call routed (host values; one read), then start again."""
+        if self._tally is None:
+            return None
+        load, aux, z, n = (t.cpu() for t in self._tally)
+        self._tally = None
+        count = max(float(n), 1.0)
+        return {"load": [int(v) for v in load.tolist()], "aux_loss": float(aux) / count, "z_loss": float(z) / count}
+
+
+class DecoderLayer(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(x)); the residual stream is seq-sharded under SP.
+    The feed-forward is the MoE block in the layers the config makes MoE layers (``ModelConfig.is_moe_layer``)."""
+
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
         self.attn = Attention(config, tp_comm, sp)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
-        self.mlp = MLP(config, tp_comm, sp)
+        self.mlp: nn.Module = MoEFeedForward(config, tp_comm) if config.is_moe_layer(index) else MLP(config, tp_comm, sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed, x = self.mlp_norm.add_forward(self.attn(self.attn_norm(x)), x)  # x + attn(...), normalised
@@ -193,7 +234,7 @@ class Stage(nn.Module):
         self.tied = config.tie_embeddings
         if first or (last and self.tied):
             self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp) for r in self.chunks for i in r})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp, i) for r in self.chunks for i in r})
         if last:
             self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
             if not self.tied:
@@ -203,6 +244,20 @@ class Stage(nn.Module):
     def head_weight(self) -> nn.Parameter:
         """The LM head's (V/tp, H) weight: the embedding's when tied."""
         return self.embed.weight if self.tied else self.head.weight
+
+    def moe_blocks(self) -> dict[int, MoEFeedForward]:
+        """This stage's MoE feed-forward blocks by global layer index."""
+        return {int(i): layer.mlp for i, layer in self.layers.items() if isinstance(layer.mlp, MoEFeedForward)}
+
+    def configure_moe(self, aux_scale: float, balance_group: Any = None) -> None:
+        """Every MoE block's share of the step's loss and the ranks its balancing loss counts over."""
+        for block in self.moe_blocks().values():
+            block.aux_scale = aux_scale
+            block.balance_group = balance_group
+
+    def take_moe_tally(self) -> dict[int, dict[str, Any]]:
+        """Each MoE layer's routing since the last call (``MoEFeedForward.take_tally``)."""
+        return {i: t for i, block in self.moe_blocks().items() if (t := block.take_tally()) is not None}
 
     @property
     def needs_tied_grad_sync(self) -> bool:

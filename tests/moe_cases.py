@@ -1,0 +1,81 @@
+"""Per-rank bodies for the MoE equivalence tests (run through tests.dist_harness)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from hal.parallel.model_config import ModelConfig
+
+from .engine_cases import batch
+
+BASE = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                   max_seq_len=8, moe_num_experts=4, moe_top_k=2, moe_ffn_hidden_size=32,
+                   moe_aux_loss_weight=0.05, moe_z_loss_weight=0.01)
+
+
+def model_config(moe: dict[str, Any]) -> ModelConfig:
+    return replace(BASE, **moe)
+
+
+def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
+    """The single-process run, one micro-batch at a time (the balancing loss is per micro-batch, over all
+    its rows): losses per step, step-1 gradients and each MoE layer's step-1 load."""
+    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.llama import full_model
+    from hal.parallel.plan import parse_plan
+
+    plan = parse_plan(plan_raw)
+    config = model_config(moe)
+    model = full_model(config, seed)
+    M = plan.micro_batches
+    model.configure_moe(1.0 / M)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, grads, load = [], {}, {}
+    for step in range(steps):
+        tokens = batch(seed, step, M, plan.micro_batch_size, config.max_seq_len, config.vocab_size)
+        opt.zero_grad()
+        total = 0.0
+        for m in range(M):
+            loss = vocab_parallel_cross_entropy(model(tokens[m, :, :-1]), tokens[m, :, 1:], None) / M
+            loss.backward()
+            total += float(loss.detach())
+        tally = model.take_moe_tally()
+        if step == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            load = {i: t["load"] for i, t in tally.items()}
+        opt.step()
+        losses.append(total)
+    return {"losses": losses, "grads": grads, "load": load}
+
+
+def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps: int, lr: float,
+               seed: int = 0) -> dict[str, Any]:
+    """This rank's part of the same run through the pipeline engine."""
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.models.llama import gather_full_grads
+    from hal.parallel.plan import parse_plan, validate_plan
+    from hal.parallel.topology import Topology, build_groups
+
+    plan = parse_plan(plan_raw)
+    config = model_config(moe)
+    validate_plan(plan, config, world_size=world, check_backends=False)
+    topology = Topology.from_plan(plan)
+    world_ = current_world()
+    groups = build_groups(topology, world_)
+    engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=seed, device=world_.device)
+    opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
+    losses, grads, load = [], {}, {}
+    for step in range(steps):
+        tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, config.max_seq_len, config.vocab_size)
+        opt.zero_grad()
+        loss = engine.step(tokens)
+        tally = engine.module.take_moe_tally()
+        if step == 0:
+            grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
+            load = {i: t["load"] for i, t in tally.items()}
+        opt.step()
+        losses.append(loss)
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "load": load}
