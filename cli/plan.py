@@ -60,6 +60,19 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
+def _moe_line(model: dict[str, Any]) -> str:
+    """``; moe: 8 experts top-2 (ffn 64), layers 2-3`` for an MoE model, else nothing."""
+    if not model.get("moe_num_experts"):
+        return ""
+    from hal.parallel.model_config import ModelConfig
+
+    layers = ModelConfig(**model).moe_layers()
+    shared = f", shared expert ffn {model['moe_shared_ffn_size']}" if model.get("moe_shared_ffn_size") else ""
+    return (f"; moe: {model['moe_num_experts']} experts top-{model['moe_top_k']} "
+            f"(ffn {model.get('moe_ffn_hidden_size') or model['ffn_hidden_size']}{shared}), {model['moe_scoring']} router, "
+            f"layers {', '.join(map(str, layers))}")
+
+
 def format_plan(report: dict[str, Any]) -> str:
     plan, model, topo = report["plan"], report["model"], report["topology"]
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
@@ -70,7 +83,7 @@ def format_plan(report: dict[str, Any]) -> str:
         + (f", {plan['virtual_stages']} chunks per stage" if plan.get("virtual_stages", 1) > 1 else ""),
         f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
         f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
-        f"max seq {model['max_seq_len']}",
+        f"max seq {model['max_seq_len']}" + _moe_line(model),
         "",
     ]
     precisions = report.get("stage_precision") or [report.get("precision", "?")] * len(topo["stages"])

@@ -15,16 +15,18 @@ from .model_config import ModelConfig
 PEAK_KEY = {"fp32": "fp32", "tf32": "tf32", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8-mixed": "bf16"}
 
 
-def model_parameters(model: ModelConfig) -> int:
-    """The untied model's parameters: embedding, layers, final norm, head."""
+def model_parameters(model: ModelConfig, *, active: bool = False) -> int:
+    """The model's parameters: embedding, layers, final norm, head (none when tied). ``active``: an MoE
+    model's parameters one token runs through (its top-k experts, not all), what its FLOPs count."""
     embedding = model.vocab_size * model.hidden_size
     head = 0 if model.tie_embeddings else embedding
-    return embedding + model.num_layers * layer_parameters(model) + model.hidden_size + head
+    layers = sum(layer_parameters(model, i, active=active) for i in range(model.num_layers))
+    return embedding + layers + model.hidden_size + head
 
 
 def flops_per_token(model: ModelConfig, seq: int) -> float:
-    """Training FLOPs per token (forward + backward)."""
-    matmul_parameters = model_parameters(model) - model.vocab_size * model.hidden_size * (0 if model.tie_embeddings else 1)
+    """Training FLOPs per token (forward + backward), on the active parameters of an MoE model."""
+    matmul_parameters = model_parameters(model, active=True) - model.vocab_size * model.hidden_size * (0 if model.tie_embeddings else 1)
     return 6.0 * matmul_parameters + 12.0 * model.num_layers * model.num_heads * model.head_dim * seq
 
 

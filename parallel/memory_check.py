@@ -19,16 +19,30 @@ OPTIMIZER_BYTES = 8  # AdamW's two fp32 moments, per parameter
 GIB = 2**30
 
 
-def layer_parameters(model: ModelConfig) -> int:
-    """One decoder layer: q/o projections, k/v at the kv width (and their bias), the SwiGLU MLP and two norms."""
+def layer_parameters(model: ModelConfig, index: int | None = None, *, active: bool = False) -> int:
+    """One decoder layer: q/o projections, k/v at the kv width (and their bias), the feed-forward and two norms.
+
+    The feed-forward is the dense SwiGLU MLP, or in an MoE layer the router, every expert (``active``: the
+    top-k experts a token runs through) and the shared expert. ``index``: that layer; None: the mean layer
+    of the model (rounded), what per-layer estimates of a uniform split use.
+    """
+    if index is None:
+        return round(sum(layer_parameters(model, i, active=active) for i in range(model.num_layers)) / model.num_layers)
     hidden, kv_width = model.hidden_size, model.num_kv_heads * model.head_dim
     bias = hidden + 2 * kv_width if model.qkv_bias else 0
-    return 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * model.ffn_hidden_size + 2 * hidden + bias
+    attention = 2 * hidden * hidden + 2 * hidden * kv_width + 2 * hidden + bias
+    if not model.is_moe_layer(index):
+        return attention + 3 * hidden * model.ffn_hidden_size
+    experts = model.moe_top_k if active else model.moe_num_experts
+    expert = 3 * hidden * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
+    shared = 3 * hidden * model.moe_shared_ffn_size + (hidden if model.moe_shared_gate else 0)
+    return attention + model.moe_num_experts * hidden + experts * expert + shared
 
 
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
     """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
-    count = plan.stages[index].layer_count * layer_parameters(model)
+    first = sum(s.layer_count for s in plan.stages[:index])
+    count = sum(layer_parameters(model, i) for i in range(first, first + plan.stages[index].layer_count))
     embedding = model.vocab_size * model.hidden_size
     if index == 0:
         count += embedding

@@ -226,6 +226,7 @@ def evaluate(r: RankRun) -> float | None:
         loss = r.engine.evaluate(rows.view(plan.micro_batches, plan.micro_batch_size, r.seq + 1))
         if loss is not None:
             losses.append(float(loss))
+    r.engine.module.take_moe_tally()  # routing seen by evaluation is not the next step's load
     return sum(losses) / len(losses) if losses else None
 
 
@@ -239,6 +240,43 @@ def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
     out = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if dist.get_rank() == writer else None
     dist.gather(mine, out, dst=writer)
     return None if out is None else torch.stack(out)
+
+
+def gather_moe(r: RankRun) -> dict[str, Any] | None:
+    """The step's expert load on the writer (an MoE model; None elsewhere and for a dense model).
+
+    Every rank hands in its MoE layers' tallies (``Stage.take_moe_tally``: one host read per layer per
+    step); a layer's load is summed over the dp replicas that split its micro-batches, its losses averaged.
+    ``min_max``: the least-loaded expert's tokens over the most-loaded one's (1.0 = even).
+    """
+    if not r.job.model.is_moe:
+        return None
+    mine = r.engine.module.take_moe_tally()
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == r.writer else None
+    dist.gather_object(mine, out, dst=r.writer)
+    if out is None:
+        return None
+    return merge_moe_tallies(out)
+
+
+def merge_moe_tallies(tallies: list[dict[int, dict[str, Any]] | None]) -> dict[str, Any]:
+    """Per-rank tallies → {"layers": {i: {load, min_max, aux_loss, z_loss}}, "min_max", "aux_loss"} (see gather_moe)."""
+    layers: dict[int, dict[str, Any]] = {}
+    for tally in tallies:
+        for layer, t in (tally or {}).items():
+            got = layers.setdefault(int(layer), {"load": [0] * len(t["load"]), "aux": [], "z": []})
+            got["load"] = [a + b for a, b in zip(got["load"], t["load"])]
+            got["aux"].append(t["aux_loss"])
+            got["z"].append(t["z_loss"])
+    report: dict[str, Any] = {}
+    for layer, got in sorted(layers.items()):
+        load = got["load"]
+        report[str(layer)] = {"load": load, "min_max": min(load) / max(max(load), 1),
+                              "aux_loss": sum(got["aux"]) / len(got["aux"]), "z_loss": sum(got["z"]) / len(got["z"])}
+    if not report:
+        return {"layers": {}, "min_max": None, "aux_loss": None}
+    return {"layers": report, "min_max": min(v["min_max"] for v in report.values()),
+            "aux_loss": sum(v["aux_loss"] for v in report.values()) / len(report)}
 
 
 def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology, tokens: int) -> dict[str, Any]:
@@ -292,6 +330,9 @@ class Progress:
     def update(self, record: dict[str, Any]) -> None:
         rate = record["tokens_per_s"] or 0.0
         line = f"step {record['step']}/{self.total} loss {record['loss']:.4f} {rate:.0f} tok/s {record['step_s'] * 1e3:.0f} ms/step"
+        moe = record.get("moe")
+        if moe and moe.get("min_max") is not None:  # the expert balance: worst layer's least/most loaded expert
+            line += f" · experts min/max {moe['min_max']:.2f} aux {moe['aux_loss']:.3f}"
         self.stream.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
         self.stream.flush()
 
@@ -413,6 +454,7 @@ def train(r: RankRun) -> None:
             origin = _common_start(r) if step == timeline_step else None
             loss, row = train_step(r, step)
             times = gather_times(row, r.writer)
+            moe = gather_moe(r)
             if origin is not None:
                 write_timeline(r, step + 1, origin)
             evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
@@ -424,6 +466,8 @@ def train(r: RankRun) -> None:
                     record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)
                 if evaluation is not None:
                     record["eval_loss"], record["eval_ppl"] = evaluation, math.exp(min(evaluation, 80.0))
+                if moe is not None:
+                    record["moe"] = moe
                 if r.scaler is not None:  # the scale the step ran with; the same on every rank
                     record["loss_scale"] = r.engine.loss_scale
                     record["skipped"] = r.scaler.skipped_steps > skipped_before

@@ -143,3 +143,25 @@ def test_an_aux_loss_attached_to_the_activations_gets_its_gradient_in_their_back
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     assert float(module.loss(stats).detach()) > 0  # the aux terms are not zero: the test could fail
+
+
+@pytest.mark.parametrize("moe", [
+    {"moe_num_experts": 4, "moe_top_k": 2},
+    {"moe_num_experts": 8, "moe_top_k": 1, "moe_every": 2, "moe_first_dense": 1, "moe_shared_ffn_size": 16,
+     "moe_shared_gate": True, "moe_ffn_hidden_size": 24},
+])
+def test_parameter_counts_are_the_built_models_and_flops_count_the_active_experts(moe: dict) -> None:
+    from hal.parallel.flops import flops_per_token, model_parameters
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.models.llama import full_model
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                         max_seq_len=8, **moe)
+    built = full_model(config, 0)
+    assert model_parameters(config) == sum(p.numel() for p in built.parameters())
+    experts = built.moe_blocks()
+    idle = sum(b.experts.gate_up.numel() + b.experts.down.numel() for b in experts.values()) \
+        * (1 - config.moe_top_k / config.moe_num_experts)
+    assert model_parameters(config, active=True) == model_parameters(config) - round(idle)
+    dense = ModelConfig(**{**config.to_dict(), "moe_num_experts": 0, "moe_shared_ffn_size": 0, "moe_shared_gate": False})
+    assert flops_per_token(config, 8) != flops_per_token(dense, 8)

@@ -3,14 +3,18 @@ train as the single-process model does — the first step's loss and every gradi
 AdamW steps within 1e-4 — and the balancing loss counts each micro-batch's tokens over its dp replicas."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from hal.errors import ConfigError
 from hal.parallel.plan import parse_plan, validate_plan
 
+from .conftest import REPO, run_hal
 from .dist_harness import run_world
 from .moe_cases import model_config, reference
 
@@ -91,3 +95,51 @@ def test_what_an_moe_stage_cannot_run_is_one_line(stage_extra: dict[str, Any], r
     with pytest.raises(ConfigError, match=run_line) as info:
         validate_plan(plan, model_config({"moe_first_dense": 2}), world_size=None, check_backends=False)
     assert "\n" not in str(info.value) and "stage 1" in str(info.value)
+
+
+# --- hal train with an MoE model ---------------------------------------------------------------------------
+def _moe_config(tmp_path: Path, **model: Any) -> Path:
+    raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
+    raw["model"].update(model)
+    raw["train"].pop("checkpoint_every", None)
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def test_hal_train_logs_each_moe_layers_load_and_aux_loss(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(REPO / "examples" / "moe_cpu.yaml"), "--steps", "3", "--run-dir", str(run_dir), "--json",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "experts min/max" in result.stderr
+    records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 3
+    for record in records:
+        moe = record["moe"]
+        assert set(moe["layers"]) == {"2", "3"}  # moe_first_dense: 2 of 4 layers
+        for layer in moe["layers"].values():
+            # every (token, choice) pair of the step, counted once over the dp replicas: 8 rows × 64 tokens × top-2
+            assert sum(layer["load"]) == 8 * 64 * 2 and len(layer["load"]) == 8
+            assert layer["min_max"] == min(layer["load"]) / max(layer["load"])
+            assert layer["aux_loss"] >= 1.0 - 1e-6  # E·Σ f·P is at least 1 for softmax scores
+        assert moe["min_max"] == min(v["min_max"] for v in moe["layers"].values())
+
+
+@pytest.mark.parametrize("model, stage, says", [
+    ({"moe_top_k": 9}, None, "moe_top_k 9 is above model.moe_num_experts 8"),
+    ({}, {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2}, "tensor parallelism inside the experts"),
+    ({"moe_first_dense": 4}, None, "no layer is an MoE layer"),
+])
+def test_bad_moe_runs_are_one_line_and_exit_2(tmp_path: Path, model: dict[str, Any], stage: dict[str, Any] | None,
+                                              says: str) -> None:
+    path = _moe_config(tmp_path, **model)
+    if stage is not None:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw["parallel"]["stages"][1] = stage
+        path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = run_hal("train", str(path), "--steps", "1", "--run-dir", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
+    assert not (tmp_path / "run").exists()
