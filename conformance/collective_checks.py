@@ -46,17 +46,19 @@ DTYPES: dict[str, torch.dtype] = {
 }  # fmt: skip
 REDUCE_OPS: tuple[str, ...] = ("sum", "avg", "max", "min", "product")
 MOVEMENT: tuple[str, ...] = (
-    "all_gather", "all_gather_uneven", "all_to_all", "all_to_all_uneven", "broadcast", "gather", "scatter",
-    "send_recv", "batch_p2p_ring",
+    "all_gather", "all_gather_uneven", "all_to_all", "all_to_all_uneven", "all_to_all_skewed", "broadcast", "gather",
+    "scatter", "send_recv", "batch_p2p_ring",
 )  # fmt: skip
 PROBE_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+MOE_DISPATCH = ("all to all with skewed splits, as an MoE dispatch makes them: the last rank receives most of every "
+                "rank's rows, rank 0 receives none (zero-length pieces both ways); bitwise")
 PIECE = 257  # elements per rank piece (prime: no accidental alignment with CCL chunk sizes)
 NUMEL = 1031  # elements of a whole-tensor check (odd, prime)
 SWEEP_BLOCK = 1024
 REPEATS = 5
 # The Communicator op(s) a check calls, for CCL-gap lookups.
 _CCL_OPS: dict[str, tuple[str, ...]] = {
-    "all_gather_uneven": ("all_gather",), "all_to_all_uneven": ("all_to_all",), "send_recv": ("send", "recv"),
+    "all_gather_uneven": ("all_gather",), "all_to_all_uneven": ("all_to_all",), "all_to_all_skewed": ("all_to_all",), "send_recv": ("send", "recv"),
     "batch_p2p_ring": ("send", "recv"), "determinism": ("all_reduce",), "size_sweep": ("all_reduce",),
 }  # fmt: skip
 
@@ -107,7 +109,8 @@ def plan_checks(dtypes: Sequence[str]) -> list[Check]:
                                 "reduce_scatter sum of random floats against the float64 result"))
         checks.append(Check(f"reduce/sum/{d}/int", "reduce", d, "sum", "int", "reduce sum to the last rank, exact integers"))
         for op in MOVEMENT:
-            checks.append(Check(f"{op}/{d}", op, d, None, "random", f"{op.replace('_', ' ')}: data movement, bitwise"))
+            what = (MOE_DISPATCH if op == "all_to_all_skewed" else f"{op.replace('_', ' ')}: data movement, bitwise")
+            checks.append(Check(f"{op}/{d}", op, d, None, "random", what))
     for d in dtypes:
         if d in PROBE_DTYPES:
             checks.append(Check(f"determinism/all_reduce/{d}", "determinism", d, "sum", "random",

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 # --- the checks, run on one rank ---------------------------------------------------------------------------
 
 
+def skewed_splits(n: int) -> list[list[int]]:
+    """Rows rank r sends to each rank j: none to rank 0, most to the last, a little in between (an MoE dispatch
+    whose router prefers the last rank's experts and never picks rank 0's); rank 0 also sends rows."""
+    return [[0 if j == 0 else (PIECE + 3 * r if j == n - 1 else 1 + (r + j) % 2) for j in range(n)] for r in range(n)]
+
+
 class _RankChecks:
     """Runs checks on one rank; every rank runs the same calls in the same order."""
 
@@ -82,6 +88,13 @@ class _RankChecks:
         xs = [inputs(c, r, (sum(splits[r]),), self.n, self.seed) for r in range(self.n)]
         got = self.comm.all_to_all(xs[self.rank].to(self.dev, copy=True), input_splits=splits[self.rank])
         return bitwise(got, torch.cat([x.split(s)[self.rank] for x, s in zip(xs, splits)]))
+
+    def _all_to_all_skewed(self, c: Check) -> RankVerdict:
+        splits = skewed_splits(self.n)
+        xs = [inputs(c, r, (sum(splits[r]), 2), self.n, self.seed) for r in range(self.n)]
+        got = self.comm.all_to_all(xs[self.rank].to(self.dev, copy=True), input_splits=splits[self.rank])
+        want = torch.cat([x.split(s)[self.rank] for x, s in zip(xs, splits)])
+        return bitwise(got, want)
 
     def _broadcast(self, c: Check) -> RankVerdict:
         src = self.n - 1

@@ -40,6 +40,16 @@ def plans(backend: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def moe_model(model: ModelConfig, plan: dict[str, Any]) -> ModelConfig:
+    """``model`` with MoE layers (4 experts, top-2, balancing and z losses) in the plan's last stage, which runs
+    them data-parallel when it has dp (MoE stages run at tp 1; the stages before keep dense layers)."""
+    from dataclasses import replace
+
+    last = int(plan["stages"][-1]["layers"])
+    return replace(model, moe_num_experts=4, moe_top_k=2, moe_ffn_hidden_size=model.ffn_hidden_size // 2,
+                   moe_first_dense=model.num_layers - last, moe_aux_loss_weight=0.01, moe_z_loss_weight=0.001)
+
+
 def world_of(plan: dict[str, Any]) -> int:
     return sum(int(s["devices"]) for s in plan["stages"])
 
@@ -65,6 +75,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
     from hal.parallel.models.llama import full_model
 
     net = full_model(model, seed).to(device)
+    net.configure_moe(1.0 / MICRO_BATCHES)  # MoE: each micro-batch's balancing loss, as the engine makes it
     opt = torch.optim.AdamW(net.parameters(), lr=LR)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
@@ -72,7 +83,11 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
     for step in range(steps):
         t = tokens(seed, step, model).to(device)
         opt.zero_grad(set_to_none=True)
-        loss = vocab_parallel_cross_entropy(net(t[..., :-1].reshape(-1, seq)), t[..., 1:].reshape(-1, seq), None)
+        if model.is_moe:  # the balancing loss is per micro-batch: run them one by one (the same mean LM loss)
+            loss = sum(vocab_parallel_cross_entropy(net(t[m, :, :-1]), t[m, :, 1:], None) / MICRO_BATCHES
+                       for m in range(MICRO_BATCHES))
+        else:
+            loss = vocab_parallel_cross_entropy(net(t[..., :-1].reshape(-1, seq)), t[..., 1:].reshape(-1, seq), None)
         loss.backward()
         if step == 0:
             grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in net.named_parameters()}

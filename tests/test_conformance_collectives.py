@@ -49,7 +49,7 @@ def test_every_op_and_dtype_passes_on_gloo(clean_run: dict[str, object]) -> None
         for op in ("all_reduce/sum", "all_reduce/avg", "all_reduce/max", "all_reduce/min", "all_reduce/product"):
             for dtype in ("float32", "bfloat16", "float16"):
                 assert f"{op}/{dtype}/int/world{n}" in names and f"{op}/{dtype}/random/world{n}" in names
-        for op in ("all_gather", "all_gather_uneven", "reduce_scatter/sum", "all_to_all", "all_to_all_uneven",
+        for op in ("all_gather", "all_gather_uneven", "reduce_scatter/sum", "all_to_all", "all_to_all_uneven", "all_to_all_skewed",
                    "broadcast", "reduce/sum", "gather", "scatter", "send_recv", "batch_p2p_ring"):
             assert any(name.startswith(f"{op}/int64") and name.endswith(f"/world{n}") for name in names), (op, n)
     exact = clean_run["all_reduce/sum/bfloat16/int/world4"]

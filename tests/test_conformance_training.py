@@ -66,7 +66,8 @@ def clean_run() -> dict[str, Outcome]:
 def test_every_case_passes_on_the_cpu(clean_run: dict[str, Outcome]) -> None:
     assert sorted(clean_run) == sorted([
         "loss_curve/fp32", "loss_curve/bf16-mixed", "loss_curve/fp16-mixed", "grad_agreement/fp32",
-        "grad_agreement/bf16-mixed", "grad_agreement/fp16-mixed", "determinism/fp32", "pipeline/2stage_tp2_to_dp2/world4"])
+        "grad_agreement/bf16-mixed", "grad_agreement/fp16-mixed", "determinism/fp32", "pipeline/2stage_tp2_to_dp2/world4",
+        "pipeline_moe/2stage_tp2_to_dp2/world4"])
     bad = {n: (o.status, o.reason) for n, o in clean_run.items() if o.status != "pass"}
     assert not bad, bad
     assert not torch.are_deterministic_algorithms_enabled()  # the determinism case restored the switch
@@ -140,7 +141,8 @@ def test_too_few_slots_skip_the_pipeline_case() -> None:
     (pipe,) = [c for c in suite.cases(_ctx(1)) if c.name.startswith("pipeline")]
     outcome = pipe.run(_ctx(1))
     assert outcome.status == "skip" and "needs 2" in outcome.reason
-    assert [c.name for c in suite.cases(_ctx(2)) if c.name.startswith("pipeline")] == ["pipeline/2stage/world2"]
+    assert [c.name for c in suite.cases(_ctx(2)) if c.name.startswith("pipeline")] == ["pipeline/2stage/world2",
+                                                                                        "pipeline_moe/2stage/world2"]
 
 
 def test_bad_step_option_is_one_clear_error() -> None:

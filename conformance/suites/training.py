@@ -36,12 +36,13 @@ default 300 s).
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
-from ..pipeline_check import choose_plan, compare, single_device_run, world_of
+from ..pipeline_check import choose_plan, compare, moe_model, single_device_run, world_of
 from ..jobs import JobFailed, run_job
 from ..training_run import (
     PRECISIONS, RunResult, Settings, grad_agreement, host_threads, plain_fp32_matmul, reference_curve, reference_grads, train,
@@ -213,4 +214,9 @@ def cases(ctx: Context) -> list[Case]:
         out.append(Case(SUITE, f"pipeline/{name}/world{world_of(plan)}", _pipeline(settings, name, plan, timeout),
                         "the plan through the pipeline engine equals its single-device run (loss, step-1 gradients, curve)",
                         ("multi-process",)))
+        moe = replace(settings, model=moe_model(settings.model, plan))
+        layers = ", ".join(map(str, moe.model.moe_layers()))
+        out.append(Case(SUITE, f"pipeline_moe/{name}/world{world_of(plan)}", _pipeline(moe, name, plan, timeout),
+                        f"the same plan with MoE layers ({layers}: 4 experts, top-2, balancing and z losses) equals its "
+                        "single-device run (loss, step-1 gradients, curve)", ("multi-process",)))
     return out
