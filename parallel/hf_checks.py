@@ -12,7 +12,7 @@ import torch
 
 from hal.errors import ConfigError, HalError
 
-from .hf_names import Piece, pieces
+from .hf_names import Piece, hf_family, pieces
 from .hf_weights import FLOAT_DTYPES, catalog
 from .layers import param_meta
 from .model_config import ModelConfig
@@ -24,12 +24,12 @@ def model_pieces(config: ModelConfig) -> dict[str, list[Piece]]:
 
     with torch.device("meta"):
         module = full_model(config, 0)
-    out = {}
+    out, family = {}, hf_family(config)
     for name, param in module.named_parameters():
         meta = param_meta(param)
         if meta is None:
             raise ConfigError(f"parameter {name} has no ParamMeta; the model cannot map it to Hugging Face names")
-        out[name] = pieces(name, meta)
+        out[name] = pieces(name, meta, family)
     return out
 
 

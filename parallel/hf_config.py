@@ -2,6 +2,8 @@
 
 Llama (2 and 3, with Llama 3's rope scaling), Mistral and Qwen2 are the same decoder as hal's: GQA,
 SwiGLU, RMSNorm, rotary embeddings; Qwen2 adds a bias on the q, k, v projections (``qkv_bias``).
+Mixtral and Qwen2-MoE are those decoders with MoE feed-forwards (``model.moe_*``: softmax top-k routing,
+SwiGLU experts; Qwen2-MoE's gated shared expert, its sparse step and leading dense layers).
 Any field that would change the computation and that the decoder cannot represent — other biases
 (Llama's ``attention_bias`` also biases the output projection), another activation, another rope
 scaling, a head size that is not hidden/heads, a sliding window that is active and shorter than the
@@ -18,7 +20,7 @@ from typing import Any, Callable
 
 from hal.errors import ConfigError
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
 
 
@@ -66,7 +68,7 @@ def _sliding_layers(hf: dict[str, Any], family: str, layers: int) -> list[int]:
         return [i for i, kind in enumerate(types) if kind != "full_attention"]
     if hf.get("sliding_window") is None:
         return []
-    if family == "qwen2":  # windowed only when switched on, and then from max_window_layers up
+    if family in ("qwen2", "qwen2_moe"):  # windowed only when switched on, and then from max_window_layers up
         if not hf.get("use_sliding_window", False):
             return []
         return list(range(int(hf.get("max_window_layers", 0) or 0), layers))
@@ -112,7 +114,30 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
     }
     if scaling is not None:
         keys["rope_scaling"] = scaling
+    if family in ("mixtral", "qwen2_moe"):
+        keys["qkv_bias"] = family == "qwen2_moe"
+        keys.update(_moe_keys(hf, family, need, refuse))
     return keys
+
+
+def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None]) -> dict[str, Any]:
+    """The ``moe_*`` keys of a Mixtral or Qwen2-MoE config (both route with softmax over every expert)."""
+    if hf.get("router_jitter_noise"):
+        refuse("router_jitter_noise", "the router adds no noise")
+    if family == "mixtral":  # every layer MoE, top-k weights renormalised, experts intermediate_size wide
+        return {"moe_num_experts": need("num_local_experts"), "moe_top_k": need("num_experts_per_tok"),
+                "moe_ffn_hidden_size": need("intermediate_size"),
+                "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.02), "moe_normalize_top_k": True}
+    dense_only = hf.get("mlp_only_layers") or []
+    if list(dense_only) != list(range(len(dense_only))):
+        refuse("mlp_only_layers", "dense layers can only be the first ones (model.moe_first_dense)")
+    shared = hf.get("shared_expert_intermediate_size") or 0
+    if not shared:
+        refuse("shared_expert_intermediate_size", "a Qwen2-MoE layer's shared expert is always there")
+    return {"moe_num_experts": need("num_experts"), "moe_top_k": need("num_experts_per_tok"),
+            "moe_ffn_hidden_size": need("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
+            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": hf.get("decoder_sparse_step", 1) or 1,
+            "moe_first_dense": len(dense_only), "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.001)}
 
 
 def _refuser(hf: dict[str, Any], where: str) -> Callable[[str, str], None]:

@@ -41,6 +41,7 @@ from hal.errors import ConfigError, HalError
 from hal.run_dirs import check_creatable_dir
 
 from .hf_checks import model_pieces
+from .hf_names import hf_family
 from .model_config import ModelConfig
 
 FLAG = "hal export"
@@ -80,14 +81,20 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Source:
     return Source(checkpoint, meta, model, params)
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
 def hf_config(model: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """config.json for ``model``: Llama's, or Qwen2's when the q, k, v projections have a bias."""
+    """config.json for ``model``: Llama's, or Qwen2's when the q, k, v projections have a bias; an MoE model
+    as Mixtral (or Qwen2-MoE, with the bias), its MoE keys in that family's names (``parallel.hf_names.hf_family``)."""
+    family = hf_family(model)
     qwen2 = model.qkv_bias
     scaling = None if model.rope_scaling is None else {"rope_type": "llama3", **model.rope_scaling}
     if scaling is not None:
         scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
     config: dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if qwen2 else "LlamaForCausalLM"], "model_type": "qwen2" if qwen2 else "llama",
+        "architectures": [ARCHITECTURES[family]], "model_type": family,
         "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
         "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
         "num_key_value_heads": model.num_kv_heads, "hidden_act": "silu", "max_position_embeddings": model.max_seq_len,
@@ -99,7 +106,33 @@ def hf_config(model: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         config.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": model.num_layers})
     else:
         config.update({"head_dim": model.head_dim, "attention_bias": False, "mlp_bias": False})
+    if family in ("mixtral", "qwen2_moe"):
+        config.update(moe_config_keys(model, family))
     return config
+
+
+def moe_config_keys(model: ModelConfig, family: str) -> dict[str, Any]:
+    """The MoE keys of a Mixtral or Qwen2-MoE config.json for ``model`` (refused where the family cannot say it)."""
+    expert = model.moe_ffn_hidden_size or model.ffn_hidden_size
+    if model.moe_scoring != "softmax":
+        raise ConfigError(f"{FLAG}: the model's router scores with {model.moe_scoring}; {family} routes with softmax")
+    if family == "mixtral":
+        if model.moe_shared_ffn_size or model.moe_every != 1 or model.moe_first_dense or not model.moe_normalize_top_k:
+            raise ConfigError(f"{FLAG}: Mixtral has every layer MoE, no shared expert and renormalised top-k weights; "
+                              "this model differs (export needs a config Mixtral's config.json can state)")
+        if model.moe_ffn_hidden_size and model.moe_ffn_hidden_size != model.ffn_hidden_size:
+            raise ConfigError(f"{FLAG}: Mixtral's experts are intermediate_size wide; set moe_ffn_hidden_size to "
+                              "ffn_hidden_size (or 0)")
+        return {"num_local_experts": model.moe_num_experts, "num_experts_per_tok": model.moe_top_k,
+                "router_aux_loss_coef": model.moe_aux_loss_weight, "router_jitter_noise": 0.0,
+                "output_router_logits": False, "sliding_window": None}
+    if not model.moe_shared_ffn_size or not model.moe_shared_gate:
+        raise ConfigError(f"{FLAG}: Qwen2-MoE layers have a gated shared expert; this model has none")
+    return {"num_experts": model.moe_num_experts, "num_experts_per_tok": model.moe_top_k,
+            "moe_intermediate_size": expert, "shared_expert_intermediate_size": model.moe_shared_ffn_size,
+            "norm_topk_prob": model.moe_normalize_top_k, "decoder_sparse_step": model.moe_every,
+            "mlp_only_layers": list(range(model.moe_first_dense)), "router_aux_loss_coef": model.moe_aux_loss_weight,
+            "output_router_logits": False}
 
 
 def hf_tensors(source: Source) -> list[tuple[str, torch.Tensor]]:
@@ -107,7 +140,8 @@ def hf_tensors(source: Source) -> list[tuple[str, torch.Tensor]]:
     out = []
     for name, parts in model_pieces(source.model).items():
         full = source.params[name]
-        out.extend((p.hf_name, full.narrow(p.dim, p.start, p.shape[p.dim])) for p in parts)
+        out.extend((p.hf_name, (full if p.index is None else full[p.index]).narrow(p.dim, p.start, p.shape[p.dim]))
+                   for p in parts)
     return out
 
 
@@ -197,7 +231,7 @@ def export_hf(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"checkpoint": str(source.path), "step": source.meta["step"], "out_dir": str(out),
-            "model_type": "qwen2" if source.model.qkv_bias else "llama", "files": files,
+            "model_type": hf_family(source.model), "files": files,
             "shards": sum(f.endswith(".safetensors") for f in files), "tensors": len(tensors),
             "bytes": sum(t.numel() * t.element_size() for _, t in tensors),
             "tokenizer": [f.name for f in tokens] or None}

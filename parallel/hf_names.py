@@ -1,8 +1,12 @@
-"""hal's global parameter names ↔ Hugging Face's Llama / Mistral / Qwen2 tensor names, both ways.
+"""hal's global parameter names ↔ Hugging Face's Llama / Mistral / Qwen2 / Mixtral / Qwen2-MoE tensor names, both ways.
 
 One table serves loading (``parallel.hf_weights``) and export (``parallel.hf_export``), so the two
 cannot disagree. A fused hal parameter is several Hugging Face tensors stacked along its ShardSpec's
 dim, in its parts' order: ``attn.qkv`` = q_proj | k_proj | v_proj, ``mlp.gate_up`` = gate_proj | up_proj.
+An MoE layer's stacked experts hold one Hugging Face tensor per expert (``Piece.index``): expert e's
+``experts.gate_up[e]`` = its gate | up projection, ``experts.down[e]`` = its down projection, named as the
+family names them (Mixtral: ``block_sparse_moe.experts.e.w1 | w3``, ``w2``; Qwen2-MoE:
+``mlp.experts.e.gate_proj | up_proj``, ``down_proj``, plus its shared expert and that expert's gate).
 """
 from __future__ import annotations
 
@@ -10,6 +14,26 @@ import re
 from dataclasses import dataclass
 
 from .layers import ParamMeta
+from .model_config import ModelConfig
+
+# Where an MoE layer's parts live in each family's checkpoint (inside ``model.layers.<i>.``).
+_MOE: dict[str, dict[str, str]] = {
+    "mixtral": {"router": "block_sparse_moe.gate.weight", "expert": "block_sparse_moe.experts.{e}.{part}.weight",
+                "gate": "w1", "up": "w3", "down": "w2"},
+    "qwen2_moe": {"router": "mlp.gate.weight", "expert": "mlp.experts.{e}.{part}.weight",
+                  "gate": "gate_proj", "up": "up_proj", "down": "down_proj", "shared": "mlp.shared_expert.{part}.weight",
+                  "shared_gate": "mlp.shared_expert_gate.weight"},
+}
+_MOE_PARAM = re.compile(r"layers\.(\d+)\.mlp\.(router\.gate\.weight|experts\.gate_up|experts\.down|shared\.gate_up\.weight|"
+                        r"shared\.down\.weight|shared\.gate\.weight)")
+
+
+def hf_family(model: ModelConfig) -> str:
+    """The Hugging Face family this model is named as: an MoE model is Qwen2-MoE when its q, k, v have a bias
+    (Qwen2 attention), else Mixtral; a dense one Qwen2 or Llama (Mistral's names are Llama's)."""
+    if model.moe_num_experts:
+        return "qwen2_moe" if model.qkv_bias else "mixtral"
+    return "qwen2" if model.qkv_bias else "llama"
 
 _TOP: dict[str, tuple[str, ...]] = {
     "embed.weight": ("model.embed_tokens.weight",),
@@ -46,10 +70,37 @@ class Piece:
     shape: tuple[int, ...]
     dim: int
     start: int
+    index: int | None = None  # a stacked parameter's slice it fills (an expert), before ``dim``/``start`` apply
 
 
-def pieces(name: str, meta: ParamMeta) -> list[Piece]:
-    """Hal parameter ``name`` as Hugging Face tensors, each with its place in the full hal tensor."""
+def _moe_pieces(layer: str, part: str, meta: ParamMeta, family: str) -> list[Piece]:
+    """An MoE layer's parameter as its family's tensors (replicated parameters: no TP split)."""
+    if family not in _MOE:
+        raise ValueError(f"an MoE parameter (layers.{layer}.mlp.{part}) has no {family} name; MoE families: {', '.join(_MOE)}")
+    names, prefix, shape = _MOE[family], f"model.layers.{layer}.", tuple(meta.full_shape)
+    if part == "router.gate.weight":
+        return [Piece(prefix + names["router"], shape, 0, 0)]
+    if part.startswith("experts."):
+        experts, rows = shape[0], shape[1]
+        kinds = ("gate", "up") if part == "experts.gate_up" else ("down",)
+        size = rows // len(kinds)
+        return [Piece(prefix + names["expert"].format(e=e, part=names[kind]), (size, shape[2]), 0, k * size, index=e)
+                for e in range(experts) for k, kind in enumerate(kinds)]
+    if "shared" not in names:
+        raise ValueError(f"{family} has no shared expert, so layers.{layer}.mlp.{part} has no Hugging Face name")
+    if part == "shared.gate.weight":
+        return [Piece(prefix + names["shared_gate"], shape, 0, 0)]
+    kinds = ("gate_proj", "up_proj") if part == "shared.gate_up.weight" else ("down_proj",)
+    size = shape[0] // len(kinds)
+    return [Piece(prefix + names["shared"].format(part=kind), (size, shape[1]), 0, k * size) for k, kind in enumerate(kinds)]
+
+
+def pieces(name: str, meta: ParamMeta, family: str = "llama") -> list[Piece]:
+    """Hal parameter ``name`` as Hugging Face tensors, each with its place in the full hal tensor.
+    ``family``: ``hf_family`` of the model (it names an MoE layer's parts)."""
+    moe = _MOE_PARAM.fullmatch(name)
+    if moe:
+        return _moe_pieces(moe.group(1), moe.group(2), meta, family)
     names = hf_names(name)
     if len(names) == 1:
         return [Piece(names[0], tuple(meta.full_shape), meta.spec.dim if meta.spec is not None else 0, 0)]
@@ -64,4 +115,4 @@ def pieces(name: str, meta: ParamMeta) -> list[Piece]:
     return out
 
 
-__all__ = ["Piece", "hf_names", "pieces"]
+__all__ = ["Piece", "hf_family", "hf_names", "pieces"]

@@ -32,7 +32,7 @@ import torch
 
 from hal.errors import ConfigError
 
-from .hf_names import Piece, pieces
+from .hf_names import Piece, hf_family, pieces
 from .layers import param_meta
 from .tp_comm import TPComm, tp_rank, tp_size
 
@@ -163,16 +163,19 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
     """Fill every parameter of ``stage`` with this rank's slices of the checkpoint in ``directory``."""
     entries = catalog(directory, f"weights {directory}")
     rank, size = tp_rank(tp_comm), tp_size(tp_comm)
+    family = hf_family(stage.config)
     for name, param in stage.named_parameters():
         meta = param_meta(param)
         if meta is None:
             raise TypeError(f"parameter {name} has no ParamMeta; build it with a parallel layer")
         split = meta.spec is not None and size > 1
-        at = 0  # where this piece's rows/columns start in the local parameter
-        for piece in pieces(name, meta):
+        at = 0  # where this piece's rows/columns start in the local parameter (its TP shard when split)
+        for piece in pieces(name, meta, family):
             count = piece.shape[piece.dim] // size if split else piece.shape[piece.dim]
             first = rank * count if split else 0
-            _read_into(param.narrow(piece.dim, at, count), entries[piece.hf_name], piece, first, first + count)
+            target = param if piece.index is None else param[piece.index]  # one expert of a stacked parameter
+            _read_into(target.narrow(piece.dim, at if split else piece.start, count), entries[piece.hf_name], piece,
+                       first, first + count)
             at += count
 
 

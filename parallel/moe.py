@@ -106,25 +106,29 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts with stacked weights: gate|up (E, H, 2F) and down (E, F, H)."""
+    """E SwiGLU experts with stacked weights: gate|up (E, 2F, H) and down (E, H, F).
+
+    Each expert's slice is laid out as a linear layer's weight (out × in), as Hugging Face's per-expert
+    ``gate_proj``/``up_proj`` (or Mixtral's w1/w3) and ``down_proj`` (w2) are: loading and export copy
+    them without transposes; the matmuls take transposed views."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = DEFAULT_STD,
                  out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
         super().__init__()
         self.ffn = ffn
-        self.gate_up = _described(nn.Parameter(torch.randn(num_experts, hidden, 2 * ffn) * std), std)
-        self.down = _described(nn.Parameter(torch.randn(num_experts, ffn, hidden) * out_std), out_std)
+        self.gate_up = _described(nn.Parameter(torch.randn(num_experts, 2 * ffn, hidden) * std), std)
+        self.down = _described(nn.Parameter(torch.randn(num_experts, hidden, ffn) * out_std), out_std)
 
     def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
         """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
         if path == "grouped_mm":
             offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            hidden = ops.swiglu(torch._grouped_mm(x, self.gate_up.to(x.dtype), offs=offsets))
-            return torch._grouped_mm(hidden, self.down.to(x.dtype), offs=offsets)
+            hidden = ops.swiglu(torch._grouped_mm(x, self.gate_up.to(x.dtype).transpose(-2, -1), offs=offsets))
+            return torch._grouped_mm(hidden, self.down.to(x.dtype).transpose(-2, -1), offs=offsets)
         outs = []
         for e, block in enumerate(torch.split(x, counts)):
             if block.shape[0]:  # an expert no token chose does no work (its weights get no gradient this step)
-                outs.append(ops.swiglu(block @ self.gate_up[e].to(x.dtype)) @ self.down[e].to(x.dtype))
+                outs.append(ops.swiglu(block @ self.gate_up[e].to(x.dtype).t()) @ self.down[e].to(x.dtype).t())
         return torch.cat(outs) if outs else x.new_zeros(x.shape)
 
 
@@ -159,8 +163,8 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
         if device.type == "cuda" and hasattr(torch, "_grouped_mm"):
             try:
                 x = torch.randn(32, 64, device=device, dtype=dtype, requires_grad=True)
-                w = torch.randn(2, 64, 32, device=device, dtype=dtype, requires_grad=True)
-                y = torch._grouped_mm(x, w, offs=torch.tensor([16, 32], device=device, dtype=torch.int32))
+                w = torch.randn(2, 32, 64, device=device, dtype=dtype, requires_grad=True)  # (E, out, in), as Experts
+                y = torch._grouped_mm(x, w.transpose(-2, -1), offs=torch.tensor([16, 32], device=device, dtype=torch.int32))
                 y.backward(torch.ones_like(y))
                 ok = True
             except (RuntimeError, NotImplementedError):

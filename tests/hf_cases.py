@@ -19,14 +19,17 @@ def transformers() -> Any:
     """The transformers module. pytest puts the repository root on sys.path, so transformers' probe for Hugging
     Face's ``kernels`` package imports hal's ``kernels/`` folder: this also checks that the folder stays inert."""
     import transformers as module
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config  # noqa: F401  (resolve the lazy modules)
+    from transformers import (  # noqa: F401  (resolve the lazy modules)
+        AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,
+    )
 
     return module
 
 
-def hf_config(family: str, layers: int = 3) -> Any:
+def hf_config(family: str, layers: int = 3, dense_layers: int = 1) -> Any:
     """A tiny fp32 config of ``family``: hidden 64, 4 heads, 2 kv heads (Llama with Llama 3's rope scaling,
-    Mistral with tied embeddings, Qwen2 with its qkv bias)."""
+    Mistral with tied embeddings, Qwen2 with its qkv bias; Mixtral with 4 experts top-2; Qwen2-MoE with 4
+    experts top-2, a gated shared expert, unnormalised top-k weights and ``dense_layers`` leading dense layers)."""
     hf = transformers()
 
     sizes = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
@@ -39,6 +42,12 @@ def hf_config(family: str, layers: int = 3) -> Any:
         return hf.MistralConfig(**sizes, tie_word_embeddings=True)
     if family == "qwen2":
         return hf.Qwen2Config(**sizes, use_sliding_window=False)
+    if family == "mixtral":
+        return hf.MixtralConfig(**sizes, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    if family == "qwen2_moe":
+        return hf.Qwen2MoeConfig(**sizes, use_sliding_window=False, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=48, shared_expert_intermediate_size=40, norm_topk_prob=False,
+                                 decoder_sparse_step=1, mlp_only_layers=list(range(dense_layers)))
     raise ValueError(family)
 
 
@@ -51,10 +60,11 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else (0.1 if name.endswith("bias") else 0.05) * noise)
 
 
-def save_random(family: str, directory: Path, *, layers: int = 3, seed: int = 0, max_shard_size: str | None = None) -> Path:
+def save_random(family: str, directory: Path, *, layers: int = 3, seed: int = 0, max_shard_size: str | None = None,
+                dense_layers: int = 1) -> Path:
     """A random transformers model of ``family`` saved in ``directory`` (sharded when ``max_shard_size``)."""
     torch.manual_seed(seed)
-    model = transformers().AutoModelForCausalLM.from_config(hf_config(family, layers), dtype=torch.float32)
+    model = transformers().AutoModelForCausalLM.from_config(hf_config(family, layers, dense_layers), dtype=torch.float32)
     randomize(model, seed)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(directory, **kwargs)

@@ -163,3 +163,63 @@ def test_a_tokenizer_other_than_the_datas_is_refused(tmp_path: Path) -> None:
     source = Source(tmp_path, {"data": {"source": str(tmp_path / "train.bin")}}, ModelConfig(), {})
     with pytest.raises(ConfigError, match="is not the tokenizer the training data was prepared with"):
         tokenizer_files(str(_tokenizer(tmp_path / "tokenizer.json")), source)
+
+
+# --- MoE families ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_an_moe_model_written_by_the_export_path_is_read_back_by_transformers(tmp_path: Path, family: str) -> None:
+    """A Mixtral / Qwen2-MoE checkpoint into hal, out again through the export's config.json, tensor names and
+    writer: transformers reads it and gives the same logits, and hal reads the same model from it."""
+    from hal.parallel.hf_export import _write
+
+    hf_dir = cases.save_random(family, tmp_path / "in", seed=7)
+    model = ModelConfig.from_mapping({"hf": str(hf_dir), "weights": True})
+    ours = full_model(model, 0, init_from=hf_dir)
+    source = Source(tmp_path, {}, model, {n: p.detach() for n, p in ours.named_parameters()})
+    from hal.parallel.hf_export import hf_tensors
+
+    out = tmp_path / "out"
+    out.mkdir()
+    _write(out, source, hf_tensors(source), 2**30, [], torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == family
+    tokens = cases.ids()
+    with torch.no_grad():
+        got = ours(tokens)
+    want = cases.hf_logits(out, tokens)
+    assert float((got - want).abs().max()) <= TOL
+    assert ModelConfig.from_mapping({"hf": str(out)}) == model
+    check_weights(out, model, "export")
+
+
+def test_an_moe_model_no_family_states_is_refused_at_export() -> None:
+    from hal.parallel.hf_export import hf_config
+
+    base = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
+                moe_num_experts=4, moe_top_k=2)
+    with pytest.raises(ConfigError, match="Mixtral has every layer MoE"):
+        hf_config(ModelConfig(**base, moe_shared_ffn_size=16), torch.float32)
+    with pytest.raises(ConfigError, match="gated shared expert"):
+        hf_config(ModelConfig(**base, qkv_bias=True), torch.float32)
+    with pytest.raises(ConfigError, match="routes with softmax"):
+        hf_config(ModelConfig(**base, moe_scoring="sigmoid"), torch.float32)
+
+
+def test_hal_train_from_qwen2_moe_weights_exports_a_checkpoint_transformers_agrees_with(tmp_path: Path) -> None:
+    """The MoE layers on the one-device stage (tp 1), the dense ones tensor-parallel: trained, exported, read back."""
+    hf_dir = cases.save_random("qwen2_moe", tmp_path / "qwen2_moe", seed=9, dense_layers=2)
+    result = run_hal("train", str(_config(tmp_path, hf_dir)), "--run-dir", str(tmp_path / "run"), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "exported"
+    result = run_hal("export", str(tmp_path / "run" / "checkpoints"), "--to", "hf", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model_type"] == "qwen2_moe"
+    model, ours = _checkpoint_model(tmp_path / "run" / "checkpoints")
+    assert model.moe_layers() == [2]
+    tokens = cases.ids()
+    with torch.no_grad():
+        got = ours(tokens)
+    want = cases.hf_logits(out, tokens)
+    assert float((got - want).abs().max()) <= TOL
+    before = cases.hf_logits(hf_dir, tokens)
+    assert float((before - want).abs().max()) > 100 * TOL  # training moved the weights

@@ -29,6 +29,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "llama": cases.save_random("llama", root / "llama", seed=1),
         "mistral": cases.save_random("mistral", root / "mistral", seed=2),
         "qwen2": cases.save_random("qwen2", root / "qwen2", seed=3, max_shard_size="100KB"),  # sharded, with an index
+        "mixtral": cases.save_random("mixtral", root / "mixtral", seed=4),
+        "qwen2_moe": cases.save_random("qwen2_moe", root / "qwen2_moe", seed=5, max_shard_size="100KB"),
     }
 
 
@@ -38,12 +40,14 @@ def _load(directory: Path) -> tuple[ModelConfig, torch.nn.Module]:
     return model, full_model(model, 0, init_from=directory)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "mixtral", "qwen2_moe"])
 def test_loaded_model_gives_transformers_logits(checkpoints: dict[str, Path], family: str) -> None:
     directory = checkpoints[family]
     model, ours = _load(directory)
-    assert model.qkv_bias == (family == "qwen2") and model.tie_embeddings == (family == "mistral")
+    assert model.qkv_bias == (family in ("qwen2", "qwen2_moe")) and model.tie_embeddings == (family == "mistral")
     assert (model.rope_scaling is not None) == (family == "llama")
+    moe = {"mixtral": [0, 1, 2], "qwen2_moe": [1, 2]}.get(family, [])
+    assert model.moe_layers() == moe and sorted(ours.moe_blocks()) == moe
     if family == "qwen2":
         assert (directory / "model.safetensors.index.json").is_file() and len(list(directory.glob("*.safetensors"))) > 1
         assert ours.layers["0"].attn.qkv.bias.abs().sum() > 0  # the bias came from the file, not the zero init
@@ -55,7 +59,9 @@ def test_loaded_model_gives_transformers_logits(checkpoints: dict[str, Path], fa
     err = float((got - want).abs().max())
     assert err <= TOL, f"{family}: max |logit difference| {err:.3g} above {TOL} (logits up to {float(want.abs().max()):.3g})"
     seeded = full_model(model, 0)  # the seeded init is not what was loaded
-    assert not torch.equal(seeded.layers["0"].mlp.down.weight, ours.layers["0"].mlp.down.weight)
+    assert not torch.equal(seeded.layers["2"].attn.out.weight, ours.layers["2"].attn.out.weight)
+    if moe:
+        assert not torch.equal(seeded.layers["2"].mlp.experts.down, ours.layers["2"].mlp.experts.down)
 
 
 # --- bad checkpoints: one ConfigError line naming the tensor or file ---------------------------------------------
@@ -87,7 +93,7 @@ def _rewrite(directory: Path, change: Callable[[dict[str, torch.Tensor]], object
 def test_an_unsupported_architecture_is_refused(llama: Path) -> None:
     config = json.loads((llama / "config.json").read_text())
     (llama / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}))
-    _refused(llama, "model_type 'gpt_neox' is not one hal's decoder represents; supported: llama, mistral, qwen2")
+    _refused(llama, "model_type 'gpt_neox' is not one hal's decoder represents; supported: llama, mistral, qwen2, mixtral, qwen2_moe")
 
 
 def test_a_truncated_shard_is_refused(sharded: Path) -> None:

@@ -21,9 +21,9 @@ def reference_moe(module: MoE, x: torch.Tensor) -> torch.Tensor:
         acc = torch.zeros_like(tokens[t])
         for j in range(module.config.top_k):
             e = int(experts[t, j])
-            up = module.experts.gate_up[e]
-            h = F.silu(tokens[t] @ up[:, :ffn]) * (tokens[t] @ up[:, ffn:])
-            acc = acc + weights[t, j] * (h @ module.experts.down[e])
+            up = module.experts.gate_up[e]  # (2F, H): gate rows, then up rows
+            h = F.silu(up[:ffn] @ tokens[t]) * (up[ffn:] @ tokens[t])
+            acc = acc + weights[t, j] * (module.experts.down[e] @ h)
         rows.append(acc)
     out = torch.stack(rows)
     if module.shared is not None:
