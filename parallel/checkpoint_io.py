@@ -272,10 +272,10 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
         tmp.mkdir(parents=True)
     dist.barrier()
     by_name = _optimizer_state_by_name(engine.module, optimizer)  # every rank: collective under ZeRO-1
-    if coord.dp == 0:  # one replica per stage gathers over its TP group
+    if coord.dp < engine.mesh.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
         params = {n: _cpu(t) for n, t in gather_full_params(engine.module).items()}
         state = _full_optimizer_state(engine.module, by_name)
-        if coord.tp == 0:
+        if coord.tp == 0 and coord.dp == 0:
             _save_atomic({"params": params, "optimizer": state}, tmp / f"stage-{coord.stage}.pt")
     if dist.get_rank() == 0:
         _save_atomic({"torch_cpu": torch.get_rng_state()}, tmp / "rng.pt")
@@ -345,7 +345,7 @@ def read_tensors(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resum
 
 @torch.no_grad()
 def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
-    comm = getattr(module, "tp_comm", None)
+    comm, ep_comm = getattr(module, "tp_comm", None), getattr(module, "ep_comm", None)
     for name, param in module.named_parameters():
         pmeta = param_meta(param)
         if name not in params:
@@ -354,12 +354,12 @@ def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], ch
         if pmeta is None or tuple(full.shape) != tuple(pmeta.full_shape):
             want = None if pmeta is None else tuple(pmeta.full_shape)
             raise ConfigError(f"--resume {checkpoint}: parameter {name} has shape {tuple(full.shape)}, this model needs {want}")
-        param.copy_(local_shard(full, pmeta, comm).to(device=param.device, dtype=param.dtype))
+        param.copy_(local_shard(full, pmeta, comm, ep_comm).to(device=param.device, dtype=param.dtype))
 
 
 def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str, dict[str, Any]]) -> None:
     """Cut every full per-element state to this rank's TP shard; the optimizer (or ZeRO-1) takes it from there."""
-    comm = getattr(module, "tp_comm", None)
+    comm, ep_comm = getattr(module, "tp_comm", None), getattr(module, "ep_comm", None)
     params = dict((n, p) for n, p in module.named_parameters() if p.requires_grad)
     order = _state_order(module, optimizer)
     local: dict[int, dict[str, Any]] = {}
@@ -367,7 +367,7 @@ def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str,
         if name not in state:
             continue
         pmeta = param_meta(params[name])
-        local[i] = {k: (local_shard(v, pmeta, comm) if _per_element(v) and pmeta is not None else v)
+        local[i] = {k: (local_shard(v, pmeta, comm, ep_comm) if _per_element(v) and pmeta is not None else v)
                     for k, v in state[name].items()}
         local[i] = {k: v.clone() if torch.is_tensor(v) else v for k, v in local[i].items()}  # off the memory map
     if getattr(optimizer, "sharded", None) is not None:  # ZeRO-1: one group in the module's order

@@ -43,6 +43,7 @@ from .loss import LossFn, token_sum_cross_entropy
 from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
+from .layers import param_meta
 from .phase_timer import PhaseTimer
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
@@ -53,6 +54,12 @@ from .topology import RankGroups, Topology
 from .weight_grad import WeightGradStore, collecting, splittable
 
 BUCKET_BYTES = 16 * 2**20
+
+
+def _expert_split(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a share of stacked experts spread over an ep group (expert parallelism)."""
+    meta = param_meta(param)
+    return meta is not None and meta.expert_split
 
 
 @dataclass
@@ -132,7 +139,7 @@ class PipelineEngine:
         self.module: Stage = build_stage(
             model, self.mesh.layer_ranges, first=self.first, last=self.last, tp_comm=tp_comm,
             sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
-            fused_head=plan.fused_head, init_from=init_from,
+            fused_head=plan.fused_head, init_from=init_from, ep_comm=groups.ep if self.mesh.ep > 1 else None,
         )
         # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
         # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
@@ -460,11 +467,23 @@ class PipelineEngine:
 
     # --- after the schedule -----------------------------------------------------------------------------------
     def _sync_dp_grads(self) -> None:
-        """SUM gradients over this stage's dp replicas, in buckets of flattened gradients."""
-        dp = self.groups.dp
+        """SUM gradients over this stage's dp replicas, in buckets of flattened gradients.
+
+        Under expert parallelism an expert shard's replicas are the dp ranks holding the same experts (the
+        ``edp`` group, dp / ep of them); every other parameter is summed over the whole dp group."""
+        for p in self.module.parameters():  # a shard whose experts got no token here: zero, as on one device
+            if p.grad is None and p.requires_grad and _expert_split(p):
+                p.grad = torch.zeros_like(p)
+        experts = [p for p in self.module.parameters() if p.grad is not None and _expert_split(p)]
+        others = [p for p in self.module.parameters() if p.grad is not None and not _expert_split(p)]
+        self._sum_grads(self.groups.dp, others)
+        if experts:
+            self._sum_grads(self.groups.edp if self.groups.edp is not None else self.groups.dp, experts)
+
+    @staticmethod
+    def _sum_grads(dp: Communicator, params: list[torch.nn.Parameter]) -> None:
         if dp.size == 1:
             return
-        params = [p for p in self.module.parameters() if p.grad is not None]
         bucket: list[torch.Tensor] = []
         size = 0
         for p in params + [None]:  # type: ignore[list-item]

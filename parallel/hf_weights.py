@@ -164,6 +164,7 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
     entries = catalog(directory, f"weights {directory}")
     rank, size = tp_rank(tp_comm), tp_size(tp_comm)
     family = hf_family(stage.config)
+    ep_comm = getattr(stage, "ep_comm", None)
     for name, param in stage.named_parameters():
         meta = param_meta(param)
         if meta is None:
@@ -173,7 +174,13 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
         for piece in pieces(name, meta, family):
             count = piece.shape[piece.dim] // size if split else piece.shape[piece.dim]
             first = rank * count if split else 0
-            target = param if piece.index is None else param[piece.index]  # one expert of a stacked parameter
+            if piece.index is None:
+                target = param
+            else:  # one expert of a stacked parameter; under expert parallelism only this rank's share of them
+                first_expert = tp_rank(ep_comm) * param.shape[0] if meta.expert_split else 0
+                if not first_expert <= piece.index < first_expert + param.shape[0]:
+                    continue
+                target = param[piece.index - first_expert]
             _read_into(target.narrow(piece.dim, at if split else piece.start, count), entries[piece.hf_name], piece,
                        first, first + count)
             at += count

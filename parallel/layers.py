@@ -67,6 +67,7 @@ class ParamMeta:
     init: str = "normal"
     std: float = DEFAULT_STD
     seq_parallel_grad: bool = False  # replicated weight used on seq shards: its gradient is TP-summed
+    expert_split: bool = False  # stacked experts split along dim 0 over the stage's ep group (expert parallelism)
 
 
 def param_meta(param: torch.Tensor) -> ParamMeta | None:
@@ -85,8 +86,10 @@ def _new_param(meta: ParamMeta, comm: TPComm) -> nn.Parameter:
     return param
 
 
-def local_shard(full: torch.Tensor, meta: ParamMeta, comm: TPComm) -> torch.Tensor:
-    """This rank's piece of a full parameter tensor."""
+def local_shard(full: torch.Tensor, meta: ParamMeta, comm: TPComm, ep_comm: TPComm = None) -> torch.Tensor:
+    """This rank's piece of a full parameter tensor: its experts (``ep_comm``), then its TP shard."""
+    if meta.expert_split and tp_size(ep_comm) > 1:
+        full = full.chunk(tp_size(ep_comm), dim=0)[tp_rank(ep_comm)]
     if meta.spec is None or tp_size(comm) == 1:
         return full
     return meta.spec.shard(full, tp_rank(comm), tp_size(comm))

@@ -80,9 +80,11 @@ class MoEStats:
         return float(load.max() / load.mean().clamp_min(1e-9))
 
 
-def _described(param: nn.Parameter, std: float) -> nn.Parameter:
-    """``param`` with the ParamMeta a model's seeded initialisation reads (replicated: no TP split)."""
-    param.hal_meta = ParamMeta(tuple(param.shape), None, std=std)  # type: ignore[attr-defined]
+def _described(param: nn.Parameter, std: float, full_shape: tuple[int, ...] | None = None) -> nn.Parameter:
+    """``param`` with the ParamMeta a model's seeded initialisation reads (no TP split). ``full_shape``: the
+    stacked experts' shape over every ep rank, when this rank holds a share of them (``expert_split``)."""
+    param.hal_meta = ParamMeta(full_shape or tuple(param.shape), None, std=std,  # type: ignore[attr-defined]
+                               expert_split=full_shape is not None)
     return param
 
 
@@ -113,11 +115,16 @@ class Experts(nn.Module):
     them without transposes; the matmuls take transposed views."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = DEFAULT_STD,
-                 out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
+                 out_std: float = DEFAULT_STD / math.sqrt(2), shards: int = 1) -> None:
+        """``shards``: the ep group's size; this rank holds num_experts / shards of them (``local``)."""
         super().__init__()
         self.ffn = ffn
-        self.gate_up = _described(nn.Parameter(torch.randn(num_experts, 2 * ffn, hidden) * std), std)
-        self.down = _described(nn.Parameter(torch.randn(num_experts, hidden, ffn) * out_std), out_std)
+        local = num_experts // shards
+        split = shards > 1
+        self.gate_up = _described(nn.Parameter(torch.randn(local, 2 * ffn, hidden) * std), std,
+                                  (num_experts, 2 * ffn, hidden) if split else None)
+        self.down = _described(nn.Parameter(torch.randn(local, hidden, ffn) * out_std), out_std,
+                               (num_experts, hidden, ffn) if split else None)
 
     def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
         """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
@@ -129,7 +136,8 @@ class Experts(nn.Module):
         for e, block in enumerate(torch.split(x, counts)):
             if block.shape[0]:  # an expert no token chose does no work (its weights get no gradient this step)
                 outs.append(ops.swiglu(block @ self.gate_up[e].to(x.dtype).t()) @ self.down[e].to(x.dtype).t())
-        return torch.cat(outs) if outs else x.new_zeros(x.shape)
+        # No rows at all: an empty output still tied to x, so the backward reaches every collective it came through
+        return torch.cat(outs) if outs else x * 0.0
 
 
 class SharedExpert(nn.Module):
@@ -177,12 +185,18 @@ class MoE(nn.Module):
     """The MoE feed-forward block: ``forward(x)`` → (output of x's shape, MoEStats)."""
 
     def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True,
-                 out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
+                 out_std: float = DEFAULT_STD / math.sqrt(2), ep_group: Any = None) -> None:
+        """``ep_group``: the expert-parallel group (a Communicator) this rank shares the experts with; each of its
+        ranks holds num_experts / size of them, in rank order (None or size 1: every expert here)."""
         super().__init__()
         self.config = config
         self.grouped = grouped
+        self.ep_group = ep_group if ep_group is not None and ep_group.size > 1 else None
+        shards = self.ep_group.size if self.ep_group is not None else 1
+        if config.num_experts % shards:
+            raise ValueError(f"moe: ep {shards} does not divide num_experts {config.num_experts}")
         self.router = Router(hidden, config)
-        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts, out_std=out_std)
+        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts, out_std=out_std, shards=shards)
         self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std)
                        if config.shared_ffn_size else None)
         self.path: ExpertPath | None = None  # which expert path the last forward took
@@ -209,10 +223,12 @@ class MoE(nn.Module):
         flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, token order kept inside a group
         load = torch.bincount(flat, minlength=E)
-        counts = load.tolist()  # the one host read: the block sizes
         rows = tokens[order // k]  # each pair's token, expert-sorted
         self.path = self._path(rows)
-        out_sorted = self.experts(rows, counts, self.path)
+        if self.ep_group is None:
+            out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
+        else:
+            out_sorted = self._expert_parallel(rows, load)
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
         out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:
@@ -225,9 +241,50 @@ class MoE(nn.Module):
                          z_loss(logits), load)
         return out.view(shape), stats
 
+    def _expert_parallel(self, rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
+        """The experts' outputs for ``rows`` (expert-sorted pairs) when the experts are spread over the ep group.
+
+        Dispatch: each rank's rows for rank r's experts are one contiguous block of the sorted rows, sent with
+        one all-to-all of uneven splits after an all-to-all of the per-expert counts (the one host read: both
+        count tables at once). What arrives is grouped by source, then by local expert; one gather regroups it
+        by expert for the experts' (grouped) matmuls, and the inverse scatter, then the reverse all-to-all,
+        bring each output back to the rank and place its pair came from. Both all-to-alls are autograd
+        functions: the backward runs the same exchanges in reverse.
+        """
+        comm = self.ep_group
+        ep, local = comm.size, self.config.num_experts // comm.size
+        sent = load.view(ep, local).contiguous()  # my pairs for each rank's experts
+        received = comm.all_to_all(sent)  # row s: what rank s sends me, per local expert
+        sent_c, recv_c = torch.stack([sent, received]).cpu().tolist()
+        send_splits, recv_splits = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
+        arrived = _AllToAll.apply(rows, send_splits, recv_splits, comm)
+        starts = torch.tensor(recv_c).flatten().cumsum(0).tolist()
+        blocks = [(starts[s * local + j] - recv_c[s][j], recv_c[s][j]) for j in range(local) for s in range(ep)]
+        perm = torch.cat([torch.arange(at, at + n) for at, n in blocks]) if blocks else torch.zeros(0, dtype=torch.long)
+        perm = perm.to(rows.device)
+        counts = [sum(recv_c[s][j] for s in range(ep)) for j in range(local)]
+        out_local = self.experts(arrived.index_select(0, perm), counts, self.path)
+        out_arrived = torch.zeros_like(out_local).index_copy(0, perm, out_local)  # back to the arrival order
+        return _AllToAll.apply(out_arrived, recv_splits, send_splits, comm)
+
     def loss(self, stats: MoEStats) -> torch.Tensor:
         """The auxiliary terms to add to the language-model loss, with the config's weights."""
         return self.config.aux_loss_weight * stats.aux_loss + self.config.z_loss_weight * stats.z_loss
+
+
+class _AllToAll(torch.autograd.Function):
+    """``comm.all_to_all`` with uneven splits; its backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, send: list[int], recv: list[int],
+                comm: Any) -> torch.Tensor:
+        ctx.splits, ctx.comm = (send, recv), comm  # type: ignore[attr-defined]
+        return comm.all_to_all(x.contiguous(), input_splits=send, output_splits=recv)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        send, recv = ctx.splits  # type: ignore[attr-defined]
+        return ctx.comm.all_to_all(grad.contiguous(), input_splits=recv, output_splits=send), None, None, None  # type: ignore[attr-defined]
 
 
 class _AttachAuxLoss(torch.autograd.Function):

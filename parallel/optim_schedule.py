@@ -46,16 +46,19 @@ def set_learning_rate(optimizer: Any, value: float) -> None:
 
 
 def owned_square_sum(named: Iterable[tuple[str, torch.Tensor]], *, tp_rank: int, dp_rank: int,
-                     skip: frozenset[str] = frozenset()) -> torch.Tensor:
-    """Sum of squares of the gradients this rank alone owns (see the module doc), as a float64 host scalar."""
+                     skip: frozenset[str] = frozenset(), ep: int = 1) -> torch.Tensor:
+    """Sum of squares of the gradients this rank alone owns (see the module doc), as a float64 host scalar.
+    ``ep``: the stage's expert parallelism — dp replicas 0..ep-1 each own their share of the experts."""
     total = torch.zeros((), dtype=torch.float64)
-    if dp_rank != 0:
+    if dp_rank != 0 and dp_rank >= ep:
         return total
     parts = []
     for name, p in named:
         if p.grad is None or name in skip:
             continue
         meta = param_meta(p)
+        if dp_rank != 0 and not (meta is not None and meta.expert_split):
+            continue  # replicated over dp: counted on dp replica 0; expert shards on the first ep group
         if tp_rank != 0 and (meta is None or meta.spec is None):
             continue  # replicated over TP: counted once, on TP rank 0
         parts.append(p.grad.detach().float().square().sum())
@@ -65,12 +68,12 @@ def owned_square_sum(named: Iterable[tuple[str, torch.Tensor]], *, tp_rank: int,
 
 
 def clip_global_norm(module: torch.nn.Module, max_norm: float, *, tp_rank: int, dp_rank: int,
-                     skip: frozenset[str] = frozenset()) -> float:
+                     skip: frozenset[str] = frozenset(), ep: int = 1) -> float:
     """Scale every gradient of ``module`` so the whole pipeline's gradient norm is at most ``max_norm``.
 
     Collective over the world (every rank calls it). Returns the norm before clipping.
     """
-    square = owned_square_sum(module.named_parameters(), tp_rank=tp_rank, dp_rank=dp_rank, skip=skip)
+    square = owned_square_sum(module.named_parameters(), tp_rank=tp_rank, dp_rank=dp_rank, skip=skip, ep=ep)
     if dist.is_initialized():
         dist.all_reduce(square, op=dist.ReduceOp.SUM)
     norm = math.sqrt(float(square))

@@ -90,6 +90,7 @@ class StagePlan:
     checkpoint: bool = key(Flag(), False)  # activation checkpointing for this stage's layers
     compile: bool | None = key(Nullable(Flag()), None)  # None: the plan's ``compile``
     precision: str | None = key(Nullable(Choice(PRECISIONS)), None)  # None: the run's ``precision``
+    ep: int = key(PositiveInt(limits.DEVICES), 1, example="ep: 2")  # expert parallelism: experts sharded over ep of the dp ranks
 
     @property
     def layer_count(self) -> int:
@@ -263,7 +264,24 @@ def moe_stages(plan: ParallelPlan, model: ModelConfig) -> list[int]:
 def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str | None = None) -> None:
     """What a stage holding MoE layers cannot run yet: one line each, naming the stage and the way out.
     ``precision``: the run's precision (a stage's own ``precision:`` overrides it)."""
-    for k in moe_stages(plan, model):
+    holding = moe_stages(plan, model)
+    for k, stage in enumerate(plan.stages):
+        if stage.ep == 1:
+            continue
+        where = f"stage {k} (parallel.stages[{k}].ep)"
+        if k not in holding:
+            raise ConfigError(f"{origin}: {where}: ep {stage.ep} but the stage holds no MoE layer; drop ep there "
+                              f"(MoE layers: {model.moe_layers() or 'none'})")
+        if stage.dp % stage.ep:
+            raise ConfigError(f"{origin}: {where}: ep {stage.ep} does not divide the stage's dp {stage.dp}; the expert-"
+                              f"parallel groups are carved out of the dp ranks — choose ep dividing {stage.dp}")
+        if model.moe_num_experts % stage.ep:
+            raise ConfigError(f"{origin}: {where}: ep {stage.ep} does not divide model.moe_num_experts "
+                              f"{model.moe_num_experts}; each ep rank holds an equal share of the experts")
+        if plan.zero1:
+            raise ConfigError(f"{origin}: {where}: ZeRO-1 with expert parallelism is not implemented (expert shards "
+                              "differ across the dp group ZeRO-1 shards over); set zero1: false or ep: 1")
+    for k in holding:
         stage = plan.stages[k]
         where = f"stage {k} (parallel.stages[{k}])"
         if stage.tp > 1:

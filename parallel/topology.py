@@ -60,6 +60,7 @@ class StageMesh:
     chunks: tuple[tuple[int, int], ...]  # (first layer, end) of each model chunk, in chunk order
     compile: bool = False  # regional torch.compile of the stage's decoder layers
     compile_backend: str = "inductor"
+    ep: int = 1  # expert parallelism: groups of ep consecutive dp replicas share out the experts
 
     def __post_init__(self) -> None:  # a job file gives lists; keep the mesh hashable and comparable
         object.__setattr__(self, "chunks", tuple((int(a), int(b)) for a, b in self.chunks))
@@ -116,7 +117,7 @@ class Topology:
             if s.devices != s.tp * s.dp:
                 raise ConfigError(f"stage {k}: devices {s.devices} != tp {s.tp} × dp {s.dp}; validate the plan first")
             meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, tuple(chunks[k]),
-                                    plan.stage_compiles(k), plan.compile_backend))
+                                    plan.stage_compiles(k), plan.compile_backend, s.ep))
             offset += s.devices
         return cls(tuple(meshes))
 
@@ -226,6 +227,8 @@ class RankGroups:
     boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
     embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
     wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
+    ep: "Communicator | None" = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
+    edp: "Communicator | None" = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
 
     @property
     def prev_boundary(self) -> "Communicator | None":
@@ -271,6 +274,11 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
         sets.append(("stage", m.index, 0, m.ranks))
         sets += [("tp", m.index, d, topology.tp_ranks(m.index, d)) for d in range(m.dp)]
         sets += [("dp", m.index, t, topology.dp_ranks(m.index, t)) for t in range(m.tp)]
+        if m.ep > 1:  # expert parallelism: ep groups (consecutive dp replicas) and the replicas of each expert shard
+            for t in range(m.tp):
+                dp = topology.dp_ranks(m.index, t)
+                sets += [("ep", m.index, t, dp[g:g + m.ep]) for g in range(0, m.dp, m.ep)]
+                sets += [("edp", m.index, t, dp[e::m.ep]) for e in range(m.ep)]
     sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
     if tied_embeddings and topology.num_stages > 1:
         # ``parallel.models.llama.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
@@ -305,4 +313,5 @@ def build_groups(topology: Topology, world: "World | None" = None, *, validate: 
     coord = topology.coord(world.rank)
     boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
     return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
-                      mine.get(("embedding", 0)), mine.get(("wrap", 0)))
+                      mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
+                      mine.get(("edp", coord.stage)))

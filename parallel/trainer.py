@@ -188,7 +188,7 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     def optimizer_step() -> None:
         if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
             r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
-                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip)
+                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.mesh.ep)
         update()
 
     with timer.phase("optimizer"):

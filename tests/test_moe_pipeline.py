@@ -35,6 +35,16 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(1), _stage(1), _stage(1), _stage(1)]},
         {"moe_top_k": 1, "moe_scoring": "sigmoid", "moe_shared_ffn_size": 16, "moe_shared_gate": True}),
+    "dense tp2 -> moe dp2 ep2, 1f1b": (
+        {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+         "stages": [_stage(2, tp=2), _stage(2, dp=2, ep=2)]},
+        {"moe_first_dense": 2}),
+    "one stage dp4 ep4, dense layer then moe": (
+        {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4, "stages": [_stage(4, dp=4, ep=4)]},
+        {"moe_first_dense": 1, "moe_shared_ffn_size": 16, "moe_shared_gate": True}),
+    "one stage dp4 ep2 (expert shards over 2 replicas each), top-1": (
+        {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4, "stages": [_stage(4, dp=4, ep=2)]},
+        {"moe_top_k": 1, "moe_every": 2}),
     "moe dp2 -> moe dp2, zero-bubble, every other layer": (
         {"schedule": "zero-bubble", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(2, dp=2), _stage(2, dp=2)]},
@@ -143,3 +153,59 @@ def test_bad_moe_runs_are_one_line_and_exit_2(tmp_path: Path, model: dict[str, A
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _moe_run_config(tmp_path: Path, name: str, moe_stage: dict[str, Any], steps: int) -> Path:
+    raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
+    raw["parallel"]["stages"][1] = moe_stage
+    raw["train"].pop("checkpoint_every", None)
+    raw["train"]["steps"] = steps
+    raw["train"]["grad_clip"] = 1.0  # the global norm counts each expert shard once
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def test_an_ep_checkpoint_resumes_at_another_ep_degree(tmp_path: Path) -> None:
+    """6 steps with the MoE stage at dp2 ep2 uninterrupted; 3 steps at ep2, then resumed with dp2 ep1 (every expert
+    on both replicas): the same losses. And a run at ep1 throughout has them too (ep changes nothing numerically)."""
+    def train(config: Path, run: str, *args: str) -> dict[str, Any]:
+        result = run_hal("train", str(config), "--run-dir", str(tmp_path / run), "--json", *args, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout)
+
+    ep2 = _moe_run_config(tmp_path, "ep2", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}, 6)
+    ep1 = _moe_run_config(tmp_path, "ep1", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}, 6)
+    full = train(ep2, "full")["losses"]
+    half = train(ep2, "half", "--steps", "3")["losses"]
+    assert half == pytest.approx(full[:3], rel=1e-6)
+    resumed = train(ep1, "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    assert resumed["first_step"] == 4 and resumed["losses"] == pytest.approx(full[3:], rel=1e-5)
+    assert train(ep1, "plain")["losses"] == pytest.approx(full, rel=1e-5)
+
+
+@pytest.mark.parametrize("stage, says", [
+    ({"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 3}, "ep 3 does not divide the stage's dp 2"),
+    ({"backend": "cpu", "devices": 1, "layers": 2, "dp": 1, "ep": 1}, None),
+])
+def test_ep_refusals(tmp_path: Path, stage: dict[str, Any], says: str | None) -> None:
+    from hal.parallel.plan import parse_plan, validate_plan
+
+    plan = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
+            "stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}, stage]}
+    model = model_config({"moe_first_dense": 2, "moe_num_experts": 4})
+    with pytest.raises(ConfigError, match="holds no MoE layer"):  # stage 0's layers 0-1 are dense
+        validate_plan(parse_plan(plan), model, world_size=None, check_backends=False)
+    plan["stages"][0] = {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}
+    if says is None:
+        validate_plan(parse_plan(plan), model, world_size=None, check_backends=False)
+        with pytest.raises(ConfigError, match="does not divide model.moe_num_experts 3"):
+            bad = dict(plan, stages=[plan["stages"][0], {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}])
+            validate_plan(parse_plan(bad), model_config({"moe_first_dense": 2, "moe_num_experts": 3}), world_size=None,
+                          check_backends=False)
+        with pytest.raises(ConfigError, match="ZeRO-1 with expert parallelism"):
+            bad = dict(plan, zero1=True, stages=[plan["stages"][0], {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}])
+            validate_plan(parse_plan(bad), model, world_size=None, check_backends=False)
+    else:
+        with pytest.raises(ConfigError, match=says):
+            validate_plan(parse_plan(plan), model, world_size=None, check_backends=False)

@@ -62,13 +62,14 @@ def full_init(name: str, shape: tuple[int, ...], init: str, std: float, seed: in
 
 @torch.no_grad()
 def init_stage(stage: nn.Module, seed: int, tp_comm: TPComm) -> None:
-    """Fill every parameter with its shard of ``full_init(name, ...)``."""
+    """Fill every parameter with its shard of ``full_init(name, ...)`` (its experts' share under expert parallelism)."""
+    ep_comm = getattr(stage, "ep_comm", None)
     for name, param in stage.named_parameters():
         meta = param_meta(param)
         if meta is None:
             raise TypeError(f"parameter {name} has no ParamMeta; build it with a parallel layer")
         full = full_init(name, meta.full_shape, meta.init, meta.std, seed)
-        param.copy_(local_shard(full, meta, tp_comm))
+        param.copy_(local_shard(full, meta, tp_comm, ep_comm))
 
 
 # --- rotary embeddings --------------------------------------------------------------------------
@@ -156,11 +157,11 @@ class MoEFeedForward(MoE):
     routed until the trainer reads it (``take_tally``), on the device, with no host read per forward.
     """
 
-    def __init__(self, config: ModelConfig, tp_comm: TPComm) -> None:
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, ep_comm: Any = None) -> None:
         if tp_size(tp_comm) > 1:
             raise ConfigError("MoE layers run at tp 1 (tensor parallelism inside the experts is not implemented); "
                               "give the stage holding them tp 1")
-        super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config))
+        super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config), ep_group=ep_comm)
         self.aux_scale = 1.0
         self._tally: list[torch.Tensor] | None = None  # [pairs per expert, aux sum, z sum, forwards]
 
@@ -189,12 +190,13 @@ class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(x)); the residual stream is seq-sharded under SP.
     The feed-forward is the MoE block in the layers the config makes MoE layers (``ModelConfig.is_moe_layer``)."""
 
-    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool, index: int = 0) -> None:
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, sp: bool, index: int = 0, ep_comm: Any = None) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
         self.attn = Attention(config, tp_comm, sp)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
-        self.mlp: nn.Module = MoEFeedForward(config, tp_comm) if config.is_moe_layer(index) else MLP(config, tp_comm, sp)
+        self.mlp: nn.Module = (MoEFeedForward(config, tp_comm, ep_comm) if config.is_moe_layer(index)
+                               else MLP(config, tp_comm, sp))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed, x = self.mlp_norm.add_forward(self.attn(self.attn_norm(x)), x)  # x + attn(...), normalised
@@ -223,8 +225,9 @@ class Stage(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, layer_range: range | tuple[range, ...], *, first: bool, last: bool,
-                 tp_comm: TPComm, sp: bool, checkpoint: bool = False, fused_head: bool = False) -> None:
+                 tp_comm: TPComm, sp: bool, checkpoint: bool = False, fused_head: bool = False, ep_comm: Any = None) -> None:
         super().__init__()
+        self.ep_comm = ep_comm if ep_comm is not None and ep_comm.size > 1 else None  # experts shared out (MoE)
         self.chunks: tuple[range, ...] = (layer_range,) if isinstance(layer_range, range) else tuple(layer_range)
         self.layer_range = self.chunks[0] if len(self.chunks) == 1 else None
         self.config, self.first, self.last = config, first, last
@@ -234,7 +237,8 @@ class Stage(nn.Module):
         self.tied = config.tie_embeddings
         if first or (last and self.tied):
             self.embed = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp, i) for r in self.chunks for i in r})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, tp_comm, sp, i, self.ep_comm)
+                                     for r in self.chunks for i in r})
         if last:
             self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
             if not self.tied:
@@ -316,8 +320,10 @@ def check_tp(config: ModelConfig, tp: int) -> None:
 
 def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, first: bool, last: bool, tp_comm: TPComm, sp: bool,
                 seed: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                checkpoint: bool = False, fused_head: bool = False, init_from: str | os.PathLike[str] | None = None) -> Stage:
+                checkpoint: bool = False, fused_head: bool = False, init_from: str | os.PathLike[str] | None = None,
+                ep_comm: Any = None) -> Stage:
     """The stage holding ``layer_range`` (global layer indices), initialised from ``seed``.
+    ``ep_comm``: the expert-parallel group its MoE layers share their experts over (None: every expert here).
 
     ``tp_comm``: the stage's TP group (None or size 1: plain layers, no collectives). ``sp``:
     Megatron sequence parallelism (a no-op at tp=1). ``checkpoint``: activation checkpointing of
@@ -332,7 +338,7 @@ def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, 
             raise ConfigError(f"layer range {part} is not a contiguous part of the model's {config.num_layers} layers")
     check_tp(config, tp_size(tp_comm))
     stage = Stage(config, layer_range, first=first, last=last, tp_comm=tp_comm, sp=sp, checkpoint=checkpoint,
-                  fused_head=fused_head)
+                  fused_head=fused_head, ep_comm=ep_comm)
     if init_from is None:
         init_stage(stage, seed, tp_comm)
     else:
@@ -356,6 +362,9 @@ def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, to
     params = dict(stage.named_parameters())
     for name, local in tensors.items():
         meta = param_meta(params[name])
+        if meta is not None and meta.expert_split and stage.ep_comm is not None:  # every ep rank's experts, in order
+            out[name] = stage.ep_comm.all_gather(local.detach().contiguous())
+            continue
         if meta is None or meta.spec is None or tp_size(comm) == 1:
             out[name] = local.detach().clone()
             continue
@@ -366,9 +375,10 @@ def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, to
 
 
 def gather_full_grads(stage: Stage) -> dict[str, torch.Tensor]:
-    """{name: gradient in the full parameter's shape}; collective over the stage's TP group.
+    """{name: gradient in the full parameter's shape}; collective over the stage's TP group (and its ep group
+    under expert parallelism).
 
-    Every TP rank must call it (same parameters have gradients on every TP rank).
+    Every TP rank must call it (same parameters have gradients on every TP rank), and every rank of its ep group.
     """
     return _gather_full(stage, {n: p.grad for n, p in stage.named_parameters() if p.grad is not None})
 
