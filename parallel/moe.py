@@ -242,34 +242,53 @@ class MoE(nn.Module):
         return out.view(shape), stats
 
     def _expert_parallel(self, rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
-        """The experts' outputs for ``rows`` (expert-sorted pairs) when the experts are spread over the ep group.
-
-        Dispatch: each rank's rows for rank r's experts are one contiguous block of the sorted rows, sent with
-        one all-to-all of uneven splits after an all-to-all of the per-expert counts (the one host read: both
-        count tables at once). What arrives is grouped by source, then by local expert; one gather regroups it
-        by expert for the experts' (grouped) matmuls, and the inverse scatter, then the reverse all-to-all,
-        bring each output back to the rank and place its pair came from. Both all-to-alls are autograd
-        functions: the backward runs the same exchanges in reverse.
-        """
-        comm = self.ep_group
-        ep, local = comm.size, self.config.num_experts // comm.size
-        sent = load.view(ep, local).contiguous()  # my pairs for each rank's experts
-        received = comm.all_to_all(sent)  # row s: what rank s sends me, per local expert
-        sent_c, recv_c = torch.stack([sent, received]).cpu().tolist()
-        send_splits, recv_splits = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
-        arrived = _AllToAll.apply(rows, send_splits, recv_splits, comm)
-        starts = torch.tensor(recv_c).flatten().cumsum(0).tolist()
-        blocks = [(starts[s * local + j] - recv_c[s][j], recv_c[s][j]) for j in range(local) for s in range(ep)]
-        perm = torch.cat([torch.arange(at, at + n) for at, n in blocks]) if blocks else torch.zeros(0, dtype=torch.long)
-        perm = perm.to(rows.device)
-        counts = [sum(recv_c[s][j] for s in range(ep)) for j in range(local)]
-        out_local = self.experts(arrived.index_select(0, perm), counts, self.path)
-        out_arrived = torch.zeros_like(out_local).index_copy(0, perm, out_local)  # back to the arrival order
-        return _AllToAll.apply(out_arrived, recv_splits, send_splits, comm)
+        """The experts' outputs for ``rows`` (expert-sorted pairs) when the experts are spread over the ep group."""
+        local = self.config.num_experts // self.ep_group.size
+        arrived, route = dispatch(rows, load, self.ep_group, local)
+        return combine(self.experts(arrived, route.counts, self.path), route)
 
     def loss(self, stats: MoEStats) -> torch.Tensor:
         """The auxiliary terms to add to the language-model loss, with the config's weights."""
         return self.config.aux_loss_weight * stats.aux_loss + self.config.z_loss_weight * stats.z_loss
+
+
+@dataclass
+class Route:
+    """What ``dispatch`` did, for ``combine`` to undo: the regrouping and both all-to-alls' splits."""
+
+    perm: torch.Tensor  # arrival order → expert order (a gather index)
+    send_splits: list[int]
+    recv_splits: list[int]
+    counts: list[int]  # rows per local expert, after regrouping
+    comm: Any
+
+
+def dispatch(rows: torch.Tensor, load: torch.Tensor, comm: Any, experts_per_rank: int) -> tuple[torch.Tensor, Route]:
+    """Send expert-sorted ``rows`` to the ranks holding their experts; the rows this rank's experts get, by expert.
+
+    Each rank's rows for rank r's experts are one contiguous block of the sorted rows, sent with one all-to-all
+    of uneven splits after an all-to-all of the per-expert counts (``load``, E = ep × experts_per_rank); the
+    one host read is both count tables at once. What arrives is grouped by source, then by local expert; one
+    gather regroups it by expert for the experts' (grouped) matmuls. The all-to-alls are autograd functions:
+    the backward runs the same exchanges in reverse.
+    """
+    ep, local = comm.size, experts_per_rank
+    sent = load.view(ep, local).contiguous()  # my pairs for each rank's experts
+    received = comm.all_to_all(sent)  # row s: what rank s sends me, per local expert
+    sent_c, recv_c = torch.stack([sent, received]).cpu().tolist()
+    send_splits, recv_splits = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
+    arrived = _AllToAll.apply(rows, send_splits, recv_splits, comm)
+    ends = torch.tensor(recv_c, dtype=torch.long).flatten().cumsum(0).tolist()
+    blocks = [(ends[s * local + j] - recv_c[s][j], recv_c[s][j]) for j in range(local) for s in range(ep)]
+    perm = torch.cat([torch.arange(at, at + n) for at, n in blocks]).to(rows.device)
+    counts = [sum(recv_c[s][j] for s in range(ep)) for j in range(local)]
+    return arrived.index_select(0, perm), Route(perm, send_splits, recv_splits, counts, comm)
+
+
+def combine(out_local: torch.Tensor, route: Route) -> torch.Tensor:
+    """The experts' outputs (in ``dispatch``'s expert order) back on the ranks and in the places their rows came from."""
+    out_arrived = torch.zeros_like(out_local).index_copy(0, route.perm, out_local)  # back to the arrival order
+    return _AllToAll.apply(out_arrived, route.recv_splits, route.send_splits, route.comm)
 
 
 class _AllToAll(torch.autograd.Function):
