@@ -87,9 +87,12 @@ def format_plan(report: dict[str, Any]) -> str:
         "",
     ]
     precisions = report.get("stage_precision") or [report.get("precision", "?")] * len(topo["stages"])
-    rows = [["stage", "backend", "ranks", "tp", "dp", "sp", "checkpoint", "layers", "rows/replica", "precision"]]
+    expert_parallel = any(s.get("ep", 1) > 1 for s in topo["stages"])
+    rows = [["stage", "backend", "ranks", "tp", "dp", *(["ep"] if expert_parallel else []), "sp", "checkpoint", "layers",
+             "rows/replica", "precision"]]
     for s, precision in zip(topo["stages"], precisions):
-        rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]), yes(s["sp"]),
+        rows.append([str(s["stage"]), s["backend"], _span(s["ranks"]), str(s["tp"]), str(s["dp"]),
+                     *([str(s.get("ep", 1))] if expert_parallel else []), yes(s["sp"]),
                      yes(s["checkpoint"]), f"{_chunks(s)} ({len(s['layers'])})",
                      str(plan["micro_batch_size"] // s["dp"]), precision])
     lines += _table(rows)

@@ -194,7 +194,7 @@ class Topology:
         return {
             "world_size": self.world_size,
             "stages": [
-                {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
+                {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "ep": m.ep, "sp": m.sp,
                  "checkpoint": m.checkpoint, "compile": m.compile, "layers": m.layer_ids,
                  "chunks": [list(r) for r in m.layer_ranges]}
                 for m in self.stages
