@@ -165,6 +165,21 @@ class ParallelPlan:
                    data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"),
                    data.get("fused_head", False), data.get("virtual_stages", 1))
 
+    def layer_chunks(self) -> list[list[tuple[int, int]]]:
+        """Per stage, the (first layer, end) of each of its chunks: virtual stage v·S + k takes the next layers."""
+        counts = [s.chunk_layers(self.virtual_stages) for s in self.stages]
+        chunks: list[list[tuple[int, int]]] = [[] for _ in self.stages]
+        first = 0
+        for v in range(self.virtual_stages):
+            for k in range(self.num_stages):
+                chunks[k].append((first, first + counts[k][v]))
+                first += counts[k][v]
+        return chunks
+
+    def stage_layers(self, index: int) -> list[int]:
+        """Every layer stage ``index`` holds, in chunk order."""
+        return [i for a, b in self.layer_chunks()[index] for i in range(a, b)]
+
     def stage_compiles(self, index: int) -> bool:
         """Whether stage ``index`` compiles its layers: its own ``compile``, else the plan's."""
         own = self.stages[index].compile
@@ -256,9 +271,7 @@ def moe_stages(plan: ParallelPlan, model: ModelConfig) -> list[int]:
     """The stages holding at least one MoE layer."""
     if not model.moe_num_experts:
         return []
-    from .topology import Topology
-
-    return [m.index for m in Topology.from_plan(plan).stages if model.moe_layers(m.layer_ids)]
+    return [k for k in range(plan.num_stages) if model.moe_layers(plan.stage_layers(k))]
 
 
 def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str | None = None) -> None:
@@ -285,7 +298,7 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
         stage = plan.stages[k]
         where = f"stage {k} (parallel.stages[{k}])"
         if stage.tp > 1:
-            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(_stage_layers(plan, k))} with "
+            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(plan.stage_layers(k))} with "
                               f"tp {stage.tp}; tensor parallelism inside the experts is not implemented — give MoE "
                               "stages tp 1 (use dp) or move the MoE layers to a tp-1 stage")
         if plan.stage_compiles(k):
@@ -299,12 +312,6 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
 def check_moe_precision(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str) -> None:
     """``_check_moe`` with the run's precision known (the run config's check)."""
     _check_moe(origin, plan, model, precision)
-
-
-def _stage_layers(plan: ParallelPlan, k: int) -> list[int]:
-    from .topology import Topology
-
-    return Topology.from_plan(plan).stages[k].layer_ids
 
 
 def splits_backward(schedule: str) -> bool:

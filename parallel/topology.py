@@ -104,14 +104,7 @@ class Topology:
     @classmethod
     def from_plan(cls, plan: ParallelPlan) -> "Topology":
         """Lay the stages out on consecutive ranks. Assumes ``devices == tp * dp`` (validate_plan checks it)."""
-        V = plan.virtual_stages
-        counts = [s.chunk_layers(V) for s in plan.stages]
-        chunks: list[list[tuple[int, int]]] = [[] for _ in plan.stages]
-        first_layer = 0
-        for v in range(V):  # virtual stage v*S + k takes the next layers
-            for k in range(plan.num_stages):
-                chunks[k].append((first_layer, first_layer + counts[k][v]))
-                first_layer += counts[k][v]
+        chunks = plan.layer_chunks()  # virtual stage v*S + k takes the next layers
         meshes, offset = [], 0
         for k, s in enumerate(plan.stages):
             if s.devices != s.tp * s.dp:

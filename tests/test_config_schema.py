@@ -20,7 +20,7 @@ def test_every_section_is_declared_once_with_its_keys() -> None:
     assert list(section_specs(ParallelPlan)) == ["stages", "schedule", "micro_batches", "micro_batch_size", "zero1",
                                                  "compile", "compile_backend", "fused_head", "virtual_stages"]
     assert list(section_specs(StagePlan)) == ["backend", "devices", "layers", "tp", "dp", "sp", "checkpoint", "compile",
-                                              "precision"]
+                                              "precision", "ep"]
     assert list(section_specs(TrainConfig)) == ["steps", "lr", "seed", "weight_decay", "warmup_steps", "lr_schedule", "min_lr",
                                                 "grad_clip", "data", "validation", "eval_every", "eval_batches", "seq_len", "log_file",
                                                 "tensorboard", "checkpoint_dir", "checkpoint_every"]
