@@ -78,4 +78,5 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
             load = {i: t["load"] for i, t in tally.items()}
         opt.step()
         losses.append(loss)
-    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "load": load}
+    ep_islands = len(groups.ep.layout.islands) if groups.ep is not None else 0
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "load": load, "ep_islands": ep_islands}

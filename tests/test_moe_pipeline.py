@@ -54,10 +54,23 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_moe_plan_matches_single_process(name: str) -> None:
-    plan, moe = CASES[name]
+    _matches_single_process(name, *CASES[name])
+
+
+def test_an_ep_group_spanning_two_islands_goes_through_the_bridge() -> None:
+    """dp4 ep4 with ranks 0-1 and 2-3 declared separate islands: the ep (and dp) group spans both, so the token
+    all-to-alls and the count exchange go through the bridge — the same training as one device."""
+    name = "one stage dp4 ep4, dense layer then moe"
+    values = _matches_single_process(name + ", islands 0,0,1,1", *CASES[name], islands=[0, 0, 1, 1], steps=4)
+    assert [v["ep_islands"] for v in values] == [2, 2, 2, 2]  # every rank's ep group spans both islands
+
+
+def _matches_single_process(name: str, plan: dict[str, Any], moe: dict[str, Any], islands: list[int] | None = None,
+                            steps: int = STEPS) -> list[dict[str, Any]]:
     world = sum(s["devices"] for s in plan["stages"])
-    ref = reference(plan, moe, STEPS, LR)
-    results = run_world("tests.moe_cases", "engine_run", world, deadline_s=300, plan_raw=plan, moe=moe, steps=STEPS, lr=LR)
+    ref = reference(plan, moe, steps, LR)
+    results = run_world("tests.moe_cases", "engine_run", world, deadline_s=300, plan_raw=plan, moe=moe, steps=steps,
+                        lr=LR, islands=islands)
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
@@ -80,6 +93,7 @@ def test_moe_plan_matches_single_process(name: str) -> None:
         holders = [v["load"][layer] for v in values if layer in v["load"]]
         assert holders, f"no rank reported MoE layer {layer}"
         assert [sum(c) for c in zip(*holders)] == want
+    return values
 
 
 def test_the_aux_loss_reaches_the_router_through_the_pipeline() -> None:
