@@ -1,7 +1,8 @@
 """A mixture-of-experts block on one rank: router, dropless routing, SwiGLU experts, shared experts, the losses.
 
-This is the single-rank block that expert parallelism (experts sharded over ranks, tokens moved by an
-all-to-all) builds on; its semantics are the reference the EP version is checked against.
+The block runs on one rank, or with its experts shared out over an expert-parallel group (``ep_group``:
+``dispatch`` sends each routed row to the rank holding its expert, ``combine`` brings the outputs back);
+the single-rank semantics are the reference the EP version is checked against.
 
 - **Router**: a linear layer to E logits; scores are softmax over all experts (Mixtral, Qwen2-MoE) or an
   independent sigmoid per expert (DeepSeek-V3); the top-k experts of each token are kept, their weights
