@@ -143,7 +143,9 @@ class PipelineEngine:
         )
         # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
         # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
-        self.module.configure_moe(1.0 / (plan.micro_batches * self.mesh.dp), groups.dp if self.mesh.dp > 1 else None)
+        self._moe_share = 1.0 / (plan.micro_batches * self.mesh.dp)
+        self._moe_group = groups.dp if self.mesh.dp > 1 else None
+        self.module.configure_moe(self._moe_share, self._moe_group)
         self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
         if self.mesh.compile:
             compile_layers(self.module, self.mesh.compile_backend)
@@ -350,6 +352,8 @@ class PipelineEngine:
         self.timer.reset()
         self._times = None
         self._step_origin = start = self.timer.mark()
+        # the auxiliary MoE losses' gradients carry the step's loss scale, as the language-model loss's do
+        self.module.configure_moe(self._moe_share * self.loss_scale, self._moe_group)
         losses = self._execute(tokens)
         self.timer.add("schedule", start, self.timer.mark(), "schedule")
         with self._timed("grad_sync", "grad sync"):

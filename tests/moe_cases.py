@@ -80,3 +80,22 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
         losses.append(loss)
     ep_islands = len(groups.ep.layout.islands) if groups.ep is not None else 0
     return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "load": load, "ep_islands": ep_islands}
+
+
+def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], scale: float) -> dict[str, Any]:
+    """One step with the engine's loss scale set to ``scale`` (what fp16-mixed's scaler does): the gradients."""
+    from hal.collectives import current_world
+    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.models.llama import gather_full_grads
+    from hal.parallel.plan import parse_plan
+    from hal.parallel.topology import Topology, build_groups
+
+    plan = parse_plan(plan_raw)
+    config = model_config(moe)
+    topology = Topology.from_plan(plan)
+    world_ = current_world()
+    groups = build_groups(topology, world_)
+    engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=0, device=world_.device)
+    engine.loss_scale = scale
+    engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, config.max_seq_len, config.vocab_size))
+    return {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}

@@ -96,6 +96,22 @@ def _matches_single_process(name: str, plan: dict[str, Any], moe: dict[str, Any]
     return values
 
 
+def test_the_aux_losses_gradients_carry_the_loss_scale() -> None:
+    """fp16-mixed scales the loss by S and every rank unscales its gradients by S: the balancing and z losses'
+    gradients must be scaled too, or unscaling would shrink them S times. Every gradient at scale 8 is exactly 8×."""
+    plan, moe = CASES["dense tp2 -> moe dp2, 1f1b"]
+    one = run_world("tests.moe_cases", "scaled_grads", 4, deadline_s=120, plan_raw=plan, moe=moe, scale=1.0)
+    eight = run_world("tests.moe_cases", "scaled_grads", 4, deadline_s=120, plan_raw=plan, moe=moe, scale=8.0)
+    checked = 0
+    for rank in one:
+        assert one[rank][0] == "ok" and eight[rank][0] == "ok", (one[rank], eight[rank])
+        for name, grad in one[rank][1].items():
+            torch.testing.assert_close(torch.tensor(eight[rank][1][name]), 8 * torch.tensor(grad), rtol=1e-6, atol=0,
+                                       msg=name)
+            checked += "router" in name
+    assert checked  # the routers' gradients were among them
+
+
 def test_the_aux_loss_reaches_the_router_through_the_pipeline() -> None:
     """The same plan with the balancing and z losses weighted 0 gives other router gradients: the aux terms
     are in the gradients the equivalence test compares, not dropped on the way."""
