@@ -279,16 +279,29 @@ def dispatch(rows: torch.Tensor, load: torch.Tensor, comm: Any, experts_per_rank
     sent_c, recv_c = torch.stack([sent, received]).cpu().tolist()
     send_splits, recv_splits = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
     arrived = _AllToAll.apply(rows, send_splits, recv_splits, comm)
-    ends = torch.tensor(recv_c, dtype=torch.long).flatten().cumsum(0).tolist()
-    blocks = [(ends[s * local + j] - recv_c[s][j], recv_c[s][j]) for j in range(local) for s in range(ep)]
-    perm = torch.cat([torch.arange(at, at + n) for at, n in blocks]).to(rows.device)
+    perm = _expert_order(recv_c, arrived.device)
     counts = [sum(recv_c[s][j] for s in range(ep)) for j in range(local)]
     return arrived.index_select(0, perm), Route(perm, send_splits, recv_splits, counts, comm)
 
 
+def _expert_order(recv: list[list[int]], device: torch.device) -> torch.Tensor:
+    """The gather index that turns rows arrived by (source, local expert) blocks into (local expert, source)
+    order, made on ``device`` from the block sizes alone (no per-row host work, one small copy)."""
+    sizes = torch.tensor(recv, dtype=torch.long)  # (ep, local)
+    starts = (sizes.flatten().cumsum(0) - sizes.flatten()).view_as(sizes)  # where each block arrived
+    lengths, firsts = sizes.t().flatten().to(device), starts.t().flatten().to(device)  # blocks in expert order
+    total = int(sizes.sum())
+    block_starts = torch.repeat_interleave(firsts, lengths, output_size=total)
+    offset_in_block = torch.arange(total, device=device) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths,
+                                                                                output_size=total)
+    return block_starts + offset_in_block
+
+
 def combine(out_local: torch.Tensor, route: Route) -> torch.Tensor:
     """The experts' outputs (in ``dispatch``'s expert order) back on the ranks and in the places their rows came from."""
-    out_arrived = torch.zeros_like(out_local).index_copy(0, route.perm, out_local)  # back to the arrival order
+    inverse = torch.empty_like(route.perm)
+    inverse[route.perm] = torch.arange(route.perm.numel(), device=route.perm.device)
+    out_arrived = out_local.index_select(0, inverse)  # back to the arrival order: one gather
     return _AllToAll.apply(out_arrived, route.recv_splits, route.send_splits, route.comm)
 
 
