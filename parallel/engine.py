@@ -475,11 +475,16 @@ class PipelineEngine:
 
         Under expert parallelism an expert shard's replicas are the dp ranks holding the same experts (the
         ``edp`` group, dp / ep of them); every other parameter is summed over the whole dp group."""
-        for p in self.module.parameters():  # a shard whose experts got no token here: zero, as on one device
-            if p.grad is None and p.requires_grad and _expert_split(p):
-                p.grad = torch.zeros_like(p)
-        experts = [p for p in self.module.parameters() if p.grad is not None and _expert_split(p)]
-        others = [p for p in self.module.parameters() if p.grad is not None and not _expert_split(p)]
+        experts: list[torch.nn.Parameter] = []
+        others: list[torch.nn.Parameter] = []
+        for p in self.module.parameters():
+            if _expert_split(p):
+                if p.grad is None and p.requires_grad:  # a shard whose experts got no token here: zero, as on one device
+                    p.grad = torch.zeros_like(p)
+                if p.grad is not None:
+                    experts.append(p)
+            elif p.grad is not None:
+                others.append(p)
         self._sum_grads(self.groups.dp, others)
         if experts:
             self._sum_grads(self.groups.edp if self.groups.edp is not None else self.groups.dp, experts)

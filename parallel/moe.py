@@ -1,4 +1,4 @@
-"""A mixture-of-experts block on one rank: router, dropless routing, SwiGLU experts, shared experts, the losses.
+"""A mixture-of-experts block: router, dropless routing, SwiGLU experts, shared experts, the losses.
 
 The block runs on one rank, or with its experts shared out over an expert-parallel group (``ep_group``:
 ``dispatch`` sends each routed row to the rank holding its expert, ``combine`` brings the outputs back);

@@ -241,7 +241,7 @@ def _check_stage(origin: str, k: int, stage: StagePlan, plan: ParallelPlan, mode
         )
 
 
-def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None:
+def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str | None = None) -> None:
     """Layer split and schedule: properties of the stage list as a whole."""
     total = sum(s.layer_count for s in plan.stages)
     if total != model.num_layers:
@@ -256,7 +256,7 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig) -> None
             f"schedule 1f1b needs to fill the pipeline; set micro_batches ≥ {plan.num_stages} or use schedule: gpipe"
         )
     _check_chunks(origin, plan)
-    _check_moe(origin, plan, model)
+    _check_moe(origin, plan, model, precision)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
     if splits_backward(plan.schedule) and compiled:
         plain = "interleaved-1f1b" if plan.virtual_stages > 1 else "1f1b"
@@ -307,11 +307,6 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
         if (stage.precision or precision) == "fp8-mixed":
             raise ConfigError(f"{origin}: {where} holds MoE layers under fp8-mixed; the experts' grouped matmuls "
                               "have no fp8 path — give that stage precision: bf16-mixed")
-
-
-def check_moe_precision(origin: str, plan: ParallelPlan, model: ModelConfig, precision: str) -> None:
-    """``_check_moe`` with the run's precision known (the run config's check)."""
-    _check_moe(origin, plan, model, precision)
 
 
 def splits_backward(schedule: str) -> bool:
@@ -392,19 +387,21 @@ def validate_plan(
     seq_len: int | None = None,
     single_host: bool = True,
     origin: str = "config",
+    precision: str | None = None,
 ) -> None:
     """Raise one ConfigError line for the first problem of ``plan`` with ``model``; return None if it can run.
 
     ``world_size`` (when known) must equal the plan's device total. ``seq_len`` defaults to
     ``model.max_seq_len``. ``check_backends`` probes every stage's backend; ``single_host``
     also checks that each accelerator backend has enough local devices (turn it off when the
-    stages span several nodes, where each node checks its own).
+    stages span several nodes, where each node checks its own). ``precision``: the run's (a stage's
+    own ``precision:`` overrides it), for what a stage's precision cannot run.
     """
     seq_from = "model.max_seq_len" if seq_len is None else "train.seq_len"
     seq = model.max_seq_len if seq_len is None else seq_len
     for k, stage in enumerate(plan.stages):
         _check_stage(origin, k, stage, plan, model, seq, seq_from)
-    _check_pipeline(origin, plan, model)
+    _check_pipeline(origin, plan, model, precision)
     if world_size is not None:
         _check_world(origin, plan, world_size)
     if check_backends:

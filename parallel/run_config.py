@@ -18,7 +18,7 @@ from hal.errors import ConfigError
 
 from .model_config import ModelConfig, weights_source
 from .optim_schedule import LR_SCHEDULES
-from .plan import ParallelPlan, check_moe_precision, parse_plan, validate_plan
+from .plan import ParallelPlan, parse_plan, validate_plan
 
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
 MAX_VALIDATION = 0.5
@@ -129,8 +129,7 @@ def load_run_config(
         )
     _check_data(origin, train, model)
     validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
-                  single_host=single_host, origin=origin)
-    check_moe_precision(origin, plan, model, config.precision)
+                  single_host=single_host, origin=origin, precision=config.precision)
     return RunConfig(origin, config, model, plan, train, weights)
 
 
