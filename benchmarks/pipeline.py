@@ -30,7 +30,8 @@ The ratio ours/torch is also given round by round, with its spread (min..max).
 ``--schedule interleaved-1f1b --virtual-stages V`` gives every rank V chunks of its layers and compares with
 torch's ScheduleInterleaved1F1B over the same chunks (one ``PipelineStage`` per chunk, each a view that runs
 ``Stage.forward_chunk``); ``zero-bubble`` and ``interleaved-zero-bubble`` with torch's ScheduleInterleavedZeroBubble
-(ZB1P) over one stage per rank or the same chunks; the others with Schedule1F1B. Each stage's idle share is also
+(ZB1P) over one stage per rank or the same chunks; ``zbv`` with torch's ScheduleZBVZeroBubble over the same two
+chunks a rank, placed in a V (rank r holds virtual stages r and 2P-1-r); the others with Schedule1F1B. Each stage's idle share is also
 predicted by the simulator fed with that stage's measured compute time (backward = 2 x forward).
 
 ``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
@@ -108,7 +109,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     try:
         model = ModelConfig(**opts["model"])
         layers = opts.get("layers") or _split_layers(model.num_layers, world_size)
-        plan = ParallelPlan(tuple(StagePlan(backend.name, 1, n) for n in layers), opts.get("schedule", "1f1b"), opts["micro_batches"],
+        plan = ParallelPlan(tuple(StagePlan(backend.name, 1, tuple(n) if isinstance(n, list) else n) for n in layers),
+                            opts.get("schedule", "1f1b"), opts["micro_batches"],
                             opts["micro_batch_size"], compile=opts.get("compile", False),
                             fused_head=opts.get("fused_head", False), virtual_stages=opts.get("virtual_stages", 1))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
@@ -266,15 +268,19 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     engine's chunks) over the same modules and tokens."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
-    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
+
+    from hal.parallel.schedules.placement import virtual_index
 
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
     M, V = tokens.shape[0], engine.chunks
     # The engine's loss: the token sum over one micro-batch's tokens, the mean of each of torch's chunks.
-    if V > 1:
-        stages = [PipelineStage(_ChunkView(engine.module, v), v * world_size + rank, V * world_size, engine.device,
-                                group=group) for v in range(V)]
-        kind = ScheduleInterleavedZeroBubble if engine.schedule.splits_backward else ScheduleInterleaved1F1B
+    placement = engine.topology.placement
+    if V > 1:  # one PipelineStage per chunk, numbered in model order (zbv: the V's numbering, as torch's ZBV places them)
+        stages = [PipelineStage(_ChunkView(engine.module, v), virtual_index(rank, v, world_size, placement), V * world_size,
+                                engine.device, group=group) for v in range(V)]
+        kind = (ScheduleZBVZeroBubble if placement == "v" else
+                ScheduleInterleavedZeroBubble if engine.schedule.splits_backward else ScheduleInterleaved1F1B)
         schedule: Any = kind(stages, n_microbatches=M, loss_fn=engine.loss_fn)
     elif engine.schedule.splits_backward:  # zero-bubble: torch's ZB1P with one stage per rank
         stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
@@ -288,9 +294,11 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     def step() -> None:
         engine.module.zero_grad(set_to_none=True)
         with engine.autocast():  # the same region as ours under --master-weights (a no-op context otherwise)
-            if rank == 0:
+            if rank == 0 and engine.last:  # zbv: the first rank holds the model's both ends
+                schedule.step(x, target=y, losses=[])
+            elif rank == 0:
                 schedule.step(x)
-            elif rank == world_size - 1:
+            elif engine.last:
                 schedule.step(target=y, losses=[])
             else:
                 schedule.step()
@@ -316,8 +324,11 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
     V = opts.get("virtual_stages", 1)
     compute = [r["bubble"]["compute_s"] / (3 * M) for _, r in sorted(reports.items())]  # F per micro-batch, B = 2F
+    chunk_layers = [r["layers"] for _, r in sorted(reports.items())]
+    shares = ([[c / sum(n) for c in n] if isinstance(n, list) else [1.0 / V] * V for n in chunk_layers]
+              if V > 1 else None)  # uneven chunks ('3+4'): a chunk's share of its stage's time
     predicted = simulate(get_schedule(opts.get("schedule", "1f1b")), P, M, forward_s=compute,
-                         backward_s=[2 * c for c in compute], virtual_stages=V).bubble
+                         backward_s=[2 * c for c in compute], virtual_stages=V, chunk_share=shares).bubble
     stages = [{"stage": r["stage"], "layers": r["layers"], "device": r["device_name"],
                "peak_mem_gib_ours": r["peak_memory_bytes"]["ours"] / 2**30,
                "peak_mem_gib_torch": r["peak_memory_bytes"]["torch"] / 2**30,
@@ -332,12 +343,15 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
-        "torch_schedule": ("ScheduleInterleavedZeroBubble" if "zero-bubble" in opts.get("schedule", "1f1b") else
+        "torch_schedule": ("ScheduleZBVZeroBubble" if opts.get("schedule") == "zbv" else
+                           "ScheduleInterleavedZeroBubble" if "zero-bubble" in opts.get("schedule", "1f1b") else
                            "ScheduleInterleaved1F1B" if V > 1 else "Schedule1F1B"),
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
-        "bubble_ideal": (P - 1) / (V * M + P - 1),
+        # equal stages (F = 1, B = 2): 1F1B's (P-1)/(M+P-1), interleaving's (P-1)/(VM+P-1), the zero-bubble family less
+        "bubble_ideal": simulate(get_schedule(opts.get("schedule", "1f1b")), P, M, forward_s=1.0, backward_s=2.0,
+                                 virtual_stages=V).bubble_overall,
         "bubble_measured_mean": statistics.mean(s["idle_fraction"] for s in stages),
     }
 
@@ -364,7 +378,7 @@ def table(s: dict[str, Any]) -> str:
         lines.append(f"{st['stage']:<6}{str(st['layers']):>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
                      f"{st['compute_s']:>11.3f}{st['p2p_s']:>8.3f}{st['schedule_s']:>9.3f}{st['idle_fraction']:>7.3f}"
                      f"{st['idle_simulated']:>9.3f}")
-    lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (P-1)/(V*M+P-1) = {s['bubble_ideal']:.3f}; "
+    lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (equal stages) {s['bubble_ideal']:.3f}; "
                  "sim idle: the simulator fed with each stage's measured compute")
     return "\n".join(lines)
 
@@ -393,7 +407,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                         help="the head and the loss as one fused linear + cross-entropy (both schedules)")
     parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
     parser.add_argument("--schedule", default="1f1b",
-                        choices=["1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "gpipe"],
+                        choices=["1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv", "gpipe"],
                         help="hal's schedule (torch's Schedule1F1B is the baseline, ScheduleInterleaved1F1B for "
                              "interleaved-1f1b); zero-bubble refuses --compile")
     parser.add_argument("--virtual-stages", type=int, default=None,
@@ -407,33 +421,37 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.stages < 2:
         parser.error("--stages must be at least 2 (a pipeline)")
-    if "zero-bubble" in args.schedule and args.compile:
+    splits = "zero-bubble" in args.schedule or args.schedule == "zbv"
+    if splits and args.compile:
         parser.error(f"--schedule {args.schedule} splits each backward in eager autograd; drop --compile")
-    if "zero-bubble" in args.schedule and args.fused_head:
+    if splits and args.fused_head:
         # torch's zero-bubble schedules split the weight gradients of the stage module they hold; the fused
         # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
         parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
                      "inside the loss; drop --fused-head")
-    interleaved = args.schedule.startswith("interleaved")
+    interleaved = args.schedule.startswith("interleaved") or args.schedule == "zbv"
     virtual = args.virtual_stages or (2 if interleaved else 1)
-    if (virtual > 1) != interleaved or virtual < 1:
-        parser.error("--virtual-stages: 2 or more with an interleaved --schedule, else 1")
-    if virtual > 1 and args.micro_batches % args.stages:
+    if (virtual > 1) != interleaved or virtual < 1 or (args.schedule == "zbv" and virtual != 2):
+        parser.error("--virtual-stages: 2 or more with an interleaved --schedule (zbv: 2), else 1")
+    if virtual > 1 and args.schedule != "zbv" and args.micro_batches % args.stages:
         parser.error(f"--micro-batches {args.micro_batches}: interleaved-1f1b needs a multiple of --stages {args.stages}")
     model = dict(PRESETS[args.preset])
     seq = args.seq or model["max_seq_len"]
     model["max_seq_len"] = max(model["max_seq_len"], seq)
     if model["num_layers"] < args.stages:
         parser.error(f"--stages {args.stages} exceeds the preset's {model['num_layers']} layers")
-    layers = None
-    if args.layers:
+    layers: list[Any] | None = None
+    if args.layers:  # a count per stage, or per chunk joined by '+' (e.g. 2+2,4+3,3+4,3+3 for 2 chunks a stage)
         try:
-            layers = [int(n) for n in args.layers.split(",")]
+            layers = [[int(c) for c in n.split("+")] if "+" in n else int(n) for n in args.layers.split(",")]
         except ValueError:
             layers = []
-        if len(layers) != args.stages or min(layers) < 1 or sum(layers) != model["num_layers"] or any(n % virtual for n in layers):
+        counts = [sum(n) if isinstance(n, list) else n for n in layers]
+        bad_chunks = any(len(n) != virtual or min(n) < 1 if isinstance(n, list) else n % virtual for n in layers)
+        if len(layers) != args.stages or min(counts, default=0) < 1 or sum(counts) != model["num_layers"] or bad_chunks:
             parser.error(f"--layers {args.layers}: give {args.stages} positive counts summing to the preset's "
-                         f"{model['num_layers']} layers, e.g. {','.join(map(str, _split_layers(model['num_layers'], args.stages)))}")
+                         f"{model['num_layers']} layers, e.g. {','.join(map(str, _split_layers(model['num_layers'], args.stages)))}"
+                         f" (with {virtual} chunks a stage: each divisible by {virtual}, or {virtual} counts joined by '+')")
     return {"backend": args.backend, "stages": args.stages, "micro_batches": args.micro_batches,
             "micro_batch_size": args.micro_batch_size, "model": model, "seq": seq, "dtype": args.dtype,
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,

@@ -80,7 +80,9 @@ def format_plan(report: dict[str, Any]) -> str:
         f"plan {report['config']}: {len(plan['stages'])} stage(s), {topo['world_size']} rank(s), schedule {plan['schedule']}, "
         f"{plan['micro_batches']} micro-batches × {plan['micro_batch_size']} rows (global batch {report['global_batch_size']}), "
         f"zero1 {yes(plan['zero1'])}, fused head {yes(plan.get('fused_head'))}"
-        + (f", {plan['virtual_stages']} chunks per stage" if plan.get("virtual_stages", 1) > 1 else ""),
+        + (f", {plan['virtual_stages']} chunks per stage" if plan.get("virtual_stages", 1) > 1 else "")
+        + (" placed in a V (stage 0 holds the first and the last chunk: the embedding, the head and the loss)"
+           if topo.get("placement") == "v" else ""),
         f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
         f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
         f"max seq {model['max_seq_len']}" + _moe_line(model),

@@ -50,6 +50,8 @@ from .reshard import Boundary, Layout, p2p_ops
 from .schedules import Action, Kind, P2PBatch, get_schedule
 from .schedules.gpipe import ForwardOnly
 from .schedules.interleaved import InterleavedForwardOnly
+from .schedules.placement import neighbours
+from .schedules.zbv import ZeroBubbleVForwardOnly
 from .topology import RankGroups, Topology
 from .weight_grad import WeightGradStore, collecting, splittable
 
@@ -128,8 +130,8 @@ class PipelineEngine:
         self.coord = groups.coord
         self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
         self.mesh = topology.stages[self.coord.stage]
-        self.first = self.coord.stage == 0
-        self.last = self.coord.stage == topology.num_stages - 1
+        self.first = self.coord.stage == 0  # holds the model's first chunk (the embedding)
+        self.last = self.coord.stage == topology.last_stage  # holds its last chunk (the head, the loss)
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
         self.fp8_dtype = fp8_dtype
@@ -157,12 +159,19 @@ class PipelineEngine:
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
         mbs = plan.micro_batch_size
         k, S, V = self.coord.stage, topology.num_stages, self.chunks
-        # Per chunk: the boundary its input arrives over and the one its output leaves over. Chunk v's
-        # input comes from the previous stage's chunk v, or (first stage) the last stage's chunk v-1.
-        self.recv_boundaries = [None if self.first and v == 0 else
-                                Boundary(layouts[(k - 1) % S], layouts[k], mbs, self.seq) for v in range(V)]
-        self.send_boundaries = [None if self.last and v == V - 1 else
-                                Boundary(layouts[k], layouts[(k + 1) % S], mbs, self.seq) for v in range(V)]
+        # Per chunk: the boundary its input arrives over and the one its output leaves over, from the
+        # virtual stages before and after it (``schedules.placement``). None: the model's end, or the
+        # neighbour chunk is on this stage (the V's turn), whose tensors are handed over in memory.
+        self.recv_boundaries: list[Boundary | None] = []
+        self.send_boundaries: list[Boundary | None] = []
+        self.local_prev: list[int | None] = []  # the chunk of this stage feeding chunk v, if one does
+        for v in range(V):
+            before, after = neighbours(k, v, S, V, topology.placement)
+            self.local_prev.append(before[1] if before is not None and before[0] == k else None)
+            self.recv_boundaries.append(None if before is None or before[0] == k else
+                                        Boundary(layouts[before[0]], layouts[k], mbs, self.seq))
+            self.send_boundaries.append(None if after is None or after[0] == k else
+                                        Boundary(layouts[k], layouts[after[0]], mbs, self.seq))
         self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
         self.program = self.schedule.program(S, plan.micro_batches, k, V)
@@ -370,8 +379,9 @@ class PipelineEngine:
         tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
         """
         S, M, k = self.topology.num_stages, self.plan.micro_batches, self.coord.stage
-        program = (InterleavedForwardOnly().program(S, M, k, self.chunks) if self.chunks > 1
-                   else ForwardOnly().program(S, M, k))
+        forward_only = (ZeroBubbleVForwardOnly() if self.topology.placement == "v" else InterleavedForwardOnly()
+                        if self.chunks > 1 else ForwardOnly())
+        program = forward_only.program(S, M, k, self.chunks)
         with torch.no_grad():
             return self._step_loss(self._execute(tokens, program))
 
@@ -395,16 +405,22 @@ class PipelineEngine:
                 continue
             key = (step.chunk, step.micro_batch)
             if step.kind is Kind.FORWARD:
-                item = self._forward(tokens, key, self._claim(Kind.RECV_FORWARD, key, received), step)
+                feeder = self.local_prev[step.chunk]
+                given = (self._claim(Kind.RECV_FORWARD, key, received) if feeder is None
+                         else pending[(feeder, step.micro_batch)].output.detach())  # the V's turn: in memory
+                item = self._forward(tokens, key, given, step)
                 if item.is_loss:
                     losses.append(item.output.detach())
                 pending[key] = item
-            elif step.kind is Kind.BACKWARD:
+            elif step.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
                 item = pending.pop(key)
-                input_grads[key] = self._backward(item, self._claim(Kind.RECV_BACKWARD, key, grads), step)
-            elif step.kind is Kind.BACKWARD_INPUT:
-                item = pending.pop(key)
-                input_grads[key] = self._backward_input(key, item, self._claim(Kind.RECV_BACKWARD, key, grads), step)
+                grad = self._claim(Kind.RECV_BACKWARD, key, grads)
+                done = (self._backward(item, grad, step) if step.kind is Kind.BACKWARD
+                        else self._backward_input(key, item, grad, step))
+                if self.local_prev[step.chunk] is None:
+                    input_grads[key] = done
+                else:  # the feeding chunk is here: its backward takes this gradient as if received
+                    grads[(self.local_prev[step.chunk], step.micro_batch)] = done
             elif step.kind is Kind.BACKWARD_WEIGHT:
                 self._backward_weight(key, step)
             else:

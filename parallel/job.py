@@ -91,9 +91,10 @@ class Job:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Job":
         """Rebuild what the parent wrote; the parent validated it, so nothing is checked again."""
+        plan = ParallelPlan.from_dict(data["plan"])
         return cls(
-            data["config"], dict(data["hal"]), ModelConfig(**data["model"]), ParallelPlan.from_dict(data["plan"]),
-            TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"])),
+            data["config"], dict(data["hal"]), ModelConfig(**data["model"]), plan,
+            TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"]), plan.placement),
             tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
             Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
             bool(data.get("profile", False)), _path_or_none(data.get("init_from")),

@@ -41,13 +41,12 @@ def layer_parameters(model: ModelConfig, index: int | None = None, *, active: bo
 
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
     """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
-    first = sum(s.layer_count for s in plan.stages[:index])
-    count = sum(layer_parameters(model, i) for i in range(first, first + plan.stages[index].layer_count))
+    count = sum(layer_parameters(model, i) for i in plan.stage_layers(index))
     embedding = model.vocab_size * model.hidden_size
     if index == 0:
         count += embedding
-    if index == plan.num_stages - 1:
-        count += model.hidden_size + (0 if model.tie_embeddings and plan.num_stages == 1 else embedding)
+    if index == plan.last_stage:
+        count += model.hidden_size + (0 if model.tie_embeddings and plan.last_stage == 0 else embedding)
     return count
 
 

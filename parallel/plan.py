@@ -6,8 +6,8 @@ The ``parallel:`` section of the hal config is declared here once, as the ``Stag
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
-      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble | interleaved-zero-bubble
-      virtual_stages: 1         # model chunks per stage (interleaved-1f1b: 2 or more)
+      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble | interleaved-zero-bubble | zbv
+      virtual_stages: 1         # model chunks per stage (interleaved schedules: 2 or more; zbv: 2)
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
@@ -37,6 +37,9 @@ Meaning of the degrees (the engine relies on these):
   ``interleaved-zero-bubble`` is the same placement with zero-bubble's split backward.
 - ``zero-bubble`` (ZB-H1, ``parallel.schedules.zero_bubble``) splits each backward into input and
   weight halves through eager autograd, so it refuses compiled stages.
+- ``zbv`` (ZB-V, ``parallel.schedules.zbv``) splits backwards too, over exactly 2 chunks a stage
+  placed in a V: stage k holds virtual stages k and 2S-1-k, so the first stage holds the embedding
+  and the head (the loss is computed there) and every transfer is between neighbouring stages.
 """
 from __future__ import annotations
 
@@ -165,15 +168,33 @@ class ParallelPlan:
                    data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"),
                    data.get("fused_head", False), data.get("virtual_stages", 1))
 
+    @property
+    def placement(self) -> str:
+        """Where the schedule puts the chunks (``schedules.placement``): "loop", or "v" for zbv."""
+        from .schedules import get_schedule
+
+        return get_schedule(self.schedule).placement
+
+    @property
+    def last_stage(self) -> int:
+        """The stage holding the model's last layers, the head and the loss (the first one under zbv)."""
+        from .schedules.placement import last_stage
+
+        return last_stage(self.num_stages, self.placement)
+
     def layer_chunks(self) -> list[list[tuple[int, int]]]:
-        """Per stage, the (first layer, end) of each of its chunks: virtual stage v·S + k takes the next layers."""
-        counts = [s.chunk_layers(self.virtual_stages) for s in self.stages]
-        chunks: list[list[tuple[int, int]]] = [[] for _ in self.stages]
+        """Per stage, the (first layer, end) of each of its chunks: the virtual stages take the layers in
+        model order (virtual stage v·S + k is stage k's chunk v, or the V's map under zbv)."""
+        from .schedules.placement import position
+
+        V, S = self.virtual_stages, self.num_stages
+        counts = [s.chunk_layers(V) for s in self.stages]
+        chunks: list[list[tuple[int, int]]] = [[(0, 0)] * V for _ in self.stages]
         first = 0
-        for v in range(self.virtual_stages):
-            for k in range(self.num_stages):
-                chunks[k].append((first, first + counts[k][v]))
-                first += counts[k][v]
+        for j in range(S * V):
+            k, v = position(j, S, V, self.placement)
+            chunks[k][v] = (first, first + counts[k][v])
+            first += counts[k][v]
         return chunks
 
     def stage_layers(self, index: int) -> list[int]:
@@ -328,6 +349,9 @@ def _check_chunks(origin: str, plan: ParallelPlan) -> None:
     if not interleaved and V > 1:
         raise ConfigError(f"{origin}: parallel.virtual_stages {V} needs an interleaved schedule; set schedule: "
                           "interleaved-1f1b or virtual_stages: 1")
+    if get_schedule(plan.schedule).placement == "v" and V != 2:
+        raise ConfigError(f"{origin}: schedule zbv places exactly 2 chunks on every stage (a V); set "
+                          f"parallel.virtual_stages: 2 (got {V}), or use interleaved-zero-bubble for {V} chunks")
     for k, stage in enumerate(plan.stages):
         where = f"stage {k} (parallel.stages[{k}].layers)"
         if isinstance(stage.layers, tuple) and len(stage.layers) != V:
@@ -340,6 +364,8 @@ def _check_chunks(origin: str, plan: ParallelPlan) -> None:
     if interleaved:
         if S < 2:
             raise ConfigError(f"{origin}: schedule {plan.schedule} needs at least 2 stages, the plan has {S}; use 1f1b")
+        if get_schedule(plan.schedule).placement == "v":
+            return  # the V runs any number of micro-batches
         if M < S or M % S:
             raise ConfigError(f"{origin}: schedule {plan.schedule} runs micro-batches in groups of the {S} stages: "
                               f"parallel.micro_batches {M} must be a multiple of {S}, e.g. {max(S, -(-M // S) * S)}")

@@ -14,7 +14,8 @@ grid ``dp_k × tp_k`` on its own backend, and the world is their disjoint union
   strided by ``tp_k``.
 - **Layers are contiguous too**: stage k runs layers ``[sum(layers_<k), sum(layers_≤k))``. With
   ``virtual_stages`` V > 1 (interleaved schedules) a stage holds V chunks instead: chunk v of stage
-  k is virtual stage ``v*S + k``, and the virtual stages take the layers in that order, so stage k's
+  k is virtual stage ``v*S + k`` (zbv's V: stage k holds virtual stages k and 2S-1-k, see
+  ``schedules.placement``), and the virtual stages take the layers in model order, so stage k's
   chunks are V separate runs of layers (``StageMesh.chunks``).
 
 ``Topology.from_plan`` is pure (no processes); ``build_groups`` creates the communicators
@@ -100,6 +101,7 @@ class Topology:
     """The rank ↔ (stage, dp, tp) map of a plan; pure data, the same on every rank."""
 
     stages: tuple[StageMesh, ...]
+    placement: str = "loop"  # where the chunks sit (``schedules.placement``): "v" under zbv
 
     @classmethod
     def from_plan(cls, plan: ParallelPlan) -> "Topology":
@@ -112,7 +114,7 @@ class Topology:
             meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, tuple(chunks[k]),
                                     plan.stage_compiles(k), plan.compile_backend, s.ep))
             offset += s.devices
-        return cls(tuple(meshes))
+        return cls(tuple(meshes), plan.placement)
 
     # --- sizes and lookups ----------------------------------------------------------------------
     @property
@@ -172,6 +174,18 @@ class Topology:
         """Model chunks per stage (every stage holds the same number)."""
         return len(self.stages[0].chunks)
 
+    @property
+    def last_stage(self) -> int:
+        """The stage holding the model's last chunk: the head, the loss, the losses a run reports."""
+        from .schedules.placement import last_stage
+
+        return last_stage(self.num_stages, self.placement)
+
+    @property
+    def has_wrap(self) -> bool:
+        """Whether the last stage feeds the first (Megatron's loop of chunks; the V turns round in place)."""
+        return self.virtual_stages > 1 and self.placement == "loop"
+
     def wrap_ranks(self) -> tuple[int, ...]:
         """The wrap-around link of an interleaved pipeline: the last stage's chunk v feeds the first stage's v+1."""
         return self.stages[0].ranks + self.stages[-1].ranks
@@ -186,6 +200,7 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,
+            "placement": self.placement,
             "stages": [
                 {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "ep": m.ep, "sp": m.sp,
                  "checkpoint": m.checkpoint, "compile": m.compile, "layers": m.layer_ids,
@@ -201,7 +216,7 @@ class Topology:
                 for k in range(self.num_stages - 1)
             ] + ([{"boundary": self.num_stages - 1, "from_stage": self.num_stages - 1, "to_stage": 0,
                    "ranks": list(self.wrap_ranks()), "backends": [self.stages[-1].backend, self.stages[0].backend]}]
-                 if self.virtual_stages > 1 else []),
+                 if self.has_wrap else []),
         }
 
 
@@ -273,11 +288,11 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
                 sets += [("ep", m.index, t, dp[g:g + m.ep]) for g in range(0, m.dp, m.ep)]
                 sets += [("edp", m.index, t, dp[e::m.ep]) for e in range(m.ep)]
     sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
-    if tied_embeddings and topology.num_stages > 1:
+    if tied_embeddings and topology.last_stage != 0:
         # ``parallel.models.llama.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
         # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
         sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
-    if topology.virtual_stages > 1 and topology.num_stages > 2:
+    if topology.has_wrap and topology.num_stages > 2:
         sets.append(("wrap", 0, 0, topology.wrap_ranks()))  # the same rank set as "embedding": one communicator
     return sets
 

@@ -140,7 +140,7 @@ def setup(job: Job) -> RankRun:
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
-    writer = topology.stages[-1].offset
+    writer = topology.stages[topology.last_stage].offset  # holds the loss (the first stage under zbv)
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()

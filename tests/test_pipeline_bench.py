@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,22 +33,24 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
     summary = json.loads(out.stdout)
     assert summary["stages"] == 4 and len(summary["per_stage"]) == 4
     assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
-    assert summary["bubble_ideal"] == 3 / 7
+    assert summary["bubble_ideal"] == pytest.approx(3 / 7)
     assert all(0.0 <= s["idle_fraction"] < 1.0 for s in summary["per_stage"])
     assert all(0.0 <= s["idle_simulated"] < 1.0 for s in summary["per_stage"])
 
 
-def test_interleaved_benchmark_runs_torchs_interleaved_schedule_on_the_same_chunks() -> None:
+@pytest.mark.parametrize("schedule,torch_schedule,ideal", [("interleaved-1f1b", "ScheduleInterleaved1F1B", 1 / 9),
+                                                              ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5)])
+def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
-         "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", "interleaved-1f1b",
+         "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", schedule,
          "--json", "--timeout", "240"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
-    assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == "ScheduleInterleaved1F1B"
-    assert summary["bubble_ideal"] == 1 / 9 and summary["tokens_per_s"]["torch"] > 0
+    assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == torch_schedule
+    assert summary["bubble_ideal"] == pytest.approx(ideal) and summary["tokens_per_s"]["torch"] > 0
 
 
 def test_master_weights_runs_both_schedules_in_hal_trains_precision() -> None:

@@ -99,13 +99,13 @@ def test_a_broken_order_is_reported_as_a_deadlock() -> None:
 
 
 def test_registry_names_and_unknown_names() -> None:
-    assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble")
+    assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv")
     assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
-    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble"):
+    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
     assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule == "gpipe"
-    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble"):
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
         parse_plan({"schedule": "gpipee", "stages": stages})
 
 
@@ -272,3 +272,96 @@ def test_split_backward_schedules_refuse_compiled_stages() -> None:
     plan = parse_plan(_interleaved_plan(schedule="interleaved-zero-bubble", compile=True))
     with pytest.raises(ConfigError, match="interleaved-zero-bubble splits every backward.*use schedule: interleaved-1f1b"):
         validate_plan(plan, ModelConfig(num_layers=4), world_size=None, check_backends=False)
+
+
+# --- ZB-V ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("S", [2, 3, 4, 8])
+def test_v_placement_is_a_v_and_its_own_inverse(S: int) -> None:
+    from hal.parallel.schedules.placement import last_stage, neighbours, position, virtual_index
+
+    seen = [position(j, S, 2, "v") for j in range(2 * S)]
+    assert seen == [(k, 0) for k in range(S)] + [(k, 1) for k in reversed(range(S))]
+    assert all(virtual_index(k, c, S, "v") == j for j, (k, c) in enumerate(seen))
+    assert last_stage(S, "v") == 0 and last_stage(S, "loop") == S - 1
+    assert neighbours(S - 1, 0, S, 2, "v") == ((S - 2, 0), (S - 1, 1))  # the turn stays on the last stage
+    assert neighbours(0, 1, S, 2, "v") == ((1, 1), None)  # the first stage ends the model
+    with pytest.raises(ValueError, match="holds 2 chunks a stage"):
+        position(0, S, 3, "v")
+
+
+@pytest.mark.parametrize("S,M", [(2, 1), (2, 4), (3, 5), (4, 4), (4, 8), (4, 16), (8, 8), (8, 32)])
+def test_zbv_runs_every_action_once_at_1f1bs_peak_memory_and_beats_izb(S: int, M: int) -> None:
+    """Every F, I and W once per chunk; at most 2S half-stage activations held anywhere (S whole stages,
+    1F1B's peak on its first stage); less idle than interleaved zero-bubble over the same two chunks."""
+    zbv = get_schedule("zbv")
+    for s in range(S):
+        order = zbv.compute_order(S, M, s, 2)
+        assert sorted((a.kind.value, a.chunk, a.micro_batch) for a in order) == sorted(
+            (k, v, m) for k in "FIW" for v in range(2) for m in range(M))
+    a = simulate(zbv, S, M, virtual_stages=2, forward_s=1.0, backward_s=2.0)
+    assert max(a.peak_in_flight) <= 2 * S
+    if M >= S:
+        assert max(a.peak_in_flight) / 2 <= max(simulate(OneFOneB(), S, M).peak_in_flight)
+    if M % S == 0:
+        b = simulate(get_schedule("interleaved-zero-bubble"), S, M, virtual_stages=2, forward_s=1.0, backward_s=2.0)
+        assert a.bubble_overall < b.bubble_overall
+    if (S, M) == (4, 8):  # 25.5 units of F=1, I=W=1 a chunk... against IZB's 27 and 1F1B's 33
+        assert a.makespan == pytest.approx(25.5) and a.bubble_overall == pytest.approx(1.5 / 25.5)
+
+
+@pytest.mark.parametrize("S,M", [(2, 4), (3, 5), (4, 8)])
+def test_zbv_talks_to_neighbours_only_and_turns_round_in_memory(S: int, M: int) -> None:
+    sch = get_schedule("zbv")
+    programs = [sch.program(S, M, s, 2) for s in range(S)]
+    flip = {Kind.SEND_FORWARD: Kind.RECV_FORWARD, Kind.SEND_BACKWARD: Kind.RECV_BACKWARD}
+    for s in range(S):
+        peers = {b.peer_stage for b in programs[s] if isinstance(b, P2PBatch)}
+        assert peers <= {s - 1, s + 1} and s not in peers
+        for peer in peers:
+            mine = [b for b in programs[s] if isinstance(b, P2PBatch) and b.peer_stage == peer]
+            theirs = [b for b in programs[peer] if isinstance(b, P2PBatch) and b.peer_stage == s]
+            assert [sorted((flip[x.kind].value, x.micro_batch) for x in a.actions if x.kind in flip) for a in mine] == [
+                sorted((x.kind.value, x.micro_batch) for x in b.actions if x.kind not in flip) for b in theirs]
+    sent = sum(1 for p in programs for b in p if isinstance(b, P2PBatch) for a in b.actions if a.kind in flip)
+    assert sent == 2 * M * (2 * S - 2)  # every hand-over but the last stage's turn, both directions
+
+
+def test_zbv_simulation_charges_no_transfer_at_the_turn() -> None:
+    slow = simulate(get_schedule("zbv"), 2, 4, virtual_stages=2, p2p_s=0.5)
+    # forward of micro-batch 0 reaches the last stage's second chunk after one transfer, not two
+    turn = next(sp for sp in slow.timeline if sp.stage == 1 and sp.action == Action(Kind.FORWARD, 0, 1))
+    first = next(sp for sp in slow.timeline if sp.stage == 1 and sp.action == Action(Kind.FORWARD, 0, 0))
+    assert first.start == pytest.approx(0.5 + 0.5) and turn.start == pytest.approx(first.end)
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"virtual_stages": 3, "stages": [{"backend": "cpu", "devices": 1, "layers": 3},
+                                      {"backend": "cpu", "devices": 1, "layers": 3}]},
+     "zbv places exactly 2 chunks on every stage .a V.; set parallel.virtual_stages: 2 .got 3."),
+    ({"virtual_stages": 1}, "set parallel.virtual_stages ≥ 2"),
+    ({"stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}, "zbv needs at least 2 stages"),
+    ({"compile": True}, "zbv splits every backward"),
+])
+def test_plan_refuses_what_zbv_cannot_run(over: dict, message: str) -> None:
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.plan import validate_plan
+
+    raw = _interleaved_plan(schedule="zbv", micro_batches=3, **over)
+    model = ModelConfig(num_layers=sum(s["layers"] for s in raw["stages"]))
+    with pytest.raises(ConfigError, match=message):
+        validate_plan(parse_plan(raw), model, world_size=None, check_backends=False)
+    validate_plan(parse_plan(_interleaved_plan(schedule="zbv", micro_batches=3)), ModelConfig(num_layers=4),
+                  world_size=None, check_backends=False)  # any number of micro-batches
+
+
+def test_zbv_topology_puts_the_head_on_the_first_stage() -> None:
+    from hal.parallel.topology import Topology
+
+    plan = parse_plan(_interleaved_plan(schedule="zbv", stages=[{"backend": "cpu", "devices": 1, "layers": [2, 1]},
+                                                                 {"backend": "cpu", "devices": 1, "layers": [1, 2]}]))
+    topo = Topology.from_plan(plan)
+    assert [m.layer_ranges for m in topo.stages] == [(range(0, 2), range(5, 6)), (range(2, 3), range(3, 5))]
+    assert topo.last_stage == 0 == plan.last_stage and not topo.has_wrap
+    assert [b["to_stage"] for b in topo.to_dict()["boundaries"]] == [1] and topo.to_dict()["placement"] == "v"

@@ -154,7 +154,7 @@ class CostModel:
             fwd += tokens * prof.embedding.forward_s
             bwd += tokens * prof.embedding.backward_s
         head_act = 0.0
-        if k == plan.num_stages - 1:
+        if k == plan.last_stage:
             fwd += tokens * prof.head.forward_s / stage.tp
             bwd += tokens * prof.head.backward_s / stage.tp
             head_act = tokens * prof.head.activation_bytes / stage.tp
@@ -183,7 +183,7 @@ class CostModel:
     def _p2p(self, plan: ParallelPlan, place: Placement) -> float:
         """The slowest boundary's transfer of one micro-batch to one receiving replica (with interleaving, the wrap too)."""
         S, worst = plan.num_stages, 0.0
-        pairs = [(k, k + 1) for k in range(S - 1)] + ([(S - 1, 0)] if plan.virtual_stages > 1 else [])
+        pairs = [(k, k + 1) for k in range(S - 1)] + ([(S - 1, 0)] if plan.virtual_stages > 1 and plan.placement == "loop" else [])
         for a, b in pairs:
             sa, sb = plan.stages[a], plan.stages[b]
             same = place.nodes(a, sa.devices) & place.nodes(b, sb.devices)

@@ -19,7 +19,8 @@ The space, and how it is pruned:
   least; uneven allowed, embedding and head counted), so it is computed, not enumerated;
 - recompute per stage and ZeRO-1: only where the plan would not fit otherwise (both cost time or
   nothing): turned on stage by stage, then ZeRO-1, then the candidate is dropped;
-- schedules: 1f1b, zero-bubble, and with 2 chunks a stage interleaved-1f1b and interleaved-zero-bubble.
+- schedules: 1f1b, zero-bubble, and with 2 chunks a stage interleaved-1f1b, interleaved-zero-bubble and zbv
+  (whose V puts the head on the first stage).
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ from ..plan import ParallelPlan, StagePlan, validate_plan
 from .cluster import Cluster, DeviceType
 from .cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, ring_all_reduce_s, transfer_s
 
-SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble")
+SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv")
 CONFIRM = 200  # candidates the simulator re-predicts
-BUBBLE_DIVISOR = {"1f1b": 1.0, "zero-bubble": 3.0, "interleaved-1f1b": 2.0, "interleaved-zero-bubble": 6.0}
+BUBBLE_DIVISOR = {"1f1b": 1.0, "zero-bubble": 3.0, "interleaved-1f1b": 2.0, "interleaved-zero-bubble": 6.0,
+                  "zbv": 12.0}  # zbv: the simulator's bubble at S=4, M=8 is half interleaved zero-bubble's
 
 
 @dataclass(frozen=True)
@@ -143,8 +145,8 @@ class Search:
                 continue
             M = self.rows_total // mbs
             for schedule in SCHEDULES:
-                V = 2 if schedule.startswith("interleaved") else 1
-                if M < S or (V > 1 and (S < 2 or M % S or L < S * V)):
+                V = 2 if schedule.startswith("interleaved") or schedule == "zbv" else 1
+                if M < S or (V > 1 and (S < 2 or (M % S and schedule != "zbv") or L < S * V)):
                     continue
                 built = self._build(stages, kinds, mbs, M, schedule, V, stretch)
                 if built is not None:
@@ -169,7 +171,7 @@ class Search:
                 prof, tokens, e = self.cost.device(g.kind), rows * self.seq, 0.0
                 if k == 0:
                     e += tokens * (prof.embedding.forward_s + prof.embedding.backward_s) * c
-                if k == S - 1:
+                if k == (0 if schedule == "zbv" else S - 1):  # the stage holding the head
                     e += tokens * (prof.head.forward_s + prof.head.backward_s) * c / g.tp
                 extra.append(e)
             layers = balance(per_layer, extra, m.num_layers, V)

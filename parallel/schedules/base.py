@@ -18,6 +18,7 @@ class Schedule(ABC):
     name: ClassVar[str]
     splits_backward: ClassVar[bool] = False  # True: backwards are I + W halves (the engine defers weight grads)
     interleaved: ClassVar[bool] = False  # True: each stage runs ``virtual_stages`` model chunks (``program``'s last argument)
+    placement: ClassVar[str] = "loop"  # where the chunks sit (``placement``): Megatron's loop, or ZB-V's "v"
 
     def __eq__(self, other: object) -> bool:  # no parameters: every instance of a class is the same schedule
         return type(other) is type(self)

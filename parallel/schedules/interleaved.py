@@ -24,6 +24,7 @@ import functools
 
 from .action import Action, Kind, P2PBatch, Step
 from .base import Schedule, _check
+from .placement import position, virtual_index
 from .simulator import Deadlock
 
 
@@ -75,30 +76,26 @@ def check_interleaved(S: int, M: int, V: int) -> None:
                          f"a multiple of {S}")
 
 
-def virtual_index(stage: int, chunk: int, num_stages: int) -> int:
-    """The position of ``stage``'s chunk ``chunk`` in the model's order of virtual stages."""
-    return chunk * num_stages + stage
-
-
 _GRADIENT = (Kind.BACKWARD, Kind.BACKWARD_INPUT)  # the actions that hand a gradient to the previous virtual stage
 
 
-def _consumer(action: Action, stage: int, S: int, V: int) -> tuple[int, int] | None:
+def _consumer(action: Action, stage: int, S: int, V: int, placement: str = "loop") -> tuple[int, int] | None:
     """(stage, chunk) that receives what ``action`` produces (None: nothing leaves, or nobody needs it)."""
-    j = virtual_index(stage, action.chunk, S)
+    j = virtual_index(stage, action.chunk, S, placement)
     if action.kind is Kind.FORWARD and j < S * V - 1:
-        return (j + 1) % S, (j + 1) // S
+        return position(j + 1, S, V, placement)
     if action.kind in _GRADIENT and j > 0:
-        return (j - 1) % S, (j - 1) // S
+        return position(j - 1, S, V, placement)
     return None
 
 
-def _ready(action: Action, stage: int, S: int, V: int, done: dict[tuple[Kind, int, int], int], now: int) -> bool:
+def _ready(action: Action, stage: int, S: int, V: int, done: dict[tuple[Kind, int, int], int], now: int,
+           placement: str = "loop") -> bool:
     """Whether ``action`` can run in round ``now``: its inputs were made in an earlier round.
 
     A split backward's ``I`` needs what a backward needs; its ``W`` only its own ``I``.
     """
-    j = virtual_index(stage, action.chunk, S)
+    j = virtual_index(stage, action.chunk, S, placement)
 
     def before(kinds: tuple[Kind, ...], vj: int) -> bool:
         return any(done.get((k, action.micro_batch, vj), now) < now for k in kinds)
@@ -114,6 +111,7 @@ def _ready(action: Action, stage: int, S: int, V: int, done: dict[tuple[Kind, in
 def rounds(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Action | None, ...], ...]:
     """Each stage's compute action per round (None: idle that round), playing the orders in lockstep."""
     orders = [schedule.compute_order(S, M, s, V) for s in range(S)]
+    placement = schedule.placement
     at, done = [0] * S, {}
     played: list[list[Action | None]] = [[] for _ in range(S)]
     now = 0
@@ -121,8 +119,8 @@ def rounds(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Action | N
         ran = False
         for s in range(S):
             action = orders[s][at[s]] if at[s] < len(orders[s]) else None
-            if action is not None and _ready(action, s, S, V, done, now):
-                done[(action.kind, action.micro_batch, virtual_index(s, action.chunk, S))] = now
+            if action is not None and _ready(action, s, S, V, done, now, placement):
+                done[(action.kind, action.micro_batch, virtual_index(s, action.chunk, S, placement))] = now
                 at[s] += 1
                 ran = True
             else:
@@ -142,7 +140,10 @@ def _link_order(a: int, b: int) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=64)
 def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step, ...], ...]:
-    """Every stage's program: its round's compute, then that round's transfers, one batch per link."""
+    """Every stage's program: its round's compute, then that round's transfers, one batch per link.
+
+    A consumer on the producing stage itself (the V placement's turn at the last stage) needs no
+    transfer: the engine hands the tensor from one chunk to the other in memory."""
     played = rounds(schedule, S, M, V)
     programs: list[list[Step]] = [[] for _ in range(S)]
     for r in range(len(played[0])):
@@ -152,8 +153,8 @@ def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step
             if action is None:
                 continue
             programs[s].append(action)
-            consumer = _consumer(action, s, S, V)
-            if consumer is None:
+            consumer = _consumer(action, s, S, V, schedule.placement)
+            if consumer is None or consumer[0] == s:
                 continue
             to, chunk = consumer
             forward = action.kind is Kind.FORWARD  # else a gradient (B, or the I half of a split backward)

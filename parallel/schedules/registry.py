@@ -5,9 +5,11 @@ from .base import Schedule
 from .gpipe import GPipe
 from .interleaved import Interleaved1F1B, InterleavedZeroBubble
 from .one_f_one_b import OneFOneB
+from .zbv import ZeroBubbleV
 from .zero_bubble import ZeroBubbleH1
 
-_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1, InterleavedZeroBubble)}
+_SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1, InterleavedZeroBubble,
+                                                                  ZeroBubbleV)}
 
 
 def schedule_names() -> tuple[str, ...]:

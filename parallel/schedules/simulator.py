@@ -9,8 +9,9 @@ its own ``I``. A micro-batch counts as in flight from its forward to its last ba
 This checks a schedule before it runs on a cluster and says what its bubble should be.
 
 Interleaved schedules (``virtual_stages`` V > 1): the dependencies run along the virtual stages
-(chunk v of stage s is virtual stage ``v * S + s``; forward m of virtual stage j needs it at j-1,
-backward at j+1), a stage's time is split over its chunks by ``chunk_share`` (default equal), and a
+(chunk v of stage s is virtual stage ``v * S + s``, or for ZB-V's V the ``placement`` module's map;
+forward m of virtual stage j needs it at j-1, backward at j+1; a hand-over within one stage costs
+no ``p2p_s``), a stage's time is split over its chunks by ``chunk_share`` (default equal), and a
 micro-batch counts as in flight once per chunk it is held for.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Mapping, Sequence, Union
 
 from .action import Action, Kind, P2PBatch, Step
 from .base import Schedule
+from .placement import position, virtual_index
 
 Times = Union[float, Sequence[float]]  # one value for every stage, or one per stage
 
@@ -50,14 +52,18 @@ class Simulation:
 def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
              forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0,
              weight_share: float = 0.5, virtual_stages: int = 1,
-             chunk_share: Sequence[Sequence[float]] | None = None) -> Simulation:
+             chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
     takes ``chunk_share[s][v]`` of it (equal shares by default). A split backward's ``W`` takes
-    ``weight_share`` of the backward and its ``I`` the rest.
+    ``weight_share`` of the backward and its ``I`` the rest. ``placement``: where the chunks sit
+    (default: the schedule's own, "loop" for a mapping of programs).
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
+    if placement is None:
+        placement = schedule.placement if isinstance(schedule, Schedule) else "loop"
+    place = _Place(S, V, placement)
     orders = [_compute(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
     if not 0.0 <= weight_share <= 1.0:
@@ -80,12 +86,12 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
         for s in range(S):
             while at[s] < len(orders[s]):
                 action = orders[s][at[s]]
-                ready = _ready(action, s, S, V, done, p2p_s)
+                ready = _ready(action, s, place, done, p2p_s)
                 if ready is None:
                     break
                 start = max(free[s], ready)
                 end = start + cost(action, s)
-                done[(action.kind, action.micro_batch, action.chunk * S + s)] = end
+                done[(action.kind, action.micro_batch, place.index(s, action.chunk))] = end
                 free[s] = end
                 timeline.append(Span(s, action, start, end))
                 last_of_backward = action.kind is (Kind.BACKWARD_WEIGHT if splits[s] else Kind.BACKWARD) or (
@@ -96,7 +102,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                 progressed = True
     stuck = [s for s in range(S) if at[s] < len(orders[s])]
     if stuck:
-        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, S, V)}" for s in stuck)
+        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, place)}" for s in stuck)
         raise Deadlock(f"the schedule cannot progress: {waits}")
     makespan = max(free)
     busy = [sum(sp.end - sp.start for sp in timeline if sp.stage == s) for s in range(S)]
@@ -117,32 +123,53 @@ def _compute(steps: Sequence[Step]) -> list[Action]:
     return out
 
 
-def _ready(action: Action, s: int, S: int, V: int, done: Mapping[tuple[Kind, int, int], float], p2p_s: float,
+@dataclass(frozen=True)
+class _Place:
+    """The plan's chunk placement, for the dependency rules: virtual indices and transfer costs."""
+
+    S: int
+    V: int
+    placement: str
+
+    def index(self, stage: int, chunk: int) -> int:
+        return virtual_index(stage, chunk, self.S, self.placement)
+
+    def stage(self, j: int) -> int:
+        return position(j, self.S, self.V, self.placement)[0]
+
+    def p2p(self, a: int, b: int, p2p_s: float) -> float:
+        """The transfer from virtual stage a to b: none when one stage holds both."""
+        return 0.0 if self.stage(a) == self.stage(b) else p2p_s
+
+
+def _ready(action: Action, s: int, place: _Place, done: Mapping[tuple[Kind, int, int], float], p2p_s: float,
            ) -> float | None:
     """When ``action``'s inputs are all there (None: not yet). Keys are (kind, micro-batch, virtual stage)."""
-    m, j = action.micro_batch, action.chunk * S + s
+    m, j = action.micro_batch, place.index(s, action.chunk)
     if action.kind is Kind.FORWARD:
         if j == 0:
             return 0.0
         upstream = done.get((Kind.FORWARD, m, j - 1))
-        return None if upstream is None else upstream + p2p_s
+        return None if upstream is None else upstream + place.p2p(j - 1, j, p2p_s)
     if action.kind is Kind.BACKWARD_WEIGHT:
         return done.get((Kind.BACKWARD_INPUT, m, j))
     own = done.get((Kind.FORWARD, m, j))
     if own is None:
         return None
-    if j == S * V - 1:
+    if j == place.S * place.V - 1:
         return own
     # The gradient a backward (or input half) needs is sent by the next virtual stage's backward or input half.
     downstream = done.get((Kind.BACKWARD, m, j + 1), done.get((Kind.BACKWARD_INPUT, m, j + 1)))
-    return None if downstream is None else max(own, downstream + p2p_s)
+    return None if downstream is None else max(own, downstream + place.p2p(j + 1, j, p2p_s))
 
 
-def _needs(action: Action, s: int, S: int, V: int) -> str:
-    m, j = action.micro_batch, action.chunk * S + s
+def _needs(action: Action, s: int, place: _Place) -> str:
+    m, j = action.micro_batch, place.index(s, action.chunk)
+    S, V = place.S, place.V
 
     def where(vj: int) -> str:
-        return f"stage {vj % S}" + (f" chunk {vj // S}" if V > 1 else "")
+        stage, chunk = position(vj, S, V, place.placement)
+        return f"stage {stage}" + (f" chunk {chunk}" if V > 1 else "")
 
     if action.kind is Kind.FORWARD:
         return f"F{m} on {where(j - 1)}"
