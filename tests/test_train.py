@@ -142,6 +142,14 @@ def test_resume_into_an_interleaved_plan_equals_uninterrupted(half_run: dict[str
     assert [s["layers"] for s in resumed["stages"]] == [[0, 2], [1, 3]]
 
 
+def test_resume_into_a_zbv_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Resumed with zbv: the V puts layers 0 | 3 on stage 0 (with the head: the loss is logged from there)."""
+    config = _config(half_run["root"], "plan_zbv", steps=6, parallel={**PLAN_IL, "schedule": "zbv"})
+    resumed = _train(str(config), "--resume", str(half_run["checkpoints"]), "--run-dir", str(half_run["root"] / "resumed_zbv"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+    assert [s["layers"] for s in resumed["stages"]] == [[0, 3], [1, 2]]
+
+
 def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
     from hal.cli.train import spawn_ranks
