@@ -130,8 +130,10 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     times = _timed(step, sync, opts["model_steps"])
     peak = backend.max_memory_allocated() if device.type != "cpu" else 0
     engine.module.take_moe_tally()
+    paths = sorted({str(block.path) for block in engine.module.moe_blocks().values()})  # grouped_mm or loop
     del engine
-    return {"step_s": statistics.median(times), "tokens": opts["micro_batches"] * mbs * opts["seq"], "peak_bytes": peak}
+    return {"step_s": statistics.median(times), "tokens": opts["micro_batches"] * mbs * opts["seq"], "peak_bytes": peak,
+            "expert_path": "+".join(paths)}
 
 
 def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +188,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
             step = max(r["model"][key]["step_s"] for r in reports.values())
             tps = r0["model"][key]["tokens"] / step
             runs[key] = {"step_s": step, "tokens_per_s": tps, "mfu_active": tps * fpt / (world * peak * 1e12) if peak else None,
-                         "peak_gib": max(r["model"][key]["peak_bytes"] for r in reports.values()) / 2**30}
+                         "peak_gib": max(r["model"][key]["peak_bytes"] for r in reports.values()) / 2**30,
+                         "expert_path": r0["model"][key].get("expert_path")}
         out["model"] = {"parameters": model_parameters(model), "active_parameters": model_parameters(model, active=True),
                         "seq": opts["seq"], "micro_batches": opts["micro_batches"],
                         "rows_per_rank": opts["micro_batch_size"], "runs": runs}
@@ -205,7 +208,8 @@ def table(s: dict[str, Any]) -> str:
                      f"{m['micro_batches']} micro-batches x {m['rows_per_rank']} rows per rank")
         for key, run in m["runs"].items():
             mfu = "" if run["mfu_active"] is None else f", MFU (active) {100 * run['mfu_active']:.1f}%"
-            lines.append(f"  {key}: {run['step_s']:.3f} s/step, {run['tokens_per_s']:.0f} tokens/s{mfu}, peak {run['peak_gib']:.2f} GiB")
+            lines.append(f"  {key}: {run['step_s']:.3f} s/step, {run['tokens_per_s']:.0f} tokens/s{mfu}, peak {run['peak_gib']:.2f} GiB, "
+                         f"experts via {run.get('expert_path')}")
     return "\n".join(lines)
 
 
