@@ -112,3 +112,39 @@ def test_what_if_ascend_and_h100_from_catalog_figures() -> None:
     mixed = [r for r in report.results if len({k.backend for k in r.placement.kinds}) > 1]
     for r in mixed:
         assert any("bridge between backends" in e for e in r.prediction.estimated)
+
+
+def test_recompute_times_follow_from_the_plain_layer_and_keep_their_measured_memory() -> None:
+    """A checkpointed layer: the plain forward, then a backward that re-runs it; noisy recompute points
+    (here 3x the plain layer) do not reach the times, only their activation bytes are used."""
+    plain = tuple(LayerPoint(1, r, 32, False, 1e-3 * r, 2e-3 * r, 100_000 * r) for r in (1, 2, 4))
+    noisy = tuple(LayerPoint(1, r, 32, True, 3e-3 * r, 9e-3 * r, 8_000 * r) for r in (1, 2, 4))
+    prof = DeviceProfile("cpu-generic", "cpu", "measured", "synthetic", plain + noisy, PerToken(0, 0, 0), PerToken(0, 0, 0), 0.0)
+    f, b, act = prof.layer(1, 2, 32, True)
+    assert f == pytest.approx(2e-3) and b == pytest.approx(2e-3 + 4e-3) and act == pytest.approx(16_000)
+    assert prof.layer(1, 2, 32, False) == pytest.approx((2e-3, 4e-3, 200_000))
+    only_recompute = DeviceProfile("cpu-generic", "cpu", "measured", "synthetic", noisy, PerToken(0, 0, 0), PerToken(0, 0, 0), 0.0)
+    assert only_recompute.layer(1, 2, 32, True) == pytest.approx((6e-3, 18e-3, 16_000))  # nothing to derive from: measured
+
+
+def _clocked(host: float) -> DeviceProfile:
+    """An accelerator profile with both clocks: the device 1 + 2 ms a layer row, the host ``host`` s per call."""
+    points = tuple(LayerPoint(1, r, 32, False, max(host, 1e-3 * r), max(host, 2e-3 * r), 100_000 * r,
+                              host, host, 1e-3 * r, 2e-3 * r) for r in (1, 2, 4))
+    return DeviceProfile("nvidia-h100-sxm", "cuda", "measured", "synthetic", points, PerToken(0, 0, 0), PerToken(0, 0, 0), 0.0)
+
+
+@pytest.mark.parametrize("host,host_bound", [(1e-4, False), (5e-3, True)])
+def test_a_host_slower_than_its_device_bounds_the_step_by_its_enqueue_time(host: float, host_bound: bool) -> None:
+    """The device runs the schedule (its dependencies, its bubble); each host enqueues its whole program without
+    waiting, so the step is the longer of the two — 1F1B's closed form on device times, or M × the host's time."""
+    cost = _cost([H100], nvidia_h100_sxm=_clocked(host))
+    S, M = 4, 8
+    plan = _plan(S, M)
+    pred = cost.predict(plan, Placement.pack(plan, (cost.cluster.types[0],) * S))
+    device = (M + S - 1) * 2 * (1e-3 + 2e-3)  # two layers a stage, one row
+    enqueue = M * 2 * (host + host)
+    assert pred.step_s == pytest.approx(max(device, enqueue), rel=1e-6)
+    assert pred.bound.startswith("host of stage") == host_bound, pred.bound
+    rc = cost.predict(_plan(S, M, checkpoint=True), Placement.pack(plan, (cost.cluster.types[0],) * S))
+    assert rc.step_s > pred.step_s  # recompute: the forward again, on both clocks

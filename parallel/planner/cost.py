@@ -7,7 +7,7 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
 - per stage and micro-batch, forward and backward = layers × the profiled layer time at the stage's
   rows per replica (micro_batch_size / dp) and tp (recompute: the layer points measured with it), plus
   the embedding on the first stage and norm + head + loss on the last, plus tp's all-reduces (two per
-  layer each way; recompute repeats one) over the stage's link;
+  layer each way; recompute repeats the forward's two) over the stage's link;
 - the boundary transfer: one micro-batch's activations for one receiving replica over the link
   between the two stages (native CCL, another node, or the bridge between backends) — the simulator
   takes one p2p time, the slowest boundary's;
@@ -140,14 +140,21 @@ class CostModel:
         return self.profile.devices[kind.device]
 
     # --- one stage --------------------------------------------------------------------------------------
-    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int]:
+    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int, float]:
         """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch,
-        tp all-reduces forward, backward) for stage k, uncontended."""
+        tp all-reduces forward, backward, host enqueue s of one micro-batch's layers) for stage k, uncontended.
+
+        Where the profile has an accelerator's two clocks, forward and backward are the device's times and the
+        host's enqueue time is returned beside them (``predict`` bounds the step by both); else the host time is 0."""
         stage, kind, m = plan.stages[k], place.kinds[k], self.model
         prof = self.device(kind)
         rows, seq = plan.micro_batch_size // stage.dp, self.seq
         f, b, act = prof.layer(stage.tp, rows, seq, stage.checkpoint)
+        clocks = prof.clocks(stage.tp, rows, seq, stage.checkpoint)
         L = stage.layer_count
+        host = 0.0
+        if clocks is not None:
+            host, (f, b) = L * (clocks[0] + clocks[1]), clocks[2:]
         fwd, bwd = L * f, L * b
         tokens = rows * seq
         if k == 0:
@@ -163,9 +170,10 @@ class CostModel:
         if stage.tp > 1:
             gbps, lat, _ = self.link(kind, kind, True)
             one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
-            calls_f, calls_b = 2 * L, (2 + (1 if stage.checkpoint else 0)) * L
+            # two row-parallel all-reduces a layer each way; recompute re-runs the forward, both of its own again
+            calls_f, calls_b = 2 * L, (2 + (2 if stage.checkpoint else 0)) * L
             tp_f, tp_b = calls_f * one, calls_b * one
-        return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b
+        return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b, host
 
     def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
@@ -212,13 +220,17 @@ class CostModel:
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
-        step = sim.makespan + tail
+        # An accelerator's host enqueues its whole program without waiting on its neighbours (receives wait on the
+        # device), so a stage whose host is slower than its device takes M times its enqueue time, bubble or not.
+        host = [M * b[7] for b in base]
+        schedule_s = max(sim.makespan, *host)
+        step = schedule_s + tail
         stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
         self._host_memory(plan, place, stages)
         tokens = plan.global_batch_size * self.seq
-        pred = Prediction(step, tokens / step, sim.makespan, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
+        pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
                           stages, "", self._estimated(place))
-        pred.bound = self._bound(plan, pred, fwd, bwd, tails)
+        pred.bound = self._bound(plan, pred, fwd, bwd, tails, host)
         return pred
 
     def _occupancy(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
@@ -249,7 +261,7 @@ class CostModel:
         return max(1.0, occupancy) if measured is None else measured
 
     def _stage_cost(self, plan: ParallelPlan, place: Placement, k: int, fwd: float, bwd: float,
-                    base: tuple[float, float, float, float, float, int, int], tail: tuple[float, float], in_flight: int) -> StageCost:
+                    base: tuple[float, float, float, float, float, int, int, float], tail: tuple[float, float], in_flight: int) -> StageCost:
         stage, kind = plan.stages[k], place.kinds[k]
         static = rank_bytes(self.model, plan, k)
         per_mb = base[4]
@@ -284,11 +296,16 @@ class CostModel:
             out.append("bridge between backends (10 GB/s, documented default)")
         return out
 
-    def _bound(self, plan: ParallelPlan, pred: Prediction, fwd: list[float], bwd: list[float], tails: list[tuple[float, float]]) -> str:
-        """The largest part of the step: the slowest stage's compute, the bubble, the tail (sync/optimizer), transfers."""
+    def _bound(self, plan: ParallelPlan, pred: Prediction, fwd: list[float], bwd: list[float], tails: list[tuple[float, float]],
+               host: list[float]) -> str:
+        """The largest part of the step: the slowest stage's compute, the bubble, the tail (sync/optimizer), transfers,
+        or a host too slow to keep its device fed."""
         M = plan.micro_batches
         busy = [M * (f + b) for f, b in zip(fwd, bwd)]
         k = max(range(len(busy)), key=busy.__getitem__)
+        slowest_host = max(range(len(host)), key=host.__getitem__)
+        if host[slowest_host] >= pred.schedule_s > 0:
+            return f"host of stage {slowest_host} ({pred.stages[slowest_host].device}): enqueues slower than its device runs"
         parts = {
             f"compute of stage {k} ({pred.stages[k].device})": busy[k],
             f"pipeline bubble ({pred.bubble_overall:.0%} idle)": pred.schedule_s - busy[k],

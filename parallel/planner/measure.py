@@ -71,25 +71,62 @@ def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+Clocks = tuple[float, float, float, float]  # host forward, host backward, device forward, device backward (s)
+
+
 def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
-             grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
-    """Forward and backward seconds of one call, and the bytes saved for backward.
+             grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int, Clocks | None]:
+    """Forward and backward seconds of one call, the bytes saved for backward, and (accelerators) the two clocks.
 
     The host runs each call alone; an accelerator queues ``QUEUED`` calls back to back between two
     synchronizations (``_queued``) — in a run, the host queues the next layer's kernels while the device
     runs this one's, so a synchronized single call would charge the launch latency a run hides."""
     if backend.device_type == "cpu":
-        return _fwd_bwd_each(backend, forward, repeats, grad)
+        return (*_fwd_bwd_each(backend, forward, repeats, grad), None)
     return _queued(backend, forward, repeats, grad)
 
 
 QUEUED = 8  # calls an accelerator measurement queues between two synchronizations
+BLOCKER_SIDE = 4096  # the square matmul that keeps a device busy while the host enqueues (``_DeviceClock``)
+
+
+class _DeviceClock:
+    """The device's own time for a batch of enqueued calls, free of the host's launch gaps.
+
+    Why: with the host slower than the device, a synchronized wall clock measures the host. Here the device
+    is first given enough matmuls to stay busy for about twice the host's enqueue time, so by the time it
+    reaches the calls they are all queued and run back to back; two events around them time the device."""
+
+    def __init__(self, backend: Backend, device: torch.device) -> None:
+        self.backend = backend
+        self.a = torch.randn(BLOCKER_SIDE, BLOCKER_SIDE, device=device, dtype=torch.bfloat16)
+        self.a @ self.a  # warm-up: the library's handle and kernel choice
+        backend.synchronize()
+        self.block_s = max(self._events(lambda: self.a @ self.a), 1e-6)
+
+    def time(self, enqueue: Callable[[], Any], host_s: float) -> float:
+        """Device seconds of what ``enqueue`` queues, when the host takes about ``host_s`` to queue it."""
+        self.backend.synchronize()
+        for _ in range(int(2 * host_s / self.block_s) + 1):
+            self.a @ self.a
+        return self._events(enqueue)
+
+    def _events(self, enqueue: Callable[[], Any]) -> float:
+        stream = self.backend.current_stream()
+        start, end = self.backend.Event(enable_timing=True), self.backend.Event(enable_timing=True)
+        start.record(stream)
+        enqueue()
+        end.record(stream)
+        self.backend.synchronize()
+        return start.elapsed_time(end) / 1e3
 
 
 def _queued(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
-            grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
-    """Median over ``repeats`` rounds (one warm-up) of QUEUED forwards, then their QUEUED backwards, per call."""
-    fwd, bwd, saved = [], [], 0
+            grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int, Clocks]:
+    """Median over ``repeats`` rounds (one warm-up) of QUEUED forwards, then their QUEUED backwards, per call:
+    the synchronized wall time, the host's enqueue time, and the device's time (``_DeviceClock``)."""
+    clock = _DeviceClock(backend, forward().device)
+    fwd, bwd, host_f, host_b, dev_f, dev_b, saved = [], [], [], [], [], [], 0
     for i in range(repeats + 1):
         outs: list[torch.Tensor] = []
         with saved_bytes() as box:
@@ -99,6 +136,7 @@ def _queued(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
         backend.synchronize()
         start = time.perf_counter()
         outs.extend(forward() for _ in range(QUEUED))
+        queued_f = time.perf_counter() - start
         backend.synchronize()
         t_f = (time.perf_counter() - start) / QUEUED
         grads = [grad(o) for o in outs]
@@ -107,12 +145,23 @@ def _queued(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
         start = time.perf_counter()
         for o, g in zip(outs[1:], grads[1:]):
             o.backward(g)
+        queued_b = time.perf_counter() - start
         backend.synchronize()
         t_b = (time.perf_counter() - start) / QUEUED
+        # the same calls again, timed on the device behind a blocker
+        outs = []
+        d_f = clock.time(lambda: outs.extend(forward() for _ in range(QUEUED)), queued_f)
+        grads = [grad(o) for o in outs]
+        d_b = clock.time(lambda: [o.backward(g) for o, g in zip(outs, grads)], queued_b)
         if i:
             fwd.append(t_f)
             bwd.append(t_b)
-    return statistics.median(fwd), statistics.median(bwd), saved
+            host_f.append(queued_f / QUEUED)
+            host_b.append(queued_b / QUEUED)
+            dev_f.append(d_f / QUEUED)
+            dev_b.append(d_b / QUEUED)
+    med = statistics.median
+    return med(fwd), med(bwd), saved, (med(host_f), med(host_b), med(dev_f), med(dev_b))
 
 
 def _fwd_bwd_each(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
@@ -161,8 +210,8 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
                     with autocast():
                         return layer(x)
 
-                f, b, act = _fwd_bwd(backend, forward, repeats, torch.ones_like)
-                points.append(LayerPoint(1, r, seq, recompute, f, b, act))
+                f, b, act, clocks = _fwd_bwd(backend, forward, repeats, torch.ones_like)
+                points.append(LayerPoint(1, r, seq, recompute, f, b, act, *(clocks or (None,) * 4)))
         say(f"{caps.catalog_id or backend.name}: embedding, head and loss, AdamW")
         embedding, head = _ends(backend, model, device, seq, max(rows), autocast, repeats)
         optimizer = _optimizer_s_per_param(backend, model, device, repeats)

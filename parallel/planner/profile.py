@@ -37,6 +37,12 @@ class LayerPoint:
     forward_s: float
     backward_s: float  # with recompute: includes the layer's second forward
     activation_bytes: int  # saved for backward by one layer for one micro-batch (recompute: its input only)
+    # An accelerator's two clocks (None on the cpu, whose host is the device): the host's time to enqueue one
+    # call, and the device's time to run it with its queue kept full. A run is bound by the slower of the two.
+    host_forward_s: float | None = None
+    host_backward_s: float | None = None
+    device_forward_s: float | None = None
+    device_backward_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,44 @@ class DeviceProfile:
         measured come from tp 1 at rows / tp (the work splits, the per-call overhead does not; the cost
         model adds tp's communication).
         """
+        if recompute and self._has(tp, False):
+            # Recompute's times follow from the plain layer's: the checkpointed forward is the plain forward, and
+            # its backward re-runs that forward before the plain backward. Measured directly, the recompute
+            # points carry an extra forward's worth of noise (a 2-core host: +37 % on one forward of the
+            # planner-accuracy profile), so they give the activation bytes only — what recompute changes.
+            fwd, bwd, _ = self._fit(tp, rows, seq, False)
+            act = self._fit(tp, rows, seq, True)[2] if self._has(tp, True) else 0.0
+            return fwd, fwd + bwd, act
+        return self._fit(tp, rows, seq, recompute)
+
+    def clocks(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float, float] | None:
+        """(host forward, host backward, device forward, device backward) seconds of one layer call, where the
+        profile measured an accelerator's two clocks; None otherwise.
+
+        The host's enqueue time barely depends on the rows (the same kernels are launched), and a tp-split
+        layer launches as many as tp 1 at the full rows, so the host side is read at ``rows``; the device side
+        follows ``layer``'s rule (tp 1 at rows / tp). Recompute: forward + backward again, as ``layer``."""
+        plain = [p for p in self.layers if not p.recompute and p.tp == 1 and p.host_forward_s is not None
+                 and p.device_forward_s is not None]
+        if not plain:
+            return None
+        near = min({p.seq for p in plain}, key=lambda s: abs(s - seq))
+        pts = sorted((p for p in plain if p.seq == near), key=lambda p: p.rows)
+        xs = [p.rows * seq / near for p in pts]
+
+        def at(field: str, x: float) -> float:
+            return max(_fit(xs, [float(getattr(p, field)) for p in pts], x), 0.0)
+
+        hf, hb = at("host_forward_s", rows), at("host_backward_s", rows)
+        df, db = at("device_forward_s", rows / tp), at("device_backward_s", rows / tp)
+        return (hf, hf + hb, df, df + db) if recompute else (hf, hb, df, db)
+
+    def _has(self, tp: int, recompute: bool) -> bool:
+        """Whether points at this recompute setting exist (at ``tp``, or at tp 1 to split)."""
+        return any(p.recompute == recompute and p.tp in (tp, 1) for p in self.layers)
+
+    def _fit(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float]:
+        """(forward s, backward s, activation bytes) from the measured points at this recompute setting."""
         pts = [p for p in self.layers if p.recompute == recompute and p.tp == tp]
         x = float(rows)
         if not pts:  # a tp-split layer does 1/tp of the work of tp 1 at the same per-call overhead: tp 1 at rows / tp
