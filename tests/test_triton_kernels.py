@@ -319,6 +319,54 @@ def test_torch_compile_sees_each_kernel_as_one_op() -> None:
     torch.testing.assert_close(grads[1], w.grad)
 
 
+@pytest.mark.parametrize("index", range(5), ids=["rms_norm", "add_rms_norm", "rotary_embedding", "swiglu", "linear_ce"])
+def test_eager_calls_skip_the_dispatcher_and_equal_the_op(index: int) -> None:
+    """An eager call runs the op's body and backward as a plain autograd.Function (no hal_triton op reaches the
+    dispatcher: a dispatch mode sees aten ops only), with the outputs and gradients of the torch.library op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    op, args = _op_samples()[index]
+    name = op.name().split("::")[1].split(".")[0]
+    leaves = [a.detach().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
+    if name == "linear_cross_entropy":  # its gradients come out of the forward; the reduction's d_loss scales them
+        leaves = [a.detach().requires_grad_(i < 2) if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+    with Seen() as seen:
+        out = library._call(name, *leaves)
+        first = out[0] if isinstance(out, tuple) else out
+        first.float().sum().backward()
+    assert not [o for o in seen.ops if "hal_triton" in o], seen.ops
+    eager_grads = [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    again = [a.detach().requires_grad_(b.requires_grad) if isinstance(a, torch.Tensor) else a for a, b in zip(args, leaves)]
+    want = op(*again)
+    (want[0] if isinstance(want, tuple) else want).float().sum().backward()
+    torch.testing.assert_close(first, want[0] if isinstance(want, tuple) else want)
+    for got, ref in zip(eager_grads, [a.grad for a in again if isinstance(a, torch.Tensor) and a.requires_grad]):
+        torch.testing.assert_close(got, ref)
+
+
+def test_compiled_calls_keep_the_op() -> None:
+    """What torch.compile traces is the hal_triton op (one node), not the eager path's kernel launches."""
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example: Any) -> Any:
+        graphs.append(gm.code)
+        return gm.forward
+
+    x, w = torch.randn(3, 8, device=DEVICE), torch.ones(8, device=DEVICE)
+    torch._dynamo.reset()
+    torch.compile(lambda a, b: library.rms_norm(a, b) * 2, backend=backend, fullgraph=True)(x, w)
+    assert graphs and "hal_triton.rms_norm" in graphs[0], graphs
+
+
 @pytest.mark.skipif(not ON_GPU, reason="inductor compiles Triton kernels only on a GPU")
 def test_on_a_gpu_inductor_launches_the_kernels_itself() -> None:
     """Where Triton compiles, the ops are triton ops: inductor traces into them (no opaque op, no Python launch
@@ -412,3 +460,13 @@ def test_the_wrappers_run_the_kernels_where_they_serve() -> None:
         torch.testing.assert_close(normed, ops._rms_norm(x + x, w))
         torch.testing.assert_close(triton_ops.triton_swiglu(x), ops._swiglu(x))
     assert not recorded_downgrades()
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 5, 8), (5, 8), (5, 8)), ((2, 3, 5, 8), (1, 1, 5, 8), (5, 8)), ((5, 8), (2, 5, 8), (8,)),
+                                    ((2, 3, 5, 8), (4, 8), (5, 8)), ((3,), (2,)), ((1,), (1, 1))])
+def test_the_rotary_wrappers_broadcast_rule_is_torchs(shapes: tuple[tuple[int, ...], ...]) -> None:
+    try:
+        want: tuple[int, ...] | None = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        want = None
+    assert triton_ops._broadcast(*shapes) == want

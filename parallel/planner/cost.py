@@ -11,6 +11,10 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
 - the boundary transfer: one micro-batch's activations for one receiving replica over the link
   between the two stages (native CCL, another node, or the bridge between backends) — the simulator
   takes one p2p time, the slowest boundary's;
+- an accelerator's host: where the profile has both clocks (``profile.LayerPoint``: host enqueue and
+  device time), the simulator gets the device times and the schedule lasts at least M × each stage's
+  enqueue time — a host never waits for its neighbours (receives wait on the device), so a host slower
+  than its device sets the pace whatever the bubble (the tp collectives' host cost is not modelled);
 - after the schedule, each stage's dp gradient sync (bucketed ring all-reduce over the stage's link;
   ZeRO-1: reduce-scatter + all-gather, the same bytes) and its AdamW step; the step ends with the
   slowest stage.
