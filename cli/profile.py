@@ -62,10 +62,18 @@ def format_profile(data: dict[str, Any]) -> str:
     for name, d in data["devices"].items():
         label = "measured" if d["source"] == "measured" else "ESTIMATED"
         lines += ["", f"{name} ({d['backend']}): {label} — {d['basis']}"]
-        lines.append(f"  {'tp':>2} {'rows':>4} {'recompute':>9} {'forward ms':>10} {'backward ms':>11} {'activations KiB':>15}")
+        clocks = any(p.get("host_forward_s") is not None for p in d["layers"])
+        lines.append(f"  {'tp':>2} {'rows':>4} {'recompute':>9} {'forward ms':>10} {'backward ms':>11} {'activations KiB':>15}"
+                     + (f"  {'host f/b ms':>13}  {'device f/b ms':>13}" if clocks else ""))
         for p in d["layers"]:
+            both = ""
+            if clocks and p.get("host_forward_s") is not None:  # an accelerator's two clocks: which one sets the pace
+                host, device = p["host_forward_s"] + p["host_backward_s"], p["device_forward_s"] + p["device_backward_s"]
+                both = (f"  {p['host_forward_s'] * 1e3:>6.3f}/{p['host_backward_s'] * 1e3:<6.3f}"
+                        f"  {p['device_forward_s'] * 1e3:>6.3f}/{p['device_backward_s'] * 1e3:<6.3f}"
+                        + ("  host-bound" if host > device else ""))
             lines.append(f"  {p['tp']:>2} {p['rows']:>4} {('on' if p['recompute'] else 'off'):>9} {p['forward_s'] * 1e3:>10.3f} "
-                         f"{p['backward_s'] * 1e3:>11.3f} {p['activation_bytes'] / 1024:>15.1f}")
+                         f"{p['backward_s'] * 1e3:>11.3f} {p['activation_bytes'] / 1024:>15.1f}" + both)
         e, h = d["embedding"], d["head"]
         lines.append(f"  embedding {e['forward_s'] * 1e6:.3f} / {e['backward_s'] * 1e6:.3f} µs a token; head + loss "
                      f"{h['forward_s'] * 1e6:.3f} / {h['backward_s'] * 1e6:.3f} µs a token (forward / backward); AdamW "
