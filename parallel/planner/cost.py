@@ -7,7 +7,7 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
 - per stage and micro-batch, forward and backward = layers × the profiled layer time at the stage's
   rows per replica (micro_batch_size / dp) and tp (recompute: the layer points measured with it), plus
   the embedding on the first stage and norm + head + loss on the last, plus tp's all-reduces (two per
-  layer each way; recompute repeats the forward's two) over the stage's link;
+  layer each way; recompute repeats one, or under sp three half-size exchanges) over the stage's link;
 - the boundary transfer: one micro-batch's activations for one receiving replica over the link
   between the two stages (native CCL, another node, or the bridge between backends) — the simulator
   takes one p2p time, the slowest boundary's;
@@ -174,8 +174,10 @@ class CostModel:
         if stage.tp > 1:
             gbps, lat, _ = self.link(kind, kind, True)
             one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
-            # two row-parallel all-reduces a layer each way; recompute re-runs the forward, both of its own again
-            calls_f, calls_b = 2 * L, (2 + (2 if stage.checkpoint else 0)) * L
+            # Two row-parallel all-reduces a layer each way. Recompute re-runs the forward up to its last saved tensor
+            # (torch's early stop, ``Stage._run_layer``): tp repeats the attention output's all-reduce, sp its two
+            # all-gathers and the reduce-scatter — three half-size exchanges, counted as two.
+            calls_f, calls_b = 2 * L, (2 + ((2 if stage.sp else 1) if stage.checkpoint else 0)) * L
             tp_f, tp_b = calls_f * one, calls_b * one
         return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b, host
 
