@@ -165,3 +165,26 @@ def test_parameter_counts_are_the_built_models_and_flops_count_the_active_expert
     assert model_parameters(config, active=True) == model_parameters(config) - round(idle)
     dense = ModelConfig(**{**config.to_dict(), "moe_num_experts": 0, "moe_shared_ffn_size": 0, "moe_shared_gate": False})
     assert flops_per_token(config, 8) != flops_per_token(dense, 8)
+
+
+def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradients() -> None:
+    """A checkpointed MoE layer's forward runs again in the backward (the recompute); what it routed is
+    tallied once, and the gradients are the plain stage's."""
+    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.models.llama import build_stage
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                         max_seq_len=8, moe_num_experts=4, moe_top_k=2)
+    ids = torch.randint(0, 64, (3, 8), generator=torch.Generator().manual_seed(0))
+    runs = {}
+    for checkpoint in (False, True):
+        stage = build_stage(config, range(0, 2), first=True, last=True, tp_comm=None, sp=False, seed=0,
+                            checkpoint=checkpoint, dtype=torch.float64)
+        stage(ids).pow(2).mean().backward()
+        runs[checkpoint] = ({n: p.grad.clone() for n, p in stage.named_parameters()}, stage.take_moe_tally())
+    grads, tally = runs[True]
+    for name, grad in runs[False][0].items():
+        torch.testing.assert_close(grads[name], grad, msg=name)
+    for layer, row in tally.items():
+        assert sum(row["load"]) == 3 * 8 * 2, (layer, row)  # tokens × top-k, once
+        assert row == runs[False][1][layer]

@@ -20,6 +20,7 @@ checkpoint) nothing is drawn: each rank reads only its slices (``parallel.hf_wei
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import math
@@ -148,6 +149,27 @@ class MLP(nn.Module):
         return self.down(ops.swiglu(self.gate_up(x)))
 
 
+_RECOMPUTING = contextvars.ContextVar("hal_recomputing", default=False)
+
+
+class _Replayed:
+    """A checkpointed layer: its first call is the forward, any later one torch.utils.checkpoint's recompute
+    in the backward — marked (``_RECOMPUTING``) so what a forward counts (the MoE tally) is counted once."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer, self.calls = layer, 0
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            return self.layer(h)
+        token = _RECOMPUTING.set(True)
+        try:
+            return self.layer(h)
+        finally:
+            _RECOMPUTING.reset(token)
+
+
 class MoEFeedForward(MoE):
     """The MoE block as a decoder layer's feed-forward: its output only, the auxiliary loss attached to it.
 
@@ -167,14 +189,18 @@ class MoEFeedForward(MoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         out, stats = super().forward(x)
-        with torch.no_grad():
-            row = [stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
-                   stats.z_loss.detach().double().reshape(1), torch.ones(1, dtype=torch.float64, device=x.device)]
-            self._tally = row if self._tally is None else [a + b for a, b in zip(self._tally, row)]
+        if not _RECOMPUTING.get():  # a checkpointed layer's recompute routes the same tokens again: counted once
+            self._count(stats)
         aux = self.loss(stats)
         if torch.is_grad_enabled() and aux.requires_grad and self.aux_scale:
             out = attach_aux_loss(out, aux, self.aux_scale)
         return out
+
+    @torch.no_grad()
+    def _count(self, stats: Any) -> None:
+        row = [stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
+               stats.z_loss.detach().double().reshape(1), torch.ones(1, dtype=torch.float64, device=stats.load.device)]
+        self._tally = row if self._tally is None else [a + b for a, b in zip(self._tally, row)]
 
     def take_tally(self) -> dict[str, Any] | None:
         """What the forwards since the last call routed (host values; one read), then start again."""
@@ -290,7 +316,7 @@ class Stage(nn.Module):
           feeds no saved tensor, so torch's early stop skips it.
         """
         if self.checkpoint and torch.is_grad_enabled():
-            return _checkpoint(layer, h, use_reentrant=False, preserve_rng_state=False)
+            return _checkpoint(_Replayed(layer), h, use_reentrant=False, preserve_rng_state=False)
         return layer(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
