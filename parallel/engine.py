@@ -43,7 +43,7 @@ from .loss import LossFn, token_sum_cross_entropy
 from .compile_stage import compile_layers, eager_first_forward
 from .models.llama import Stage, build_stage, sync_tied_embedding_grads
 from .model_config import ModelConfig
-from .layers import param_meta
+from .layers import expert_shard
 from .phase_timer import PhaseTimer
 from .plan import ParallelPlan
 from .reshard import Boundary, Layout, p2p_ops
@@ -56,12 +56,6 @@ from .topology import RankGroups, Topology
 from .weight_grad import WeightGradStore, collecting, splittable
 
 BUCKET_BYTES = 16 * 2**20
-
-
-def _expert_split(param: torch.Tensor) -> bool:
-    """Whether ``param`` is a share of stacked experts spread over an ep group (expert parallelism)."""
-    meta = param_meta(param)
-    return meta is not None and meta.expert_split
 
 
 @dataclass
@@ -366,6 +360,7 @@ class PipelineEngine:
         losses = self._execute(tokens)
         self.timer.add("schedule", start, self.timer.mark(), "schedule")
         with self._timed("grad_sync", "grad sync"):
+            self._fill_idle_experts()
             if self.reduce_dp_grads:
                 self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
@@ -494,16 +489,18 @@ class PipelineEngine:
         experts: list[torch.nn.Parameter] = []
         others: list[torch.nn.Parameter] = []
         for p in self.module.parameters():
-            if _expert_split(p):
-                if p.grad is None and p.requires_grad:  # a shard whose experts got no token here: zero, as on one device
-                    p.grad = torch.zeros_like(p)
-                if p.grad is not None:
-                    experts.append(p)
-            elif p.grad is not None:
-                others.append(p)
+            if p.grad is not None:
+                (experts if expert_shard(p) else others).append(p)
         self._sum_grads(self.groups.dp, others)
         if experts:
             self._sum_grads(self.groups.edp if self.groups.edp is not None else self.groups.dp, experts)
+
+    def _fill_idle_experts(self) -> None:
+        """A zero gradient for every expert shard no token reached here this step, as one device would have: its
+        replicas' sums (and ZeRO-1's reduce-scatter) then take part whatever the routing."""
+        for p in self.module.parameters():
+            if p.grad is None and p.requires_grad and expert_shard(p):
+                p.grad = torch.zeros_like(p)
 
     @staticmethod
     def _sum_grads(dp: Communicator, params: list[torch.nn.Parameter]) -> None:

@@ -75,6 +75,13 @@ def param_meta(param: torch.Tensor) -> ParamMeta | None:
     return getattr(param, "hal_meta", None)
 
 
+def expert_shard(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a share of stacked experts spread over an ep group (expert parallelism): the same only
+    on the dp replicas holding that share, so summed and sharded over those (``edp``), not over all of dp."""
+    meta = param_meta(param)
+    return meta is not None and meta.expert_split
+
+
 def _new_param(meta: ParamMeta, comm: TPComm) -> nn.Parameter:
     """An uninitialised local parameter (the model fills it from the seed; see ``parallel.models.llama``)."""
     shape = list(meta.full_shape)

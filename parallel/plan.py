@@ -312,9 +312,6 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
         if model.moe_num_experts % stage.ep:
             raise ConfigError(f"{origin}: {where}: ep {stage.ep} does not divide model.moe_num_experts "
                               f"{model.moe_num_experts}; each ep rank holds an equal share of the experts")
-        if plan.zero1:
-            raise ConfigError(f"{origin}: {where}: ZeRO-1 with expert parallelism is not implemented (expert shards "
-                              "differ across the dp group ZeRO-1 shards over); set zero1: false or ep: 1")
     for k in holding:
         stage = plan.stages[k]
         where = f"stage {k} (parallel.stages[{k}])"

@@ -44,6 +44,7 @@ from hal.errors import HalError
 
 from .data import global_batch
 from .job import Job
+from .layers import expert_shard
 from .optim_schedule import adamw_options, clip_global_norm, learning_rate, set_learning_rate
 from .topology import Topology
 
@@ -80,8 +81,10 @@ def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
     params = [p for p in engine.module.parameters() if p.requires_grad]
     hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
     if job.plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
-        from .zero import Zero1AdamW
+        from .zero import Zero1AdamW, Zero1Experts
 
+        if engine.mesh.ep > 1:  # expert shards differ across dp: their state shards over the replicas of each shard
+            return Zero1Experts(params, expert_shard, groups.dp, groups.edp, lambda ps: torch.optim.AdamW(ps, **hyper))
         return Zero1AdamW(params, groups.dp, **hyper)
     matrices = [p for p in params if p.dim() >= 2]
     vectors = [p for p in params if p.dim() < 2]  # norm weights (and biases): no weight decay

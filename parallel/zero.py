@@ -265,6 +265,73 @@ class Zero1AdamW(ZeroOne):
         super().__init__(params, dp_comm, lambda ps: torch.optim.AdamW(ps, **adamw))
 
 
+class Zero1Experts:
+    """ZeRO-1 on a stage with expert parallelism: two ``ZeroOne`` optimizers used as one.
+
+    Why two: the dense parameters are the same on every dp replica and shard over the whole dp group, but an
+    expert shard is the same only on the replicas holding those experts (the ``edp`` group, dp / ep ranks),
+    so its state shards over that group — with ep = dp there is one holder and nothing to shard. Every rank of
+    the stage calls the methods together (they are collectives over dp and edp). ``state_dict`` numbers the
+    parameters in ``params``' order, the full per-parameter form ``ZeroOne`` writes, so a checkpoint is the
+    same with or without it.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], is_expert: Callable[[torch.Tensor], bool],
+                 dp_comm: Communicator | None, edp_comm: Communicator | None, optimizer_factory: OptimizerFactory) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        dense = [p for p in self.params if not is_expert(p)]
+        experts = [p for p in self.params if is_expert(p)]
+        if not dense or not experts:
+            raise ValueError("Zero1Experts splits dense and expert parameters; this stage lacks one kind — use ZeroOne")
+        self.parts = (ZeroOne(dense, dp_comm, optimizer_factory), ZeroOne(experts, edp_comm, optimizer_factory))
+        slot = {id(p): (k, i) for k, part in enumerate(self.parts) for i, p in enumerate(part.params)}
+        self._slots = [slot[id(p)] for p in self.params]  # params' index -> (part, index in that part)
+
+    @property
+    def sharded(self) -> bool:
+        return any(part.sharded for part in self.parts)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Both parts' groups: setting ``lr`` on each changes both (the first is read for the hyperparameters)."""
+        return [g for part in self.parts for g in part.param_groups]
+
+    @property
+    def state_numel(self) -> int:
+        return sum(part.state_numel for part in self.parts)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none)
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def reduce_scatter_and_step(self) -> None:
+        for part in self.parts:
+            part.reduce_scatter_and_step()
+
+    def state_dict(self) -> dict[str, Any]:
+        inner = [part.state_dict() for part in self.parts]
+        state = {i: inner[k]["state"][j] for i, (k, j) in enumerate(self._slots) if j in inner[k]["state"]}
+        group = {key: v for key, v in inner[0]["param_groups"][0].items() if key != "params"}
+        group["params"] = list(range(len(self.params)))
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            raise ValueError(f"Zero1Experts.load_state_dict: expected one param group of {len(self.params)} parameters, "
+                             f"got {[len(g['params']) for g in groups]}; the state dict is from another model or setup")
+        saved = [state_dict["state"].get(i) for i in groups[0]["params"]]
+        settings = {key: v for key, v in groups[0].items() if key != "params"}
+        for k, part in enumerate(self.parts):
+            mine = [(j, saved[i]) for i, (kk, j) in enumerate(self._slots) if kk == k]
+            part.load_state_dict({"state": {j: s for j, s in mine if s is not None},
+                                  "param_groups": [{**settings, "params": [j for j, _ in mine]}]})
+
+
 def _pad(flat: torch.Tensor, size: int) -> torch.Tensor:
     return flat if flat.numel() == size else torch.cat([flat, flat.new_zeros(size - flat.numel())])
 
@@ -283,4 +350,4 @@ def _check_flattenable(params: list[torch.Tensor]) -> None:
         raise ValueError("ZeroOne cannot shard 0-dim parameters (their state looks like a scalar's); give them shape (1,)")
 
 
-__all__ = ["FlatLayout", "OptimizerFactory", "Zero1AdamW", "ZeroOne"]
+__all__ = ["FlatLayout", "OptimizerFactory", "Zero1AdamW", "Zero1Experts", "ZeroOne"]

@@ -214,6 +214,35 @@ def test_an_ep_checkpoint_resumes_at_another_ep_degree(tmp_path: Path) -> None:
     assert train(ep1, "plain")["losses"] == pytest.approx(full, rel=1e-5)
 
 
+def test_zero1_with_ep_trains_as_plain_adamw_and_its_checkpoint_resumes_without_it(tmp_path: Path) -> None:
+    """One MoE stage at dp4 ep2 (two replicas of each expert shard): ZeRO-1 shards the dense state over 4 ranks and
+    each expert shard's over its 2 replicas. 4 steps equal the same run without ZeRO-1; 2 steps with it, resumed
+    without it at dp4 ep1, give the last 2."""
+    raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
+    raw["train"].pop("checkpoint_every", None)
+    raw["train"]["steps"] = 4
+
+    def config(name: str, **plan: Any) -> Path:
+        stage = {"backend": "cpu", "devices": 4, "layers": 4, "dp": 4, "ep": plan.pop("ep")}
+        body = {**raw, "model": {**raw["model"], "moe_first_dense": 0},
+                "parallel": {**raw["parallel"], "stages": [stage], "micro_batch_size": 4, **plan}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(body), encoding="utf-8")
+        return path
+
+    def train(path: Path, run: str, *args: str) -> dict[str, Any]:
+        result = run_hal("train", str(path), "--run-dir", str(tmp_path / run), "--json", *args, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout)
+
+    plain = train(config("plain", ep=2), "plain")["losses"]
+    sharded = config("zero1", ep=2, zero1=True)
+    assert train(sharded, "zero1")["losses"] == pytest.approx(plain, rel=1e-5)
+    assert train(sharded, "half", "--steps", "2")["losses"] == pytest.approx(plain[:2], rel=1e-5)
+    resumed = train(config("ep1", ep=1), "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    assert resumed["first_step"] == 3 and resumed["losses"] == pytest.approx(plain[2:], rel=1e-5)
+
+
 @pytest.mark.parametrize("stage, says", [
     ({"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 3}, "ep 3 does not divide the stage's dp 2"),
     ({"backend": "cpu", "devices": 1, "layers": 2, "dp": 1, "ep": 1}, None),
@@ -233,9 +262,8 @@ def test_ep_refusals(tmp_path: Path, stage: dict[str, Any], says: str | None) ->
             bad = dict(plan, stages=[plan["stages"][0], {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}])
             validate_plan(parse_plan(bad), model_config({"moe_first_dense": 2, "moe_num_experts": 3}), world_size=None,
                           check_backends=False)
-        with pytest.raises(ConfigError, match="ZeRO-1 with expert parallelism"):
-            bad = dict(plan, zero1=True, stages=[plan["stages"][0], {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}])
-            validate_plan(parse_plan(bad), model, world_size=None, check_backends=False)
+        zero1_ep = dict(plan, zero1=True, stages=[plan["stages"][0], {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}])
+        validate_plan(parse_plan(zero1_ep), model, world_size=None, check_backends=False)  # ZeRO-1 with ep runs
     else:
         with pytest.raises(ConfigError, match=says):
             validate_plan(parse_plan(plan), model, world_size=None, check_backends=False)
