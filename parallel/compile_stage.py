@@ -1,6 +1,6 @@
 """Regional compilation of a stage: every decoder layer through ``torch.compile`` (``compile: true``).
 
-Each layer is compiled on its own (as torchtitan does): the layers share one code object, so the
+Each layer is compiled on its own (as torchtitan does; an MoE layer around its experts, ``compile_layers``): the layers share one code object, so the
 compiler traces one layer and reuses it for the rest, and the stage's embedding, head, loss and the
 engine's communication stay eager. hal's ops dispatch through a per-op cache keyed by device and
 dtype; a miss inside a traced region is a graph break, so the stage's first forward runs eagerly
@@ -14,17 +14,34 @@ from typing import Any, Iterator
 
 import torch
 
+from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
 
 from .models.llama import Stage
+from .moe import MoE
 
 
 def compile_layers(stage: Stage, backend: str) -> None:
-    """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``)."""
+    """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``).
+
+    An MoE layer is compiled around its experts: the attention (with its norm), the router and the shared
+    expert are compiled, the experts' block runs eagerly — it reads the per-expert token counts on the host,
+    which inside a compiled region would be a graph break in every layer. That is recorded as a downgrade."""
     if not hasattr(torch.nn.Module, "compile"):
         raise UnsupportedError(f"torch {torch.__version__} has no nn.Module.compile; use torch >= 2.2 or compile: false")
-    for layer in stage.layers.values():
-        layer.compile(backend=backend)
+    around_experts = []
+    for index, layer in stage.layers.items():
+        if isinstance(layer.mlp, MoE):
+            for part in (layer.attn_norm, layer.attn, layer.mlp.router, layer.mlp.shared):
+                if part is not None:
+                    part.compile(backend=backend)
+            around_experts.append(int(index))
+        else:
+            layer.compile(backend=backend)
+    if around_experts:
+        record_downgrade(Downgrade("op", f"compile of MoE layers {sorted(around_experts)}", "whole decoder layers",
+                                   "attention, router and shared expert compiled; the experts eager",
+                                   "the experts' block sizes are read on the host (a graph break in a compiled layer)"))
 
 
 @contextlib.contextmanager

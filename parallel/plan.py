@@ -319,9 +319,6 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
             raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(plan.stage_layers(k))} with "
                               f"tp {stage.tp}; tensor parallelism inside the experts is not implemented — give MoE "
                               "stages tp 1 (use dp) or move the MoE layers to a tp-1 stage")
-        if plan.stage_compiles(k):
-            raise ConfigError(f"{origin}: {where} holds MoE layers and compiles; the MoE block reads its per-expert "
-                              "token counts on the host, a graph break in every layer — set compile: false on that stage")
         if (stage.precision or precision) == "fp8-mixed":
             raise ConfigError(f"{origin}: {where} holds MoE layers under fp8-mixed; the experts' grouped matmuls "
                               "have no fp8 path — give that stage precision: bf16-mixed")

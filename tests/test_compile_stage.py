@@ -36,13 +36,18 @@ def _steps(stage: torch.nn.Module, batches: list[torch.Tensor], warm: bool) -> t
 
 
 def _compiled_matches_eager(backend: str, device: str, rel: float, grad_rtol: float, grad_atol: float) -> None:
+    _compiled_matches_eager_for(MODEL, backend, device, rel, grad_rtol, grad_atol)
+
+
+def _compiled_matches_eager_for(model: ModelConfig, backend: str, device: str, rel: float, grad_rtol: float,
+                                grad_atol: float) -> None:
     """Eager and compiled copies of one model, 3 steps each: no graph break, real graphs, the same numbers."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    batches = [torch.randint(0, MODEL.vocab_size, (2, 17)) for _ in range(3)]
-    eager = full_model(MODEL, seed=3).to(device)
-    compiled = full_model(MODEL, seed=3).to(device)
+    batches = [torch.randint(0, model.vocab_size, (2, 17)) for _ in range(3)]
+    eager = full_model(model, seed=3).to(device)
+    compiled = full_model(model, seed=3).to(device)
     compile_layers(compiled, backend)
     torch._dynamo.reset()
     counters.clear()
@@ -57,6 +62,20 @@ def _compiled_matches_eager(backend: str, device: str, rel: float, grad_rtol: fl
 
 def test_compiled_layers_match_eager_with_no_graph_break() -> None:
     _compiled_matches_eager("aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
+
+
+def test_moe_layers_compile_around_their_experts_visibly() -> None:
+    """An MoE model compiled: attention, router and shared expert compiled, the experts eager — no graph break,
+    the eager stage's losses and gradients, and the partial compile recorded as a downgrade."""
+    from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
+
+    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
+                         "moe_shared_ffn_size": 16})
+    clear_downgrades()
+    with fallback_policy("allow"):
+        _compiled_matches_eager_for(moe, "aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
+    seen = [d for d in recorded_downgrades() if d.subject.startswith("compile of MoE layers")]
+    assert [d.subject for d in seen] == ["compile of MoE layers [1, 2]"] and "experts eager" in seen[0].used
 
 
 @pytest.mark.cuda

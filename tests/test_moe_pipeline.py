@@ -125,7 +125,6 @@ def test_the_aux_loss_reaches_the_router_through_the_pipeline() -> None:
 
 @pytest.mark.parametrize("stage_extra, run_line", [
     ({"tp": 2, "devices": 2}, "tensor parallelism inside the experts is not implemented"),
-    ({"compile": True}, "set compile: false on that stage"),
     ({"precision": "fp8-mixed"}, "no fp8 path"),
 ])
 def test_what_an_moe_stage_cannot_run_is_one_line(stage_extra: dict[str, Any], run_line: str) -> None:

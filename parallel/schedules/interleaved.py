@@ -21,6 +21,7 @@ bridge between islands). Batches are posted without waiting; a compute waits onl
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from .action import Action, Kind, P2PBatch, Step
 from .base import Schedule, _check
@@ -190,6 +191,19 @@ class InterleavedZeroBubble(Interleaved1F1B):
         return list(_zb_orders(num_stages, num_micro_batches, virtual_stages)[stage])
 
 
+def choose(options: list[tuple[float, Any, Action]], now: float, oldest_weight: Action | None, weight_rank: Any,
+           ) -> tuple[float, Any, Action] | None:
+    """A free stage's pick in the unit-time plays of the zero-bubble family: the most urgent option that can
+    start ``now`` (options are (start, rank, action), lowest rank first), else its oldest pending ``W``
+    (ranked ``weight_rank``), else the option ready soonest; None when it has nothing at all."""
+    runnable = [o for o in options if o[0] <= now]
+    if runnable:
+        return min(runnable, key=lambda o: o[1])
+    if oldest_weight is not None:
+        return now, weight_rank, oldest_weight
+    return min(options, key=lambda o: (o[0], o[1])) if options else None
+
+
 @functools.lru_cache(maxsize=64)
 def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
     """Every stage's compute order from a unit-time play under ``InterleavedZeroBubble``'s rules."""
@@ -222,15 +236,10 @@ def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
                 arrives = 0.0 if j == 0 else done.get((Kind.FORWARD, a.micro_batch, j - 1))
                 if arrives is not None:
                     options.append((max(free[s], arrives), 2, a))
-            runnable = [o for o in options if o[0] <= free[s]]
-            if runnable:
-                start, rule, a = min(runnable, key=lambda o: o[1])
-            elif weights[s]:
-                start, rule, a = free[s], 3, weights[s][0]
-            elif options:
-                start, rule, a = min(options, key=lambda o: (o[0], o[1]))
-            else:
+            pick = choose(options, free[s], weights[s][0] if weights[s] else None, 3)
+            if pick is None:
                 continue
+            start, rule, a = pick
             if best is None or (start, rule, s) < best[:3]:
                 best = (start, rule, s, a)
         assert best is not None, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 
 from .action import Action, Kind
-from .interleaved import Interleaved1F1B, tick_program
+from .interleaved import Interleaved1F1B, choose, tick_program
 from .placement import virtual_index
 
 
@@ -98,15 +98,10 @@ def _orders(S: int, M: int) -> tuple[tuple[Action, ...], ...]:
                     arrives = 0.0 if j == 0 else done.get((Kind.FORWARD, m, j - 1))
                     if arrives is not None:
                         options.append((max(free[s], arrives), (3 - c, m), Action(Kind.FORWARD, m, c)))
-            runnable = [o for o in options if o[0] <= free[s]]
-            if runnable:
-                start, priority, action = min(runnable, key=lambda o: o[1])
-            elif weights[s]:
-                start, priority, action = free[s], (4, 0), weights[s][0]
-            elif options:
-                start, priority, action = min(options, key=lambda o: (o[0], o[1]))
-            else:
+            pick = choose(options, free[s], weights[s][0] if weights[s] else None, (4, 0))
+            if pick is None:
                 continue
+            start, priority, action = pick
             if best is None or (start, priority, s) < best[:3]:
                 best = (start, priority, s, action)
         assert best is not None, "zbv order: no stage can progress (a bug in the rules)"
