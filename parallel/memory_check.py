@@ -1,7 +1,7 @@
 """Will the model's training state fit? A lower bound per rank, checked before any process starts.
 
 Each rank of a stage holds fp32 weights, fp32 gradients and AdamW's two fp32 moments for its share
-of the parameters: 16 bytes a parameter (12 + 4/dp under ZeRO-1). Activations, buffers and the
+of the parameters: 16 bytes a parameter (8 + 8/dp under ZeRO-1; routed experts split over ep first). Activations, buffers and the
 allocator's slack come on top, so this bound only refuses plans that cannot fit at all — a model of
 terabytes on a 24 GiB host is one line before anything is allocated, not a MemoryError in a rank.
 """
@@ -39,6 +39,13 @@ def layer_parameters(model: ModelConfig, index: int | None = None, *, active: bo
     return attention + model.moe_num_experts * hidden + experts * expert + shared
 
 
+def routed_expert_parameters(model: ModelConfig, index: int) -> int:
+    """The routed experts' parameters in layer ``index`` (0 in a dense layer): what expert parallelism splits."""
+    if not model.is_moe_layer(index):
+        return 0
+    return model.moe_num_experts * 3 * model.hidden_size * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
+
+
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
     """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
     count = sum(layer_parameters(model, i) for i in plan.stage_layers(index))
@@ -51,11 +58,17 @@ def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
 
 
 def rank_bytes(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
-    """The lower bound for one rank of stage ``index``: its tp share of weights, gradients and AdamW state."""
+    """The lower bound for one rank of stage ``index``: its share of weights, gradients and AdamW state.
+
+    Dense parameters are split over tp, their ZeRO-1 state over dp; routed experts over the ep group, their
+    ZeRO-1 state over the dp / ep replicas of each expert shard (``parallel.zero.Zero1Experts``)."""
     stage: StagePlan = plan.stages[index]
-    share = stage_parameters(model, plan, index) // stage.tp
-    optimizer = OPTIMIZER_BYTES // stage.dp if plan.zero1 else OPTIMIZER_BYTES
-    return share * (WEIGHT_AND_GRADIENT_BYTES + optimizer)
+    experts = sum(routed_expert_parameters(model, i) for i in plan.stage_layers(index))
+    dense = stage_parameters(model, plan, index) - experts
+    replicas = (stage.dp, stage.dp // stage.ep) if plan.zero1 else (1, 1)
+    total = (dense / stage.tp * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / replicas[0])
+             + experts / (stage.tp * stage.ep) * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / replicas[1]))
+    return int(total)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,25 @@ def test_tp_and_zero1_shrink_a_ranks_share() -> None:
     assert rank_bytes(model, _plan(StagePlan("cpu", 2, 4, dp=2), zero1=True), 0) == pytest.approx(plain * 12 / 16, rel=0.01)
 
 
+def test_zero1_past_dp_8_and_expert_parallelism_shrink_a_ranks_share() -> None:
+    """ZeRO-1 over 16 replicas keeps 8/16 bytes of AdamW state a parameter (not 0); routed experts split over ep,
+    and under ZeRO-1 their state over the dp / ep replicas of each shard, as the built shards are."""
+    from hal.parallel.memory_check import routed_expert_parameters
+    from hal.parallel.models.llama import full_model
+
+    model = ModelConfig(hidden_size=64, num_layers=4)
+    plain = rank_bytes(model, _plan(StagePlan("cpu", 16, 4, dp=16)), 0)
+    assert rank_bytes(model, _plan(StagePlan("cpu", 16, 4, dp=16), zero1=True), 0) == pytest.approx(plain * 8.5 / 16, rel=1e-6)
+    moe = ModelConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
+                      moe_num_experts=4, moe_top_k=2)
+    built = full_model(moe, seed=0)
+    experts = sum(p.numel() for n, p in built.named_parameters() if ".experts." in n)
+    assert experts == sum(routed_expert_parameters(moe, i) for i in range(2))
+    dense = sum(p.numel() for p in built.parameters()) - experts
+    got = rank_bytes(moe, _plan(StagePlan("cpu", 4, 2, dp=4, ep=2), zero1=True), 0)
+    assert got == int(dense * (8 + 8 / 4) + experts / 2 * (8 + 8 / 2))
+
+
 def test_device_and_host_pools_refuse_what_cannot_fit() -> None:
     model = ModelConfig(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_hidden_size=11008)
     plan = _plan(StagePlan("cuda", 1, 16), StagePlan("cuda", 1, 16))
