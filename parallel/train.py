@@ -67,6 +67,7 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
         raise ConfigError(f"{where}: backend {run.hal.backend!r} is not used by hal train: each stage names its own "
                           f"({', '.join(stage_backends)}); remove the top-level backend or make it match")
     plans = _stage_precision(run, fallback)
+    _check_moe_compile(run, fallback)
     _check_loop(run)
     if run.train.tensorboard:  # the writer rank opens the event file: the package must be there before any rank starts
         from .tensorboard_log import check_available
@@ -75,6 +76,18 @@ def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]
     _check_token_file(run)
     _check_memory(run)
     return plans
+
+
+def _check_moe_compile(run: RunConfig, fallback: str) -> None:
+    """A compiled MoE stage compiles around its experts, a recorded downgrade: ``fallback: error`` refuses it here,
+    before any rank starts (``compile_stage.compile_layers``)."""
+    if fallback != "error" or not run.model.moe_num_experts:
+        return
+    for k, stage in enumerate(run.plan.stages):
+        if run.plan.stage_compiles(k) and run.model.moe_layers(run.plan.stage_layers(k)):
+            raise ConfigError(f"{run.origin}: stage {k} (parallel.stages[{k}]) compiles MoE layers, whose experts stay "
+                              "eager (their block sizes are read on the host): a downgrade, which fallback: error refuses; "
+                              "set fallback: warn, or compile: false on that stage")
 
 
 def _check_token_file(run: RunConfig) -> None:

@@ -184,6 +184,20 @@ def test_bad_moe_runs_are_one_line_and_exit_2(tmp_path: Path, model: dict[str, A
     assert not (tmp_path / "run").exists()
 
 
+def test_compiling_an_moe_stage_under_fallback_error_is_one_line(tmp_path: Path) -> None:
+    """Compiling around the experts is a downgrade: fallback: error refuses it before any rank starts."""
+    raw = yaml.safe_load(_moe_config(tmp_path).read_text(encoding="utf-8"))
+    raw["fallback"] = "error"
+    raw["parallel"]["stages"][1]["compile"] = True
+    path = tmp_path / "strict.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = run_hal("train", str(path), "--steps", "1", "--run-dir", str(tmp_path / "run"), timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "compiles MoE layers" in lines[0] and "fallback: error refuses" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def _moe_run_config(tmp_path: Path, name: str, moe_stage: dict[str, Any], steps: int) -> Path:
     raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
     raw["parallel"]["stages"][1] = moe_stage
