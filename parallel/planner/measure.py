@@ -99,7 +99,7 @@ class _DeviceClock:
 
     def __init__(self, backend: Backend, device: torch.device) -> None:
         self.backend = backend
-        self.a = torch.randn(BLOCKER_SIDE, BLOCKER_SIDE, device=device, dtype=torch.bfloat16)
+        self.a = torch.randn(BLOCKER_SIDE, BLOCKER_SIDE, device=device)  # fp32: every accelerator multiplies it
         self.a @ self.a  # warm-up: the library's handle and kernel choice
         backend.synchronize()
         self.block_s = max(self._events(lambda: self.a @ self.a), 1e-6)
