@@ -80,19 +80,24 @@ def _moe_pieces(layer: str, part: str, meta: ParamMeta, family: str) -> list[Pie
     names, prefix, shape = _MOE[family], f"model.layers.{layer}.", tuple(meta.full_shape)
     if part == "router.gate.weight":
         return [Piece(prefix + names["router"], shape, 0, 0)]
+    # Pieces lie along the FFN width (what TP splits): gate|up's rows, down's columns.
     if part.startswith("experts."):
         experts, rows = shape[0], shape[1]
-        kinds = ("gate", "up") if part == "experts.gate_up" else ("down",)
-        size = rows // len(kinds)
-        return [Piece(prefix + names["expert"].format(e=e, part=names[kind]), (size, shape[2]), 0, k * size, index=e)
-                for e in range(experts) for k, kind in enumerate(kinds)]
+        if part == "experts.gate_up":
+            size = rows // 2
+            return [Piece(prefix + names["expert"].format(e=e, part=names[kind]), (size, shape[2]), 0, k * size, index=e)
+                    for e in range(experts) for k, kind in enumerate(("gate", "up"))]
+        return [Piece(prefix + names["expert"].format(e=e, part=names["down"]), (rows, shape[2]), 1, 0, index=e)
+                for e in range(experts)]
     if "shared" not in names:
         raise ValueError(f"{family} has no shared expert, so layers.{layer}.mlp.{part} has no Hugging Face name")
     if part == "shared.gate.weight":
         return [Piece(prefix + names["shared_gate"], shape, 0, 0)]
-    kinds = ("gate_proj", "up_proj") if part == "shared.gate_up.weight" else ("down_proj",)
-    size = shape[0] // len(kinds)
-    return [Piece(prefix + names["shared"].format(part=kind), (size, shape[1]), 0, k * size) for k, kind in enumerate(kinds)]
+    if part == "shared.down.weight":
+        return [Piece(prefix + names["shared"].format(part="down_proj"), shape, 1, 0)]
+    size = shape[0] // 2
+    return [Piece(prefix + names["shared"].format(part=kind), (size, shape[1]), 0, k * size)
+            for k, kind in enumerate(("gate_proj", "up_proj"))]
 
 
 def pieces(name: str, meta: ParamMeta, family: str = "llama") -> list[Piece]:

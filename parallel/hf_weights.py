@@ -170,8 +170,9 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
         if meta is None:
             raise TypeError(f"parameter {name} has no ParamMeta; build it with a parallel layer")
         split = meta.spec is not None and size > 1
-        at = 0  # where this piece's rows/columns start in the local parameter (its TP shard when split)
+        ats: dict[int | None, int] = {}  # per target (an expert's slice, or the parameter): where the next piece starts
         for piece in pieces(name, meta, family):
+            at = ats.get(piece.index, 0)  # in the local parameter (its TP shard when split)
             count = piece.shape[piece.dim] // size if split else piece.shape[piece.dim]
             first = rank * count if split else 0
             if piece.index is None:
@@ -183,7 +184,7 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
                 target = param[piece.index - first_expert]
             _read_into(target.narrow(piece.dim, at if split else piece.start, count), entries[piece.hf_name], piece,
                        first, first + count)
-            at += count
+            ats[piece.index] = at + count
 
 
 def _read_into(target: torch.Tensor, entry: Entry, piece: Piece, lo: int, hi: int) -> None:

@@ -34,7 +34,8 @@ from torch import nn
 from hal import ops
 from hal.downgrades import Downgrade, record_downgrade
 
-from .layers import DEFAULT_STD, ParamMeta
+from .layers import DEFAULT_STD, ParamMeta, ShardSpec
+from .tp_comm import TPComm, copy_to_tp_region, reduce_from_tp_region, tp_size
 
 Scoring = Literal["softmax", "sigmoid"]
 ExpertPath = Literal["grouped_mm", "loop"]
@@ -81,11 +82,13 @@ class MoEStats:
         return float(load.max() / load.mean().clamp_min(1e-9))
 
 
-def _described(param: nn.Parameter, std: float, full_shape: tuple[int, ...] | None = None) -> nn.Parameter:
-    """``param`` with the ParamMeta a model's seeded initialisation reads (no TP split). ``full_shape``: the
-    stacked experts' shape over every ep rank, when this rank holds a share of them (``expert_split``)."""
-    param.hal_meta = ParamMeta(full_shape or tuple(param.shape), None, std=std,  # type: ignore[attr-defined]
-                               expert_split=full_shape is not None)
+def _described(param: nn.Parameter, std: float, full_shape: tuple[int, ...] | None = None, *,
+               spec: ShardSpec | None = None, expert_split: bool = False) -> nn.Parameter:
+    """``param`` with the ParamMeta a model's seeded initialisation reads. ``full_shape``: the shape over every
+    rank (default: the local one); ``spec``: its TP split; ``expert_split``: this rank holds a share of the
+    stacked experts (expert parallelism)."""
+    param.hal_meta = ParamMeta(full_shape or tuple(param.shape), spec, std=std,  # type: ignore[attr-defined]
+                               expert_split=expert_split)
     return param
 
 
@@ -116,16 +119,21 @@ class Experts(nn.Module):
     them without transposes; the matmuls take transposed views."""
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, *, std: float = DEFAULT_STD,
-                 out_std: float = DEFAULT_STD / math.sqrt(2), shards: int = 1) -> None:
-        """``shards``: the ep group's size; this rank holds num_experts / shards of them (``local``)."""
+                 out_std: float = DEFAULT_STD / math.sqrt(2), shards: int = 1, tp: int = 1) -> None:
+        """``shards``: the ep group's size; this rank holds num_experts / shards of them (``local``). ``tp``: the
+        stage's TP size; each expert's FFN width is split over it (gate|up by columns, down by rows, as the
+        dense MLP), so every rank's outputs are partial sums the block adds up over TP."""
         super().__init__()
-        self.ffn = ffn
+        if ffn % tp:
+            raise ValueError(f"moe: the experts' FFN width {ffn} is not divisible by the TP size {tp}")
+        self.ffn = ffn // tp
         local = num_experts // shards
-        split = shards > 1
-        self.gate_up = _described(nn.Parameter(torch.randn(local, 2 * ffn, hidden) * std), std,
-                                  (num_experts, 2 * ffn, hidden) if split else None)
-        self.down = _described(nn.Parameter(torch.randn(local, hidden, ffn) * out_std), out_std,
-                               (num_experts, hidden, ffn) if split else None)
+        self.gate_up = _described(nn.Parameter(torch.randn(local, 2 * self.ffn, hidden) * std), std,
+                                  (num_experts, 2 * ffn, hidden), spec=ShardSpec(1, (ffn, ffn)) if tp > 1 else None,
+                                  expert_split=shards > 1)
+        self.down = _described(nn.Parameter(torch.randn(local, hidden, self.ffn) * out_std), out_std,
+                               (num_experts, hidden, ffn), spec=ShardSpec(2, (ffn,)) if tp > 1 else None,
+                               expert_split=shards > 1)
 
     def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
         """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
@@ -144,18 +152,26 @@ class Experts(nn.Module):
 class SharedExpert(nn.Module):
     """A dense SwiGLU every token passes through, optionally gated per token."""
 
-    def __init__(self, hidden: int, ffn: int, gated: bool, *, out_std: float = DEFAULT_STD / math.sqrt(2)) -> None:
+    def __init__(self, hidden: int, ffn: int, gated: bool, *, out_std: float = DEFAULT_STD / math.sqrt(2),
+                 tp_comm: TPComm = None) -> None:
+        """``tp_comm``: the stage's TP group; the FFN width is split over it and the output summed (the gate,
+        one value a token, is replicated and applied to the summed output)."""
         super().__init__()
-        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
+        tp = tp_size(tp_comm)
+        if ffn % tp:
+            raise ValueError(f"moe: the shared expert's FFN width {ffn} is not divisible by the TP size {tp}")
+        self.tp_comm = tp_comm
+        self.gate_up = nn.Linear(hidden, 2 * ffn // tp, bias=False)
+        self.down = nn.Linear(ffn // tp, hidden, bias=False)
         self.gate = nn.Linear(hidden, 1, bias=False) if gated else None
-        _described(self.gate_up.weight, DEFAULT_STD)
-        _described(self.down.weight, out_std)
+        _described(self.gate_up.weight, DEFAULT_STD, (2 * ffn, hidden), spec=ShardSpec(0, (ffn, ffn)) if tp > 1 else None)
+        _described(self.down.weight, out_std, (hidden, ffn), spec=ShardSpec(1, (ffn,)) if tp > 1 else None)
         if self.gate is not None:
             _described(self.gate.weight, DEFAULT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.down(ops.swiglu(self.gate_up(x)))
+        part = self.down(ops.swiglu(self.gate_up(copy_to_tp_region(x, self.tp_comm))))
+        out = reduce_from_tp_region(part, self.tp_comm)
         return out * torch.sigmoid(self.gate(x)) if self.gate is not None else out
 
 
@@ -186,19 +202,25 @@ class MoE(nn.Module):
     """The MoE feed-forward block: ``forward(x)`` → (output of x's shape, MoEStats)."""
 
     def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True,
-                 out_std: float = DEFAULT_STD / math.sqrt(2), ep_group: Any = None) -> None:
+                 out_std: float = DEFAULT_STD / math.sqrt(2), ep_group: Any = None, tp_comm: TPComm = None) -> None:
         """``ep_group``: the expert-parallel group (a Communicator) this rank shares the experts with; each of its
-        ranks holds num_experts / size of them, in rank order (None or size 1: every expert here)."""
+        ranks holds num_experts / size of them, in rank order (None or size 1: every expert here). ``tp_comm``:
+        the stage's TP group (without sequence parallelism: every TP rank sees every token); the experts' FFN
+        width is split over it. The router is replicated: every TP rank routes the same tokens the same way,
+        and the experts' partial outputs are summed over TP before the routing weights apply, so the router's
+        gradient is the whole one on every TP rank."""
         super().__init__()
         self.config = config
         self.grouped = grouped
         self.ep_group = ep_group if ep_group is not None and ep_group.size > 1 else None
+        self.tp_comm = tp_comm
         shards = self.ep_group.size if self.ep_group is not None else 1
         if config.num_experts % shards:
             raise ValueError(f"moe: ep {shards} does not divide num_experts {config.num_experts}")
         self.router = Router(hidden, config)
-        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts, out_std=out_std, shards=shards)
-        self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std)
+        self.experts = Experts(hidden, config.expert_ffn_size, config.num_experts, out_std=out_std, shards=shards,
+                               tp=tp_size(tp_comm))
+        self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std, tp_comm=tp_comm)
                        if config.shared_ffn_size else None)
         self.path: ExpertPath | None = None  # which expert path the last forward took
         # The ranks whose tokens together make one micro-batch (a stage's dp replicas): the balancing loss's
@@ -224,12 +246,13 @@ class MoE(nn.Module):
         flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, token order kept inside a group
         load = torch.bincount(flat, minlength=E)
-        rows = tokens[order // k]  # each pair's token, expert-sorted
+        rows = copy_to_tp_region(tokens[order // k], self.tp_comm)  # each pair's token, expert-sorted
         self.path = self._path(rows)
         if self.ep_group is None:
             out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
         else:
             out_sorted = self._expert_parallel(rows, load)
+        out_sorted = reduce_from_tp_region(out_sorted, self.tp_comm)  # TP-split experts: partial sums
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
         out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:

@@ -315,10 +315,16 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
     for k in holding:
         stage = plan.stages[k]
         where = f"stage {k} (parallel.stages[{k}])"
-        if stage.tp > 1:
-            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(plan.stage_layers(k))} with "
-                              f"tp {stage.tp}; tensor parallelism inside the experts is not implemented — give MoE "
-                              "stages tp 1 (use dp) or move the MoE layers to a tp-1 stage")
+        if stage.tp > 1 and stage.sp:
+            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(plan.stage_layers(k))} with tp "
+                              f"{stage.tp} and sp; the experts need every token on every TP rank, and MoE layers under "
+                              "sequence parallelism are not implemented — set sp: false on that stage")
+        widths = {"model.moe_ffn_hidden_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
+                  "model.moe_shared_ffn_size": model.moe_shared_ffn_size}
+        for key, width in widths.items():
+            if width % stage.tp:
+                raise ConfigError(f"{origin}: {where}: tp {stage.tp} does not divide {key} {width}; each TP rank holds "
+                                  f"an equal slice of every expert — choose tp dividing {width}")
         if (stage.precision or precision) == "fp8-mixed":
             raise ConfigError(f"{origin}: {where} holds MoE layers under fp8-mixed; the experts' grouped matmuls "
                               "have no fp8 path — give that stage precision: bf16-mixed")

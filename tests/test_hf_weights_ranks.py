@@ -40,6 +40,30 @@ def test_tp2_then_dp2_plan_gives_transformers_logits(tmp_path: Path) -> None:
             assert err <= TOL, f"{family} rank {rank}: max |logit difference| {err:.3g} above {TOL}"
 
 
+def test_tp2_moe_stage_loads_each_experts_tp_slice_and_gives_transformers_logits(tmp_path: Path) -> None:
+    """The same plan for Mixtral and Qwen2-MoE: stage 0's MoE layers at tp2, every expert's FFN width split over the
+    two ranks (gate|up by rows, down by columns; Qwen2-MoE's shared expert too), each rank loading only its slices."""
+    directories = {f: cases.save_random(f, tmp_path / f, seed=20 + i, dense_layers=0)
+                   for i, f in enumerate(("mixtral", "qwen2_moe"))}
+    tokens = cases.ids()
+    want = {f: cases.hf_logits(d, tokens) for f, d in directories.items()}
+    values = ok_values(run_world("tests.hf_cases", "tp2_then_dp2", 4, deadline_s=240,
+                                 directories=[str(d) for d in directories.values()]), 4)
+    widths = {"mixtral": 128, "qwen2_moe": 48}
+    for family, directory in directories.items():
+        for rank in (0, 1):
+            local = values[rank][str(directory)]["local"]
+            assert local["layers.0.mlp.experts.gate_up"] == (4, widths[family], 64)  # 2 × width / 2 ranks
+            assert local["layers.0.mlp.experts.down"] == (4, 64, widths[family] // 2)
+            if family == "qwen2_moe":
+                assert local["layers.0.mlp.shared.gate_up.weight"] == (40, 64)
+                assert local["layers.0.mlp.shared.down.weight"] == (64, 20)
+        for rank in (2, 3):
+            got = values[rank][str(directory)]
+            err = float((got["logits"] - want[family][got["row"]:got["row"] + 1]).abs().max())
+            assert err <= TOL, f"{family} rank {rank}: max |logit difference| {err:.3g} above {TOL}"
+
+
 # --- memory -------------------------------------------------------------------------------------------------------
 # 91 M parameters, 350 MiB in fp32; the embedding and the head are 128 MiB each, so a rank that materialised one
 # whole tensor, or kept a whole half-tensor's pages mapped while copying it, would exceed the bound below

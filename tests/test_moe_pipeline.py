@@ -45,6 +45,13 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "one stage dp4 ep2 (expert shards over 2 replicas each), top-1": (
         {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4, "stages": [_stage(4, dp=4, ep=2)]},
         {"moe_top_k": 1, "moe_every": 2}),
+    "moe tp2 -> moe tp2 (experts split over tp), shared gated expert": (
+        {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+         "stages": [_stage(2, tp=2), _stage(2, tp=2)]},
+        {"moe_shared_ffn_size": 16, "moe_shared_gate": True}),
+    "one stage tp2 x dp2 ep2: experts split over tp and shared over ep": (
+        {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4, "stages": [_stage(4, tp=2, dp=2, ep=2)]},
+        {"moe_first_dense": 1}),
     "moe dp2 -> moe dp2, zero-bubble, every other layer": (
         {"schedule": "zero-bubble", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(2, dp=2), _stage(2, dp=2)]},
@@ -124,7 +131,7 @@ def test_the_aux_loss_reaches_the_router_through_the_pipeline() -> None:
 
 
 @pytest.mark.parametrize("stage_extra, run_line", [
-    ({"tp": 2, "devices": 2}, "tensor parallelism inside the experts is not implemented"),
+    ({"tp": 2, "devices": 2, "sp": True}, "MoE layers under sequence parallelism are not implemented"),
     ({"precision": "fp8-mixed"}, "no fp8 path"),
 ])
 def test_what_an_moe_stage_cannot_run_is_one_line(stage_extra: dict[str, Any], run_line: str) -> None:
@@ -167,7 +174,8 @@ def test_hal_train_logs_each_moe_layers_load_and_aux_loss(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("model, stage, says", [
     ({"moe_top_k": 9}, None, "moe_top_k 9 is above model.moe_num_experts 8"),
-    ({}, {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2}, "tensor parallelism inside the experts"),
+    ({"moe_ffn_hidden_size": 15}, {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2},
+     "tp 2 does not divide model.moe_ffn_hidden_size 15"),
     ({"moe_first_dense": 4}, None, "no layer is an MoE layer"),
 ])
 def test_bad_moe_runs_are_one_line_and_exit_2(tmp_path: Path, model: dict[str, Any], stage: dict[str, Any] | None,
@@ -225,6 +233,23 @@ def test_an_ep_checkpoint_resumes_at_another_ep_degree(tmp_path: Path) -> None:
     resumed = train(ep1, "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
     assert resumed["first_step"] == 4 and resumed["losses"] == pytest.approx(full[3:], rel=1e-5)
     assert train(ep1, "plain")["losses"] == pytest.approx(full, rel=1e-5)
+
+
+def test_a_tp2_moe_checkpoint_resumes_at_dp2_ep2(tmp_path: Path) -> None:
+    """The MoE stage with its experts split over tp2: 4 steps uninterrupted; 2, then resumed with the stage at dp2
+    ep2 — the same losses (checkpoints hold full experts; the clipped global norm counts each TP slice once)."""
+    def train(config: Path, run: str, *args: str) -> dict[str, Any]:
+        result = run_hal("train", str(config), "--run-dir", str(tmp_path / run), "--json", *args, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout)
+
+    tp2 = _moe_run_config(tmp_path, "tp2", {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2}, 4)
+    ep2 = _moe_run_config(tmp_path, "ep2", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}, 4)
+    full = train(tp2, "full")["losses"]
+    assert train(tp2, "half", "--steps", "2")["losses"] == pytest.approx(full[:2], rel=1e-6)
+    resumed = train(ep2, "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    assert resumed["first_step"] == 3 and resumed["losses"] == pytest.approx(full[2:], rel=1e-5)
+    assert train(ep2, "plain")["losses"] == pytest.approx(full, rel=1e-5)
 
 
 def test_zero1_with_ep_trains_as_plain_adamw_and_its_checkpoint_resumes_without_it(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from ..layers import (
 )
 from ..model_config import ROPE_SCALING_KEYS, ModelConfig
 from ..moe import MoE, attach_aux_loss
-from ..tp_comm import TPComm, tp_size
+from ..tp_comm import TPComm, tp_rank, tp_size
 from ..weight_grad import split_linear
 
 # --- deterministic initialisation ---------------------------------------------------------------
@@ -179,17 +179,19 @@ class MoEFeedForward(MoE):
     routed until the trainer reads it (``take_tally``), on the device, with no host read per forward.
     """
 
-    def __init__(self, config: ModelConfig, tp_comm: TPComm, ep_comm: Any = None) -> None:
-        if tp_size(tp_comm) > 1:
-            raise ConfigError("MoE layers run at tp 1 (tensor parallelism inside the experts is not implemented); "
-                              "give the stage holding them tp 1")
-        super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config), ep_group=ep_comm)
+    def __init__(self, config: ModelConfig, tp_comm: TPComm, ep_comm: Any = None, sp: bool = False) -> None:
+        if sp and tp_size(tp_comm) > 1:
+            raise ConfigError("MoE layers with sequence parallelism are not implemented (the experts need every token "
+                              "on every TP rank); set sp: false on the stage holding them")
+        super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config), ep_group=ep_comm,
+                         tp_comm=tp_comm)
         self.aux_scale = 1.0
         self._tally: list[torch.Tensor] | None = None  # [pairs per expert, aux sum, z sum, forwards]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         out, stats = super().forward(x)
-        if not _RECOMPUTING.get():  # a checkpointed layer's recompute routes the same tokens again: counted once
+        # Counted once: not again in a checkpointed layer's recompute, and on one TP rank (all route the same tokens)
+        if not _RECOMPUTING.get() and tp_rank(self.tp_comm) == 0:
             self._count(stats)
         aux = self.loss(stats)
         if torch.is_grad_enabled() and aux.requires_grad and self.aux_scale:
@@ -221,7 +223,7 @@ class DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
         self.attn = Attention(config, tp_comm, sp)
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps, tp_comm=tp_comm, sequence_parallel=sp)
-        self.mlp: nn.Module = (MoEFeedForward(config, tp_comm, ep_comm) if config.is_moe_layer(index)
+        self.mlp: nn.Module = (MoEFeedForward(config, tp_comm, ep_comm, sp) if config.is_moe_layer(index)
                                else MLP(config, tp_comm, sp))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -388,15 +390,14 @@ def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, to
     params = dict(stage.named_parameters())
     for name, local in tensors.items():
         meta = param_meta(params[name])
+        full = local.detach()
+        if meta is not None and meta.spec is not None and tp_size(comm) > 1:  # the TP shards, then (experts) the ep shares
+            dim = meta.spec.dim
+            gathered = comm.all_gather(full.movedim(dim, 0).contiguous())  # type: ignore[union-attr]
+            full = meta.spec.unshard([s.movedim(0, dim) for s in gathered.chunk(comm.size, dim=0)])  # type: ignore[union-attr]
         if meta is not None and meta.expert_split and stage.ep_comm is not None:  # every ep rank's experts, in order
-            out[name] = stage.ep_comm.all_gather(local.detach().contiguous())
-            continue
-        if meta is None or meta.spec is None or tp_size(comm) == 1:
-            out[name] = local.detach().clone()
-            continue
-        dim = meta.spec.dim
-        gathered = comm.all_gather(local.detach().movedim(dim, 0).contiguous())  # type: ignore[union-attr]
-        out[name] = meta.spec.unshard([s.movedim(0, dim) for s in gathered.chunk(comm.size, dim=0)])  # type: ignore[union-attr]
+            full = stage.ep_comm.all_gather(full.contiguous())
+        out[name] = full.clone() if full.data_ptr() == local.data_ptr() else full  # never the live tensor
     return out
 
 
