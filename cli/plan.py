@@ -37,6 +37,9 @@ def add_parser(sub: Any) -> None:
                    "present now, quick; estimate the others)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="--search: how many plans to show (default 5)")
     p.add_argument("--write", metavar="PLAN.yaml", help="--search: write the config with the best plan (hal train runs it)")
+    p.add_argument("--use-all-types", action="store_true",
+                   help="--search: every device type of the cluster holds at least one stage (default: a type that only "
+                   "slows the plan down is left out)")
     p.set_defaults(func=run)
 
 
@@ -132,7 +135,7 @@ def run_search(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
     run = load_run_config(config_path(args), check_backends=False)
-    report, cost = search(run, args.cluster, args.profile, args.top,
+    report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
     print(json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
     if args.write:
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return run_search(args)
     from hal.errors import ConfigError
 
-    for flag in ("cluster", "profile", "write"):
+    for flag in ("cluster", "profile", "write", "use_all_types"):
         if getattr(args, flag):
             raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
     from hal.parallel.plan_report import plan_report

@@ -63,7 +63,7 @@ def format_profile(data: dict[str, Any]) -> str:
         label = "measured" if d["source"] == "measured" else "ESTIMATED"
         lines += ["", f"{name} ({d['backend']}): {label} — {d['basis']}"]
         clocks = any(p.get("host_forward_s") is not None for p in d["layers"])
-        lines.append(f"  {'tp':>2} {'rows':>4} {'recompute':>9} {'forward ms':>10} {'backward ms':>11} {'activations KiB':>15}"
+        lines.append(f"  {'tp':>4} {'rows':>4} {'recompute':>9} {'forward ms':>10} {'backward ms':>11} {'activations KiB':>15}"
                      + (f"  {'host f/b ms':>13}  {'device f/b ms':>13}" if clocks else ""))
         for p in d["layers"]:
             both = ""
@@ -72,7 +72,8 @@ def format_profile(data: dict[str, Any]) -> str:
                 both = (f"  {p['host_forward_s'] * 1e3:>6.3f}/{p['host_backward_s'] * 1e3:<6.3f}"
                         f"  {p['device_forward_s'] * 1e3:>6.3f}/{p['device_backward_s'] * 1e3:<6.3f}"
                         + ("  host-bound" if host > device else ""))
-            lines.append(f"  {p['tp']:>2} {p['rows']:>4} {('on' if p['recompute'] else 'off'):>9} {p['forward_s'] * 1e3:>10.3f} "
+            tp = f"{p['tp']}{'sp' if p.get('sp') else ''}"
+            lines.append(f"  {tp:>4} {p['rows']:>4} {('on' if p['recompute'] else 'off'):>9} {p['forward_s'] * 1e3:>10.3f} "
                          f"{p['backward_s'] * 1e3:>11.3f} {p['activation_bytes'] / 1024:>15.1f}" + both)
         e, h = d["embedding"], d["head"]
         lines.append(f"  embedding {e['forward_s'] * 1e6:.3f} / {e['backward_s'] * 1e6:.3f} µs a token; head + loss "
@@ -81,6 +82,8 @@ def format_profile(data: dict[str, Any]) -> str:
                      + (f"; {d['achieved_tflops']:.3g} TFLOP/s" if d.get("achieved_tflops") else "")
                      + (f" ({d['efficiency']:.1%} of peak)" if d.get("efficiency") else "")
                      + (" [estimated]" if d["source"] != "measured" else ""))
+        if d.get("action_host_s"):
+            lines.append(f"  the engine's host work: {d['action_host_s'] * 1e6:.1f} µs a compute action (calibration pipeline)")
     for name, link in data["links"].items():
         lines.append(f"link {name}: {link['bandwidth_gbps']:.2f} GB/s, {link['latency_us']:.1f} µs ({link['source']}: {link['basis']})")
     if data["estimated"]:

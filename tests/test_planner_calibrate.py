@@ -12,7 +12,7 @@ from hal.parallel.plan import ParallelPlan, StagePlan
 from hal.parallel.planner import calibrate
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.cost import CostModel, Placement
-from hal.parallel.planner.profile import DeviceProfile, Profile
+from hal.parallel.planner.profile import DeviceProfile, PerToken, Profile
 from hal.parallel.planner.profiler import make_profile
 from hal.parallel.schedules import get_schedule, simulate
 
@@ -93,3 +93,60 @@ def _synthetic(contention: tuple, tp_points: tuple = ()) -> DeviceProfile:
 
 def _profile(device: DeviceProfile) -> Profile:
     return Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {}, 32, {})
+
+
+# --- the accelerator side, run here on gloo ranks: the same code, the cpu's clock ----------------------------
+
+def test_tp_layers_are_measured_with_their_group_and_used_as_they_are() -> None:
+    """Two ranks split one layer (sp off and on): each point says so, the profile reads it at that tp and sp as
+    measured (no tp 1 split), and the cost model adds no ring formula on top of it."""
+    from hal.parallel.planner.measure import measure_tp_layers
+
+    points = measure_tp_layers("cpu", MODEL, seq=32, rows=(1, 2), precision="fp32", repeats=1, launch=run_function)
+    assert [(p.tp, p.sp, p.rows, p.seq, p.recompute) for p in points] == [
+        (2, False, 1, 32, False), (2, False, 2, 32, False), (2, True, 1, 32, False), (2, True, 2, 32, False)]
+    assert all(p.forward_s > 0 and p.backward_s > 0 and p.activation_bytes > 0 for p in points)
+    by = {(p.sp, p.rows): p for p in points}
+    assert by[(True, 2)].activation_bytes < by[(False, 2)].activation_bytes  # sp keeps a sequence slice of the norms' inputs
+    base = tuple(dataclasses.replace(p, tp=1, sp=False, forward_s=1.0, backward_s=1.0) for p in points if not p.sp)
+    prof = DeviceProfile("cpu-generic", "cpu", "measured", "test", base + points, *(_ends(),) * 2, 0.0)
+    assert prof.has_tp_points(2, False) and prof.has_tp_points(2, True) and not prof.has_tp_points(4, False)
+    for sp in (False, True):
+        f, b, act = prof.layer(2, 2, 32, False, sp)
+        assert (f, b, act) == pytest.approx((by[(sp, 2)].forward_s, by[(sp, 2)].backward_s, by[(sp, 2)].activation_bytes))
+    assert prof.layer(4, 2, 32, False)[0] == pytest.approx(1.0)  # tp 4 unmeasured: tp 1 at rows / 4 (one point: ∝ rows)
+
+
+def _ends() -> PerToken:
+    return PerToken(0.0, 0.0, 0)
+
+
+def test_engine_host_work_is_what_reproduces_the_calibration_pipeline() -> None:
+    """The per-action host time calibrate_host finds makes the cost model's step equal the measured pipeline's, run
+    step by step as hal train runs it."""
+    device = make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function, calibrate=False).devices["cpu-generic"]
+    # layers 100x faster than measured: the model's compute alone falls short, the rest is the engine's host work
+    device = dataclasses.replace(device, layers=tuple(dataclasses.replace(p, forward_s=p.forward_s / 100, backward_s=p.backward_s / 100)
+                                                      for p in device.layers))
+    kind = CLUSTER.types[0]
+    measured: list[float] = []
+
+    def launch(target: str, world: int, kwargs: dict, **kw: object):  # the real launcher; its result kept
+        run = run_function(target, world, kwargs, **kw)
+        steps = [max(t) for t in zip(*(run.values[r]["steps_s"] for r in range(world)))]
+        measured.append(sorted(steps)[len(steps) // 2])
+        return run
+
+    per_step = calibrate.calibrate_host(device, CLUSTER, kind, MODEL, precision="fp32", seq=32, launch=launch, steps=3)
+    assert per_step > 0 and len(measured) == 1
+    plan = calibrate.calibration_plan("cpu", calibrate.HOST_STAGES, calibrate.HOST_ROWS)
+    config = ModelConfig(**{**MODEL.to_dict(), "num_layers": calibrate.HOST_STAGES * calibrate.LAYERS})
+    prof = Profile(config.to_dict(), "fp32", {kind.device: dataclasses.replace(device, action_host_s=per_step)}, seq=32)
+    pred = CostModel(CLUSTER, prof, config, 32).predict(plan, Placement.pack(plan, (kind,) * 2))
+    assert pred.step_s == pytest.approx(measured[0], rel=1e-3)  # hal train's step: the schedule and the optimizer
+
+
+def test_fit_increasing_solves_and_clamps() -> None:
+    assert calibrate.fit_increasing(lambda x: 2 + 3 * x, 5.0) == pytest.approx(1.0, abs=1e-6)
+    assert calibrate.fit_increasing(lambda x: 2 + 3 * x, 1.0) == 0.0  # already slower than measured: no host work
+    assert calibrate.fit_increasing(lambda x: max(4.0, 10 * x), 6.0) == pytest.approx(0.6, abs=1e-6)  # flat, then rising

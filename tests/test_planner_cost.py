@@ -91,6 +91,18 @@ def test_search_plans_are_valid_and_use_the_fast_device() -> None:
     for stage, kind in zip(best.plan.stages, best.placement.kinds):
         layers[kind.device] = layers.get(kind.device, 0) + stage.layer_count
     assert layers.get("nvidia-h100-sxm", 0) > layers.get("cpu-generic", 0)  # 10× faster: most layers
+    # a cpu 100× slower is best left out; asked to use every type, the search keeps both and gives the cpu least
+    slow = _cost([{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
+                  {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}],
+                 cpu_generic=_profile("cpu-generic", "cpu", f=1e-1, b=2e-1))
+    assert {k.device for k in Search(slow, base).run(top=1).results[0].placement.kinds} == {"nvidia-h100-sxm"}
+    both = Search(slow, base, use_all_types=True).run(top=3)
+    for r in both.results:
+        assert {k.device for k in r.placement.kinds} == {"nvidia-h100-sxm", "cpu-generic"}
+        per = {}
+        for stage, kind in zip(r.plan.stages, r.placement.kinds):
+            per[kind.device] = per.get(kind.device, 0) + stage.layer_count
+        assert per["nvidia-h100-sxm"] > per["cpu-generic"]
 
 
 def test_what_if_ascend_and_h100_from_catalog_figures() -> None:
@@ -144,7 +156,45 @@ def test_a_host_slower_than_its_device_bounds_the_step_by_its_enqueue_time(host:
     pred = cost.predict(plan, Placement.pack(plan, (cost.cluster.types[0],) * S))
     device = (M + S - 1) * 2 * (1e-3 + 2e-3)  # two layers a stage, one row
     enqueue = M * 2 * (host + host)
-    assert pred.step_s == pytest.approx(max(device, enqueue), rel=1e-6)
+    if host_bound:  # the hosts set the pace; what the devices still run after them (the drain) comes on top
+        assert enqueue < pred.step_s <= enqueue + S * 2 * (1e-3 + 2e-3) + 1e-9
+    else:
+        assert pred.step_s == pytest.approx(device, rel=1e-6)
     assert pred.bound.startswith("host of stage") == host_bound, pred.bound
     rc = cost.predict(_plan(S, M, checkpoint=True), Placement.pack(plan, (cost.cluster.types[0],) * S))
     assert rc.step_s > pred.step_s  # recompute: the forward again, on both clocks
+
+
+def test_engine_host_work_counts_per_compute_action() -> None:
+    """A calibrated host cost per compute action lengthens a host-bound stage by actions × that cost; interleaving
+    (twice the actions, each half as long) costs its host more."""
+    host = 5e-3
+    plain = _cost([H100], nvidia_h100_sxm=_clocked(host))
+    cost = _cost([H100], nvidia_h100_sxm=dataclasses.replace(_clocked(host), action_host_s=1e-3))
+    S, M = 4, 8
+    plan = _plan(S, M)
+    place = Placement.pack(plan, (cost.cluster.types[0],) * S)
+    before, after = plain.predict(plan, place), cost.predict(plan, place)
+    assert after.schedule_s == pytest.approx(before.schedule_s + 2 * M * 1e-3, rel=1e-6)  # 2M actions on the busiest host
+    il = _plan(S, M, "interleaved-1f1b")
+    il = dataclasses.replace(il, virtual_stages=2, stages=tuple(dataclasses.replace(st, layers=(1, 1)) for st in il.stages))
+    gap = cost.predict(il, place).schedule_s - plain.predict(il, place).schedule_s
+    assert gap == pytest.approx(4 * M * 1e-3, rel=1e-6)
+
+
+def test_tp_points_measured_with_their_group_replace_the_ring_formula() -> None:
+    """Measured tp-2 points (host and device clocks included) are read as they are: no tp 1 split, no ring all-reduce."""
+    tp1 = _clocked(1e-4)
+    tp2 = tuple(dataclasses.replace(p, tp=2, sp=True, forward_s=7e-3 * p.rows, backward_s=9e-3 * p.rows, host_forward_s=3e-3,
+                                    host_backward_s=4e-3, device_forward_s=7e-3 * p.rows, device_backward_s=9e-3 * p.rows)
+                for p in tp1.layers)
+    prof = dataclasses.replace(tp1, layers=tp1.layers + tp2)
+    assert prof.clocks(2, 2, 32, False, sp=True) == pytest.approx((3e-3, 4e-3, 14e-3, 18e-3))
+    assert prof.clocks(2, 2, 32, False, sp=False) == pytest.approx((1e-4, 1e-4, 1e-3, 2e-3))  # sp off: tp 1 at rows / 2
+    slow_links = {"intra_node_gbps": 1e-3, "intra_node_latency_us": 1000}
+    cost = _cost([H100], slow_links, nvidia_h100_sxm=prof)
+    plan = ParallelPlan((StagePlan("cuda", 4, 8, tp=2, dp=2, sp=True),), "1f1b", 2, 4)
+    pred = cost.predict(plan, Placement.pack(plan, (cost.cluster.types[0],)))
+    assert pred.stages[0].tp_comm_s == 0.0  # the measured points hold the collectives
+    unmeasured = _cost([H100], slow_links, nvidia_h100_sxm=tp1).predict(plan, Placement.pack(plan, (cost.cluster.types[0],)))
+    assert unmeasured.stages[0].tp_comm_s > 0.1  # the ring formula over a very slow link

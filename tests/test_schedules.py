@@ -365,3 +365,20 @@ def test_zbv_topology_puts_the_head_on_the_first_stage() -> None:
     assert [m.layer_ranges for m in topo.stages] == [(range(0, 2), range(5, 6)), (range(2, 3), range(3, 5))]
     assert topo.last_stage == 0 == plan.last_stage and not topo.has_wrap
     assert [b["to_stage"] for b in topo.to_dict()["boundaries"]] == [1] and topo.to_dict()["placement"] == "v"
+
+
+def test_host_clocks_set_the_pace_and_the_drain_comes_on_top() -> None:
+    """An accelerator's host enqueues back to back and never waits; a device action starts no sooner than its host
+    began it and ends no sooner than its host finished: a slow host sets the pace, the devices' drain adds."""
+    plain = simulate(get_schedule("1f1b"), 3, 6, forward_s=1.0, backward_s=2.0)
+    zero = simulate(get_schedule("1f1b"), 3, 6, forward_s=1.0, backward_s=2.0, host_forward_s=0.0, host_backward_s=0.0)
+    assert zero.makespan == plain.makespan  # free hosts change nothing
+    one = simulate(get_schedule("1f1b"), 1, 4, forward_s=1.0, backward_s=2.0, host_forward_s=3.0, host_backward_s=3.0)
+    assert one.makespan == pytest.approx(4 * 6.0)  # one stage: its host alone
+    S, M = 4, 8
+    slow = simulate(get_schedule("1f1b"), S, M, forward_s=0.1, backward_s=0.2, host_forward_s=1.0, host_backward_s=1.0,
+                    host_action_s=0.5)
+    enqueue = M * (1.0 + 1.0 + 2 * 0.5)
+    assert enqueue < slow.makespan <= enqueue + S * (0.1 + 0.2 + 1.0 + 0.5) + 1e-9  # the last backwards drain down the stages
+    with pytest.raises(ValueError, match="host_forward_s"):
+        simulate(get_schedule("1f1b"), 2, 2, host_forward_s=[1.0])

@@ -32,41 +32,96 @@ STEPS = 5  # timed steps (the median is kept) a calibration run, after one warm-
 LAYERS, MICRO_BATCHES_PER_STAGE = 4, 4  # a stage's layers; micro-batches = 4 × stages: busy ranks, as in real plans
 
 
-def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int, steps: int, tp: int = 1) -> dict[str, float]:
-    """One rank of the calibration pipeline (stages of ``tp`` ranks, one layer each): its median compute and
-    schedule seconds a step (host clock)."""
-    import datetime
+def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1) -> Any:
+    """The calibration pipeline: ``stages`` stages of ``tp`` ranks and LAYERS layers, 1F1B, 4 × stages micro-batches."""
+    from ..plan import ParallelPlan, StagePlan
 
+    return ParallelPlan(tuple(StagePlan(backend, tp, LAYERS, tp=tp) for _ in range(stages)), "1f1b",
+                        MICRO_BATCHES_PER_STAGE * stages, rows)
+
+
+def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | None, steps: int, tp: int = 1,
+                     backend_name: str = "cpu", precision: str = "fp32", fallback: str = "warn",
+                     trainer_step: bool = False) -> dict[str, Any]:
+    """One rank of the calibration pipeline (stages of ``tp`` ranks, LAYERS layers each): its median compute and
+    schedule seconds a step (host clock), and the step's wall time until its device finished (``wall_s``).
+
+    ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
+    stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
+    ``hal train`` times it (``steps_s``: this rank's wall time of each step, its device unsynchronized)."""
+    import datetime
+    import time
+
+    from hal.backend_registry import get_backend
     from hal.collectives import init_distributed, shutdown
+    from hal.precision import resolve_precision
 
     from ..engine import PipelineEngine
-    from ..plan import ParallelPlan, StagePlan
     from ..topology import Topology, build_groups
 
-    torch.set_num_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     os.environ.pop("HAL_ISLANDS", None)
-    world = init_distributed("cpu", init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=2))
+    world = init_distributed(backend_name, init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=3))
     try:
+        backend = get_backend(backend_name)
+        mode = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
+        mode.apply(backend)
         stages = world.size // tp
         config = ModelConfig(**{**model, "num_layers": stages * LAYERS})
-        plan = ParallelPlan(tuple(StagePlan("cpu", tp, LAYERS, tp=tp) for _ in range(stages)), "1f1b",
-                            MICRO_BATCHES_PER_STAGE * stages, rows)
+        plan = calibration_plan(backend_name, stages, rows, tp)
         topology = Topology.from_plan(plan)
         groups = build_groups(topology, world, validate=False)
-        engine = PipelineEngine(config, plan, topology, groups, backend=world.backend, seed=0, device=world.device,
-                                dtype=torch.float32, seq_len=seq)
+        engine = PipelineEngine(config, plan, topology, groups, backend=backend, seed=0, device=world.device,
+                                dtype=torch.float32, seq_len=seq, autocast=lambda: mode.autocast(backend))
+        if trainer_step:
+            return {"steps_s": _trainer_steps(engine, config, plan, seq, steps)}
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, config.vocab_size, (plan.micro_batches, rows, seq + 1), generator=gen)
-        compute, schedule = [], []
+        compute, schedule, wall = [], [], []
         for i in range(steps + 1):
             engine.module.zero_grad(set_to_none=True)
+            backend.synchronize()
+            start = time.perf_counter()
             engine.step_lazy(tokens)
+            backend.synchronize()
             if i:  # the first step warms the allocator and the op caches
+                wall.append(time.perf_counter() - start)
                 compute.append(engine.times.compute)
                 schedule.append(engine.times.schedule)
-        return {"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule)}
+        return {"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule),
+                "wall_s": statistics.median(wall)}
     finally:
         shutdown()
+
+
+def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps: int) -> list[float]:
+    """``steps`` + 1 steps the way ``parallel.trainer`` runs them; this rank's wall seconds of each after the first."""
+    import time
+
+    import torch.distributed as dist
+
+    from ..data import global_batch
+    from ..optim_schedule import adamw_options
+
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=1e-4,
+                                  **adamw_options(engine.device))
+    out = []
+    for step in range(steps + 1):
+        started = time.perf_counter()
+        tokens = global_batch("synthetic", 0, step, plan.micro_batches, plan.micro_batch_size, seq, config.vocab_size)
+        optimizer.zero_grad(set_to_none=True)
+        engine.step(tokens)  # the last stage reads its loss: its host waits for its device, as in hal train
+        optimizer.step()
+        took = time.perf_counter() - started
+        row = torch.tensor([took], dtype=torch.float64)
+        gathered = [torch.empty_like(row) for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+        dist.gather(row, gathered, dst=0)  # hal train's per-step gather of every rank's times
+        if step:
+            out.append(took)
+    return out
 
 
 def solo_compute_s(device: DeviceProfile, stages: int, stage: int, rows: int, seq: int, tp: int = 1) -> float:
@@ -159,3 +214,53 @@ def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int
 
     base, slope = makespan(0.0), makespan(1e-3) - makespan(0.0)
     return max(0.0, (target - base) / slope * 1e-3) if slope > 0 else 0.0
+
+
+HOST_STAGES, HOST_ROWS = 2, 1  # the accelerator calibration: 2 stages, 1 row a micro-batch (the host's pace shows)
+
+
+def calibrate_host(device: DeviceProfile, cluster: Any, kind: Any, model: ModelConfig, *, precision: str, seq: int,
+                   launch: Callable[..., Any], steps: int = STEPS, fallback: str = "warn") -> float:
+    """The engine's host seconds per compute action on an accelerator (its P2P posts and bookkeeping included): the
+    value with which the cost model reproduces a measured calibration pipeline (2 stages of LAYERS layers, 1F1B,
+    8 micro-batches of one row) on two of this host's devices (the caller checks it has them).
+
+    Why: an accelerator's host enqueues everything a step runs — the layers (measured per layer point) and
+    the engine's own work between them (P2P batches, bookkeeping, the loss), which no layer point holds. On a
+    host-bound device that work is part of the step time; per action it is about constant."""
+    import dataclasses
+    import sys
+
+    from .cost import CostModel, Placement
+    from .profile import Profile
+
+    run = launch(f"{__name__}:calibration_rank", HOST_STAGES,
+                 {"model": model.to_dict(), "rows": HOST_ROWS, "seq": seq, "threads": None, "steps": steps,
+                  "backend_name": kind.backend, "precision": precision, "fallback": fallback, "trainer_step": True},
+                 deadline_s=300, what=f"hal profile: calibration pipeline of {HOST_STAGES} {kind.backend} ranks", echo_stderr=sys.stderr)
+    # hal train's step time: each step's slowest rank (the last stage waits for its loss), the median over steps
+    per_step = [max(t) for t in zip(*(run.values[r]["steps_s"] for r in range(HOST_STAGES)))]
+    measured = statistics.median(per_step)
+    plan = calibration_plan(kind.backend, HOST_STAGES, HOST_ROWS)
+    config = ModelConfig(**{**model.to_dict(), "num_layers": HOST_STAGES * LAYERS})
+    place = Placement.pack(plan, (kind,) * HOST_STAGES)
+
+    def predicted(per_action: float) -> float:
+        prof = Profile(config.to_dict(), precision, {kind.device: dataclasses.replace(device, action_host_s=per_action)}, seq=seq)
+        return CostModel(cluster, prof, config, seq).predict(plan, place).step_s
+
+    return fit_increasing(predicted, measured)
+
+
+def fit_increasing(f: Callable[[float], float], target: float, iterations: int = 50) -> float:
+    """The x ≥ 0 with f(x) = target for a nondecreasing f (0 when f(0) is already at or above it)."""
+    if f(0.0) >= target:
+        return 0.0
+    hi = 1e-3
+    while f(hi) < target and hi < 10.0:
+        hi *= 2
+    lo = 0.0
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return round((lo + hi) / 2, 9)

@@ -12,9 +12,11 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
   between the two stages (native CCL, another node, or the bridge between backends) — the simulator
   takes one p2p time, the slowest boundary's;
 - an accelerator's host: where the profile has both clocks (``profile.LayerPoint``: host enqueue and
-  device time), the simulator gets the device times and the schedule lasts at least M × each stage's
-  enqueue time — a host never waits for its neighbours (receives wait on the device), so a host slower
-  than its device sets the pace whatever the bubble (the tp collectives' host cost is not modelled);
+  device time), the simulator plays both — each stage's host enqueues its actions back to back and
+  never waits for its neighbours (receives wait on the device), a device runs an action no sooner
+  than its host queued it — so a host slower than its device sets the pace and the pipeline's drain
+  comes on top; the engine's own host work per action is the profile's calibrated ``action_host_s``,
+  and tp layers measured with their group carry their collectives' host and device cost;
 - after the schedule, each stage's dp gradient sync (bucketed ring all-reduce over the stage's link;
   ZeRO-1: reduce-scatter + all-gather, the same bytes) and its AdamW step; the step ends with the
   slowest stage.
@@ -144,21 +146,23 @@ class CostModel:
         return self.profile.devices[kind.device]
 
     # --- one stage --------------------------------------------------------------------------------------
-    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int, float]:
+    def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int,
+                                                                             tuple[float, float]]:
         """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch,
-        tp all-reduces forward, backward, host enqueue s of one micro-batch's layers) for stage k, uncontended.
+        tp all-reduces forward, backward, host enqueue s of one micro-batch's layers forward and backward) for stage k,
+        uncontended.
 
         Where the profile has an accelerator's two clocks, forward and backward are the device's times and the
-        host's enqueue time is returned beside them (``predict`` bounds the step by both); else the host time is 0."""
+        host's enqueue times are returned beside them (the simulator plays both clocks); else they are 0."""
         stage, kind, m = plan.stages[k], place.kinds[k], self.model
         prof = self.device(kind)
         rows, seq = plan.micro_batch_size // stage.dp, self.seq
-        f, b, act = prof.layer(stage.tp, rows, seq, stage.checkpoint)
-        clocks = prof.clocks(stage.tp, rows, seq, stage.checkpoint)
+        f, b, act = prof.layer(stage.tp, rows, seq, stage.checkpoint, stage.sp)
+        clocks = prof.clocks(stage.tp, rows, seq, stage.checkpoint, stage.sp)
         L = stage.layer_count
-        host = 0.0
+        host = (0.0, 0.0)
         if clocks is not None:
-            host, (f, b) = L * (clocks[0] + clocks[1]), clocks[2:]
+            host, (f, b) = (L * clocks[0], L * clocks[1]), clocks[2:]
         fwd, bwd = L * f, L * b
         tokens = rows * seq
         if k == 0:
@@ -171,7 +175,7 @@ class CostModel:
             head_act = tokens * prof.head.activation_bytes / stage.tp
         tp_f = tp_b = 0.0
         calls_f = calls_b = 0  # tp all-reduces inside the stage's compute (each a blocking exchange)
-        if stage.tp > 1:
+        if stage.tp > 1 and not prof.has_tp_points(stage.tp, stage.sp):  # measured points include the collectives
             gbps, lat, _ = self.link(kind, kind, True)
             one = ring_all_reduce_s(tokens * m.hidden_size * BOUNDARY_BYTES, stage.tp, gbps, lat)
             # Two row-parallel all-reduces a layer each way. Recompute re-runs the forward up to its last saved tensor
@@ -216,20 +220,26 @@ class CostModel:
         schedule = get_schedule(plan.schedule)
         shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages] if V > 1 else None
         occupancy = self._occupancy(plan, place, [1.0] * S)
+        # An accelerator's host enqueues its program without waiting on its neighbours (receives wait on the device):
+        # the simulator plays each stage's host clock beside its device's (``simulate``'s host_* arguments).
+        per_action = [self.device(kind).action_host_s or 0.0 for kind in place.kinds]
+        host_clocks: dict[str, Any] = {}
+        if any(b[7] != (0.0, 0.0) for b in base) or any(per_action):
+            host_clocks = {"host_forward_s": [b[7][0] for b in base], "host_backward_s": [b[7][1] for b in base],
+                           "host_action_s": per_action}
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
             stretch = [self.stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
             sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
-                           chunk_share=shares)
+                           chunk_share=shares, **host_clocks)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
-        # An accelerator's host enqueues its whole program without waiting on its neighbours (receives wait on the
-        # device), so a stage whose host is slower than its device takes M times its enqueue time, bubble or not.
-        host = [M * b[7] for b in base]
-        schedule_s = max(sim.makespan, *host)
+        actions = [sum(1 for sp in sim.timeline if sp.stage == k) for k in range(S)]
+        host = [M * sum(b[7]) + actions[k] * per_action[k] for k, b in enumerate(base)]  # each host's enqueue time
+        schedule_s = sim.makespan
         step = schedule_s + tail
         stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
         self._host_memory(plan, place, stages)
@@ -267,7 +277,8 @@ class CostModel:
         return max(1.0, occupancy) if measured is None else measured
 
     def _stage_cost(self, plan: ParallelPlan, place: Placement, k: int, fwd: float, bwd: float,
-                    base: tuple[float, float, float, float, float, int, int, float], tail: tuple[float, float], in_flight: int) -> StageCost:
+                    base: tuple[float, float, float, float, float, int, int, tuple[float, float]], tail: tuple[float, float],
+                    in_flight: int) -> StageCost:
         stage, kind = plan.stages[k], place.kinds[k]
         static = rank_bytes(self.model, plan, k)
         per_mb = base[4]
@@ -310,7 +321,7 @@ class CostModel:
         busy = [M * (f + b) for f, b in zip(fwd, bwd)]
         k = max(range(len(busy)), key=busy.__getitem__)
         slowest_host = max(range(len(host)), key=host.__getitem__)
-        if host[slowest_host] >= pred.schedule_s > 0:
+        if host[slowest_host] >= busy[k] and host[slowest_host] > 0:  # a host, not a device, sets the pace
             return f"host of stage {slowest_host} ({pred.stages[slowest_host].device}): enqueues slower than its device runs"
         parts = {
             f"compute of stage {k} ({pred.stages[k].device})": busy[k],

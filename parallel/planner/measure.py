@@ -75,14 +75,14 @@ Clocks = tuple[float, float, float, float]  # host forward, host backward, devic
 
 
 def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
-             grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int, Clocks | None]:
+             grad: Callable[[torch.Tensor], torch.Tensor], adaptive: bool = True) -> tuple[float, float, int, Clocks | None]:
     """Forward and backward seconds of one call, the bytes saved for backward, and (accelerators) the two clocks.
 
     The host runs each call alone; an accelerator queues ``QUEUED`` calls back to back between two
     synchronizations (``_queued``) — in a run, the host queues the next layer's kernels while the device
     runs this one's, so a synchronized single call would charge the launch latency a run hides."""
     if backend.device_type == "cpu":
-        return (*_fwd_bwd_each(backend, forward, repeats, grad), None)
+        return (*_fwd_bwd_each(backend, forward, repeats, grad, adaptive), None)
     return _queued(backend, forward, repeats, grad)
 
 
@@ -165,14 +165,15 @@ def _queued(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
 
 
 def _fwd_bwd_each(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
-                  grad: Callable[[torch.Tensor], torch.Tensor]) -> tuple[float, float, int]:
+                  grad: Callable[[torch.Tensor], torch.Tensor], adaptive: bool = True) -> tuple[float, float, int]:
     """Median forward and backward seconds over ``repeats`` or more (one warm-up first), and the bytes saved.
 
     Short parts are repeated until about ``MIN_MEASURED_S`` was measured (at most ``MAX_REPEATS``): three
-    millisecond-long samples on a shared host swing by tens of percent, which the planner would inherit."""
+    millisecond-long samples on a shared host swing by tens of percent, which the planner would inherit.
+    Not ``adaptive``: exactly ``repeats`` — ranks calling collectives together must make the same calls."""
     fwd, bwd, saved = [], [], 0
     i = 0
-    while i <= repeats or (sum(fwd) + sum(bwd) < MIN_MEASURED_S and i <= MAX_REPEATS):
+    while i <= repeats or (adaptive and sum(fwd) + sum(bwd) < MIN_MEASURED_S and i <= MAX_REPEATS):
         holder: dict[str, torch.Tensor] = {}
 
         def run_forward() -> None:
@@ -222,6 +223,64 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
              + (f", {threads} compute thread(s) per rank" if threads else ""))
     return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
                          optimizer, threads, achieved, achieved / peak if peak else None)
+
+
+TP_DEGREE = 2  # the tp degree measured with its group present (every accelerator host with 2 devices can)
+
+
+def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list[int], precision: str, repeats: int,
+                  fallback: str = "warn") -> list[dict[str, Any]] | None:
+    """One of ``TP_DEGREE`` ranks: one decoder layer split over them, without and with sequence parallelism,
+    at each row count — the plain layer's points, its tp collectives included. Rank 0 returns the points."""
+    import dataclasses
+    import datetime
+    import os
+
+    from hal.backend_registry import get_backend
+    from hal.collectives import init_distributed, shutdown, world_communicator
+    from hal.precision import resolve_precision
+
+    os.environ.pop("HAL_ISLANDS", None)
+    world = init_distributed(backend_name, init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=3))
+    try:
+        backend = get_backend(backend_name)
+        plan = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
+        plan.apply(backend)
+        config = ModelConfig(**model)
+        comm = world_communicator(validate=False)  # as the engine's groups: calls fixed by the plan
+        points = []
+        for sp in (False, True):
+            layer = build_stage(config, range(0, 1), first=False, last=False, tp_comm=comm, sp=sp, seed=0, device=world.device)
+            for r in rows:
+                local = seq // comm.size if sp else seq
+                x = torch.randn(r, local, config.hidden_size, device=world.device, requires_grad=True)
+
+                def forward() -> torch.Tensor:
+                    with plan.autocast(backend):
+                        return layer(x)
+
+                f, b, act, clocks = _fwd_bwd(backend, forward, repeats, torch.ones_like, adaptive=False)
+                point = LayerPoint(comm.size, r, seq, False, f, b, act, *(clocks or (None,) * 4), sp=sp)
+                points.append(dataclasses.asdict(point))
+        return points if world.rank == 0 else None
+    finally:
+        shutdown()
+
+
+def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: tuple[int, ...], precision: str, repeats: int,
+                      launch: Callable[..., Any], fallback: str = "warn") -> tuple[LayerPoint, ...]:
+    """Layer points at tp ``TP_DEGREE`` (sp off and on) measured on two devices of this host.
+
+    Why measure rather than add a ring formula to tp 1's points: on an accelerator the tp collectives cost
+    the host too (each is enqueued like a kernel, through the communicator), and a split layer launches
+    as many kernels as a whole one — on a host-bound device that, not the bytes, sets the layer's time."""
+    import sys
+
+    run = launch(f"{__name__}:tp_layer_rank", TP_DEGREE,
+                 {"backend_name": backend_name, "model": model.to_dict(), "seq": seq, "rows": list(rows),
+                  "precision": precision, "repeats": repeats, "fallback": fallback},
+                 deadline_s=300, what=f"hal profile: one layer at tp {TP_DEGREE} on {backend_name}", echo_stderr=sys.stderr)
+    return tuple(LayerPoint(**p) for p in run.values[0])
 
 
 def _layer_flops(model: ModelConfig, tokens: int, seq: int) -> float:

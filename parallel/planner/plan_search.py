@@ -38,9 +38,9 @@ def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str 
 
 
 def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, top: int,
-           progress: Callable[[str], None] | None = None) -> tuple[SearchReport, CostModel]:
+           progress: Callable[[str], None] | None = None, use_all_types: bool = False) -> tuple[SearchReport, CostModel]:
     cluster, profile, cost = planning_inputs(run, cluster_file, profile_file, progress)
-    report = Search(cost, run.plan, progress=progress).run(top)
+    report = Search(cost, run.plan, progress=progress, use_all_types=use_all_types).run(top)
     if not profile_file:
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -43,6 +44,9 @@ class LayerPoint:
     host_backward_s: float | None = None
     device_forward_s: float | None = None
     device_backward_s: float | None = None
+    # Measured at tp > 1 with its group present (``measure.measure_tp_layers``): the times include the layer's tp
+    # collectives (their device time and their host cost), under sequence parallelism when ``sp``.
+    sp: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ class DeviceProfile:
     contention: tuple[tuple[float, float], ...] = ()
     # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs), calibrated (``planner.calibrate``)
     tp_all_reduce: tuple[tuple[float, float], ...] = ()
+    # accelerators: the engine's own host seconds per compute action (its P2P posts and bookkeeping included), beyond
+    # the layers' enqueue time, calibrated on a pipeline of this device (``planner.calibrate.calibrate_host``)
+    action_host_s: float | None = None
 
     @property
     def estimated(self) -> bool:
@@ -106,33 +113,48 @@ class DeviceProfile:
         """Cores one rank keeps busy while it computes (cpu: the threads it was measured with)."""
         return self.threads or 1
 
-    def layer(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float]:
+    def has_tp_points(self, tp: int, sp: bool = False) -> bool:
+        """Whether layers were measured at this tp (and sp) with the group present: their times include tp's
+        collectives, which the cost model then does not add again."""
+        return tp > 1 and any(p.tp == tp and p.sp == sp and not p.recompute for p in self.layers)
+
+    def layer(self, tp: int, rows: int, seq: int, recompute: bool, sp: bool = False) -> tuple[float, float, float]:
         """(forward s, backward s, activation bytes) of one layer for ``rows`` rows of ``seq`` tokens.
 
         From the points at this (tp, recompute) and the nearest sequence length (time and memory scaled
         by tokens when the length differs); a straight line a + b × rows through them. tp degrees not
         measured come from tp 1 at rows / tp (the work splits, the per-call overhead does not; the cost
-        model adds tp's communication).
+        model adds tp's communication). Points measured at this tp and sp (``has_tp_points``) are used as
+        they are.
         """
-        if recompute and self._has(tp, False):
+        sp = sp and tp > 1
+        if recompute and self._has(tp, False, sp):
             # Recompute's times follow from the plain layer's: the checkpointed forward is the plain forward, and
             # its backward re-runs that forward before the plain backward. Measured directly, the recompute
             # points carry an extra forward's worth of noise (a 2-core host: +37 % on one forward of the
             # planner-accuracy profile), so they give the activation bytes only — what recompute changes.
-            fwd, bwd, _ = self._fit(tp, rows, seq, False)
-            act = self._fit(tp, rows, seq, True)[2] if self._has(tp, True) else 0.0
+            fwd, bwd, _ = self._fit(tp, rows, seq, False, sp)
+            act = self._fit(tp, rows, seq, True, sp)[2] if self._has(tp, True, sp) else 0.0
             return fwd, fwd + bwd, act
-        return self._fit(tp, rows, seq, recompute)
+        return self._fit(tp, rows, seq, recompute, sp)
 
-    def clocks(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float, float] | None:
+    def clocks(self, tp: int, rows: int, seq: int, recompute: bool, sp: bool = False) -> tuple[float, float, float, float] | None:
         """(host forward, host backward, device forward, device backward) seconds of one layer call, where the
         profile measured an accelerator's two clocks; None otherwise.
 
         The host's enqueue time barely depends on the rows (the same kernels are launched), and a tp-split
         layer launches as many as tp 1 at the full rows, so the host side is read at ``rows``; the device side
-        follows ``layer``'s rule (tp 1 at rows / tp). Recompute: forward + backward again, as ``layer``."""
-        plain = [p for p in self.layers if not p.recompute and p.tp == 1 and p.host_forward_s is not None
-                 and p.device_forward_s is not None]
+        follows ``layer``'s rule (tp 1 at rows / tp). Points measured at this tp and sp are read as they are:
+        their host side includes enqueuing the collectives, their device side running them. Recompute:
+        forward + backward again, as ``layer``."""
+        sp = sp and tp > 1
+        split = 1
+        plain = [p for p in self.layers if not p.recompute and p.tp == tp and p.sp == sp and tp > 1
+                 and p.host_forward_s is not None and p.device_forward_s is not None]
+        if not plain:
+            split = tp
+            plain = [p for p in self.layers if not p.recompute and p.tp == 1 and p.host_forward_s is not None
+                     and p.device_forward_s is not None]
         if not plain:
             return None
         near = min({p.seq for p in plain}, key=lambda s: abs(s - seq))
@@ -142,17 +164,20 @@ class DeviceProfile:
         def at(field: str, x: float) -> float:
             return max(_fit(xs, [float(getattr(p, field)) for p in pts], x), 0.0)
 
-        hf, hb = at("host_forward_s", rows), at("host_backward_s", rows)
-        df, db = at("device_forward_s", rows / tp), at("device_backward_s", rows / tp)
+        # the host launches the same kernels whatever the rows: its time is one number, the points' median (a line
+        # through three noisy millisecond readings swings by tens of percent at the ends)
+        hf = statistics.median(float(p.host_forward_s) for p in pts)  # type: ignore[arg-type]
+        hb = statistics.median(float(p.host_backward_s) for p in pts)  # type: ignore[arg-type]
+        df, db = at("device_forward_s", rows / split), at("device_backward_s", rows / split)
         return (hf, hf + hb, df, df + db) if recompute else (hf, hb, df, db)
 
-    def _has(self, tp: int, recompute: bool) -> bool:
-        """Whether points at this recompute setting exist (at ``tp``, or at tp 1 to split)."""
-        return any(p.recompute == recompute and p.tp in (tp, 1) for p in self.layers)
+    def _has(self, tp: int, recompute: bool, sp: bool = False) -> bool:
+        """Whether points at this recompute setting exist (at ``tp`` and ``sp``, or at tp 1 to split)."""
+        return any(p.recompute == recompute and ((p.tp == tp and p.sp == sp) or p.tp == 1) for p in self.layers)
 
-    def _fit(self, tp: int, rows: int, seq: int, recompute: bool) -> tuple[float, float, float]:
+    def _fit(self, tp: int, rows: int, seq: int, recompute: bool, sp: bool = False) -> tuple[float, float, float]:
         """(forward s, backward s, activation bytes) from the measured points at this recompute setting."""
-        pts = [p for p in self.layers if p.recompute == recompute and p.tp == tp]
+        pts = [p for p in self.layers if p.recompute == recompute and p.tp == tp and p.sp == sp]
         x = float(rows)
         if not pts:  # a tp-split layer does 1/tp of the work of tp 1 at the same per-call overhead: tp 1 at rows / tp
             pts, x = [p for p in self.layers if p.recompute == recompute and p.tp == 1], rows / tp

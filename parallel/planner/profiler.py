@@ -13,10 +13,10 @@ from typing import Any, Callable
 from hal.errors import ConfigError
 
 from ..model_config import ModelConfig
-from .calibrate import calibrate_node, calibrate_tp
+from .calibrate import calibrate_host, calibrate_node, calibrate_tp
 from .cluster import Cluster, DeviceType
 from .estimate import estimate_device
-from .measure import measure_device, measure_link
+from .measure import TP_DEGREE, measure_device, measure_link, measure_tp_layers
 from .profile import DeviceProfile, LinkProfile, Profile
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
@@ -75,6 +75,17 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
                                      rows=max(rows), seq=seq, launch=launch)
             measured = dataclasses.replace(measured, tp_all_reduce=tp_points,
                                            basis=measured.basis + "; in-run slowdown and waits from calibration pipelines")
+        elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE:
+            say(f"{kind.device}: one layer at tp {TP_DEGREE} (sp off and on) on {TP_DEGREE} devices")
+            tp_layers = measure_tp_layers(kind.backend, model, seq=seq, rows=rows, precision=precision, repeats=reps,
+                                          launch=launch, fallback=fallback)
+            measured = dataclasses.replace(measured, layers=measured.layers + tp_layers)
+            say(f"{kind.device}: calibration pipeline (the engine's host work per action)")
+            per_step = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
+                                      fallback=fallback)
+            measured = dataclasses.replace(measured, action_host_s=per_step,
+                                           basis=measured.basis + f"; tp {TP_DEGREE} layers measured with their group; "
+                                           "the engine's host work from a calibration pipeline")
         devices[kind.device] = measured
     reference = Profile(model.to_dict(), precision, dict(devices), seq=seq)
     for kind in cluster.types:

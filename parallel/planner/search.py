@@ -8,7 +8,7 @@ simulator inside) re-predicts the best few hundred, which are then ranked by tha
 
 The space, and how it is pruned:
 - device-type order: every ordering of every non-empty subset of the cluster's types (a type is used
-  whole or not at all: a slow type may be better left out);
+  whole or not at all: a slow type may be better left out; ``use_all_types``: every type, in every order);
 - per type: the stage count p divides its device count, and its p stages are alike (same devices,
   tp, dp, sp) — stages of one type are interchangeable, so unlike grids within a type add nothing
   the layer split cannot; tp divides the model's split sizes and fits on one node; sp only with tp ≥ 2;
@@ -87,8 +87,10 @@ def _tp_choices(model: ModelConfig, limit: int) -> list[int]:
 class Search:
     """One search over ``cluster`` for ``model`` keeping ``base``'s global batch and flags."""
 
-    def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None,
+                 use_all_types: bool = False) -> None:
         self.cost, self.base = cost, base
+        self.use_all_types = use_all_types
         self.model, self.seq = cost.model, cost.seq
         self.rows_total = base.global_batch_size
         self.say = progress or (lambda _: None)
@@ -112,7 +114,7 @@ class Search:
         """Every ordered choice of device types, each with one of its grids."""
         types = list(self.cost.cluster.types)
         per_type = {t.device: self.grids(t) for t in types}
-        for r in range(1, len(types) + 1):
+        for r in range(len(types) if self.use_all_types else 1, len(types) + 1):
             for order in itertools.permutations(types, r):
                 for combo in itertools.product(*(per_type[t.device] for t in order)):
                     if sum(g.stages for g in combo) <= self.model.num_layers:

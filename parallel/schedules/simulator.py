@@ -52,13 +52,22 @@ class Simulation:
 def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
              forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0,
              weight_share: float = 0.5, virtual_stages: int = 1,
-             chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None) -> Simulation:
+             chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None,
+             host_forward_s: Times | None = None, host_backward_s: Times | None = None,
+             host_action_s: Times = 0.0) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
     takes ``chunk_share[s][v]`` of it (equal shares by default). A split backward's ``W`` takes
     ``weight_share`` of the backward and its ``I`` the rest. ``placement``: where the chunks sit
     (default: the schedule's own, "loop" for a mapping of programs).
+
+    ``host_forward_s`` / ``host_backward_s`` (an accelerator's host, split like the device times) and
+    ``host_action_s`` (the host's own work per compute action): each stage's host enqueues its actions
+    one after another and never waits (a receive waits on the device); an action starts on the device
+    no sooner than its host began enqueuing it and ends no sooner than its host finished. A host slower
+    than its device then sets the pace, and what its device still has to run after it — the pipeline's
+    drain — is on top.
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
     if placement is None:
@@ -74,6 +83,18 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
 
     def cost(action: Action, s: int) -> float:
         return per_kind[action.kind][s] * shares[s][action.chunk]
+
+    hosted = host_forward_s is not None or host_backward_s is not None
+    hf = _per_stage(0.0 if host_forward_s is None else host_forward_s, S, "host_forward_s")
+    hb = _per_stage(0.0 if host_backward_s is None else host_backward_s, S, "host_backward_s")
+    ha = _per_stage(host_action_s, S, "host_action_s")
+    host_kind = {Kind.FORWARD: hf, Kind.BACKWARD: hb, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in hb],
+                 Kind.BACKWARD_WEIGHT: [b * weight_share for b in hb]}
+
+    def host_cost(action: Action, s: int) -> float:
+        return host_kind[action.kind][s] * shares[s][action.chunk] + ha[s]
+
+    queued = [0.0] * S  # each host's enqueue clock
     splits = {s: any(a.kind is Kind.BACKWARD_WEIGHT for a in orders[s]) for s in range(S)}
     done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, stage) -> end time
     at = [0] * S  # next action per stage
@@ -91,6 +112,11 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                     break
                 start = max(free[s], ready)
                 end = start + cost(action, s)
+                if hosted or ha[s]:
+                    begun = queued[s]
+                    queued[s] += host_cost(action, s)
+                    start = max(start, begun)
+                    end = max(start + cost(action, s), queued[s])
                 done[(action.kind, action.micro_batch, place.index(s, action.chunk))] = end
                 free[s] = end
                 timeline.append(Span(s, action, start, end))
@@ -104,7 +130,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     if stuck:
         waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, place)}" for s in stuck)
         raise Deadlock(f"the schedule cannot progress: {waits}")
-    makespan = max(free)
+    makespan = max(max(free), max(queued))
     busy = [sum(sp.end - sp.start for sp in timeline if sp.stage == s) for s in range(S)]
     bubble = tuple(1.0 - b / makespan for b in busy) if makespan > 0 else tuple(0.0 for _ in busy)
     overall = 1.0 - sum(busy) / (S * makespan) if makespan > 0 else 0.0
