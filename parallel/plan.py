@@ -315,10 +315,6 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
     for k in holding:
         stage = plan.stages[k]
         where = f"stage {k} (parallel.stages[{k}])"
-        if stage.tp > 1 and stage.sp:
-            raise ConfigError(f"{origin}: {where} holds MoE layers {model.moe_layers(plan.stage_layers(k))} with tp "
-                              f"{stage.tp} and sp; the experts need every token on every TP rank, and MoE layers under "
-                              "sequence parallelism are not implemented — set sp: false on that stage")
         widths = {"model.moe_ffn_hidden_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
                   "model.moe_shared_ffn_size": model.moe_shared_ffn_size}
         for key, width in widths.items():

@@ -8,6 +8,7 @@ ordinary autograd code:
     gather_from_seq_region     all-gather    | reduce-scatter  (enter a column-parallel layer under SP)
     reduce_scatter_to_seq_region reduce-scatter | all-gather   (leave a row-parallel layer under SP)
     scatter_to_seq_region      take my chunk | all-gather      (enter SP from a replicated tensor)
+    gather_to_replicated_region all-gather   | take my chunk   (leave SP into a region computed alike on every rank)
 
 Activation layout: (batch, seq, hidden). Under sequence parallelism the seq dim is split over the
 TP ranks in contiguous chunks: group rank t holds positions [t*S/tp, (t+1)*S/tp). The project's
@@ -121,6 +122,17 @@ class _ScatterSeq(torch.autograd.Function):
         return _gather_seq(grad, ctx.comm), None
 
 
+class _GatherSeqReplicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+        ctx.comm = comm
+        return _gather_seq(x, comm)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _my_seq_chunk(grad, ctx.comm), None
+
+
 # --- public API -------------------------------------------------------------------------------
 def copy_to_tp_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """Identity forward; all-reduce of the gradient backward (every TP rank used the same input)."""
@@ -147,7 +159,14 @@ def scatter_to_seq_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     return _ScatterSeq.apply(x, comm) if _active(comm) else x
 
 
+def gather_to_replicated_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
+    """All-gather along seq forward ((B, S/tp, H) → (B, S, H)) into a region every TP rank computes alike; backward
+    keeps this rank's seq chunk of the gradient, which that region hands every TP rank whole (no sum: the
+    ranks' gradients are the same one, not partial ones)."""
+    return _GatherSeqReplicated.apply(x, comm) if _active(comm) else x
+
+
 __all__ = [
-    "TPComm", "copy_to_tp_region", "gather_from_seq_region", "reduce_from_tp_region",
+    "TPComm", "copy_to_tp_region", "gather_from_seq_region", "gather_to_replicated_region", "reduce_from_tp_region",
     "reduce_scatter_to_seq_region", "scatter_to_seq_region", "tp_rank", "tp_size",
 ]

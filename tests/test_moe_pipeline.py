@@ -52,6 +52,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "one stage tp2 x dp2 ep2: experts split over tp and shared over ep": (
         {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4, "stages": [_stage(4, tp=2, dp=2, ep=2)]},
         {"moe_first_dense": 1}),
+    "moe tp2+sp -> moe dp2 ep2: the sequence gathered into the experts, shared gated expert": (
+        {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+         "stages": [_stage(2, tp=2, sp=True), _stage(2, dp=2, ep=2)]},
+        {"moe_shared_ffn_size": 16, "moe_shared_gate": True}),
     "moe dp2 -> moe dp2, zero-bubble, every other layer": (
         {"schedule": "zero-bubble", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(2, dp=2), _stage(2, dp=2)]},
@@ -131,7 +135,6 @@ def test_the_aux_loss_reaches_the_router_through_the_pipeline() -> None:
 
 
 @pytest.mark.parametrize("stage_extra, run_line", [
-    ({"tp": 2, "devices": 2, "sp": True}, "MoE layers under sequence parallelism are not implemented"),
     ({"precision": "fp8-mixed"}, "no fp8 path"),
 ])
 def test_what_an_moe_stage_cannot_run_is_one_line(stage_extra: dict[str, Any], run_line: str) -> None:

@@ -198,3 +198,16 @@ def test_tp_points_measured_with_their_group_replace_the_ring_formula() -> None:
     assert pred.stages[0].tp_comm_s == 0.0  # the measured points hold the collectives
     unmeasured = _cost([H100], slow_links, nvidia_h100_sxm=tp1).predict(plan, Placement.pack(plan, (cost.cluster.types[0],)))
     assert unmeasured.stages[0].tp_comm_s > 0.1  # the ring formula over a very slow link
+
+
+def test_the_heads_transient_peak_counts_once_on_the_last_stage() -> None:
+    """An accelerator profile's head transient (logits gradient, the loss's copies) adds rows × seq × bytes / tp to
+    the last stage's memory only, once whatever the in-flight micro-batches."""
+    base = _clocked(1e-4)
+    heavy = dataclasses.replace(base, head=dataclasses.replace(base.head, transient_bytes=1000))
+    S, M = 4, 8
+    plan = _plan(S, M)
+    before = _cost([H100], nvidia_h100_sxm=base).predict(plan, Placement.pack(plan, (resolve(parse_cluster({"groups": [H100]})).types[0],) * S))
+    after = _cost([H100], nvidia_h100_sxm=heavy).predict(plan, Placement.pack(plan, (resolve(parse_cluster({"groups": [H100]})).types[0],) * S))
+    grown = [a.memory_bytes - b.memory_bytes for a, b in zip(after.stages, before.stages)]
+    assert grown == [0, 0, 0, 1 * 32 * 1000]

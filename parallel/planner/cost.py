@@ -286,6 +286,8 @@ class CostModel:
         act = per_mb * held
         if stage.checkpoint:  # one layer's full activations while it recomputes
             act += self.device(kind).layer(stage.tp, plan.micro_batch_size // stage.dp, self.seq, False)[2]
+        if k == plan.last_stage:  # the head's backward: its logits gradient and the loss's copies, once
+            act += plan.micro_batch_size // stage.dp * self.seq * self.device(kind).head.transient_bytes / stage.tp
         capacity = None if kind.memory_bytes is None else int(kind.memory_bytes.value)
         return StageCost(kind.device, fwd, bwd, base[2] + base[3], tail[0], tail[1], static, int(act), int(static + act), capacity,
                          self.device(kind).estimated)

@@ -69,7 +69,8 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
     h, v, e = model.hidden_size, model.vocab_size, _element_bytes(precision)
     head_fwd = 2.0 * h * v / flops_s + 3 * v * 4 / bytes_s  # the head matmul, then softmax over fp32 logits
     embedding = PerToken(2 * h * e / bytes_s, 3 * h * 4 / bytes_s, donor.embedding.activation_bytes if donor else 8)
-    head = PerToken(head_fwd, 2 * head_fwd, donor.head.activation_bytes if donor else (h * e + 2 * v * 4))
+    head = PerToken(head_fwd, 2 * head_fwd, donor.head.activation_bytes if donor else (h * e + 2 * v * 4),
+                    donor.head.transient_bytes if donor else 0)
     where = (f"efficiency {eff:.3f} measured on {rated[0].device}" if rated else
              f"efficiency {DEFAULT_EFFICIENCY} (documented default: no present device has a catalog peak"
              + (f"; {measured[0].device} publishes none" if measured else "") + ")")

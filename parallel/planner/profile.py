@@ -56,6 +56,9 @@ class PerToken:
     forward_s: float
     backward_s: float
     activation_bytes: int  # saved for backward, per token
+    # accelerators: what its forward + backward holds at the peak beyond what it saves, per token — the head's
+    # logits gradient and the loss's fp32 copies live only then, once, on top of the in-flight activations
+    transient_bytes: int = 0
 
 
 @dataclass(frozen=True)
