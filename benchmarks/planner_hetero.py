@@ -3,8 +3,8 @@
 One host with GPUs: a cluster of ``--gpus`` GPUs and ``--cpus`` cpu ranks (two device types of very
 different speeds). ``hal profile``'s measurement of both (the cpu ranks with their in-run calibration,
 the GPUs with tp layers and the engine's host work when there are two), then ``hal plan --search
---use-all-types`` (every type holds a stage), its best plan written as a config and trained with
-``hal train`` as is; against it the same stages with the layers split evenly (the naive split), and the
+--use-all-types`` (every type holds a stage), its best plan written as ``--write`` writes it and trained
+with ``hal train`` as is; against it the same stages with the layers split evenly (the naive split), and the
 planner's best plan with no constraint (which may leave the slow type out). Each is a short ``hal train
 --json`` run; the median step after the first is the measurement.
 
@@ -48,10 +48,7 @@ def cluster(gpus: int, cpus: int) -> dict[str, Any]:
 
 
 def config(parallel: dict[str, Any], steps: int, groups: dict[str, Any]) -> dict[str, Any]:
-    """The run's config; a plan mixing backends names none at the top (each stage names its own)."""
-    backends = {stage["backend"] for stage in parallel["stages"]}
-    top = {"backend": backends.pop()} if len(backends) == 1 else {}
-    return {**top, "precision": PRECISION, "fallback": "warn", "model": MODEL, "parallel": parallel,
+    return {"backend": "cuda", "precision": PRECISION, "fallback": "warn", "model": MODEL, "parallel": parallel,
             "train": {"steps": steps, "lr": 1e-3, "data": "synthetic"}, "cluster": groups}
 
 
@@ -89,7 +86,7 @@ def main() -> int:
     from hal.launch import run_function
     from hal.parallel.planner.cluster import load_cluster
     from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.plan_search import planning_inputs, stage_text
+    from hal.parallel.planner.plan_search import planning_inputs, stage_text, write_plan
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.planner.search import Result, Search
     from hal.parallel.run_config import load_run_config
@@ -119,7 +116,7 @@ def main() -> int:
             pred = cost.predict(plan, place)
             stages = stage_text(Result(plan, place, pred))
             path = Path(tmp, f"plan{i}.yaml")
-            path.write_text(yaml.safe_dump(config(plan.to_dict(), args.steps, groups), sort_keys=False))
+            write_plan(run, Result(plan, place, pred), path, cost)  # what hal plan --search --write writes
             say(f"training {name}: {stages}")
             step = train(path, Path(tmp, f"run{i}"), args.steps)
             rows.append({"plan": name, "stages": stages,

@@ -211,3 +211,31 @@ def test_the_heads_transient_peak_counts_once_on_the_last_stage() -> None:
     after = _cost([H100], nvidia_h100_sxm=heavy).predict(plan, Placement.pack(plan, (resolve(parse_cluster({"groups": [H100]})).types[0],) * S))
     grown = [a.memory_bytes - b.memory_bytes for a, b in zip(after.stages, before.stages)]
     assert grown == [0, 0, 0, 1 * 32 * 1000]
+
+
+def test_a_written_plan_mixing_backends_names_no_top_level_backend(tmp_path) -> None:
+    """hal train refuses a top-level backend its stages contradict: --write drops it for a plan over cpu and cuda,
+    and sets it to the plan's one backend otherwise; the parallel: section is the plan as searched."""
+    import yaml
+
+    from hal.parallel.planner.plan_search import write_plan
+    from hal.parallel.run_config import load_run_config
+
+    groups = [{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
+              {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}]
+    cost = _cost(groups, cpu_generic=_profile("cpu-generic", "cpu", f=1e-2, b=2e-2))
+    source = tmp_path / "run.yaml"
+    source.write_text(yaml.safe_dump({"backend": "cpu", "precision": "fp32", "model": MODEL.to_dict(),
+                                      "parallel": {"micro_batches": 8, "micro_batch_size": 1,
+                                                   "stages": [{"backend": "cpu", "devices": 1, "layers": 8}]},
+                                      "train": {"steps": 2}, "cluster": {"groups": groups}}))
+    run = load_run_config(source, check_backends=False)
+    mixed = Search(cost, run.plan, use_all_types=True).run(top=1).results[0]
+    only_cuda = Search(cost, run.plan).run(top=1).results[0]
+    assert {k.backend for k in mixed.placement.kinds} == {"cpu", "cuda"} and {k.backend for k in only_cuda.placement.kinds} == {"cuda"}
+    for result, top in ((mixed, None), (only_cuda, "cuda")):
+        out = tmp_path / f"plan-{top}.yaml"
+        write_plan(run, result, out, cost)
+        data = yaml.safe_load(out.read_text())
+        assert data.get("backend") == top
+        assert load_run_config(out, check_backends=False).plan == result.plan

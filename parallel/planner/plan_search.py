@@ -59,6 +59,13 @@ def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cos
     with open(run.origin, encoding="utf-8") as f:
         data = yaml.safe_load(f)
     data["parallel"] = result.plan.to_dict()
+    # hal train refuses a top-level backend its stages contradict: the plan's own, or none where it mixes backends
+    backends = sorted({stage.backend for stage in result.plan.stages})
+    if "backend" in data and data["backend"] != "auto":
+        if len(backends) == 1:
+            data["backend"] = backends[0]
+        else:
+            del data["backend"]
     p = result.prediction
     head = [f"# written by hal plan --search from {run.origin}: predicted {p.step_s:.4g} s a step, "
             f"{p.tokens_per_s:,.0f} tokens/s, idle share {p.bubble_overall:.1%}, bound by {p.bound}",
