@@ -19,7 +19,6 @@ the schedule — is what the cost model predicts, and is stable.
 """
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any, Callable
 
@@ -44,29 +43,18 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
                      backend_name: str = "cpu", precision: str = "fp32", fallback: str = "warn",
                      trainer_step: bool = False) -> dict[str, Any]:
     """One rank of the calibration pipeline (stages of ``tp`` ranks, LAYERS layers each): its median compute and
-    schedule seconds a step (host clock), and the step's wall time until its device finished (``wall_s``).
+    schedule seconds a step (host clock).
 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
     ``hal train`` times it (``steps_s``: this rank's wall time of each step, its device unsynchronized)."""
-    import datetime
-    import time
-
-    from hal.backend_registry import get_backend
-    from hal.collectives import init_distributed, shutdown
-    from hal.precision import resolve_precision
-
     from ..engine import PipelineEngine
     from ..topology import Topology, build_groups
+    from .measure import profiling_rank
 
     if threads is not None:
         torch.set_num_threads(threads)
-    os.environ.pop("HAL_ISLANDS", None)
-    world = init_distributed(backend_name, init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=3))
-    try:
-        backend = get_backend(backend_name)
-        mode = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
-        mode.apply(backend)
+    with profiling_rank(backend_name, precision, fallback) as (world, backend, mode):
         stages = world.size // tp
         config = ModelConfig(**{**model, "num_layers": stages * LAYERS})
         plan = calibration_plan(backend_name, stages, rows, tp)
@@ -78,21 +66,14 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
             return {"steps_s": _trainer_steps(engine, config, plan, seq, steps)}
         gen = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, config.vocab_size, (plan.micro_batches, rows, seq + 1), generator=gen)
-        compute, schedule, wall = [], [], []
+        compute, schedule = [], []
         for i in range(steps + 1):
             engine.module.zero_grad(set_to_none=True)
-            backend.synchronize()
-            start = time.perf_counter()
             engine.step_lazy(tokens)
-            backend.synchronize()
             if i:  # the first step warms the allocator and the op caches
-                wall.append(time.perf_counter() - start)
                 compute.append(engine.times.compute)
                 schedule.append(engine.times.schedule)
-        return {"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule),
-                "wall_s": statistics.median(wall)}
-    finally:
-        shutdown()
+        return {"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule)}
 
 
 def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps: int) -> list[float]:

@@ -228,16 +228,15 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
 TP_DEGREE = 2  # the tp degree measured with its group present (every accelerator host with 2 devices can)
 
 
-def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list[int], precision: str, repeats: int,
-                  fallback: str = "warn") -> list[dict[str, Any]] | None:
-    """One of ``TP_DEGREE`` ranks: one decoder layer split over them, without and with sequence parallelism,
-    at each row count — the plain layer's points, its tp collectives included. Rank 0 returns the points."""
-    import dataclasses
+@contextlib.contextmanager
+def profiling_rank(backend_name: str, precision: str, fallback: str) -> Iterator[tuple[Any, Backend, Any]]:
+    """One rank of a profiling job (``launch``ed): joined to its world on ``backend_name`` (no declared islands),
+    its precision resolved and applied; (world, backend, precision plan) inside, the world shut down after."""
     import datetime
     import os
 
     from hal.backend_registry import get_backend
-    from hal.collectives import init_distributed, shutdown, world_communicator
+    from hal.collectives import init_distributed, shutdown
     from hal.precision import resolve_precision
 
     os.environ.pop("HAL_ISLANDS", None)
@@ -246,6 +245,20 @@ def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list
         backend = get_backend(backend_name)
         plan = resolve_precision(precision, backend, backend.capabilities(), fallback)  # type: ignore[arg-type]
         plan.apply(backend)
+        yield world, backend, plan
+    finally:
+        shutdown()
+
+
+def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list[int], precision: str, repeats: int,
+                  fallback: str = "warn") -> list[dict[str, Any]] | None:
+    """One of ``TP_DEGREE`` ranks: one decoder layer split over them, without and with sequence parallelism,
+    at each row count — the plain layer's points, its tp collectives included. Rank 0 returns the points."""
+    import dataclasses
+
+    from hal.collectives import world_communicator
+
+    with profiling_rank(backend_name, precision, fallback) as (world, backend, plan):
         config = ModelConfig(**model)
         comm = world_communicator(validate=False)  # as the engine's groups: calls fixed by the plan
         points = []
@@ -263,8 +276,6 @@ def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list
                 point = LayerPoint(comm.size, r, seq, False, f, b, act, *(clocks or (None,) * 4), sp=sp)
                 points.append(dataclasses.asdict(point))
         return points if world.rank == 0 else None
-    finally:
-        shutdown()
 
 
 def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: tuple[int, ...], precision: str, repeats: int,
