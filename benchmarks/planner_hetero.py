@@ -64,7 +64,6 @@ def train(path: Path, run_dir: Path, steps: int) -> float:
 
 def even_split(plan: Any) -> Any:
     """The same stages, devices, grids and schedule with the layers split evenly (the first stages take the rest)."""
-
     S, L, V = plan.num_stages, MODEL["num_layers"], plan.virtual_stages
     counts = [L // S + (1 if k < L % S else 0) for k in range(S)]
     stages = []
