@@ -122,11 +122,8 @@ class _ScatterSeq(torch.autograd.Function):
         return _gather_seq(grad, ctx.comm), None
 
 
-class _GatherSeqReplicated(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-        ctx.comm = comm
-        return _gather_seq(x, comm)
+class _GatherSeqReplicated(_GatherSeq):
+    """``_GatherSeq``'s forward; backward takes this rank's chunk of a gradient every rank holds whole."""
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
