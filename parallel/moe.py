@@ -35,7 +35,8 @@ from hal import ops
 from hal.downgrades import Downgrade, record_downgrade
 
 from .layers import DEFAULT_STD, ParamMeta, ShardSpec
-from .tp_comm import TPComm, copy_to_tp_region, reduce_from_tp_region, tp_size
+from .tp_comm import (TPComm, copy_to_tp_region, gather_to_replicated_region, reduce_from_tp_region,
+                      reduce_scatter_to_seq_region, tp_size)
 
 Scoring = Literal["softmax", "sigmoid"]
 ExpertPath = Literal["grouped_mm", "loop"]
@@ -154,8 +155,9 @@ class SharedExpert(nn.Module):
 
     def __init__(self, hidden: int, ffn: int, gated: bool, *, out_std: float = DEFAULT_STD / math.sqrt(2),
                  tp_comm: TPComm = None) -> None:
-        """``tp_comm``: the stage's TP group; the FFN width is split over it and the output summed (the gate,
-        one value a token, is replicated and applied to the summed output)."""
+        """``tp_comm``: the stage's TP group; the FFN width is split over it. ``forward`` gives this TP rank's share
+        of the output (the gate, one value a token, replicated, applied to the share): the MoE block sums it
+        with the experts' shares over TP in one exchange."""
         super().__init__()
         tp = tp_size(tp_comm)
         if ffn % tp:
@@ -171,8 +173,10 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part = self.down(ops.swiglu(self.gate_up(copy_to_tp_region(x, self.tp_comm))))
-        out = reduce_from_tp_region(part, self.tp_comm)
-        return out * torch.sigmoid(self.gate(x)) if self.gate is not None else out
+        if self.gate is None:
+            return part
+        # each rank's gate gradient comes from its share alone: summed over TP (the copy's backward)
+        return part * copy_to_tp_region(torch.sigmoid(self.gate(x)), self.tp_comm)
 
 
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
@@ -202,14 +206,20 @@ class MoE(nn.Module):
     """The MoE feed-forward block: ``forward(x)`` → (output of x's shape, MoEStats)."""
 
     def __init__(self, hidden: int, config: MoEConfig, *, grouped: bool = True,
-                 out_std: float = DEFAULT_STD / math.sqrt(2), ep_group: Any = None, tp_comm: TPComm = None) -> None:
+                 out_std: float = DEFAULT_STD / math.sqrt(2), ep_group: Any = None, tp_comm: TPComm = None,
+                 sequence_parallel: bool = False) -> None:
         """``ep_group``: the expert-parallel group (a Communicator) this rank shares the experts with; each of its
         ranks holds num_experts / size of them, in rank order (None or size 1: every expert here). ``tp_comm``:
-        the stage's TP group (without sequence parallelism: every TP rank sees every token); the experts' FFN
-        width is split over it. The router is replicated: every TP rank routes the same tokens the same way,
-        and the experts' partial outputs are summed over TP before the routing weights apply, so the router's
-        gradient is the whole one on every TP rank."""
+        the stage's TP group; the experts' (and the shared expert's) FFN width is split over it. The router is
+        replicated: every TP rank routes the same tokens the same way. Each rank weights its experts' partial
+        outputs by the routing weights and adds its shared-expert share, and the block's output is summed over
+        TP once (T × H values, not the T × k × H of summing the experts' rows); the routing weights enter
+        through a copy whose backward sums their gradient over TP, so the router's gradient is the whole one
+        on every rank. ``sequence_parallel``: the input is this rank's slice of the sequence; the block gathers
+        the sequence (the router and the split experts need every token) and the TP sum is a reduce-scatter
+        back to the slices."""
         super().__init__()
+        self.sequence_parallel = sequence_parallel and tp_size(tp_comm) > 1
         self.config = config
         self.grouped = grouped
         self.ep_group = ep_group if ep_group is not None and ep_group.size > 1 else None
@@ -239,6 +249,8 @@ class MoE(nn.Module):
         return "loop"
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
+        if self.sequence_parallel:
+            x = gather_to_replicated_region(x, self.tp_comm)
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         T, E, k = tokens.shape[0], self.config.num_experts, self.config.top_k
@@ -252,18 +264,21 @@ class MoE(nn.Module):
             out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
         else:
             out_sorted = self._expert_parallel(rows, load)
-        out_sorted = reduce_from_tp_region(out_sorted, self.tp_comm)  # TP-split experts: partial sums
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
-        out = (pair_out.view(T, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+        # TP-split experts give partial sums: weighted here, summed over TP once below
+        out = (pair_out.view(T, k, -1) * copy_to_tp_region(weights, self.tp_comm).unsqueeze(-1)).sum(dim=1)
         if self.shared is not None:
             out = out + self.shared(tokens)
+        out = out.view(shape)
+        out = (reduce_scatter_to_seq_region(out, self.tp_comm) if self.sequence_parallel
+               else reduce_from_tp_region(out, self.tp_comm))
         routed = load
         if self.balance_group is not None and self.balance_group.size > 1:
             routed = load.clone()
             self.balance_group.all_reduce(routed, "sum")
         stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring, routed=routed),
                          z_loss(logits), load)
-        return out.view(shape), stats
+        return out, stats
 
     def _expert_parallel(self, rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
         """The experts' outputs for ``rows`` (expert-sorted pairs) when the experts are spread over the ep group."""

@@ -39,7 +39,7 @@ from ..layers import (
 )
 from ..model_config import ROPE_SCALING_KEYS, ModelConfig
 from ..moe import MoE, attach_aux_loss
-from ..tp_comm import TPComm, gather_to_replicated_region, scatter_to_seq_region, tp_rank, tp_size
+from ..tp_comm import TPComm, tp_rank, tp_size
 from ..weight_grad import split_linear
 
 # --- deterministic initialisation ---------------------------------------------------------------
@@ -181,17 +181,11 @@ class MoEFeedForward(MoE):
 
     def __init__(self, config: ModelConfig, tp_comm: TPComm, ep_comm: Any = None, sp: bool = False) -> None:
         super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config), ep_group=ep_comm,
-                         tp_comm=tp_comm)
-        # Under sequence parallelism each TP rank holds a slice of the sequence; the router and the experts' split
-        # need every token on every TP rank, so the block gathers the sequence on the way in and keeps this
-        # rank's slice of its (replicated) output on the way out.
-        self.sp = sp and tp_size(tp_comm) > 1
+                         tp_comm=tp_comm, sequence_parallel=sp)
         self.aux_scale = 1.0
         self._tally: list[torch.Tensor] | None = None  # [pairs per expert, aux sum, z sum, forwards]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.sp:
-            x = gather_to_replicated_region(x, self.tp_comm)
         out, stats = super().forward(x)
         # Counted once: not again in a checkpointed layer's recompute, and on one TP rank (all route the same tokens)
         if not _RECOMPUTING.get() and tp_rank(self.tp_comm) == 0:
@@ -199,7 +193,7 @@ class MoEFeedForward(MoE):
         aux = self.loss(stats)
         if torch.is_grad_enabled() and aux.requires_grad and self.aux_scale:
             out = attach_aux_loss(out, aux, self.aux_scale)
-        return scatter_to_seq_region(out, self.tp_comm) if self.sp else out
+        return out
 
     @torch.no_grad()
     def _count(self, stats: Any) -> None:
