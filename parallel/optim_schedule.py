@@ -91,3 +91,16 @@ def adamw_options(device: "torch.device") -> dict[str, bool]:
     kernel for the whole update; elsewhere torch's default (foreach) stays, which the single-process
     references of the tests also use. The trainer and the planner's measurement both build AdamW this way."""
     return {"fused": True} if device.type == "cuda" else {}
+
+
+def decoupled_adamw(params: "list[torch.nn.Parameter]", device: "torch.device", *, lr: float,
+                    weight_decay: float | None = None) -> "torch.optim.AdamW":
+    """AdamW as the trainer builds it: weight decay on matrices only (norm weights and biases get none), the
+    implementation ``adamw_options`` picks. ``weight_decay`` None: torch's default. The trainer, the planner's
+    optimizer measurement and its calibration pipeline all use it, so they time the same update."""
+    import torch
+
+    decay = {} if weight_decay is None else {"weight_decay": weight_decay}
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=lr, **decay, **adamw_options(device))

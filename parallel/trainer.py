@@ -45,7 +45,7 @@ from hal.errors import HalError
 from .data import global_batch
 from .job import Job
 from .layers import expert_shard
-from .optim_schedule import adamw_options, clip_global_norm, learning_rate, set_learning_rate
+from .optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from .topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -86,10 +86,7 @@ def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
         if engine.mesh.ep > 1:  # expert shards differ across dp: their state shards over the replicas of each shard
             return Zero1Experts(params, expert_shard, groups.dp, groups.edp, lambda ps: torch.optim.AdamW(ps, **hyper))
         return Zero1AdamW(params, groups.dp, **hyper)
-    matrices = [p for p in params if p.dim() >= 2]
-    vectors = [p for p in params if p.dim() < 2]  # norm weights (and biases): no weight decay
-    return torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], **hyper,
-                             **adamw_options(engine.device))
+    return decoupled_adamw(params, engine.device, **hyper)
 
 
 def _precision_plan(backend: Any, job: Job, stage: int) -> Any:

@@ -83,12 +83,9 @@ def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps:
     import torch.distributed as dist
 
     from ..data import global_batch
-    from ..optim_schedule import adamw_options
+    from ..optim_schedule import decoupled_adamw
 
-    params = [p for p in engine.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
-                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=1e-4,
-                                  **adamw_options(engine.device))
+    optimizer = decoupled_adamw([p for p in engine.module.parameters() if p.requires_grad], engine.device, lr=1e-4)
     out = []
     for step in range(steps + 1):
         started = time.perf_counter()

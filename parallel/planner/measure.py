@@ -24,7 +24,7 @@ from ..flops import PEAK_KEY
 from ..memory_check import layer_parameters
 from ..model_config import ModelConfig
 from ..models.llama import build_stage
-from ..optim_schedule import adamw_options
+from ..optim_schedule import decoupled_adamw
 from .profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 
 Progress = Callable[[str], None]
@@ -348,8 +348,7 @@ def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.d
     params = list(layer.parameters())
     for p in params:
         p.grad = torch.randn_like(p)
-    matrices, vectors = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": matrices}, {"params": vectors, "weight_decay": 0.0}], lr=1e-4, **adamw_options(device))
+    opt = decoupled_adamw(params, device, lr=1e-4)
     times = [_timed(backend, opt.step) for _ in range(repeats + 1)][1:]
     return statistics.median(times) / sum(p.numel() for p in params)
 

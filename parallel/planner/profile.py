@@ -145,14 +145,14 @@ class DeviceProfile:
         """(host forward, host backward, device forward, device backward) seconds of one layer call, where the
         profile measured an accelerator's two clocks; None otherwise.
 
-        The host's enqueue time barely depends on the rows (the same kernels are launched), and a tp-split
-        layer launches as many as tp 1 at the full rows, so the host side is read at ``rows``; the device side
-        follows ``layer``'s rule (tp 1 at rows / tp). Points measured at this tp and sp are read as they are:
-        their host side includes enqueuing the collectives, their device side running them. Recompute:
-        forward + backward again, as ``layer``."""
+        The host's enqueue time does not depend on the rows (the same kernels are launched), and a tp-split
+        layer launches as many as tp 1, so the host side is the points' median; the device side follows
+        ``layer``'s rule (tp 1 at rows / tp). Points measured at this tp and sp are read as they are: their
+        host side includes enqueuing the collectives, their device side running them. Recompute: forward +
+        backward again, as ``layer``."""
         sp = sp and tp > 1
         split = 1
-        plain = [p for p in self.layers if not p.recompute and p.tp == tp and p.sp == sp and tp > 1
+        plain = [p for p in self.layers if not p.recompute and p.tp == tp and p.sp == sp
                  and p.host_forward_s is not None and p.device_forward_s is not None]
         if not plain:
             split = tp

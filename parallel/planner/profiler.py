@@ -81,9 +81,9 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
                                           launch=launch, fallback=fallback)
             measured = dataclasses.replace(measured, layers=measured.layers + tp_layers)
             say(f"{kind.device}: calibration pipeline (the engine's host work per action)")
-            per_step = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
-                                      fallback=fallback)
-            measured = dataclasses.replace(measured, action_host_s=per_step,
+            per_action = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
+                                        fallback=fallback)
+            measured = dataclasses.replace(measured, action_host_s=per_action,
                                            basis=measured.basis + f"; tp {TP_DEGREE} layers measured with their group; "
                                            "the engine's host work from a calibration pipeline")
         devices[kind.device] = measured

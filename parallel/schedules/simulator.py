@@ -84,10 +84,10 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     def cost(action: Action, s: int) -> float:
         return per_kind[action.kind][s] * shares[s][action.chunk]
 
-    hosted = host_forward_s is not None or host_backward_s is not None
     hf = _per_stage(0.0 if host_forward_s is None else host_forward_s, S, "host_forward_s")
     hb = _per_stage(0.0 if host_backward_s is None else host_backward_s, S, "host_backward_s")
     ha = _per_stage(host_action_s, S, "host_action_s")
+    hosted = host_forward_s is not None or host_backward_s is not None or any(ha)
     host_kind = {Kind.FORWARD: hf, Kind.BACKWARD: hb, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in hb],
                  Kind.BACKWARD_WEIGHT: [b * weight_share for b in hb]}
 
@@ -112,7 +112,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                     break
                 start = max(free[s], ready)
                 end = start + cost(action, s)
-                if hosted or ha[s]:
+                if hosted:
                     begun = queued[s]
                     queued[s] += host_cost(action, s)
                     start = max(start, begun)
