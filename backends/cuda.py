@@ -26,6 +26,7 @@ class CudaBackend(DeviceModuleBackend):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     reduced_precision_matmul_format = "tf32"
     ccl_reduce_ops = frozenset({"sum", "avg", "max", "min", "product"})  # ncclAvg since NCCL 2.10
+    ccl_coalesces = True  # ProcessGroupNCCL's start/end coalescing is ncclGroupStart/End (RCCL on HIP builds: the same code)
     hardware_verification = (
         "NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11.0+cu130), 2026-11-26: CUDA-marked tests and "
         "hal conformance (1 GPU) passed; NVIDIA H200 x2 and x4: hal conformance with NCCL passed"

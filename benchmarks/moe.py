@@ -3,11 +3,15 @@ throughput at ep = world against ep = 1. Both measured in the same run, on the s
 
 1. **Dispatch + combine** (``parallel.moe.dispatch`` / ``combine``): every rank routes T tokens (hidden H,
    top-k of E experts, drawn from a softmax router over random logits, so the splits are uneven) to the
-   ranks holding their experts and back — counts exchange, one host read, the uneven all-to-all, the
-   regrouping gather and scatter. The baseline is ``torch.distributed.all_to_all_single`` with the same
-   splits, there and back (what the two data all-to-alls cost with nothing around them). Reported: the
-   ratio of their times (goal >= 0.95: the bookkeeping costs under 5 %) and each one's GB/s per rank
-   (rows sent and received, both directions).
+   ranks holding their experts and back — counts exchange, one host read, one uneven all-to-all per local
+   expert each way (rows land grouped by expert: no regrouping copies). The baseline is one
+   ``torch.distributed.all_to_all_single`` each way with the same per-rank splits (what moving those bytes
+   costs with nothing around it); beside them the design dispatch replaced (one all-to-all each way and a
+   regrouping gather on the receiving side) and the count exchange alone (its fixed cost). Each variant runs
+   ``--repeats`` times back to back between two synchronisations (what a step sees: raw all-to-alls queue
+   behind each other, ours waits once a call for its counts); rounds interleave the variants and the median
+   round is kept. Reported: the ratio raw / ours (goal >= 0.95: the bookkeeping costs under 5 %) and GB/s
+   per rank (rows sent and received, both directions), for each ``--tokens`` size.
 2. **An MoE model** (one stage, dp = world; default 8 experts top-2, about 1.2B total parameters, 0.35B
    active): forward + backward steps through hal's engine at ep = world (each rank holds E / world
    experts, tokens cross ranks) and at ep = 1 (every rank holds every expert; no all-to-all). Reported:
@@ -52,25 +56,59 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int) -> lis
     return times
 
 
-def _routing(opts: dict[str, Any], rank: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's expert-sorted rows (T·k, H) and per-expert counts, from a softmax top-k of random logits."""
+def _back_to_back(fn: Callable[[], Any], sync: Callable[[], None], repeats: int) -> float:
+    """Seconds per call of ``fn`` run ``repeats`` times in a row, synchronised once before and once after: what a
+    training step sees (calls queue behind each other; a call that reads the device waits for what is queued)."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / repeats
+
+
+def _routing(opts: dict[str, Any], tokens: int, rank: int, world: int, device: torch.device,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows (T·k, H) in dispatch order and per-expert counts, from a softmax top-k of random logits."""
+    from hal.parallel.moe import dispatch_key
+
     gen = torch.Generator().manual_seed(100 + rank)
-    T, H, E, k = opts["tokens"], opts["hidden"], opts["experts"], opts["top_k"]
+    T, H, E, k = tokens, opts["hidden"], opts["experts"], opts["top_k"]
     logits = torch.randn(T, E, generator=gen) * 2.0
     experts = torch.topk(torch.softmax(logits, -1), k, dim=-1).indices.reshape(-1)
-    order = torch.argsort(experts, stable=True)
+    order = torch.argsort(dispatch_key(experts, world, E // world), stable=True)
     rows = torch.randn(T, H, generator=gen).to(dtype)[order // k]
     return rows.to(device), torch.bincount(experts, minlength=E).to(device)
 
 
-def _exchange(rank: int, world: int, opts: dict[str, Any], comm: Any, group: Any, device: torch.device,
+def _regrouped(rows: torch.Tensor, load: torch.Tensor, comm: Any, world: int, local: int) -> torch.Tensor:
+    """The design ``dispatch`` replaced, timed beside it: rows sorted by global expert (rank-major), one all-to-all
+    each way, and a gather on the receiving side to regroup by expert (and its inverse before the way back)."""
+    sent = load.view(world, local).contiguous()
+    sent_c, recv_c = torch.stack([sent, comm.all_to_all(sent)]).cpu().tolist()
+    send, recv = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
+    arrived = comm.all_to_all(rows, input_splits=send, output_splits=recv)
+    sizes = torch.tensor(recv_c, dtype=torch.long)  # (source, local expert) blocks as they arrived
+    starts = (sizes.flatten().cumsum(0) - sizes.flatten()).view_as(sizes)
+    lengths, firsts = sizes.t().flatten().to(rows.device), starts.t().flatten().to(rows.device)
+    total = int(sizes.sum())
+    perm = (torch.repeat_interleave(firsts, lengths, output_size=total) + torch.arange(total, device=rows.device)
+            - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths, output_size=total))
+    by_expert = arrived.index_select(0, perm)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(total, device=perm.device)
+    return comm.all_to_all(by_expert.index_select(0, inverse), input_splits=recv, output_splits=send)
+
+
+def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: Any, group: Any, device: torch.device,
               sync: Callable[[], None]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from hal.parallel.moe import combine, dispatch
 
     dtype = getattr(torch, opts["dtype"])
-    rows, load = _routing(opts, rank, device, dtype)
+    rows, load = _routing(opts, tokens, rank, world, device, dtype)
+    rank_major, _ = _routing(opts, tokens, rank, 1, device, dtype)  # sorted by global expert, for _regrouped
     local = opts["experts"] // world
 
     def ours() -> torch.Tensor:
@@ -87,16 +125,25 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], comm: Any, group: Any
         dist.all_to_all_single(there, rows, recv, send, group=group)
         dist.all_to_all_single(back, there, send, recv, group=group)
 
+    def counts() -> None:  # the fixed part of ours: the count all-to-all and its host read
+        sent = load.view(world, local).contiguous()
+        torch.stack([sent, comm.all_to_all(sent)]).cpu()
+
+    def regrouped() -> torch.Tensor:
+        return _regrouped(rank_major, load, comm, world, local)
+
     assert torch.equal(ours(), rows), "dispatch + combine must give every row back unchanged"
-    for fn in (ours, raw):  # warm-up
+    assert torch.equal(regrouped(), rank_major), "the regrouping exchange must give every row back unchanged"
+    fns = {"ours": ours, "raw": raw, "counts": counts, "regrouped": regrouped}
+    for fn in fns.values():  # warm-up
         _timed(fn, sync, opts["warmup"])
-    times: dict[str, list[float]] = {"ours": [], "raw": []}
-    for _ in range(opts["rounds"]):
-        for name, fn in (("ours", ours), ("raw", raw)):
-            times[name] += _timed(fn, sync, opts["repeats"])
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(opts["rounds"]):  # the rounds interleave the variants; each is the median round
+        for name, fn in fns.items():
+            times[name].append(_back_to_back(fn, sync, opts["repeats"]))
     moved = (sum(send) + sum(recv)) * rows.shape[1] * rows.element_size() * 2  # both directions, there and back
-    return {"ours_s": statistics.median(times["ours"]), "raw_s": statistics.median(times["raw"]), "bytes": moved,
-            "send_rows": send, "recv_rows": recv}
+    return {"tokens": tokens, "ours_s": statistics.median(times["ours"]), "raw_s": statistics.median(times["raw"]),
+            "counts_s": statistics.median(times["counts"]), "regrouped_s": statistics.median(times["regrouped"]), "bytes": moved, "send_rows": send, "recv_rows": recv}
 
 
 def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.device, backend: Any,
@@ -153,7 +200,7 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
             dist.barrier()
 
         report: dict[str, Any] = {"rank": rank, "device": backend.device_name(device.index or 0) if device.type != "cpu" else "cpu"}
-        report["exchange"] = _exchange(rank, world, opts, comm, group, device, sync)
+        report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]]
         if opts["model_steps"]:
             report["model"] = {f"ep{ep}": _model(rank, world, opts, ep, device, backend, sync) for ep in (world, 1)}
         if rank == 0 and device.type != "cpu":
@@ -170,15 +217,18 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
     world = len(reports)
     r0 = reports[0]
-    ours = max(r["exchange"]["ours_s"] for r in reports.values())
-    raw = max(r["exchange"]["raw_s"] for r in reports.values())
-    out: dict[str, Any] = {
-        "card": r0["device"], "torch": torch.__version__, "world_size": world, "dtype": opts["dtype"],
-        "exchange": {"tokens_per_rank": opts["tokens"], "hidden": opts["hidden"], "experts": opts["experts"],
-                     "top_k": opts["top_k"], "ours_s": ours, "raw_s": raw, "ratio_raw_over_ours": raw / ours,
-                     "gbps_per_rank_ours": statistics.mean(r["exchange"]["bytes"] for r in reports.values()) / ours / 1e9,
-                     "recv_rows_rank0": r0["exchange"]["recv_rows"]},
-    }
+    exchanges = []
+    for i, tokens in enumerate(opts["tokens"]):
+        ours = max(r["exchange"][i]["ours_s"] for r in reports.values())
+        raw = max(r["exchange"][i]["raw_s"] for r in reports.values())
+        exchanges.append({"tokens_per_rank": tokens, "hidden": opts["hidden"], "experts": opts["experts"],
+                          "top_k": opts["top_k"], "ours_s": ours, "raw_s": raw, "ratio_raw_over_ours": raw / ours,
+                          "counts_s": max(r["exchange"][i]["counts_s"] for r in reports.values()),
+                          "regrouped_s": max(r["exchange"][i]["regrouped_s"] for r in reports.values()),
+                          "gbps_per_rank_ours": statistics.mean(r["exchange"][i]["bytes"] for r in reports.values()) / ours / 1e9,
+                          "recv_rows_rank0": r0["exchange"][i]["recv_rows"]})
+    out: dict[str, Any] = {"card": r0["device"], "torch": torch.__version__, "world_size": world, "dtype": opts["dtype"],
+                           "exchange": exchanges}
     if "model" in r0:
         model = ModelConfig(**opts["model"])
         peak = r0.get("peak_bf16_tflops")
@@ -197,11 +247,13 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
 
 def table(s: dict[str, Any]) -> str:
-    x = s["exchange"]
-    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}",
-             f"dispatch + combine, {x['tokens_per_rank']} tokens/rank, hidden {x['hidden']}, {x['experts']} experts top-{x['top_k']}: "
-             f"ours {x['ours_s'] * 1e3:.2f} ms, raw all_to_all_single x2 {x['raw_s'] * 1e3:.2f} ms, "
-             f"ratio raw/ours {x['ratio_raw_over_ours']:.3f} (goal >= 0.95), {x['gbps_per_rank_ours']:.1f} GB/s per rank"]
+    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}"]
+    for x in s["exchange"]:
+        lines.append(f"dispatch + combine, {x['tokens_per_rank']} tokens/rank, hidden {x['hidden']}, {x['experts']} experts "
+                     f"top-{x['top_k']}: ours {x['ours_s'] * 1e3:.3f} ms (counts + host read alone {x['counts_s'] * 1e3:.3f} ms), "
+                     f"raw all_to_all_single x2 {x['raw_s'] * 1e3:.3f} ms, one all-to-all + regrouping gathers "
+                     f"{x['regrouped_s'] * 1e3:.3f} ms, ratio raw/ours {x['ratio_raw_over_ours']:.3f} "
+                     f"(goal >= 0.95), {x['gbps_per_rank_ours']:.1f} GB/s per rank")
     if "model" in s:
         m = s["model"]
         lines.append(f"model: {m['parameters'] / 1e9:.2f}B parameters, {m['active_parameters'] / 1e9:.2f}B active, seq {m['seq']}, "
@@ -217,13 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="cuda")
     parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=8192, help="tokens per rank for the exchange")
+    parser.add_argument("--tokens", default="8192", help="tokens per rank for the exchange (a comma list: one exchange each)")
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=20, help="exchanges run back to back in a round")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--model-steps", type=int, default=4, help="timed model steps per ep (0: skip the model)")
     parser.add_argument("--micro-batches", type=int, default=4)
@@ -233,7 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("world_size", "tokens", "hidden", "experts", "top_k", "repeats", "rounds", "micro_batches",
+    try:
+        args.tokens = [int(t) for t in str(args.tokens).split(",")]
+    except ValueError:
+        parser.error(f"--tokens {args.tokens!r}: give whole numbers separated by commas, e.g. 8192,32768")
+    if min(args.tokens) < 1:
+        parser.error("--tokens must be at least 1")
+    for name in ("world_size", "hidden", "experts", "top_k", "repeats", "rounds", "micro_batches",
                  "micro_batch_size", "seq"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -241,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--experts {args.experts} must be a multiple of --world-size {args.world_size} and >= --top-k")
     model = dict(MODEL_TINY if args.tiny else MODEL_1B)
     if args.tiny:
-        args.seq, args.tokens, args.hidden = min(args.seq, 64), min(args.tokens, 256), min(args.hidden, 64)
+        args.seq, args.tokens, args.hidden = min(args.seq, 64), [min(t, 256) for t in args.tokens], min(args.hidden, 64)
     model["moe_num_experts"] = max(model["moe_num_experts"], args.world_size)
     model["max_seq_len"] = max(model["max_seq_len"], args.seq)
     opts = {**vars(args), "model": model}

@@ -377,6 +377,44 @@ class Communicator:
 
         return self._run([work], finish, async_op, "all_to_all", timeout)
 
+    def all_to_all_blocks(
+        self, tensor: torch.Tensor, send_blocks: Sequence[Sequence[int]], recv_blocks: Sequence[Sequence[int]], *,
+        timeout: datetime.timedelta | None = None,
+    ) -> torch.Tensor:
+        """Several uneven all-to-alls as one exchange: block row j sends ``tensor``'s j-th chunk
+        (``send_blocks[j][r]`` rows to rank r, in rank order) and receives ``recv_blocks[j][s]`` rows from each
+        rank s into the output's j-th chunk. A caller that needs what arrives grouped by j and then by source
+        (an MoE's rows by local expert) gets it with no copy after the exchange.
+
+        Where the CCL groups ops (``Backend.ccl_coalesces``) and the call is native and unvalidated, the rows'
+        all-to-alls start as one grouped launch; otherwise one ``all_to_all`` per row (each validated when the
+        communicator validates), started together and waited for at the end."""
+        rows_in, rows_out = _block_rows(self.size, tensor, send_blocks, recv_blocks)
+        out = tensor.new_empty((sum(rows_out), *tensor.shape[1:]))
+        chunks, src, dst = [], 0, 0
+        for send, recv, n_in, n_out in zip(send_blocks, recv_blocks, rows_in, rows_out):
+            chunks.append((tensor[src:src + n_in], out[dst:dst + n_out], list(send), list(recv)))
+            src, dst = src + n_in, dst + n_out
+        if self._groups_all_to_alls(tensor):
+            self._begin("all_to_all", tensor, timeout=timeout)
+            group = self.native_group
+            with self._starting("all_to_all", group, timeout):
+                with dist._coalescing_manager(group, self.device, async_ops=True) as grouped:
+                    for x, o, send, recv in chunks:
+                        dist.all_to_all_single(o, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+            return self._run(grouped.works, lambda: out, False, "all_to_all", timeout)
+        handles = [self.all_to_all(x, input_splits=send, output_splits=recv, out=o, async_op=True, timeout=timeout)
+                   for x, o, send, recv in chunks]
+        for handle in handles:
+            handle.wait()
+        return out
+
+    def _groups_all_to_alls(self, tensor: torch.Tensor) -> bool:
+        """Whether ``all_to_all_blocks`` can start its rows as one grouped CCL launch here."""
+        return (not self.validate and self._bridge is None and self._island_backend.ccl_coalesces
+                and hasattr(dist, "_coalescing_manager") and self._on_my_device(tensor)
+                and not self._gap("all_to_all", tensor, None))
+
     def broadcast(self, tensor: torch.Tensor, src: int, *, async_op: bool = False, timeout: datetime.timedelta | None = None) -> Any:
         """Copy ``src``'s tensor into every rank's ``tensor``; returns it."""
         self._begin("broadcast", tensor, root=src, timeout=timeout)
@@ -547,6 +585,21 @@ def _check_out(op: str, out: torch.Tensor, shape: tuple[int, ...], like: torch.T
         raise CollectiveError(
             f"{op}: out is {tuple(out.shape)} {out.dtype} on {out.device}; it must be {tuple(shape)} {like.dtype} on {like.device}"
         )
+
+
+def _block_rows(size: int, tensor: torch.Tensor, send_blocks: Sequence[Sequence[int]],
+                recv_blocks: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Rows each block row sends and receives; a malformed table is one error naming it."""
+    if len(send_blocks) != len(recv_blocks) or not send_blocks:
+        raise CollectiveError(f"all_to_all_blocks: {len(send_blocks)} send rows and {len(recv_blocks)} receive rows; give the same number, at least one")
+    for name, table in (("send_blocks", send_blocks), ("recv_blocks", recv_blocks)):
+        for j, row in enumerate(table):
+            if len(row) != size or min(row) < 0:
+                raise CollectiveError(f"all_to_all_blocks: {name}[{j}] is {list(row)}; give {size} non-negative row counts (one per rank)")
+    rows_in = [sum(row) for row in send_blocks]
+    if sum(rows_in) != tensor.shape[0]:
+        raise CollectiveError(f"all_to_all_blocks: send_blocks add up to {sum(rows_in)} rows, the tensor has {tensor.shape[0]}; make them match")
+    return rows_in, [sum(row) for row in recv_blocks]
 
 
 def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:

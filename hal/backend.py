@@ -57,6 +57,9 @@ class Backend(abc.ABC):
     reduced_precision_matmul_format: ClassVar[str | None] = None  # "tf32" | "hf32" | None
     # Reduce ops the CCL runs natively; others (avg) are composed from sum by hal collectives.
     ccl_reduce_ops: ClassVar[frozenset[str]] = frozenset({"sum", "max", "min", "product"})
+    # Whether the CCL runs the ops started inside torch's coalescing block as one grouped launch (NCCL's
+    # ncclGroupStart/End): Communicator.all_to_all_blocks then starts its all-to-alls as one.
+    ccl_coalesces: ClassVar[bool] = False
     # Known CCL gaps (dtypes or ops the vendor library cannot do) and their handling.
     ccl_gaps: ClassVar[tuple[CclGap, ...]] = ()
     # What real hardware this backend was verified on, and how; None = not verified.

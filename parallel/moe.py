@@ -256,14 +256,18 @@ class MoE(nn.Module):
         T, E, k = tokens.shape[0], self.config.num_experts, self.config.top_k
         experts, weights, probs, logits = self.router(tokens)
         flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
-        order = torch.argsort(flat, stable=True)  # pairs grouped by expert, token order kept inside a group
+        ep = self.ep_group.size if self.ep_group is not None else 1
         load = torch.bincount(flat, minlength=E)
-        rows = copy_to_tp_region(tokens[order // k], self.tp_comm)  # each pair's token, expert-sorted
+        # under ep the count exchange starts now: its latency hides behind the sort and the gather below
+        counts = CountExchange(load, self.ep_group, E // ep) if self.ep_group is not None else None
+        # pairs grouped by expert (in dispatch's block order under ep), token order kept inside a group
+        order = torch.argsort(dispatch_key(flat, ep, E // ep), stable=True)
+        rows = copy_to_tp_region(tokens[order // k], self.tp_comm)  # each pair's token, in that order
         self.path = self._path(rows)
         if self.ep_group is None:
             out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
         else:
-            out_sorted = self._expert_parallel(rows, load)
+            out_sorted = self._expert_parallel(rows, counts)
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
         # TP-split experts give partial sums: weighted here, summed over TP once below
         out = (pair_out.view(T, k, -1) * copy_to_tp_region(weights, self.tp_comm).unsqueeze(-1)).sum(dim=1)
@@ -280,10 +284,10 @@ class MoE(nn.Module):
                          z_loss(logits), load)
         return out, stats
 
-    def _expert_parallel(self, rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
-        """The experts' outputs for ``rows`` (expert-sorted pairs) when the experts are spread over the ep group."""
+    def _expert_parallel(self, rows: torch.Tensor, counts: CountExchange) -> torch.Tensor:
+        """The experts' outputs for ``rows`` (sorted by ``dispatch_key``) when the experts are spread over the ep group."""
         local = self.config.num_experts // self.ep_group.size
-        arrived, route = dispatch(rows, load, self.ep_group, local)
+        arrived, route = dispatch(rows, counts, self.ep_group, local)
         return combine(self.experts(arrived, route.counts, self.path), route)
 
     def loss(self, stats: MoEStats) -> torch.Tensor:
@@ -293,69 +297,87 @@ class MoE(nn.Module):
 
 @dataclass
 class Route:
-    """What ``dispatch`` did, for ``combine`` to undo: the regrouping and both all-to-alls' splits."""
+    """What ``dispatch`` did, for ``combine`` to undo: the rows of each (local expert, rank) block both ways."""
 
-    perm: torch.Tensor  # arrival order → expert order (a gather index)
-    send_splits: list[int]
-    recv_splits: list[int]
-    counts: list[int]  # rows per local expert, after regrouping
+    send_blocks: list[list[int]]  # [j][r]: rows this rank sent to rank r's local expert j
+    recv_blocks: list[list[int]]  # [j][s]: rows rank s sent to this rank's local expert j
+    counts: list[int]  # rows per local expert, as they arrived
     comm: Any
 
+    @property
+    def send_splits(self) -> list[int]:
+        """Rows sent to each rank, all its experts together."""
+        return [sum(col) for col in zip(*self.send_blocks)]
 
-def dispatch(rows: torch.Tensor, load: torch.Tensor, comm: Any, experts_per_rank: int) -> tuple[torch.Tensor, Route]:
-    """Send expert-sorted ``rows`` to the ranks holding their experts; the rows this rank's experts get, by expert.
-
-    Each rank's rows for rank r's experts are one contiguous block of the sorted rows, sent with one all-to-all
-    of uneven splits after an all-to-all of the per-expert counts (``load``, E = ep × experts_per_rank); the
-    one host read is both count tables at once. What arrives is grouped by source, then by local expert; one
-    gather regroups it by expert for the experts' (grouped) matmuls. The all-to-alls are autograd functions:
-    the backward runs the same exchanges in reverse.
-    """
-    ep, local = comm.size, experts_per_rank
-    sent = load.view(ep, local).contiguous()  # my pairs for each rank's experts
-    received = comm.all_to_all(sent)  # row s: what rank s sends me, per local expert
-    sent_c, recv_c = torch.stack([sent, received]).cpu().tolist()
-    send_splits, recv_splits = [sum(r) for r in sent_c], [sum(r) for r in recv_c]
-    arrived = _AllToAll.apply(rows, send_splits, recv_splits, comm)
-    perm = _expert_order(recv_c, arrived.device)
-    counts = [sum(recv_c[s][j] for s in range(ep)) for j in range(local)]
-    return arrived.index_select(0, perm), Route(perm, send_splits, recv_splits, counts, comm)
+    @property
+    def recv_splits(self) -> list[int]:
+        """Rows received from each rank, all this rank's experts together."""
+        return [sum(col) for col in zip(*self.recv_blocks)]
 
 
-def _expert_order(recv: list[list[int]], device: torch.device) -> torch.Tensor:
-    """The gather index that turns rows arrived by (source, local expert) blocks into (local expert, source)
-    order, made on ``device`` from the block sizes alone (no per-row host work, one small copy)."""
-    sizes = torch.tensor(recv, dtype=torch.long)  # (ep, local)
-    starts = (sizes.flatten().cumsum(0) - sizes.flatten()).view_as(sizes)  # where each block arrived
-    lengths, firsts = sizes.t().flatten().to(device), starts.t().flatten().to(device)  # blocks in expert order
-    total = int(sizes.sum())
-    block_starts = torch.repeat_interleave(firsts, lengths, output_size=total)
-    offset_in_block = torch.arange(total, device=device) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths,
-                                                                                output_size=total)
-    return block_starts + offset_in_block
+def dispatch_key(experts: torch.Tensor, ep: int, experts_per_rank: int) -> torch.Tensor:
+    """The sort key of routed pairs before ``dispatch``: local expert index first, then the rank holding it.
+
+    Global expert e lives on rank e // local as its local expert e % local. Sorted by (e % local, rank), each
+    local expert's rows for all ranks are one contiguous block whose per-rank pieces are in rank order: one
+    all-to-all per local expert sends them, and what arrives is already grouped by expert (every source's rows
+    for expert 0, then expert 1, ...), so no regrouping gather runs on either side. With ep = 1 this is e."""
+    if ep == 1:
+        return experts
+    return (experts % experts_per_rank) * ep + experts // experts_per_rank
+
+
+class CountExchange:
+    """The all-to-all of the per-expert counts, started early so its latency hides behind the caller's work
+    (the MoE block sorts and gathers its rows meanwhile); ``dispatch`` reads it."""
+
+    def __init__(self, load: torch.Tensor, comm: Any, experts_per_rank: int) -> None:
+        self.comm, self.local = comm, experts_per_rank
+        self.sent = load.view(comm.size, experts_per_rank).contiguous()  # [r][j]: my pairs for rank r's local expert j
+        self._received = comm.all_to_all(self.sent, async_op=True)  # [s][j]: what rank s sends my local expert j
+
+    def blocks(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(send_blocks [j][r], recv_blocks [j][s]): the one host read, both count tables at once."""
+        sent_c, recv_c = torch.stack([self.sent, self._received.wait()]).cpu().tolist()
+        ep = self.comm.size
+        return ([[sent_c[r][j] for r in range(ep)] for j in range(self.local)],
+                [[recv_c[s][j] for s in range(ep)] for j in range(self.local)])
+
+
+def dispatch(rows: torch.Tensor, counts: CountExchange | torch.Tensor, comm: Any,
+             experts_per_rank: int) -> tuple[torch.Tensor, Route]:
+    """Send ``rows`` (sorted by ``dispatch_key``) to the ranks holding their experts; the rows this rank's
+    experts get, grouped by expert.
+
+    ``counts``: the started ``CountExchange`` of the per-expert counts (E = ep × experts_per_rank), or the
+    counts themselves (``load``: exchanged here). Then one all-to-all of uneven splits per local expert moves
+    the rows straight into their expert's block. The exchanges are an autograd function: the backward runs
+    them in reverse (``Communicator.all_to_all_blocks``: one grouped launch on NCCL)."""
+    if isinstance(counts, torch.Tensor):
+        counts = CountExchange(counts, comm, experts_per_rank)
+    send_blocks, recv_blocks = counts.blocks()
+    arrived = _BlockAllToAll.apply(rows, send_blocks, recv_blocks, comm)
+    return arrived, Route(send_blocks, recv_blocks, [sum(b) for b in recv_blocks], comm)
 
 
 def combine(out_local: torch.Tensor, route: Route) -> torch.Tensor:
-    """The experts' outputs (in ``dispatch``'s expert order) back on the ranks and in the places their rows came from."""
-    inverse = torch.empty_like(route.perm)
-    inverse[route.perm] = torch.arange(route.perm.numel(), device=route.perm.device)
-    out_arrived = out_local.index_select(0, inverse)  # back to the arrival order: one gather
-    return _AllToAll.apply(out_arrived, route.recv_splits, route.send_splits, route.comm)
+    """The experts' outputs (in ``dispatch``'s arrival order) back on the ranks and in the places their rows came from."""
+    return _BlockAllToAll.apply(out_local, route.recv_blocks, route.send_blocks, route.comm)
 
 
-class _AllToAll(torch.autograd.Function):
-    """``comm.all_to_all`` with uneven splits; its backward sends the gradients back the way the rows came."""
+class _BlockAllToAll(torch.autograd.Function):
+    """``Communicator.all_to_all_blocks`` as an autograd function; its backward sends the gradients back the way the rows came."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, send: list[int], recv: list[int],
-                comm: Any) -> torch.Tensor:
-        ctx.splits, ctx.comm = (send, recv), comm  # type: ignore[attr-defined]
-        return comm.all_to_all(x.contiguous(), input_splits=send, output_splits=recv)
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, send_blocks: list[list[int]],
+                recv_blocks: list[list[int]], comm: Any) -> torch.Tensor:
+        ctx.blocks, ctx.comm = (send_blocks, recv_blocks), comm  # type: ignore[attr-defined]
+        return comm.all_to_all_blocks(x.contiguous(), send_blocks, recv_blocks)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        send, recv = ctx.splits  # type: ignore[attr-defined]
-        return ctx.comm.all_to_all(grad.contiguous(), input_splits=recv, output_splits=send), None, None, None  # type: ignore[attr-defined]
+        send_blocks, recv_blocks = ctx.blocks  # type: ignore[attr-defined]
+        return ctx.comm.all_to_all_blocks(grad.contiguous(), recv_blocks, send_blocks), None, None, None  # type: ignore[attr-defined]
 
 
 class _AttachAuxLoss(torch.autograd.Function):

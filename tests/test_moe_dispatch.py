@@ -1,0 +1,60 @@
+"""Expert-parallel dispatch and combine on 4 gloo ranks with skewed routing (a rank whose experts get no rows,
+an expert that gets most, blocks of zero rows): every row reaches its expert's block, grouped by local expert
+and then by source rank, and comes back to where it was; the backward sends the gradients the same way."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .conftest import has_cuda
+from .dist_harness import ok_values, run_world
+from .moe_dispatch_cases import rows_of, skewed_load
+
+
+@pytest.mark.parametrize("world,local,validate", [(4, 2, True), (2, 3, False), (4, 1, False)])
+def test_dispatch_groups_rows_by_expert_and_combine_returns_them(world: int, local: int, validate: bool) -> None:
+    values = ok_values(run_world("tests.moe_dispatch_cases", "exchange", world, deadline_s=120, local=local,
+                                 validate=validate), world)
+    _check(values, world, local)
+    assert not any(v["grouped"] for v in values.values())  # gloo: one all-to-all per local expert
+
+
+def _gpus() -> int:
+    from hal import get_backend
+
+    return get_backend("cuda").device_count() if has_cuda() else 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2+ NVIDIA GPUs")
+@pytest.mark.parametrize("local", [1, 2, 3])
+def test_dispatch_on_nccl_is_one_grouped_launch_and_exact(local: int) -> None:
+    world = min(_gpus(), 4)
+    values = ok_values(run_world("tests.moe_dispatch_cases", "exchange", world, backend="cuda", deadline_s=300,
+                                 local=local, validate=False, dtype="bfloat16"), world)
+    _check(values, world, local)  # the row labels are small integers: exact in bf16
+    assert all(v["grouped"] for v in values.values())
+
+
+def _check(values: dict, world: int, local: int) -> None:
+    loads = [skewed_load(r, world, local) for r in range(world)]
+    for rank, v in values.items():
+        # what this rank's local expert j gets: every source's rows for it, source by source
+        want, counts = [], []
+        for j in range(local):
+            e = rank * local + j
+            block = [rows_of(s, loads[s], world, local) for s in range(world)]
+            mine = [b[b[:, 1] == e] for b in block]
+            want += [m for m in mine]
+            counts.append(sum(int(m.shape[0]) for m in mine))
+        want_rows = torch.cat(want)
+        assert v["counts"] == counts
+        torch.testing.assert_close(torch.tensor(v["arrived"], dtype=torch.float64).reshape(-1, 3), want_rows, rtol=0, atol=0)
+        # combine brings each row home, scaled by its expert's factor; the gradient of the sum is that factor
+        rows = torch.tensor(v["rows"], dtype=torch.float64).reshape(-1, 3)
+        factor = 2.0 + (rows[:, 1:2] % local)
+        torch.testing.assert_close(torch.tensor(v["back"], dtype=torch.float64).reshape(-1, 3), rows * factor, rtol=0, atol=0)
+        torch.testing.assert_close(torch.tensor(v["grad"], dtype=torch.float64).reshape(-1, 3), factor.expand(-1, 3), rtol=0, atol=0)
+        assert sum(v["send"]) == rows.shape[0] and sum(v["recv"]) == sum(counts)
+    if world == 4:
+        assert values[world - 1]["counts"] == [0] * local  # the last rank's experts got nothing
