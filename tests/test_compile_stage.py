@@ -103,3 +103,19 @@ def test_plan_compile_is_global_with_a_per_stage_override() -> None:
         parse_plan({**raw, "compile_backend": "tvm"})
     with pytest.raises(ConfigError, match="true or false"):
         parse_plan({"stages": [{"backend": "cpu", "devices": 1, "layers": 1, "compile": "yes"}]})
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess  # inductor starts ptxas
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_inductor_compiles_around_the_moe_experts() -> None:
+    """The MoE compile path on a GPU: inductor compiles attention, router and shared expert, the experts (grouped
+    matmul, data-dependent sizes) stay eager; the eager stage's losses and gradients."""
+    from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
+
+    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
+                         "moe_shared_ffn_size": 16})
+    clear_downgrades()
+    with fallback_policy("allow"):
+        _compiled_matches_eager_for(moe, "inductor", "cuda", rel=1e-4, grad_rtol=1e-3, grad_atol=1e-5)
+    assert any(d.subject.startswith("compile of MoE layers") for d in recorded_downgrades())
