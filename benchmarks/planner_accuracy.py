@@ -6,9 +6,11 @@ cluster (4 ranks of ``--backend``: cpu ranks sharing this host's cores, or 4 GPU
 the cost model's prediction and a short ``hal train --json`` run (the median step after the first), and
 the error. On GPUs each stage's predicted memory is compared with its allocator peak; on the cpu it is
 not (the ranks' RSS is mostly torch itself on a model this small). Last, the choice: how the plan the
-model ranks first measures against the fastest measured one.
+model ranks first measures against the fastest measured one. ``--recheck``: the first plan is trained
+again at the end, and how far its two measurements are apart is reported — the noise floor of the
+"measured" side, against which the errors are read.
 
-    python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3]
+    python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
 """
 from __future__ import annotations
 
@@ -84,8 +86,8 @@ def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", chec
                            "parallel": parallel, "train": train, "cluster": {"groups": [cluster_group(backend)]}}, sort_keys=False)
 
 
-def measured(path: Path, run_dir: Path, steps: int) -> tuple[float, list[int | None]]:
-    """Median seconds a step of ``hal train`` after the first (warm-up) step, and each stage's peak memory.
+def measured(path: Path, run_dir: Path, steps: int) -> tuple[float, list[int | None], list[float]]:
+    """Median seconds a step of ``hal train`` after the first (warm-up) step, each stage's peak memory, the steps' times.
 
     The median: on a shared 2-core host single steps swing by ±20 % (other processes, the scheduler);
     a mean over a few steps moves the "measured" side of the comparison by ±10 % from run to run."""
@@ -96,7 +98,7 @@ def measured(path: Path, run_dir: Path, steps: int) -> tuple[float, list[int | N
     summary = json.loads(out.stdout)
     records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines() if line.strip()]
     times = [r["step_s"] for r in records if "step_s" in r][1:]
-    return statistics.median(times), [st.get("peak_memory_bytes") for st in summary["stages"]]
+    return statistics.median(times), [st.get("peak_memory_bytes") for st in summary["stages"]], times
 
 
 def main() -> int:
@@ -104,6 +106,7 @@ def main() -> int:
     parser.add_argument("--backend", default="cpu", choices=sorted(MODELS), help="the 4 ranks' backend (cuda: 4 GPUs)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", help="comma-separated plan numbers (1-based)")
+    parser.add_argument("--recheck", action="store_true", help="train the first plan again at the end: the noise floor")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -139,7 +142,7 @@ def main() -> int:
             kind = cluster.types[0]
             pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
             try:
-                step_s, memory = measured(path, Path(tmp, f"run{i + 1}"), args.steps)
+                step_s, memory, times = measured(path, Path(tmp, f"run{i + 1}"), args.steps)
             finally:
                 if ckpt:
                     shutil.rmtree(ckpt, ignore_errors=True)
@@ -147,8 +150,20 @@ def main() -> int:
             mem_err = [((st.memory_bytes - m) / m if m else None) for st, m in zip(pred.stages, memory)]
             rows.append({"plan": name, "predicted_s": pred.step_s, "measured_s": step_s, "error": err, "bound": pred.bound,
                          "predicted_memory": [st.memory_bytes for st in pred.stages], "measured_memory": memory,
-                         "memory_error": mem_err})
+                         "memory_error": mem_err, "step_times": times, "config": str(path), "checkpoint_dir": ckpt})
             print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}",
+                  file=sys.stderr, flush=True)
+        recheck = None
+        if args.recheck and rows:
+            first = rows[0]
+            try:
+                again, _, times = measured(Path(first["config"]), Path(tmp, "recheck"), args.steps)
+            finally:
+                if first["checkpoint_dir"]:
+                    shutil.rmtree(first["checkpoint_dir"], ignore_errors=True)
+            recheck = {"plan": first["plan"], "first_s": first["measured_s"], "again_s": again, "step_times": times,
+                       "spread": abs(again - first["measured_s"]) / first["measured_s"]}
+            print(f"recheck: {first['plan']} measured again {again:7.3f} s ({recheck['spread']:.1%} from the first)",
                   file=sys.stderr, flush=True)
     errors = [abs(r["error"]) for r in rows]
     pick = min(rows, key=lambda r: r["predicted_s"])
@@ -156,7 +171,7 @@ def main() -> int:
     result = {"backend": args.backend, "card": profile.meta.get("host"), "devices": [t.device for t in cluster.types],
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
-              "cores": os.cpu_count(), "profile": profile.to_dict()}
+              "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck}
     if gpu:
         mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
         result["memory_median_abs_error"] = statistics.median(mem) if mem else None
@@ -180,6 +195,10 @@ def table(result: dict[str, Any]) -> str:
                  f"({len(result['rows'])} plans, {where})")
     if gpu and result.get("memory_median_abs_error") is not None:
         lines.append(f"peak memory: median |error| {result['memory_median_abs_error']:.1%}, worst {result['memory_worst_abs_error']:.1%}")
+    if result.get("recheck"):
+        rc = result["recheck"]
+        lines.append(f"noise floor: {rc['plan']} measured twice, {rc['first_s']:.3f} s and {rc['again_s']:.3f} s "
+                     f"({rc['spread']:.1%} apart)")
     lines.append(f"choice: the planner's top pick ({result['top_pick']}) measures {result['top_pick_over_fastest']:.3f}× "
                  f"the fastest measured ({result['fastest']})")
     return "\n".join(lines)
