@@ -47,3 +47,25 @@ def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: st
     return {"arrived": arrived.detach().double().tolist(), "counts": route.counts, "back": back.detach().double().tolist(),
             "rows": rows.detach().double().tolist(), "grad": rows.grad.double().tolist(), "send": route.send_splits,
             "recv": route.recv_splits, "grouped": comm._groups_all_to_alls(rows)}
+
+
+def bad_blocks(rank: int, world: int) -> dict[str, str]:
+    """all_to_all_blocks with malformed block tables: each one error naming the table, before anything is sent."""
+    from hal.collectives import world_communicator
+
+    comm = world_communicator(validate=False)
+    x = torch.zeros(4, HIDDEN)
+    tables = {
+        "short row": ([[2, 2, 0]], [[2, 2]]),
+        "negative": ([[5, -1]], [[2, 2]]),
+        "rows do not add up": ([[1, 1]], [[2, 2]]),
+        "row counts differ": ([[2, 2]], [[2, 2], [0, 0]]),
+    }
+    said = {}
+    for name, (send, recv) in tables.items():
+        try:
+            comm.all_to_all_blocks(x, send, recv)
+            said[name] = "no error"
+        except Exception as exc:  # noqa: BLE001 — the type and text are what is checked
+            said[name] = f"{type(exc).__name__}: {exc}"
+    return said

@@ -58,3 +58,14 @@ def _check(values: dict, world: int, local: int) -> None:
         assert sum(v["send"]) == rows.shape[0] and sum(v["recv"]) == sum(counts)
     if world == 4:
         assert values[world - 1]["counts"] == [0] * local  # the last rank's experts got nothing
+
+
+def test_malformed_block_tables_are_one_error_each() -> None:
+    values = ok_values(run_world("tests.moe_dispatch_cases", "bad_blocks", 2, deadline_s=60), 2)
+    said = values[0]
+    assert said == values[1]
+    assert all(text.startswith("CollectiveError: all_to_all_blocks:") and "\n" not in text for text in said.values()), said
+    assert "send_blocks[0] is [2, 2, 0]" in said["short row"] and "2 non-negative" in said["short row"]
+    assert "send_blocks[0] is [5, -1]" in said["negative"]
+    assert "add up to 2 rows, the tensor has 4" in said["rows do not add up"]
+    assert "1 send rows and 2 receive rows" in said["row counts differ"]
