@@ -104,7 +104,7 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
               sync: Callable[[], None]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from hal.parallel.moe import combine, dispatch
+    from hal.parallel.moe import CountExchange, combine, dispatch
 
     dtype = getattr(torch, opts["dtype"])
     rows, load = _routing(opts, tokens, rank, world, device, dtype)
@@ -126,8 +126,7 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
         dist.all_to_all_single(back, there, send, recv, group=group)
 
     def counts() -> None:  # the fixed part of ours: the count all-to-all and its host read
-        sent = load.view(world, local).contiguous()
-        torch.stack([sent, comm.all_to_all(sent)]).cpu()
+        CountExchange(load, comm, local).blocks()
 
     def regrouped() -> torch.Tensor:
         return _regrouped(rank_major, load, comm, world, local)

@@ -37,15 +37,13 @@ def test_dispatch_on_nccl_is_one_grouped_launch_and_exact(local: int) -> None:
 
 
 def _check(values: dict, world: int, local: int) -> None:
-    loads = [skewed_load(r, world, local) for r in range(world)]
+    sent = [rows_of(s, skewed_load(s, world, local), world, local) for s in range(world)]
     for rank, v in values.items():
         # what this rank's local expert j gets: every source's rows for it, source by source
         want, counts = [], []
         for j in range(local):
-            e = rank * local + j
-            block = [rows_of(s, loads[s], world, local) for s in range(world)]
-            mine = [b[b[:, 1] == e] for b in block]
-            want += [m for m in mine]
+            mine = [b[b[:, 1] == rank * local + j] for b in sent]
+            want += mine
             counts.append(sum(int(m.shape[0]) for m in mine))
         want_rows = torch.cat(want)
         assert v["counts"] == counts
