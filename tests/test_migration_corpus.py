@@ -513,6 +513,10 @@ def test_the_checker_catches_what_it_is_meant_to(tmp_path: Path) -> None:
     assert check(error_spec, Run([], 1, "", one_line + "more\n", 0.0), None)
     assert compare({"a": [1.0, 2.0]}, {"a": [1.0, 2.0005]}, 1e-3) == []
     assert compare({"a": [1.0, 2.0]}, {"a": [1.0, 2.0005]}, None) != []
+    aborted = Run([], -6, "", TORCH_TEARDOWN_ABORT + "\nE... failed (exitcode: -6)\n", 0.0)
+    assert twin_died_in_torch_teardown(aborted)
+    assert not twin_died_in_torch_teardown(Run([], 1, "", "RuntimeError: boom\n", 0.0))
+    assert not twin_died_in_torch_teardown(Run([], 0, "RESULT {}", TORCH_TEARDOWN_ABORT, 0.0))
 
 
 def _processes(spec: Spec) -> int:
@@ -521,9 +525,25 @@ def _processes(spec: Spec) -> int:
     return one * (2 if spec.twin is not None else 1)
 
 
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def twin_died_in_torch_teardown(twin: Run) -> bool:
+    """Plain torch 2.13 + gloo under torchrun now and then aborts a worker at exit (a C++ thread still
+    joinable while the process group is torn down). The twin runs unmodified PyTorch, so that abort
+    says nothing about the shim; it is rerun once, and the rerun is what the test compares with."""
+    return twin.returncode != 0 and TORCH_TEARDOWN_ABORT in twin.stderr
+
+
 def _runs_of(spec: Spec, cwd: Path) -> list[Run]:
     commands = [migrated_command(spec)] + ([twin_command(spec)] if spec.twin is not None else [])
-    return run_all(commands, cwd)
+    runs = run_all(commands, cwd)
+    if len(runs) > 1 and twin_died_in_torch_teardown(runs[1]):
+        rerun = run_all([commands[1]], cwd)[0]
+        note = f"[test harness: the twin's first run aborted in torch's teardown ({TORCH_TEARDOWN_ABORT!r}); rerun]\n"
+        runs[1] = rerun
+        print(f"{spec.name}: {note.strip()}", file=sys.stderr)
+    return runs
 
 
 @pytest.fixture(scope="module")
