@@ -29,40 +29,86 @@ def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile
     cpu = measured.devices["cpu-generic"]
     assert "calibration pipelines" in cpu.basis
     solo, *runs = sorted(cpu.contention)
-    assert solo == (0.5, 1.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
-    assert len(runs) == 2 and solo[0] < runs[0][0] < runs[1][0]  # 2 then 4 ranks: each keeps the node busier
-    assert all(slowdown >= 1.0 for _, slowdown in runs)
+    assert solo == (0.5, 1.0, 0.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
+    # 2 ranks (standard pipeline), then 4 ranks in the sparse and the standard pipeline: each keeps the node busier
+    assert len(runs) == 3 and solo[0] < runs[0][0] < runs[1][0] < runs[2][0]
+    assert all(slowdown >= 1.0 and wait >= 0.0 for _, slowdown, wait in runs)
+    assert runs[0][2] == 0.0 and runs[1][2] == runs[2][2]  # 2 ranks fit 2 cores: no hand-off wait; 4 ranks: one fitted
     assert cpu.tp_all_reduce[0] == (0.5, 0.0) and len(cpu.tp_all_reduce) == 2 and cpu.tp_all_reduce[1][1] >= 0.0
     back = DeviceProfile.from_dict(cpu.to_dict())
     assert back == cpu
 
 
-def test_slowdown_and_tp_wait_are_what_reproduce_the_measured_schedule() -> None:
-    device = _synthetic(((0.5, 1.0), (1.5, 2.0)))
-    S, M, rows = 3, calibrate.MICRO_BATCHES_PER_STAGE * 3, 2
-    solo = [calibrate.solo_compute_s(device, S, k, rows, 32) / M for k in range(S)]
+def _played_makespan(device: DeviceProfile, S: int, shape: tuple[int, int, int], slowdown: float, wait: float) -> float:
+    """The calibration pipeline played with every action ``slowdown`` × its solo compute + ``wait`` (the truth the
+    fit must recover)."""
+    layers, per_stage, rows = shape
+    M = per_stage * S
+    solo = [calibrate.solo_compute_s(device, S, k, rows, 32, 1, layers, per_stage) / M for k in range(S)]
     f, b, _ = device.layer(1, rows, 32, False)
     share = f / (f + b)
-    slow = simulate(get_schedule("1f1b"), S, M, forward_s=[1.7 * c * share for c in solo],
-                    backward_s=[1.7 * c * (1 - share) for c in solo]).makespan
-    assert calibrate.schedule_slowdown(device, [{"compute_s": 1.0, "schedule_s": slow}] * S, rows, 32) == pytest.approx(1.7)
-    assert calibrate.schedule_slowdown(device, [{"compute_s": 1.0, "schedule_s": 0.0}] * S, rows, 32) == 1.0
-    # tp: compute × the slowdown at the run's occupancy, plus 16 all-reduces a micro-batch of 2 ms each
+    return simulate(get_schedule("1f1b"), S, M, forward_s=[slowdown * c * share + wait for c in solo],
+                    backward_s=[slowdown * c * (1 - share) + wait for c in solo]).makespan
+
+
+def test_the_node_fit_recovers_slowdown_its_growth_and_the_wait_per_action() -> None:
+    device = _synthetic(())
+    S = 4
+    shapes = calibrate.node_shapes(2)
+    played = [calibrate.play(device, S, shape, 32) for shape in shapes]
+    occupancy = [p.busy * S / 2 for p in played]
+    assert occupancy[1] < occupancy[0]  # the sparse pipeline's bubble leaves the node less busy
+    truth = lambda o: 1.5 + 0.8 * (o - occupancy[0])  # noqa: E731 - a busier node computes slower
+    measured = [_played_makespan(device, S, shape, truth(o), 0.003) for shape, o in zip(shapes, occupancy)]
+    slowdown, slope, wait = calibrate.fit_node(played, occupancy, measured)
+    assert (slowdown, slope, wait) == pytest.approx((1.5, 0.8, 0.003), rel=1e-6)
+    # no wait in the measurements: none is invented; one slowdown for all: no growth
+    measured = [_played_makespan(device, S, shape, 1.7, 0.0) for shape in shapes]
+    assert calibrate.fit_node(played, occupancy, measured) == pytest.approx((1.7, 0.0, 0.0), abs=1e-9)
+    # faster than the profile alone (a noisy host): the slowdown stays 1, the wait 0
+    measured = [0.5 * p.compute_s for p in played]
+    slowdown, slope, wait = calibrate.fit_node(played, occupancy, measured)
+    assert slowdown == 1.0 and wait == 0.0 and slope >= 0.0
+
+
+def test_tp_wait_is_what_reproduces_the_measured_schedule() -> None:
+    device = _synthetic(((0.5, 1.0, 0.0), (1.5, 2.0, 0.001)))
+    rows = 2
+    # tp: compute × the slowdown at the run's occupancy and the node's 1 ms wait an action, plus 16 all-reduces a
+    # micro-batch of 2 ms each
     tp_solo = [2.0 * calibrate.solo_compute_s(device, 2, k, rows, 32, 2) / 8 for k in range(2)]
     calls = calibrate.LAYERS * 4
     target = simulate(get_schedule("1f1b"), 2, 8, forward_s=[c / 3 + 0.002 * calls / 2 for c in tp_solo],
-                      backward_s=[2 * c / 3 + 0.002 * calls / 2 for c in tp_solo]).makespan
+                      backward_s=[2 * c / 3 + 0.002 * calls / 2 for c in tp_solo], action_s=0.001).makespan
     wait = calibrate.tp_wait_s(device, [{"compute_s": 1.0, "schedule_s": target}] * 4, 2, 2, rows, 32, 1.5)
     assert wait == pytest.approx(0.002, rel=1e-6)
 
 
 def test_points_interpolate_and_an_uncalibrated_profile_says_none() -> None:
-    device = _synthetic(((0.5, 1.0), (1.0, 1.5), (1.5, 2.5)), ((0.5, 0.0), (1.5, 0.001)))
+    device = _synthetic(((0.5, 1.0, 0.0), (1.0, 1.5, 0.0), (1.5, 2.5, 0.002)), ((0.5, 0.0), (1.5, 0.001)))
     assert device.stretch(0.25) == 1.0 and device.stretch(0.75) == pytest.approx(1.25) and device.stretch(1.25) == pytest.approx(2.0)
     assert device.stretch(2.0) == pytest.approx(3.5)  # beyond the last point: its segment's slope
+    assert device.action_wait_s(0.75) == 0.0 and device.action_wait_s(1.25) == pytest.approx(0.001)
     assert device.tp_all_reduce_s(1.0) == pytest.approx(0.0005)
     bare = _synthetic(())
-    assert bare.stretch(1.0) is None and bare.tp_all_reduce_s(1.0) is None
+    assert bare.stretch(1.0) is None and bare.tp_all_reduce_s(1.0) is None and bare.action_wait_s(1.0) == 0.0
+    older = _synthetic(((0.5, 1.0), (1.5, 2.0)))  # a profile from before the wait was measured: slowdown only
+    assert older.stretch(1.0) == pytest.approx(1.5) and older.action_wait_s(1.5) == 0.0
+
+
+def test_the_wait_per_action_costs_more_where_actions_are_more() -> None:
+    """The same plan interleaved (twice the actions) or with its backward split (zero-bubble) pays the calibrated
+    wait more often; without a wait the three cost the same compute."""
+    waits = _synthetic(((0.5, 1.0, 0.0), (2.0, 2.0, 0.004)))
+    none = _synthetic(((0.5, 1.0, 0.0), (2.0, 2.0, 0.0)))
+    kinds = (CLUSTER.types[0],) * 4
+    grow = {}
+    for schedule, V in (("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 1)):
+        plan = ParallelPlan(tuple(StagePlan("cpu", 1, 2) for _ in range(4)), schedule, 8, 2, virtual_stages=V)
+        place = Placement.pack(plan, kinds)
+        with_wait = CostModel(CLUSTER, _profile(waits), MODEL, 32).predict(plan, place).schedule_s
+        grow[schedule] = with_wait - CostModel(CLUSTER, _profile(none), MODEL, 32).predict(plan, place).schedule_s
+    assert 0 < grow["1f1b"] < grow["zero-bubble"] and grow["1f1b"] < grow["interleaved-1f1b"]
 
 
 def test_cost_model_charges_the_calibrated_slowdown_and_tp_all_reduces() -> None:
@@ -150,3 +196,36 @@ def test_fit_increasing_solves_and_clamps() -> None:
     assert calibrate.fit_increasing(lambda x: 2 + 3 * x, 5.0) == pytest.approx(1.0, abs=1e-6)
     assert calibrate.fit_increasing(lambda x: 2 + 3 * x, 1.0) == 0.0  # already slower than measured: no host work
     assert calibrate.fit_increasing(lambda x: max(4.0, 10 * x), 6.0) == pytest.approx(0.6, abs=1e-6)  # flat, then rising
+
+
+# --- the dp sync of a cpu node: its collectives measured with every pair of ranks at once ------------------------
+
+def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() -> None:
+    from hal.parallel.planner.measure import LINK_SIZES, LOADED_OPS, measure_loaded_collectives
+    from hal.parallel.planner.profile import LinkProfile
+
+    loaded = measure_loaded_collectives("cpu", 4, run_function, iters=3)
+    assert set(loaded) == set(LOADED_OPS)
+    assert all(0 < small < large for small, large in loaded.values())  # 16 MiB takes longer than 4 KiB
+    island = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", loaded, LINK_SIZES)
+    two = island.collective_s("all_reduce", LINK_SIZES[1], 2)
+    assert two == pytest.approx(loaded["all_reduce"][1], rel=1e-9)  # at a measured size: the measurement
+    assert island.collective_s("all_reduce", LINK_SIZES[1], 4) > two  # more ranks: more ring steps
+    assert island.collective_s("all_reduce", 1e3, 1) == 0.0 and island.collective_s("broadcast", 1e3, 2) is None
+
+    # the cost model: a dp stage's sync is the loaded all-reduce (ZeRO-1: reduce-scatter + all-gather), not the ring
+    # formula over the P2P link — made 100x slower here, the sync follows
+    device = _synthetic(((0.5, 1.0, 0.0), (2.0, 2.0, 0.0)))
+    slow = {op: (a * 100, b * 100) for op, (a, b) in loaded.items()}
+    plan = ParallelPlan((StagePlan("cpu", 2, 4, dp=2), StagePlan("cpu", 2, 4, dp=2)), "1f1b", 4, 2)
+    zero = dataclasses.replace(plan, zero1=True)
+    place = Placement.pack(plan, (CLUSTER.types[0],) * 2)
+    syncs = {}
+    for name, table in (("measured", loaded), ("slow", slow)):
+        link = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", table, LINK_SIZES)
+        prof = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {"cpu-island": link}, 32, {})
+        syncs[name] = [CostModel(CLUSTER, prof, MODEL, 32).predict(p, place).stages[0].grad_sync_s for p in (plan, zero)]
+    assert syncs["slow"][0] == pytest.approx(100 * syncs["measured"][0], rel=0.05)
+    assert syncs["slow"][1] == pytest.approx(100 * syncs["measured"][1], rel=0.05)
+    bare = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {}, 32, {})  # not measured: the ring formula stands
+    assert CostModel(CLUSTER, bare, MODEL, 32).predict(plan, place).stages[0].grad_sync_s > 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -50,6 +51,11 @@ def test_a_profile_for_another_model_or_precision_is_refused(profile, tmp_path) 
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match="not a profile"):
         load_profile(tmp_path / "bad.json", MODEL, "fp32")
+    damaged = json.loads(path.read_text())
+    damaged["devices"]["cpu-generic"]["layers"] = [{"tp": 1}]  # the right stamp, a broken body
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    with pytest.raises(ConfigError, match=r"a damaged profile \(TypeError: .*\); run hal profile again"):
+        load_profile(tmp_path / "damaged.json", MODEL, "fp32")
 
 
 def test_a_device_without_catalog_figures_is_not_invented() -> None:

@@ -382,3 +382,19 @@ def test_host_clocks_set_the_pace_and_the_drain_comes_on_top() -> None:
     assert enqueue < slow.makespan <= enqueue + S * (0.1 + 0.2 + 1.0 + 0.5) + 1e-9  # the last backwards drain down the stages
     with pytest.raises(ValueError, match="host_forward_s"):
         simulate(get_schedule("1f1b"), 2, 2, host_forward_s=[1.0])
+
+
+@pytest.mark.parametrize("name,V", [("1f1b", 1), ("interleaved-1f1b", 2), ("zero-bubble", 1)])
+def test_a_fixed_time_per_action_is_paid_by_every_compute_action(name: str, V: int) -> None:
+    """``action_s`` lengthens each action whatever its share of the compute: the same as folding it into the
+    per-micro-batch times once per action (V chunks; a split backward's I and W both pay it)."""
+    S, M, a = 4, 8, 0.25
+    fixed = simulate(get_schedule(name), S, M, forward_s=1.0, backward_s=2.0, virtual_stages=V, action_s=a)
+    if name == "zero-bubble":  # I and W share the backward half and half (weight_share 0.5): each pays a
+        folded = simulate(get_schedule(name), S, M, forward_s=1.0 + a, backward_s=2.0 + 2 * a, virtual_stages=V)
+    else:
+        folded = simulate(get_schedule(name), S, M, forward_s=1.0 + V * a, backward_s=2.0 + V * a, virtual_stages=V)
+    assert fixed.makespan == pytest.approx(folded.makespan)
+    assert fixed.makespan > simulate(get_schedule(name), S, M, forward_s=1.0, backward_s=2.0, virtual_stages=V).makespan
+    with pytest.raises(ValueError, match="action_s"):
+        simulate(get_schedule(name), S, M, action_s=-1.0, virtual_stages=V)

@@ -8,8 +8,8 @@ formula gets that right for every host, so ``hal profile`` runs the engine itsel
 1F1B pipeline of 4 layers a stage and 4 × stages micro-batches of the largest profiled row count (busy
 ranks, as in real plans), and finds the factor on the profile's solo compute times with which the
 simulator reproduces the measured schedule. Two such runs (every rank of the node, and half of them) give
-(occupancy, slowdown) points — occupancy is the busy share of the node's ranks × their threads over its
-cores — and one run of tp-2 stages gives the wait one tp all-reduce costs beyond that. The cost model
+(occupancy, slowdown) points — occupancy is the busy share of the node's ranks (as the simulator plays
+the calibration pipeline, the axis the cost model reads) × their threads over its cores — and one run of tp-2 stages gives the wait one tp all-reduce costs beyond that. The cost model
 interpolates them (``DeviceProfile.stretch``, ``DeviceProfile.tp_all_reduce_s``).
 
 Why one factor on compute rather than a compute slowdown plus a wait per transfer: on a noisy shared host
@@ -20,6 +20,7 @@ the schedule — is what the cost model predicts, and is stable.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -31,19 +32,21 @@ STEPS = 5  # timed steps (the median is kept) a calibration run, after one warm-
 LAYERS, MICRO_BATCHES_PER_STAGE = 4, 4  # a stage's layers; micro-batches = 4 × stages: busy ranks, as in real plans
 
 
-def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1) -> Any:
-    """The calibration pipeline: ``stages`` stages of ``tp`` ranks and LAYERS layers, 1F1B, 4 × stages micro-batches."""
+def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1, layers: int = LAYERS,
+                     per_stage: int = MICRO_BATCHES_PER_STAGE) -> Any:
+    """The calibration pipeline: ``stages`` stages of ``tp`` ranks and ``layers`` layers, 1F1B, ``per_stage`` ×
+    stages micro-batches of ``rows`` rows."""
     from ..plan import ParallelPlan, StagePlan
 
-    return ParallelPlan(tuple(StagePlan(backend, tp, LAYERS, tp=tp) for _ in range(stages)), "1f1b",
-                        MICRO_BATCHES_PER_STAGE * stages, rows)
+    return ParallelPlan(tuple(StagePlan(backend, tp, layers, tp=tp) for _ in range(stages)), "1f1b", per_stage * stages, rows)
 
 
 def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | None, steps: int, tp: int = 1,
                      backend_name: str = "cpu", precision: str = "fp32", fallback: str = "warn",
-                     trainer_step: bool = False) -> dict[str, Any]:
+                     trainer_step: bool = False, shapes: list[list[int]] | None = None) -> Any:
     """One rank of the calibration pipeline (stages of ``tp`` ranks, LAYERS layers each): its median compute and
-    schedule seconds a step (host clock).
+    schedule seconds a step (host clock). ``shapes``: [layers, micro-batches per stage, rows] pipelines run one
+    after another in the same ranks instead (one process start for all); a list of results, one a shape.
 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
@@ -56,24 +59,27 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
         torch.set_num_threads(threads)
     with profiling_rank(backend_name, precision, fallback) as (world, backend, mode):
         stages = world.size // tp
-        config = ModelConfig(**{**model, "num_layers": stages * LAYERS})
-        plan = calibration_plan(backend_name, stages, rows, tp)
-        topology = Topology.from_plan(plan)
-        groups = build_groups(topology, world, validate=False)
-        engine = PipelineEngine(config, plan, topology, groups, backend=backend, seed=0, device=world.device,
-                                dtype=torch.float32, seq_len=seq, autocast=lambda: mode.autocast(backend))
-        if trainer_step:
-            return {"steps_s": _trainer_steps(engine, config, plan, seq, steps)}
-        gen = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, config.vocab_size, (plan.micro_batches, rows, seq + 1), generator=gen)
-        compute, schedule = [], []
-        for i in range(steps + 1):
-            engine.module.zero_grad(set_to_none=True)
-            engine.step_lazy(tokens)
-            if i:  # the first step warms the allocator and the op caches
-                compute.append(engine.times.compute)
-                schedule.append(engine.times.schedule)
-        return {"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule)}
+        out = []
+        for layers, per_stage, shape_rows in shapes or [[LAYERS, MICRO_BATCHES_PER_STAGE, rows]]:
+            config = ModelConfig(**{**model, "num_layers": stages * layers})
+            plan = calibration_plan(backend_name, stages, shape_rows, tp, layers, per_stage)
+            topology = Topology.from_plan(plan)
+            groups = build_groups(topology, world, validate=False)
+            engine = PipelineEngine(config, plan, topology, groups, backend=backend, seed=0, device=world.device,
+                                    dtype=torch.float32, seq_len=seq, autocast=lambda: mode.autocast(backend))
+            if trainer_step:
+                return {"steps_s": _trainer_steps(engine, config, plan, seq, steps)}
+            gen = torch.Generator().manual_seed(0)
+            tokens = torch.randint(0, config.vocab_size, (plan.micro_batches, shape_rows, seq + 1), generator=gen)
+            compute, schedule = [], []
+            for i in range(steps + 1):
+                engine.module.zero_grad(set_to_none=True)
+                engine.step_lazy(tokens)
+                if i:  # the first step warms the allocator and the op caches
+                    compute.append(engine.times.compute)
+                    schedule.append(engine.times.schedule)
+            out.append({"compute_s": statistics.median(compute), "schedule_s": statistics.median(schedule)})
+        return out if shapes else out[0]
 
 
 def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps: int) -> list[float]:
@@ -102,54 +108,118 @@ def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps:
     return out
 
 
-def solo_compute_s(device: DeviceProfile, stages: int, stage: int, rows: int, seq: int, tp: int = 1) -> float:
+def solo_compute_s(device: DeviceProfile, stages: int, stage: int, rows: int, seq: int, tp: int = 1, layers: int = LAYERS,
+                   per_stage: int = MICRO_BATCHES_PER_STAGE) -> float:
     """What the profile predicts for stage ``stage`` of the calibration pipeline alone, without tp's
     communication: its micro-batches through its layers, plus the embedding (first) or the head (last)."""
     f, b, _ = device.layer(tp, rows, seq, False)
-    per = LAYERS * (f + b)
+    per = layers * (f + b)
     tokens = rows * seq
     if stage == 0:
         per += tokens * (device.embedding.forward_s + device.embedding.backward_s)
     if stage == stages - 1:
         per += tokens * (device.head.forward_s + device.head.backward_s) / tp
-    return MICRO_BATCHES_PER_STAGE * stages * per
+    return per_stage * stages * per
+
+
+Shape = tuple[int, int, int]  # a calibration pipeline: layers a stage, micro-batches a stage, rows a micro-batch
+
+
+def node_shapes(rows: int) -> tuple[Shape, Shape, Shape]:
+    """The three pipelines run on all of a node's ranks: the standard one (busy ranks, as in real plans), a sparse
+    one (one micro-batch a stage: a large bubble, the node less busy) and one of short actions (one layer, one
+    row: the fixed cost of each action shows). Three runs for three unknowns (``fit_node``)."""
+    return (LAYERS, MICRO_BATCHES_PER_STAGE, rows), (LAYERS, 1, rows), (1, MICRO_BATCHES_PER_STAGE, 1)
+
+
+@dataclass(frozen=True)
+class Played:
+    """A calibration pipeline as the simulator plays it from the profile's solo times."""
+
+    compute_s: float  # the makespan with solo compute (no slowdown, no wait)
+    per_wait: float  # how much the makespan grows per second added to every action
+    busy: float  # the stages' mean busy share (1 − bubble)
+
+
+def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1) -> Played:
+    """The simulator's view of one calibration pipeline: its makespan is linear in a slowdown s on compute and a
+    wait w added to each action (equal stages keep one critical path), so two plays give both coefficients."""
+    from ..schedules import get_schedule, simulate
+
+    layers, per_stage, rows = shape
+    M = per_stage * stages
+    f1, b1, _ = device.layer(tp, rows, seq, False)
+    share = f1 / (f1 + b1) if f1 + b1 > 0 else 1 / 3
+    solo = [solo_compute_s(device, stages, k, rows, seq, tp, layers, per_stage) / M for k in range(stages)]
+    compute = simulate(get_schedule("1f1b"), stages, M, forward_s=[c * share for c in solo],
+                       backward_s=[c * (1 - share) for c in solo])
+    waits = simulate(get_schedule("1f1b"), stages, M, forward_s=0.0, backward_s=0.0, action_s=1.0)
+    return Played(compute.makespan, waits.makespan, statistics.mean(1.0 - b for b in compute.bubble))
 
 
 def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
-                   launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float], ...]:
-    """(occupancy, slowdown) points for a node of ``cores`` cores: one rank alone (slowdown 1: the profile's own
-    conditions), one calibration run with ``ranks`` ranks and, where ranks > 2, one with half of them.
-    Occupancy = mean busy share × ranks × threads / cores."""
+                   launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float, float], ...]:
+    """(occupancy, slowdown, wait per action) points for a node of ``cores`` cores: one rank alone (1, 0: the
+    profile's own conditions); all ``ranks`` ranks in the three ``node_shapes`` pipelines (two points: the sparse
+    and the standard one's occupancy, one wait); and, where ranks > 2, half of them in the standard pipeline.
+
+    Occupancy = the simulated busy share × ranks × threads / cores. Why simulated and not the host clock's own
+    busy share: the cost model looks a plan's occupancy up from the simulator's bubble, so a point must sit
+    on that axis; the host clock counts a descheduled rank's wait as idle and put the points left of where
+    the cost model looks. Why a wait per action beside the slowdown: where ranks outnumber cores, each hand-off
+    waits for the partner to be scheduled — a fixed cost an action, which a plan of short actions (small
+    micro-batches, few layers a stage, interleaving, zero-bubble's split backward) pays more often."""
     import sys
 
-    points = [(round(threads / cores, 4), 1.0)]  # one rank alone: the profile's own conditions
-    for count in sorted({ranks, max(2, ranks // 2)}):
-        if count < 2:
-            continue
-        run = launch(f"{__name__}:calibration_rank", count,
+    points: list[tuple[float, float, float]] = [(round(threads / cores, 4), 1.0, 0.0)]
+    occupancy = lambda played, count: round(played.busy * count * threads / cores, 4)  # noqa: E731
+    full_shapes = node_shapes(rows)
+    run = launch(f"{__name__}:calibration_rank", ranks,
+                 {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps,
+                  "shapes": [list(x) for x in full_shapes]},
+                 deadline_s=300, what=f"hal profile: calibration pipelines of {ranks} cpu ranks", echo_stderr=sys.stderr)
+    played = [play(device, ranks, shape, seq) for shape in full_shapes]
+    measured = [max(run.values[r][i]["schedule_s"] for r in range(ranks)) for i in range(len(full_shapes))]
+    occ = [occupancy(p, ranks) for p in played]
+    slowdown, slope, wait = fit_node(played, occ, measured)
+    points += [(occ[1], round(slowdown + slope * (occ[1] - occ[0]), 4), round(wait, 6)),
+               (occ[0], round(slowdown, 4), round(wait, 6))]
+    half = max(2, ranks // 2)
+    if half < ranks:
+        standard = full_shapes[0]
+        run = launch(f"{__name__}:calibration_rank", half,
                      {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps},
-                     deadline_s=300, what=f"hal profile: calibration pipeline of {count} cpu ranks", echo_stderr=sys.stderr)
-        values = [run.values[r] for r in range(count)]
-        slowdown = schedule_slowdown(device, values, rows, seq)
-        busy = statistics.mean(min(1.0, v["compute_s"] / v["schedule_s"]) for v in values)
-        points.append((round(busy * count * threads / cores, 4), round(slowdown, 4)))
-    return tuple(points)
+                     deadline_s=300, what=f"hal profile: calibration pipeline of {half} cpu ranks", echo_stderr=sys.stderr)
+        p = play(device, half, standard, seq)
+        half_wait = 0.0 if half * threads <= cores else wait  # ranks that fit the cores hand off without waiting
+        target = max(run.values[r]["schedule_s"] for r in range(half))
+        s = max(1.0, (target - half_wait * p.per_wait) / p.compute_s) if p.compute_s > 0 else 1.0
+        points.append((occupancy(p, half), round(s, 4), round(half_wait, 6)))
+    return tuple(sorted(points))
 
 
-def schedule_slowdown(device: DeviceProfile, values: list[dict[str, float]], rows: int, seq: int) -> float:
-    """The factor on every stage's solo compute with which the simulator's 1F1B makespan equals the measured
-    schedule of the calibration run (at least 1)."""
-    from ..schedules import get_schedule, simulate
+def fit_node(played: list[Played], occupancy: list[float], measured: list[float]) -> tuple[float, float, float]:
+    """(slowdown at the first pipeline's occupancy, its growth per unit of occupancy, wait per action) with which the
+    simulator reproduces the measured makespans: makespan_i = (s + k·(occ_i − occ_0))·compute_i + w·per_wait_i.
 
-    S, M = len(values), MICRO_BATCHES_PER_STAGE * len(values)
-    f1, b1, _ = device.layer(1, rows, seq, False)
-    share = f1 / (f1 + b1) if f1 + b1 > 0 else 1 / 3
-    solo = [solo_compute_s(device, S, k, rows, seq) / M for k in range(S)]
-    target = max(v["schedule_s"] for v in values)
-    # without p2p time the makespan scales linearly with every stage's compute: one simulation gives the factor
-    base = simulate(get_schedule("1f1b"), S, M, forward_s=[c * share for c in solo],
-                    backward_s=[c * (1 - share) for c in solo]).makespan
-    return max(1.0, target / base) if base > 0 else 1.0
+    Least squares, then the physical bounds: a wait is never negative (refit without it), a busier node never
+    computes faster (refit with k = 0), a slowdown is at least 1."""
+    import numpy as np
+
+    rows = [[p.compute_s, (o - occupancy[0]) * p.compute_s, p.per_wait] for p, o in zip(played, occupancy)]
+    free = [0, 1, 2]
+    solution = [1.0, 0.0, 0.0]
+    for _ in range(3):
+        a = np.array([[r[j] for j in free] for r in rows])
+        x, *_ = np.linalg.lstsq(a, np.array(measured), rcond=None)
+        solution = [0.0, 0.0, 0.0]
+        for j, v in zip(free, x):
+            solution[j] = float(v)
+        bad = [j for j in (2, 1) if j in free and solution[j] < 0]
+        if not bad:
+            break
+        free.remove(bad[0])
+    return max(1.0, solution[0]), max(0.0, solution[1]), max(0.0, solution[2])
 
 
 def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
@@ -168,8 +238,7 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
                  {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps, "tp": tp},
                  deadline_s=300, what=f"hal profile: calibration pipeline of {stages} tp-{tp} stage(s)", echo_stderr=sys.stderr)
     values = [run.values[r] for r in range(stages * tp)]
-    busy = statistics.mean(min(1.0, v["compute_s"] / v["schedule_s"]) for v in values)
-    occupancy = busy * stages * tp * threads / cores
+    occupancy = play(device, stages, node_shapes(rows)[0], seq, tp).busy * stages * tp * threads / cores
     points.append((round(occupancy, 4), round(tp_wait_s(device, values, stages, tp, rows, seq, occupancy), 6)))
     return tuple(points)
 
@@ -177,18 +246,20 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
 def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int, tp: int, rows: int, seq: int,
               occupancy: float) -> float:
     """Seconds per tp all-reduce with which the simulator — each stage's solo compute × the node's slowdown at
-    this occupancy, plus 4 all-reduces a layer a micro-batch — reproduces the tp run's measured schedule."""
+    this occupancy and its wait per action, plus 4 all-reduces a layer a micro-batch — reproduces the tp run's
+    measured schedule."""
     from ..schedules import get_schedule, simulate
 
     M = MICRO_BATCHES_PER_STAGE * stages
     stretch = device.stretch(occupancy) or 1.0
+    per_action = device.action_wait_s(occupancy)
     solo = [stretch * solo_compute_s(device, stages, k, rows, seq, tp) / M for k in range(stages)]
     calls = LAYERS * 4  # a micro-batch: two all-reduces a layer forward, two backward
     target = max(v["schedule_s"] for v in values)
 
     def makespan(wait: float) -> float:  # linear in ``wait``: forward and backward each take half the calls
         return simulate(get_schedule("1f1b"), stages, M, forward_s=[c / 3 + wait * calls / 2 for c in solo],
-                        backward_s=[2 * c / 3 + wait * calls / 2 for c in solo]).makespan
+                        backward_s=[2 * c / 3 + wait * calls / 2 for c in solo], action_s=per_action).makespan
 
     base, slope = makespan(0.0), makespan(1e-3) - makespan(0.0)
     return max(0.0, (target - base) / slope * 1e-3) if slope > 0 else 0.0

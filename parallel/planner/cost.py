@@ -18,13 +18,15 @@ holds for one schedule and equal stages only. The cost model's job is to feed it
   comes on top; the engine's own host work per action is the profile's calibrated ``action_host_s``,
   and tp layers measured with their group carry their collectives' host and device cost;
 - after the schedule, each stage's dp gradient sync (bucketed ring all-reduce over the stage's link;
-  ZeRO-1: reduce-scatter + all-gather, the same bytes) and its AdamW step; the step ends with the
+  ZeRO-1: reduce-scatter + all-gather, the same bytes; on a cpu node, the collectives the profile
+  measured with every pair of its ranks syncing at once) and its AdamW step; the step ends with the
   slowest stage.
 
 CPU ranks share their node's cores: compute is stretched by the node's occupancy (busy share × ranks ×
 threads / cores, busy from the simulated bubble, three rounds) through the slowdown the profile's
 calibration pipelines measured at such occupancies (``planner.calibrate``; without them, occupancy
-itself), and a tp all-reduce costs at least the calibrated wait. Memory per rank =
+itself), every compute action pays the calibrated wait for its hand-off partner, and a tp all-reduce
+costs at least the calibrated wait. Memory per rank =
 ``memory_check.rank_bytes`` (fp32 weights, grads, AdamW state, ZeRO-1 sharded) + activations × the simulator's peak in-flight micro-batches (+ one
 layer's full activations while a checkpointed layer recomputes). Every prediction lists the estimated
 numbers it used.
@@ -192,11 +194,30 @@ class CostModel:
         sync = 0.0
         if stage.dp > 1:
             spans = len(place.nodes(k, stage.devices)) > 1
-            gbps, lat, _ = self.link(kind, kind, not spans)
             nbytes = params * GRAD_BYTES
-            sync = ring_all_reduce_s(nbytes, stage.dp, gbps, lat, max(1, math.ceil(nbytes / BUCKET_BYTES)))
+            loaded = None if spans or not kind.is_cpu else self._loaded_sync(nbytes, stage.dp, plan.zero1)
+            if loaded is not None:
+                sync = loaded
+            else:
+                gbps, lat, _ = self.link(kind, kind, not spans)
+                sync = ring_all_reduce_s(nbytes, stage.dp, gbps, lat, max(1, math.ceil(nbytes / BUCKET_BYTES)))
         opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
         return sync, opt
+
+    def _loaded_sync(self, nbytes: float, dp: int, zero1: bool) -> float | None:
+        """A cpu stage's dp gradient sync from the island's measured loaded collectives (every dp group of the node
+        syncing at once, as in a step): the engine's bucketed all-reduces, or ZeRO-1's reduce-scatter of the
+        gradients and all-gather of the parameters; None where the profile has no such measurement."""
+        island = self.profile.links.get("cpu-island")
+        if island is None or not island.loaded_collectives:
+            return None
+        if zero1:
+            parts = [island.collective_s(op, nbytes, dp) for op in ("reduce_scatter", "all_gather")]
+            return None if None in parts else sum(p for p in parts if p is not None)
+        full, rest = divmod(nbytes, BUCKET_BYTES)
+        buckets = [BUCKET_BYTES] * int(full) + ([rest] if rest else [])
+        times = [island.collective_s("all_reduce", b, dp) for b in buckets]
+        return None if None in times else sum(t for t in times if t is not None)
 
     def _p2p(self, plan: ParallelPlan, place: Placement) -> float:
         """The slowest boundary's transfer of one micro-batch to one receiving replica (with interleaving, the wrap too)."""
@@ -230,10 +251,11 @@ class CostModel:
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
             stretch = [self.stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            action_wait = [self.action_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
             sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
-                           chunk_share=shares, **host_clocks)
+                           chunk_share=shares, action_s=action_wait, **host_clocks)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
@@ -267,6 +289,10 @@ class CostModel:
     def _tp_wait(self, kind: DeviceType, occupancy: float) -> float:
         """What one tp all-reduce costs on a cpu node this busy, calibrated (0 elsewhere: the ring model stands)."""
         return (self.device(kind).tp_all_reduce_s(occupancy) or 0.0) if kind.is_cpu else 0.0
+
+    def action_wait(self, kind: DeviceType, occupancy: float) -> float:
+        """Seconds each compute action of a cpu rank waits on a node this busy, calibrated (0 elsewhere)."""
+        return self.device(kind).action_wait_s(occupancy) if kind.is_cpu else 0.0
 
     def stretch(self, kind: DeviceType, occupancy: float) -> float:
         """The profile's measured in-run slowdown at this node occupancy; without calibration points, the share

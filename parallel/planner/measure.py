@@ -382,6 +382,59 @@ def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | Non
         shutdown()
 
 
+LOADED_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # what a dp gradient sync (ZeRO-1: the last two) runs
+
+
+def loaded_collectives_rank(backend: str, iters: int) -> dict[str, list[float]] | None:
+    """One of a node's ranks, paired with its neighbour (ranks 2i, 2i+1): every pair runs each of LOADED_OPS at once,
+    as a step's dp gradient syncs do, at both LINK_SIZES (bytes of the whole buffer); rank 0 returns seconds a call
+    ({op: [small, large]}, the median over ``iters`` calls, each after a barrier)."""
+    import datetime
+    import os
+
+    from hal.collectives import init_distributed, shutdown, world_communicator
+
+    os.environ.pop("HAL_ISLANDS", None)
+    world = init_distributed(backend, init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=2))
+    torch.set_num_threads(1)
+    try:
+        everyone = world_communicator(validate=False)
+        pairs = [everyone.subgroup([r, r + 1], validate=False) for r in range(0, world.size - 1, 2)]
+        mine = pairs[world.rank // 2] if world.rank // 2 < len(pairs) else None
+        out: dict[str, list[float]] = {}
+        for op in LOADED_OPS:
+            out[op] = []
+            for size in LINK_SIZES:
+                full = torch.ones(size // 4, device=world.device)
+                half = torch.ones(size // 8, device=world.device)
+                calls = {"all_reduce": lambda: mine.all_reduce(full, "sum"), "reduce_scatter": lambda: mine.reduce_scatter(full, "sum"),
+                         "all_gather": lambda: mine.all_gather(half)}
+                times = []
+                for _ in range(iters + 2):
+                    everyone.barrier()
+                    started = time.perf_counter()
+                    if mine is not None:
+                        calls[op]()
+                    times.append(time.perf_counter() - started)
+                out[op].append(statistics.median(times[2:]))
+        return out if world.rank == 0 else None
+    finally:
+        shutdown()
+
+
+def measure_loaded_collectives(backend: str, ranks: int, launch: Callable[..., Any], iters: int = 10) -> dict[str, tuple[float, float]]:
+    """Seconds of each dp-sync collective between two ranks while every other pair of the node runs the same one.
+
+    Why loaded, and not derived from the P2P link: a gloo all-reduce is the ranks' own cpu work (copies, sums),
+    and in a step every dp group of the node syncs at once; on this project's 2-core host the result is 2–3×
+    the ring formula over the measured P2P bandwidth."""
+    import sys
+
+    run = launch(f"{__name__}:loaded_collectives_rank", ranks, {"backend": backend, "iters": iters},
+                 deadline_s=180, what=f"hal profile: dp-sync collectives on {ranks} {backend} ranks", echo_stderr=sys.stderr)
+    return {op: (float(a), float(b)) for op, (a, b) in run.values[0].items()}
+
+
 def measure_link(backend: str, bridged: bool, launch: Callable[..., Any], iters: int = 20) -> LinkProfile:
     """Latency and bandwidth of P2P between two ranks of ``backend`` (two islands when ``bridged``).
 

@@ -76,8 +76,9 @@ class DeviceProfile:
     threads: int | None = None  # cpu: compute threads per rank while measured
     achieved_tflops: float | None = None  # a layer's forward + backward FLOPs over its time (largest point)
     efficiency: float | None = None  # achieved / catalog peak, where the catalog has a peak
-    # cpu: (node occupancy, slowdown) measured by calibration pipelines (``planner.calibrate``)
-    contention: tuple[tuple[float, float], ...] = ()
+    # cpu: (node occupancy, slowdown, seconds of wait each action adds) measured by calibration pipelines
+    # (``planner.calibrate``; a profile written before the wait was measured has two columns: no wait)
+    contention: tuple[tuple[float, ...], ...] = ()
     # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs), calibrated (``planner.calibrate``)
     tp_all_reduce: tuple[tuple[float, float], ...] = ()
     # accelerators: the engine's own host seconds per compute action (its P2P posts and bookkeeping included), beyond
@@ -93,6 +94,13 @@ class DeviceProfile:
         threads / cores), from the calibration points; None when the profile has none (the cost model then
         assumes max(1, occupancy))."""
         return self._contended(occupancy, 1, 1.0)
+
+    def action_wait_s(self, occupancy: float) -> float:
+        """Seconds each compute action waits on a node ``occupancy`` busy (a hand-off's partner being scheduled);
+        0 without calibration or where the profile predates the measurement."""
+        if not self.contention or any(len(p) < 3 for p in self.contention):
+            return 0.0
+        return self._contended(occupancy, 2, 0.0) or 0.0
 
     def tp_all_reduce_s(self, occupancy: float) -> float | None:
         """Seconds one tp all-reduce inside a layer costs on a node ``occupancy`` busy; None without calibration."""
@@ -225,6 +233,22 @@ class LinkProfile:
     latency_us: float
     source: str
     basis: str = ""
+    # seconds of a dp-sync collective between two ranks while every pair of the node runs one ({op: (at LINK_SIZES)}),
+    # measured on the island (``measure.measure_loaded_collectives``); empty where not measured
+    loaded_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
+    loaded_sizes: tuple[int, int] = (0, 0)
+
+    def collective_s(self, op: str, nbytes: float, ranks: int) -> float | None:
+        """Seconds of ``op`` over ``nbytes`` (the whole buffer) among ``ranks`` ranks of a loaded node, from the two
+        measured sizes between two ranks: latency + bytes × seconds per byte, the bytes part scaled by the ring's
+        2(n−1)/n (1 at n = 2) and the latency part by n − 1; None where not measured."""
+        times = self.loaded_collectives.get(op)
+        if times is None or ranks <= 1:
+            return None if times is None else 0.0
+        (small, large), (t_small, t_large) = self.loaded_sizes, times
+        per_byte = max(0.0, (t_large - t_small) / (large - small)) if large > small else 0.0
+        latency = max(0.0, t_small - small * per_byte)
+        return latency * (ranks - 1) + nbytes * per_byte * 2 * (ranks - 1) / ranks
 
 
 @dataclass
@@ -282,5 +306,13 @@ def load_profile(path: str | os.PathLike[str], model: ModelConfig, precision: st
     if data["precision"] != precision:
         raise ConfigError(f"--profile {path}: measured at precision {data['precision']}, the config trains {precision}; "
                           "run hal profile with this config")
-    return Profile(data["model"], data["precision"], {k: DeviceProfile.from_dict(v) for k, v in data["devices"].items()},
-                   {k: LinkProfile(**v) for k, v in data.get("links", {}).items()}, data.get("seq", 0), data.get("meta", {}))
+    try:
+        return Profile(data["model"], data["precision"], {k: DeviceProfile.from_dict(v) for k, v in data["devices"].items()},
+                       {k: _link(v) for k, v in data.get("links", {}).items()}, data.get("seq", 0), data.get("meta", {}))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"--profile {path}: a damaged profile ({type(exc).__name__}: {exc}); run hal profile again") from None
+
+
+def _link(data: Mapping[str, Any]) -> LinkProfile:
+    return LinkProfile(**{**data, "loaded_collectives": {k: (float(a), float(b)) for k, (a, b) in data.get("loaded_collectives", {}).items()},
+                          "loaded_sizes": tuple(int(x) for x in data.get("loaded_sizes", (0, 0)))})

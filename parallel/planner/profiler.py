@@ -16,7 +16,7 @@ from ..model_config import ModelConfig
 from .calibrate import calibrate_host, calibrate_node, calibrate_tp
 from .cluster import Cluster, DeviceType
 from .estimate import estimate_device
-from .measure import TP_DEGREE, measure_device, measure_link, measure_tp_layers
+from .measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_loaded_collectives, measure_tp_layers
 from .profile import DeviceProfile, LinkProfile, Profile
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
@@ -98,6 +98,14 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
             link = measure_link("cpu", bridged, launch)
             measured_links[f"cpu-{link.kind}"] = link
+        ranks = max((k.per_node for k in cluster.types if k.is_cpu and present(k)), default=1)
+        if ranks >= 2:
+            say(f"cpu: dp-sync collectives, {ranks} ranks in pairs at once")
+            loaded = measure_loaded_collectives("cpu", ranks - ranks % 2, launch)
+            island = measured_links["cpu-island"]
+            measured_links["cpu-island"] = dataclasses.replace(
+                island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
+                basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
     meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps,
             "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
     return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)

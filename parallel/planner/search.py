@@ -43,6 +43,7 @@ SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble
 CONFIRM = 200  # candidates the simulator re-predicts
 BUBBLE_DIVISOR = {"1f1b": 1.0, "zero-bubble": 3.0, "interleaved-1f1b": 2.0, "interleaved-zero-bubble": 6.0,
                   "zbv": 12.0}  # zbv: the simulator's bubble at S=4, M=8 is half interleaved zero-bubble's
+SPLIT_BACKWARD = frozenset({"zero-bubble", "interleaved-zero-bubble", "zbv"})  # backward as two actions (I and W)
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,14 @@ class Search:
             self._layer_cache[key] = self.cost.device(kind).layer(tp, rows, self.seq, recompute)
         return self._layer_cache[key]
 
-    def _contention(self, layout: tuple[Grid, ...]) -> dict[str, float]:
+    def _contention(self, layout: tuple[Grid, ...]) -> dict[str, tuple[float, float]]:
+        """Per cpu device type: (compute slowdown, wait per action) with every rank of the layout busy."""
         out = {}
         for g in layout:
             if g.kind.is_cpu:
                 ranks = g.stages * g.devices * self.cost.device(g.kind).threads_or_one()
-                out[g.kind.device] = self.cost.stretch(g.kind, ranks / len(g.kind.nodes) / (g.kind.cores or 1))
+                occupancy = ranks / len(g.kind.nodes) / (g.kind.cores or 1)
+                out[g.kind.device] = (self.cost.stretch(g.kind, occupancy), self.cost.action_wait(g.kind, occupancy))
         return out
 
     def candidates(self, layout: tuple[Grid, ...]) -> Iterator[tuple[float, ParallelPlan, tuple[DeviceType, ...]]]:
@@ -155,7 +158,7 @@ class Search:
                     yield built
 
     def _build(self, stages: list[Grid], kinds: tuple[DeviceType, ...], mbs: int, M: int, schedule: str, V: int,
-               stretch: dict[str, float]) -> tuple[float, ParallelPlan, tuple[DeviceType, ...]] | None:
+               stretch: dict[str, tuple[float, float]]) -> tuple[float, ParallelPlan, tuple[DeviceType, ...]] | None:
         S, m = len(stages), self.model
         recompute = [False] * S
         zero1 = False
@@ -164,13 +167,14 @@ class Search:
             for k, g in enumerate(stages):
                 rows = mbs // g.dp
                 f, b, _ = self._layer(g.kind, g.tp, rows, recompute[k])
-                c = stretch.get(g.kind.device, 1.0)
+                c, wait = stretch.get(g.kind.device, (1.0, 0.0))
                 tp_s = 0.0
                 if g.tp > 1:
                     gbps, lat, _ = self.cost.link(g.kind, g.kind, True)
                     tp_s = (4 + recompute[k]) * ring_all_reduce_s(rows * self.seq * m.hidden_size * BOUNDARY_BYTES, g.tp, gbps, lat)
                 per_layer.append((f + b) * c + tp_s)
-                prof, tokens, e = self.cost.device(g.kind), rows * self.seq, 0.0
+                actions = V * (3 if schedule in SPLIT_BACKWARD else 2)  # a micro-batch's compute actions on this stage
+                prof, tokens, e = self.cost.device(g.kind), rows * self.seq, actions * wait
                 if k == 0:
                     e += tokens * (prof.embedding.forward_s + prof.embedding.backward_s) * c
                 if k == (0 if schedule == "zbv" else S - 1):  # the stage holding the head

@@ -54,7 +54,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
              weight_share: float = 0.5, virtual_stages: int = 1,
              chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None,
              host_forward_s: Times | None = None, host_backward_s: Times | None = None,
-             host_action_s: Times = 0.0) -> Simulation:
+             host_action_s: Times = 0.0, action_s: Times = 0.0) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
@@ -68,6 +68,9 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     no sooner than its host began enqueuing it and ends no sooner than its host finished. A host slower
     than its device then sets the pace, and what its device still has to run after it — the pipeline's
     drain — is on top.
+
+    ``action_s``: seconds every compute action of a stage takes beyond its share of the compute, whatever its
+    size (cpu ranks outnumbering their cores wait that long for a hand-off's partner to be scheduled).
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
     if placement is None:
@@ -81,8 +84,10 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     per_kind = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in bwd],
                 Kind.BACKWARD_WEIGHT: [b * weight_share for b in bwd]}
 
+    fixed = _per_stage(action_s, S, "action_s")
+
     def cost(action: Action, s: int) -> float:
-        return per_kind[action.kind][s] * shares[s][action.chunk]
+        return per_kind[action.kind][s] * shares[s][action.chunk] + fixed[s]
 
     hf = _per_stage(0.0 if host_forward_s is None else host_forward_s, S, "host_forward_s")
     hb = _per_stage(0.0 if host_backward_s is None else host_backward_s, S, "host_backward_s")
