@@ -34,7 +34,8 @@ def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile
     assert len(runs) == 3 and solo[0] < runs[0][0] < runs[1][0] < runs[2][0]
     assert all(slowdown >= 1.0 and wait >= 0.0 for _, slowdown, wait in runs)
     assert runs[0][2] == 0.0 and runs[1][2] == runs[2][2]  # 2 ranks fit 2 cores: no hand-off wait; 4 ranks: one fitted
-    assert cpu.tp_all_reduce[0] == (0.5, 0.0) and len(cpu.tp_all_reduce) == 2 and cpu.tp_all_reduce[1][1] >= 0.0
+    assert cpu.tp_all_reduce[0] == (0.5, 0.0, 0.0) and len(cpu.tp_all_reduce) == 2
+    assert cpu.tp_all_reduce[1][1] >= 0.0 and cpu.tp_all_reduce[1][2] >= 0.0  # an all-reduce's wait, an sp exchange's
     back = DeviceProfile.from_dict(cpu.to_dict())
     assert back == cpu
 
@@ -82,6 +83,9 @@ def test_tp_wait_is_what_reproduces_the_measured_schedule() -> None:
                       backward_s=[2 * c / 3 + 0.002 * calls / 2 for c in tp_solo], action_s=0.001).makespan
     wait = calibrate.tp_wait_s(device, [{"compute_s": 1.0, "schedule_s": target}] * 4, 2, 2, rows, 32, 1.5)
     assert wait == pytest.approx(0.002, rel=1e-6)
+    # sp: twice the exchanges a layer for the same measured schedule — each half the wait
+    wait = calibrate.tp_wait_s(device, [{"compute_s": 1.0, "schedule_s": target}] * 4, 2, 2, rows, 32, 1.5, sp=True)
+    assert wait == pytest.approx(0.001, rel=1e-6)
 
 
 def test_points_interpolate_and_an_uncalibrated_profile_says_none() -> None:
@@ -127,6 +131,14 @@ def test_cost_model_charges_the_calibrated_slowdown_and_tp_all_reduces() -> None
     place = Placement.pack(tp, kinds * 2)
     slower = CostModel(CLUSTER, _profile(busy), MODEL, 32).predict(tp, place).stages[0].forward_s
     assert slower > CostModel(CLUSTER, _profile(no_tp_wait), MODEL, 32).predict(tp, place).stages[0].forward_s
+    # sp: with its own calibrated wait, a layer's four exchanges each way pay that wait (none: the all-reduce's, twice)
+    sp = ParallelPlan((StagePlan("cpu", 2, 4, tp=2, sp=True), StagePlan("cpu", 2, 4, tp=2, sp=True)), "1f1b", 4, 2)
+    priced = {}
+    for name, exchange in (("cheap", 0.0001), ("dear", 0.004)):
+        device = dataclasses.replace(busy, tp_all_reduce=((0.5, 0.0, 0.0), (1.5, 0.002, exchange)))
+        priced[name] = CostModel(CLUSTER, _profile(device), MODEL, 32).predict(sp, place).stages[0].forward_s
+    older = CostModel(CLUSTER, _profile(busy), MODEL, 32).predict(sp, place).stages[0].forward_s
+    assert priced["cheap"] < older < priced["dear"]
 
 
 def _synthetic(contention: tuple, tp_points: tuple = ()) -> DeviceProfile:

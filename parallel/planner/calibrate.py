@@ -33,20 +33,21 @@ LAYERS, MICRO_BATCHES_PER_STAGE = 4, 4  # a stage's layers; micro-batches = 4 ×
 
 
 def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1, layers: int = LAYERS,
-                     per_stage: int = MICRO_BATCHES_PER_STAGE) -> Any:
-    """The calibration pipeline: ``stages`` stages of ``tp`` ranks and ``layers`` layers, 1F1B, ``per_stage`` ×
-    stages micro-batches of ``rows`` rows."""
+                     per_stage: int = MICRO_BATCHES_PER_STAGE, sp: bool = False) -> Any:
+    """The calibration pipeline: ``stages`` stages of ``tp`` ranks (sequence parallel when ``sp``) and ``layers``
+    layers, 1F1B, ``per_stage`` × stages micro-batches of ``rows`` rows."""
     from ..plan import ParallelPlan, StagePlan
 
-    return ParallelPlan(tuple(StagePlan(backend, tp, layers, tp=tp) for _ in range(stages)), "1f1b", per_stage * stages, rows)
+    return ParallelPlan(tuple(StagePlan(backend, tp, layers, tp=tp, sp=sp) for _ in range(stages)), "1f1b",
+                        per_stage * stages, rows)
 
 
 def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | None, steps: int, tp: int = 1,
                      backend_name: str = "cpu", precision: str = "fp32", fallback: str = "warn",
                      trainer_step: bool = False, shapes: list[list[int]] | None = None) -> Any:
     """One rank of the calibration pipeline (stages of ``tp`` ranks, LAYERS layers each): its median compute and
-    schedule seconds a step (host clock). ``shapes``: [layers, micro-batches per stage, rows] pipelines run one
-    after another in the same ranks instead (one process start for all); a list of results, one a shape.
+    schedule seconds a step (host clock). ``shapes``: [layers, micro-batches per stage, rows(, sp)] pipelines run
+    one after another in the same ranks instead (one process start for all); a list of results, one a shape.
 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
@@ -60,9 +61,9 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
     with profiling_rank(backend_name, precision, fallback) as (world, backend, mode):
         stages = world.size // tp
         out = []
-        for layers, per_stage, shape_rows in shapes or [[LAYERS, MICRO_BATCHES_PER_STAGE, rows]]:
+        for layers, per_stage, shape_rows, *sp in shapes or [[LAYERS, MICRO_BATCHES_PER_STAGE, rows]]:
             config = ModelConfig(**{**model, "num_layers": stages * layers})
-            plan = calibration_plan(backend_name, stages, shape_rows, tp, layers, per_stage)
+            plan = calibration_plan(backend_name, stages, shape_rows, tp, layers, per_stage, bool(sp and sp[0]))
             topology = Topology.from_plan(plan)
             groups = build_groups(topology, world, validate=False)
             engine = PipelineEngine(config, plan, topology, groups, backend=backend, seed=0, device=world.device,
@@ -223,38 +224,46 @@ def fit_node(played: list[Played], occupancy: list[float], measured: list[float]
 
 
 def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
-                 launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float], ...]:
-    """(occupancy, seconds a tp all-reduce costs inside a layer) for a node: one rank alone (0) and a calibration
-    pipeline of tp-2 stages over the node's ranks. Why: tp's all-reduces are blocking exchanges between
-    ranks that compute together; on a busy node each waits for its partner to be scheduled."""
+                 launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float, float], ...]:
+    """(occupancy, seconds a tp all-reduce costs inside a layer, seconds a sequence-parallel exchange costs) for a
+    node: one rank alone (0, 0) and calibration pipelines of tp-2 stages over the node's ranks, sequence
+    parallelism off and on (one launch). Why: tp's collectives are blocking exchanges between ranks that compute
+    together; on a busy node each waits for its partner to be scheduled — and sp makes twice as many of them
+    (an all-gather and a reduce-scatter where tp has one all-reduce), each half the size."""
     import sys
 
     tp = 2
     stages = ranks // tp
-    points = [(round(threads / cores, 4), 0.0)]
+    points: list[tuple[float, float, float]] = [(round(threads / cores, 4), 0.0, 0.0)]
     if stages < 1:
         return tuple(points)
+    shapes = [[LAYERS, MICRO_BATCHES_PER_STAGE, rows, 0], [LAYERS, MICRO_BATCHES_PER_STAGE, rows, 1]]
     run = launch(f"{__name__}:calibration_rank", stages * tp,
-                 {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps, "tp": tp},
-                 deadline_s=300, what=f"hal profile: calibration pipeline of {stages} tp-{tp} stage(s)", echo_stderr=sys.stderr)
-    values = [run.values[r] for r in range(stages * tp)]
+                 {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps, "tp": tp, "shapes": shapes},
+                 deadline_s=300, what=f"hal profile: calibration pipelines of {stages} tp-{tp} stage(s), sp off and on",
+                 echo_stderr=sys.stderr)
     occupancy = play(device, stages, node_shapes(rows)[0], seq, tp).busy * stages * tp * threads / cores
-    points.append((round(occupancy, 4), round(tp_wait_s(device, values, stages, tp, rows, seq, occupancy), 6)))
+    waits = [tp_wait_s(device, [run.values[r][i] for r in range(stages * tp)], stages, tp, rows, seq, occupancy, bool(sp))
+             for i, (*_, sp) in enumerate(shapes)]
+    points.append((round(occupancy, 4), round(waits[0], 6), round(waits[1], 6)))
     return tuple(points)
 
 
+TP_EXCHANGES = {False: 2, True: 4}  # blocking tp exchanges a layer each way: two all-reduces, or sp's 2 all-gathers + 2 reduce-scatters
+
+
 def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int, tp: int, rows: int, seq: int,
-              occupancy: float) -> float:
-    """Seconds per tp all-reduce with which the simulator — each stage's solo compute × the node's slowdown at
-    this occupancy and its wait per action, plus 4 all-reduces a layer a micro-batch — reproduces the tp run's
-    measured schedule."""
+              occupancy: float, sp: bool = False) -> float:
+    """Seconds per tp exchange with which the simulator — each stage's solo compute × the node's slowdown at
+    this occupancy and its wait per action, plus TP_EXCHANGES[sp] exchanges a layer each way a micro-batch —
+    reproduces the tp run's measured schedule."""
     from ..schedules import get_schedule, simulate
 
     M = MICRO_BATCHES_PER_STAGE * stages
     stretch = device.stretch(occupancy) or 1.0
     per_action = device.action_wait_s(occupancy)
     solo = [stretch * solo_compute_s(device, stages, k, rows, seq, tp) / M for k in range(stages)]
-    calls = LAYERS * 4  # a micro-batch: two all-reduces a layer forward, two backward
+    calls = LAYERS * 2 * TP_EXCHANGES[sp]  # a micro-batch's exchanges, forward and backward
     target = max(v["schedule_s"] for v in values)
 
     def makespan(wait: float) -> float:  # linear in ``wait``: forward and backward each take half the calls

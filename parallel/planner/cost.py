@@ -185,6 +185,8 @@ class CostModel:
             # all-gathers and the reduce-scatter — three half-size exchanges, counted as two.
             calls_f, calls_b = 2 * L, (2 + ((2 if stage.sp else 1) if stage.checkpoint else 0)) * L
             tp_f, tp_b = calls_f * one, calls_b * one
+            if stage.sp and prof.sp_exchange_s(0.0) is not None:  # a calibrated wait per sp exchange: count them all
+                calls_f, calls_b = 4 * L, (4 + (3 if stage.checkpoint else 0)) * L
         return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b, host
 
     def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
@@ -250,7 +252,7 @@ class CostModel:
                            "host_action_s": per_action}
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
             stretch = [self.stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
-            tp_wait = [self._tp_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
+            tp_wait = [self._tp_wait(kind, occ, stage.sp) for kind, occ, stage in zip(place.kinds, occupancy, plan.stages)]
             action_wait = [self.action_wait(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
@@ -286,9 +288,14 @@ class CostModel:
             out.append(max(load[(kind.device, n)] / (kind.cores or 1) for n in nodes) if kind.is_cpu else 0.0)
         return out
 
-    def _tp_wait(self, kind: DeviceType, occupancy: float) -> float:
-        """What one tp all-reduce costs on a cpu node this busy, calibrated (0 elsewhere: the ring model stands)."""
-        return (self.device(kind).tp_all_reduce_s(occupancy) or 0.0) if kind.is_cpu else 0.0
+    def _tp_wait(self, kind: DeviceType, occupancy: float, sp: bool = False) -> float:
+        """What one tp exchange costs on a cpu node this busy, calibrated: an all-reduce, or under sp an all-gather or
+        reduce-scatter where the profile calibrated those (0 elsewhere: the ring model stands)."""
+        if not kind.is_cpu:
+            return 0.0
+        prof = self.device(kind)
+        exchange = prof.sp_exchange_s(occupancy) if sp else None
+        return exchange if exchange is not None else (prof.tp_all_reduce_s(occupancy) or 0.0)
 
     def action_wait(self, kind: DeviceType, occupancy: float) -> float:
         """Seconds each compute action of a cpu rank waits on a node this busy, calibrated (0 elsewhere)."""

@@ -79,8 +79,9 @@ class DeviceProfile:
     # cpu: (node occupancy, slowdown, seconds of wait each action adds) measured by calibration pipelines
     # (``planner.calibrate``; a profile written before the wait was measured has two columns: no wait)
     contention: tuple[tuple[float, ...], ...] = ()
-    # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs), calibrated (``planner.calibrate``)
-    tp_all_reduce: tuple[tuple[float, float], ...] = ()
+    # cpu: (node occupancy, seconds one tp all-reduce inside a layer costs, seconds one sequence-parallel exchange
+    # costs), calibrated (``planner.calibrate``; a profile from before sp was calibrated has the first two only)
+    tp_all_reduce: tuple[tuple[float, ...], ...] = ()
     # accelerators: the engine's own host seconds per compute action (its P2P posts and bookkeeping included), beyond
     # the layers' enqueue time, calibrated on a pipeline of this device (``planner.calibrate.calibrate_host``)
     action_host_s: float | None = None
@@ -105,6 +106,13 @@ class DeviceProfile:
     def tp_all_reduce_s(self, occupancy: float) -> float | None:
         """Seconds one tp all-reduce inside a layer costs on a node ``occupancy`` busy; None without calibration."""
         return self._contended(occupancy, 1, 0.0, self.tp_all_reduce)
+
+    def sp_exchange_s(self, occupancy: float) -> float | None:
+        """Seconds one sequence-parallel exchange (all-gather or reduce-scatter) inside a layer costs on a node
+        ``occupancy`` busy; None without that calibration."""
+        if not self.tp_all_reduce or any(len(p) < 3 for p in self.tp_all_reduce):
+            return None
+        return self._contended(occupancy, 2, 0.0, self.tp_all_reduce)
 
     def _contended(self, occupancy: float, column: int, floor: float, table: Any = None) -> float | None:
         """Column ``column`` of the calibration points at ``occupancy``: linear between points and beyond the last."""
