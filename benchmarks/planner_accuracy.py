@@ -11,6 +11,7 @@ again at the end, and how far its two measurements are apart is reported — the
 "measured" side, against which the errors are read.
 
     python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
+                                          [--cpu-binding none|cores]
 """
 from __future__ import annotations
 
@@ -86,13 +87,13 @@ def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", chec
                            "parallel": parallel, "train": train, "cluster": {"groups": [cluster_group(backend)]}}, sort_keys=False)
 
 
-def measured(path: Path, run_dir: Path, steps: int) -> tuple[float, list[int | None], list[float]]:
+def measured(path: Path, run_dir: Path, steps: int, cpu_binding: str = "none") -> tuple[float, list[int | None], list[float]]:
     """Median seconds a step of ``hal train`` after the first (warm-up) step, each stage's peak memory, the steps' times.
 
     The median: on a shared 2-core host single steps swing by ±20 % (other processes, the scheduler);
     a mean over a few steps moves the "measured" side of the comparison by ±10 % from run to run."""
     out = subprocess.run([sys.executable, "-m", "hal", "train", str(path), "--steps", str(steps), "--json",
-                          "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=600)
+                          "--run-dir", str(run_dir), "--cpu-binding", cpu_binding], capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(f"hal train {path} failed:\n{out.stderr[-2000:]}")
     summary = json.loads(out.stdout)
@@ -107,6 +108,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", help="comma-separated plan numbers (1-based)")
     parser.add_argument("--recheck", action="store_true", help="train the first plan again at the end: the noise floor")
+    parser.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
+                        help="hal train's --cpu-binding for every measured run (cores: each rank on cores of its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -142,7 +145,7 @@ def main() -> int:
             kind = cluster.types[0]
             pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
             try:
-                step_s, memory, times = measured(path, Path(tmp, f"run{i + 1}"), args.steps)
+                step_s, memory, times = measured(path, Path(tmp, f"run{i + 1}"), args.steps, args.cpu_binding)
             finally:
                 if ckpt:
                     shutil.rmtree(ckpt, ignore_errors=True)
@@ -157,7 +160,7 @@ def main() -> int:
         if args.recheck and rows:
             first = rows[0]
             try:
-                again, _, times = measured(Path(first["config"]), Path(tmp, "recheck"), args.steps)
+                again, _, times = measured(Path(first["config"]), Path(tmp, "recheck"), args.steps, args.cpu_binding)
             finally:
                 if first["checkpoint_dir"]:
                     shutil.rmtree(first["checkpoint_dir"], ignore_errors=True)
@@ -171,7 +174,8 @@ def main() -> int:
     result = {"backend": args.backend, "card": profile.meta.get("host"), "devices": [t.device for t in cluster.types],
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
-              "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck}
+              "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck,
+              "cpu_binding": args.cpu_binding}
     if gpu:
         mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
         result["memory_median_abs_error"] = statistics.median(mem) if mem else None
@@ -191,6 +195,7 @@ def table(result: dict[str, Any]) -> str:
                 if gpu else f"  {r['bound']}")
         lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%}{tail}")
     where = f"4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
+    where += ", each pinned to cores of its own" if result.get("cpu_binding") == "cores" else ""
     lines.append(f"step time: median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
                  f"({len(result['rows'])} plans, {where})")
     if gpu and result.get("memory_median_abs_error") is not None:

@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> None:
                    help="per-phase times (compute, p2p, grad sync, optimizer) in every step's JSON line, from device events "
                    "read once at the end of each step, and the last step's timeline (RUN_DIR/timeline.json, drawn as timeline.png: "
                    "predicted against measured); without it hal train never waits on an accelerator for timing")
+    p.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
+                   help="cores: pin each rank to a block of cores of its own, inside one NUMA node where it can "
+                        "(refused when the ranks outnumber the cores); several nodes: torchrun --numa-binding")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
     p.set_defaults(func=run)
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from hal.parallel.train import describe, prepare, read_summary, run_local, write_job
 
     job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
-                  init_from=args.init_from)
+                  init_from=args.init_from, cpu_binding=args.cpu_binding)
     print(f"hal train: {describe(job)}", file=sys.stderr)
     write_job(job)
     status = run_local(job, spawn_ranks)

@@ -59,6 +59,7 @@ class Job:
     resume: Path | None  # the resolved checkpoint directory
     profile: bool = False  # per-phase times on accelerators, from device events (one wait a step)
     init_from: Path | None = None  # a Hugging Face checkpoint directory the weights are sliced from (not when resuming)
+    cpu_binding: str = "none"  # none | cores: each local rank pinned to a block of cores (``hal.launch.cpu_binding``)
 
     @property
     def precision(self) -> str:
@@ -85,7 +86,7 @@ class Job:
             "stage_precision": [None if p is None else dict(p) for p in self.stage_precision],
             "steps": self.steps, "start": self.start, "run_dir": str(self.run_dir), "log_file": str(self.log_file),
             "checkpoint_dir": _str_or_none(self.checkpoint_dir), "resume": _str_or_none(self.resume),
-            "profile": self.profile, "init_from": _str_or_none(self.init_from),
+            "profile": self.profile, "init_from": _str_or_none(self.init_from), "cpu_binding": self.cpu_binding,
         }
 
     @classmethod
@@ -97,7 +98,7 @@ class Job:
             TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"]), plan.placement),
             tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
             Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
-            bool(data.get("profile", False)), _path_or_none(data.get("init_from")),
+            bool(data.get("profile", False)), _path_or_none(data.get("init_from")), str(data.get("cpu_binding", "none")),
         )
 
 

@@ -35,6 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from hal.cpu_binding import CPUS_ENV, MODES as CPU_BINDINGS, allowed_cpus, cpulist, numa_groups, rank_blocks
 from hal.errors import ConfigError, HalError
 from hal.limits import check_local_ranks
 from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
@@ -187,13 +188,15 @@ def _resume_point(resume: str | None, run: RunConfig, steps: int) -> tuple[Path 
 
 
 def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
-            check_backends: bool = True, profile: bool = False, init_from: str | None = None) -> Job:
+            check_backends: bool = True, profile: bool = False, init_from: str | None = None,
+            cpu_binding: str = "none") -> Job:
     """Validate the whole run; one ConfigError line for the first problem.
 
     ``check_backends`` False (``--print-multinode``): this host is not where the ranks run, so
     backends are not probed and each stage's precision is left to its ranks. ``init_from``
     (``--init-from DIR``, or the config's ``model: {hf: DIR, weights: true}``): the Hugging Face
     checkpoint's files are checked here against the model; a resumed run loads its checkpoint instead.
+    ``cpu_binding`` ("cores"): each local rank is pinned to cores of its own; refused where the ranks outnumber them.
     """
     from .data import check_corpus
     from .run_config import load_run_config
@@ -204,6 +207,10 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     run = load_run_config(config, check_backends=check_backends, init_from=init_from)
     if check_backends:  # a local run: every rank is a process on this host
         check_local_ranks(run.plan.world_size, f"{run.origin}: the plan's world size")
+    if cpu_binding not in CPU_BINDINGS:
+        raise ConfigError(f"--cpu-binding {cpu_binding}: use one of {', '.join(CPU_BINDINGS)}")
+    if cpu_binding != "none" and check_backends:
+        rank_blocks(run.plan.world_size, numa_groups(allowed_cpus()))  # refuses more ranks than cores, before any start
     precision = check_training(run, run.hal.fallback if check_backends else "allow")
     if run.train.data == "corpus":
         check_corpus(run.train.seq_len or run.model.max_seq_len)
@@ -222,7 +229,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
-               directory, log_file, ckpt_dir, checkpoint, profile, weights)
+               directory, log_file, ckpt_dir, checkpoint, profile, weights, cpu_binding)
 
 
 def _weights(run: RunConfig, where: str, check: bool) -> Path | None:
@@ -254,6 +261,7 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
     pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     seen: dict[str, int] = {}
     envs: dict[int, dict[str, str]] = {}
+    blocks = local_cpu_blocks(job)
     for rank in range(world):
         backend = topology.backend_of(rank)
         local = seen.get(backend, 0)
@@ -264,7 +272,17 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
             "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
             "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
         }
+        if blocks is not None:  # pinned: the rank's threads are its cores (unless the user set OMP_NUM_THREADS)
+            envs[rank][CPUS_ENV] = cpulist(blocks[rank])
+            envs[rank]["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(len(blocks[rank]))
     return envs
+
+
+def local_cpu_blocks(job: Job) -> list[list[int]] | None:
+    """Each local rank's cpus under ``--cpu-binding cores`` (None when off)."""
+    if job.cpu_binding == "none":
+        return None
+    return rank_blocks(job.topology.world_size, numa_groups(allowed_cpus()))
 
 
 # --- several nodes ----------------------------------------------------------------------------------------------
@@ -327,7 +345,9 @@ def describe(job: Job) -> str:
         sp = " sp" if m.sp else ""
         parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {_layer_text(m)}")
     resumed = f", resuming at step {job.start}" if job.resume else ""
-    return f"{job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}; run dir {job.run_dir}"
+    blocks = local_cpu_blocks(job)
+    bound = "" if blocks is None else "; cpus " + " ".join(f"r{r}:{cpulist(b)}" for r, b in enumerate(blocks))
+    return f"{job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}{bound}; run dir {job.run_dir}"
 
 
 def read_summary(job: Job) -> dict[str, Any]:

@@ -502,6 +502,7 @@ USAGE = "usage: python -m hal.parallel.trainer RUN_DIR/job.json  (one rank of ha
 def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
     from hal.collectives import shutdown
+    from hal.cpu_binding import bind_from_env, cpulist
 
     from .job import load_job
 
@@ -511,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rank = os.environ.get("RANK", "?")
     try:
+        bound = bind_from_env()  # before torch starts its threads: they inherit the rank's cores
+        if bound is not None:
+            print(f"hal train: rank {rank}: pinned to cpus {cpulist(sorted(os.sched_getaffinity(0)))}", file=sys.stderr)
         train(setup(load_job(args[0])))
         return 0
     except HalError as exc:

@@ -46,7 +46,7 @@ MULTIPROCESS_MODULES = frozenset({
     "test_checkpoint_validation", "test_config", "test_job", "test_conformance_cli", "test_conformance_collectives", "test_conformance_report",
     "test_conformance_training", "test_contract", "test_cuda", "test_engine", "test_engine_cuda",
     "test_fused_head", "test_moe_dispatch", "test_moe_pipeline", "test_moe_pipeline_cuda", "test_hf_export", "test_hf_weights_ranks", "test_kernel_plugins", "test_launch", "test_loss_scale", "test_train_loop", "test_layout", "test_migration", "test_migration_corpus", "test_ops", "test_parallel_model",
-    "test_pipeline_bench", "test_plan", "test_planner_calibrate", "test_planner_cli", "test_plugin_backend", "test_reshard", "test_topology", "test_train",
+    "test_pipeline_bench", "test_plan", "test_planner_calibrate", "test_cpu_binding", "test_planner_cli", "test_plugin_backend", "test_reshard", "test_topology", "test_train",
     "test_tensorboard", "test_timeline_run", "test_tiny_example", "test_token_data", "test_vendor_backends", "test_zero",
 })
 
