@@ -105,6 +105,21 @@ def test_search_plans_are_valid_and_use_the_fast_device() -> None:
         assert per["nvidia-h100-sxm"] > per["cpu-generic"]
 
 
+def test_a_compiled_config_is_searched_without_the_split_backward_schedules() -> None:
+    """Compiled layers run their backward as one graph: the zero-bubble family cannot run them, so the search
+    leaves those schedules out and says so (it once ranked them first and then failed validating its own pick)."""
+    cost = _cost([{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}])
+    said: list[str] = []
+    plain = ParallelPlan((StagePlan("cuda", 1, 8),), "1f1b", 8, 1)
+    compiled = dataclasses.replace(plain, compile=True)
+    searched = {r.plan.schedule for r in Search(cost, plain).run(top=50).results}
+    assert searched & {"zero-bubble", "interleaved-zero-bubble", "zbv"}  # uncompiled: they are in the running
+    report = Search(cost, compiled, progress=said.append).run(top=50)
+    assert report.results and all(r.plan.compile for r in report.results)
+    assert not {r.plan.schedule for r in report.results} & {"zero-bubble", "interleaved-zero-bubble", "zbv"}
+    assert any("not searched: they split the backward" in line for line in said), said
+
+
 def test_what_if_ascend_and_h100_from_catalog_figures() -> None:
     model = ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8,
                         ffn_hidden_size=8192, max_seq_len=2048)
