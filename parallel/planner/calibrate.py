@@ -1,21 +1,29 @@
-"""How much slower cpu ranks train inside a real pipeline run than one rank alone: the in-run slowdown of a node.
+"""How much slower cpu ranks train inside a real pipeline run than one rank alone: the in-run costs of a node.
 
 Why measure it: the layer points of a profile are timed in one process with the node to itself. In a run,
 a node's ranks share its cores, caches, memory bandwidth and clock; a rank whose input arrived may wait
 for a core, and each blocking exchange waits for its partner to be scheduled. On this project's 2-core
-CI host that costs 1.3–2.2× — more than the ranks-over-cores share the cost model assumed before. No
-formula gets that right for every host, so ``hal profile`` runs the engine itself on the node's ranks: a
-1F1B pipeline of 4 layers a stage and 4 × stages micro-batches of the largest profiled row count (busy
-ranks, as in real plans), and finds the factor on the profile's solo compute times with which the
-simulator reproduces the measured schedule. Two such runs (every rank of the node, and half of them) give
-(occupancy, slowdown) points — occupancy is the busy share of the node's ranks (as the simulator plays
-the calibration pipeline, the axis the cost model reads) × their threads over its cores — and one run of tp-2 stages gives the wait one tp all-reduce costs beyond that. The cost model
-interpolates them (``DeviceProfile.stretch``, ``DeviceProfile.tp_all_reduce_s``).
+CI host that costs 1.2–2.3× — more than the ranks-over-cores share the cost model once assumed. No
+formula gets that right for every host, so ``hal profile`` runs the engine itself on the node's ranks
+and fits what the simulator needs to reproduce the measured schedules (``calibrate_node``):
 
-Why one factor on compute rather than a compute slowdown plus a wait per transfer: on a noisy shared host
-the host clock splits the same lost time between "compute" and "waiting" differently from run to run;
-fitted separately, the two parts swung by 3× between calibrations and extrapolated apart. Their sum —
-the schedule — is what the cost model predicts, and is stable.
+- all of the node's ranks in three 1F1B pipelines — busy (4 layers a stage, 4 × stages micro-batches of
+  the largest profiled row count, as in real plans), sparse (one micro-batch a stage: a large bubble)
+  and short actions (one layer, one row) — fit a slowdown on compute, how it grows with the node's
+  occupancy, and a fixed wait every action pays (the hand-off partner being scheduled: on the CI host
+  about 2 ms, which a plan of short actions — small micro-batches, interleaving, zero-bubble's split
+  backward — pays more often; without it those plans were under-predicted by up to a third);
+- half of the ranks in the busy pipeline (where they fit the cores: no wait) give a point at lower load;
+- tp-2 stages, sequence parallelism off and on, give the wait each tp all-reduce or sp exchange adds.
+
+Occupancy is the node's busy share (as the simulator plays the pipeline: the axis the cost model reads a
+plan's occupancy on) × ranks × threads over cores; the cost model interpolates the points
+(``DeviceProfile.stretch``, ``action_wait_s``, ``tp_all_reduce_s``, ``sp_exchange_s``).
+
+Why fitted on whole schedules and not on the host clock's split of a run into compute and waiting: on a
+noisy shared host that split moves the same lost time between the two from run to run (fitted that way,
+a per-transfer wait swung by 3× between calibrations). Makespans of pipelines that differ in action size
+and bubble are stable, and three of them pin three unknowns.
 """
 from __future__ import annotations
 
@@ -224,20 +232,21 @@ def fit_node(played: list[Played], occupancy: list[float], measured: list[float]
 
 
 def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
-                 launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float, float], ...]:
+                 launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, ...], ...]:
     """(occupancy, seconds a tp all-reduce costs inside a layer, seconds a sequence-parallel exchange costs) for a
     node: one rank alone (0, 0) and calibration pipelines of tp-2 stages over the node's ranks, sequence
-    parallelism off and on (one launch). Why: tp's collectives are blocking exchanges between ranks that compute
+    parallelism off and on (one launch; a sequence length tp does not divide: off only, and no sp column). Why: tp's collectives are blocking exchanges between ranks that compute
     together; on a busy node each waits for its partner to be scheduled — and sp makes twice as many of them
     (an all-gather and a reduce-scatter where tp has one all-reduce), each half the size."""
     import sys
 
     tp = 2
     stages = ranks // tp
-    points: list[tuple[float, float, float]] = [(round(threads / cores, 4), 0.0, 0.0)]
+    with_sp = seq % tp == 0  # sp splits the sequence over the tp ranks
+    points: list[tuple[float, ...]] = [(round(threads / cores, 4), 0.0, 0.0) if with_sp else (round(threads / cores, 4), 0.0)]
     if stages < 1:
         return tuple(points)
-    shapes = [[LAYERS, MICRO_BATCHES_PER_STAGE, rows, 0], [LAYERS, MICRO_BATCHES_PER_STAGE, rows, 1]]
+    shapes = [[LAYERS, MICRO_BATCHES_PER_STAGE, rows, sp] for sp in ((0, 1) if with_sp else (0,))]
     run = launch(f"{__name__}:calibration_rank", stages * tp,
                  {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps, "tp": tp, "shapes": shapes},
                  deadline_s=300, what=f"hal profile: calibration pipelines of {stages} tp-{tp} stage(s), sp off and on",
@@ -245,7 +254,7 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
     occupancy = play(device, stages, node_shapes(rows)[0], seq, tp).busy * stages * tp * threads / cores
     waits = [tp_wait_s(device, [run.values[r][i] for r in range(stages * tp)], stages, tp, rows, seq, occupancy, bool(sp))
              for i, (*_, sp) in enumerate(shapes)]
-    points.append((round(occupancy, 4), round(waits[0], 6), round(waits[1], 6)))
+    points.append((round(occupancy, 4), *(round(w, 6) for w in waits)))
     return tuple(points)
 
 
