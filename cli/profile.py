@@ -84,8 +84,21 @@ def format_profile(data: dict[str, Any]) -> str:
                      + (" [estimated]" if d["source"] != "measured" else ""))
         if d.get("action_host_s"):
             lines.append(f"  the engine's host work: {d['action_host_s'] * 1e6:.1f} µs a compute action (calibration pipeline)")
+        if d.get("contention"):
+            points = [f"{p[0]:.2f} → {p[1]:.2f}×" + (f" + {p[2] * 1e3:.2f} ms an action" if len(p) > 2 and p[2] else "")
+                      for p in sorted(d["contention"])]
+            lines.append(f"  in a run on a shared node (occupancy → slowdown): {'; '.join(points)}")
+        if d.get("tp_all_reduce") and len(d["tp_all_reduce"]) > 1:
+            last = sorted(d["tp_all_reduce"])[-1]
+            sp = f", an sp exchange {last[2] * 1e3:.2f} ms" if len(last) > 2 else ""
+            lines.append(f"  tp at occupancy {last[0]:.2f}: an all-reduce waits {last[1] * 1e3:.2f} ms{sp}")
     for name, link in data["links"].items():
         lines.append(f"link {name}: {link['bandwidth_gbps']:.2f} GB/s, {link['latency_us']:.1f} µs ({link['source']}: {link['basis']})")
+        loaded = link.get("loaded_collectives") or {}
+        if loaded:
+            size = link["loaded_sizes"][1] / 2**20
+            lines.append(f"  dp-sync collectives with every pair at once, {size:g} MiB: "
+                         + ", ".join(f"{op} {t[1] * 1e3:.1f} ms" for op, t in loaded.items()))
     if data["estimated"]:
         lines.append(f"\nestimated (not measured): {', '.join(data['estimated'])}")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile
     assert solo == (0.5, 1.0, 0.0)  # one rank of 1 thread on 2 cores: the profile's own conditions
     # 2 ranks (standard pipeline), then 4 ranks in the sparse and the standard pipeline: each keeps the node busier
     assert len(runs) == 3 and solo[0] < runs[0][0] < runs[1][0] < runs[2][0]
-    assert all(slowdown >= 1.0 and wait >= 0.0 for _, slowdown, wait in runs)
+    assert all(slowdown >= 1.0 and wait >= 0.0 for _, slowdown, wait in runs)  # never faster than alone
     assert runs[0][2] == 0.0 and runs[1][2] == runs[2][2]  # 2 ranks fit 2 cores: no hand-off wait; 4 ranks: one fitted
     assert cpu.tp_all_reduce[0] == (0.5, 0.0, 0.0) and len(cpu.tp_all_reduce) == 2
     assert cpu.tp_all_reduce[1][1] >= 0.0 and cpu.tp_all_reduce[1][2] >= 0.0  # an all-reduce's wait, an sp exchange's
@@ -40,7 +40,8 @@ def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile
     assert back == cpu
 
 
-def _played_makespan(device: DeviceProfile, S: int, shape: tuple[int, int, int], slowdown: float, wait: float) -> float:
+def _played_makespan(device: DeviceProfile, S: int, shape: tuple[int, int, int], slowdown: float, wait: float,
+                     p2p: float = 0.0) -> float:
     """The calibration pipeline played with every action ``slowdown`` × its solo compute + ``wait`` (the truth the
     fit must recover)."""
     layers, per_stage, rows = shape
@@ -49,7 +50,7 @@ def _played_makespan(device: DeviceProfile, S: int, shape: tuple[int, int, int],
     f, b, _ = device.layer(1, rows, 32, False)
     share = f / (f + b)
     return simulate(get_schedule("1f1b"), S, M, forward_s=[slowdown * c * share + wait for c in solo],
-                    backward_s=[slowdown * c * (1 - share) + wait for c in solo]).makespan
+                    backward_s=[slowdown * c * (1 - share) + wait for c in solo], p2p_s=p2p).makespan
 
 
 def test_the_node_fit_recovers_slowdown_its_growth_and_the_wait_per_action() -> None:
@@ -66,6 +67,12 @@ def test_the_node_fit_recovers_slowdown_its_growth_and_the_wait_per_action() -> 
     # no wait in the measurements: none is invented; one slowdown for all: no growth
     measured = [_played_makespan(device, S, shape, 1.7, 0.0) for shape in shapes]
     assert calibrate.fit_node(played, occupancy, measured) == pytest.approx((1.7, 0.0, 0.0), abs=1e-9)
+    # transfers are the cost model's to charge: played with them, the fit finds the same slowdown and wait
+    sent = [calibrate.play(device, S, shape, 32, p2p_s=0.002) for shape in shapes]
+    assert all(p.p2p_s > 0 and p.compute_s == q.compute_s for p, q in zip(sent, played))
+    with_p2p = [_played_makespan(device, S, shape, truth(o), 0.003, p2p=0.002) - p.p2p_s
+                for shape, o, p in zip(shapes, occupancy, sent)]
+    assert calibrate.fit_node(sent, occupancy, with_p2p) == pytest.approx((1.5, 0.8, 0.003), rel=0.05)
     # faster than the profile alone (a noisy host): the slowdown stays 1, the wait 0
     measured = [0.5 * p.compute_s for p in played]
     slowdown, slope, wait = calibrate.fit_node(played, occupancy, measured)

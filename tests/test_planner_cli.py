@@ -23,6 +23,7 @@ def test_profile_search_write_train(tmp_path) -> None:
     out = run_hal("profile", "--config", str(config), "--out", str(profile), "--quick")
     assert out.returncode == 0, out.stderr
     assert "cpu-generic (cpu): measured" in out.stdout and "hal profile: cpu-generic: one layer" in out.stderr
+    assert "in a run on a shared node (occupancy → slowdown): 0.50 → 1.00×; " in out.stdout  # 1 of 2 cores: one rank alone
     out = run_hal("plan", "--search", "--config", str(config), "--profile", str(profile), "--top", "2", "--write", str(written))
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("tokens/s") == 2 and "compute (estimated" not in out.stdout  # the cpu was measured

@@ -145,14 +145,16 @@ def node_shapes(rows: int) -> tuple[Shape, Shape, Shape]:
 class Played:
     """A calibration pipeline as the simulator plays it from the profile's solo times."""
 
-    compute_s: float  # the makespan with solo compute (no slowdown, no wait)
+    compute_s: float  # the makespan with solo compute (no slowdown, no wait, no transfers)
     per_wait: float  # how much the makespan grows per second added to every action
     busy: float  # the stages' mean busy share (1 − bubble)
+    p2p_s: float = 0.0  # what the boundary transfers add to the makespan (the cost model charges them apart)
 
 
-def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1) -> Played:
-    """The simulator's view of one calibration pipeline: its makespan is linear in a slowdown s on compute and a
-    wait w added to each action (equal stages keep one critical path), so two plays give both coefficients."""
+def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1, p2p_s: float = 0.0) -> Played:
+    """The simulator's view of one calibration pipeline: its makespan is about linear in a slowdown s on compute
+    and a wait w added to each action (equal stages keep one critical path), so two plays give both coefficients;
+    a third gives what the transfers (``p2p_s`` each, timed as the cost model times them) add."""
     from ..schedules import get_schedule, simulate
 
     layers, per_stage, rows = shape
@@ -160,14 +162,17 @@ def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1
     f1, b1, _ = device.layer(tp, rows, seq, False)
     share = f1 / (f1 + b1) if f1 + b1 > 0 else 1 / 3
     solo = [solo_compute_s(device, stages, k, rows, seq, tp, layers, per_stage) / M for k in range(stages)]
-    compute = simulate(get_schedule("1f1b"), stages, M, forward_s=[c * share for c in solo],
-                       backward_s=[c * (1 - share) for c in solo])
+    times = {"forward_s": [c * share for c in solo], "backward_s": [c * (1 - share) for c in solo]}
+    compute = simulate(get_schedule("1f1b"), stages, M, **times)
     waits = simulate(get_schedule("1f1b"), stages, M, forward_s=0.0, backward_s=0.0, action_s=1.0)
-    return Played(compute.makespan, waits.makespan, statistics.mean(1.0 - b for b in compute.bubble))
+    sent = simulate(get_schedule("1f1b"), stages, M, p2p_s=p2p_s, **times).makespan if p2p_s else compute.makespan
+    return Played(compute.makespan, waits.makespan, statistics.mean(1.0 - b for b in compute.bubble),
+                  sent - compute.makespan)
 
 
 def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
-                   launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, float, float], ...]:
+                   launch: Callable[..., Any], steps: int = STEPS,
+                   boundary: Callable[[int], float] = lambda rows: 0.0) -> tuple[tuple[float, float, float], ...]:
     """(occupancy, slowdown, wait per action) points for a node of ``cores`` cores: one rank alone (1, 0: the
     profile's own conditions); all ``ranks`` ranks in the three ``node_shapes`` pipelines (two points: the sparse
     and the standard one's occupancy, one wait); and, where ranks > 2, half of them in the standard pipeline.
@@ -177,7 +182,9 @@ def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cor
     on that axis; the host clock counts a descheduled rank's wait as idle and put the points left of where
     the cost model looks. Why a wait per action beside the slowdown: where ranks outnumber cores, each hand-off
     waits for the partner to be scheduled — a fixed cost an action, which a plan of short actions (small
-    micro-batches, few layers a stage, interleaving, zero-bubble's split backward) pays more often."""
+    micro-batches, few layers a stage, interleaving, zero-bubble's split backward) pays more often. ``boundary``:
+    seconds of one boundary transfer of a micro-batch of that many rows, as the cost model will time it — played
+    here too, so the fit does not count transfers twice."""
     import sys
 
     points: list[tuple[float, float, float]] = [(round(threads / cores, 4), 1.0, 0.0)]
@@ -187,11 +194,11 @@ def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cor
                  {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps,
                   "shapes": [list(x) for x in full_shapes]},
                  deadline_s=300, what=f"hal profile: calibration pipelines of {ranks} cpu ranks", echo_stderr=sys.stderr)
-    played = [play(device, ranks, shape, seq) for shape in full_shapes]
-    measured = [max(run.values[r][i]["schedule_s"] for r in range(ranks)) for i in range(len(full_shapes))]
+    played = [play(device, ranks, shape, seq, p2p_s=boundary(shape[2])) for shape in full_shapes]
+    measured = [max(run.values[r][i]["schedule_s"] for r in range(ranks)) - p.p2p_s for i, p in enumerate(played)]
     occ = [occupancy(p, ranks) for p in played]
     slowdown, slope, wait = fit_node(played, occ, measured)
-    points += [(occ[1], round(slowdown + slope * (occ[1] - occ[0]), 4), round(wait, 6)),
+    points += [(occ[1], round(max(1.0, slowdown + slope * (occ[1] - occ[0])), 4), round(wait, 6)),
                (occ[0], round(slowdown, 4), round(wait, 6))]
     half = max(2, ranks // 2)
     if half < ranks:
@@ -199,9 +206,9 @@ def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cor
         run = launch(f"{__name__}:calibration_rank", half,
                      {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps},
                      deadline_s=300, what=f"hal profile: calibration pipeline of {half} cpu ranks", echo_stderr=sys.stderr)
-        p = play(device, half, standard, seq)
+        p = play(device, half, standard, seq, p2p_s=boundary(rows))
         half_wait = 0.0 if half * threads <= cores else wait  # ranks that fit the cores hand off without waiting
-        target = max(run.values[r]["schedule_s"] for r in range(half))
+        target = max(run.values[r]["schedule_s"] for r in range(half)) - p.p2p_s
         s = max(1.0, (target - half_wait * p.per_wait) / p.compute_s) if p.compute_s > 0 else 1.0
         points.append((occupancy(p, half), round(s, 4), round(half_wait, 6)))
     return tuple(sorted(points))
@@ -232,7 +239,8 @@ def fit_node(played: list[Played], occupancy: list[float], measured: list[float]
 
 
 def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores: int, threads: int, rows: int, seq: int,
-                 launch: Callable[..., Any], steps: int = STEPS) -> tuple[tuple[float, ...], ...]:
+                 launch: Callable[..., Any], steps: int = STEPS,
+                 boundary: Callable[[int], float] = lambda rows: 0.0) -> tuple[tuple[float, ...], ...]:
     """(occupancy, seconds a tp all-reduce costs inside a layer, seconds a sequence-parallel exchange costs) for a
     node: one rank alone (0, 0) and calibration pipelines of tp-2 stages over the node's ranks, sequence
     parallelism off and on (one launch; a sequence length tp does not divide: off only, and no sp column). Why: tp's collectives are blocking exchanges between ranks that compute
@@ -252,7 +260,8 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
                  deadline_s=300, what=f"hal profile: calibration pipelines of {stages} tp-{tp} stage(s), sp off and on",
                  echo_stderr=sys.stderr)
     occupancy = play(device, stages, node_shapes(rows)[0], seq, tp).busy * stages * tp * threads / cores
-    waits = [tp_wait_s(device, [run.values[r][i] for r in range(stages * tp)], stages, tp, rows, seq, occupancy, bool(sp))
+    waits = [tp_wait_s(device, [run.values[r][i] for r in range(stages * tp)], stages, tp, rows, seq, occupancy, bool(sp),
+                       boundary(rows))
              for i, (*_, sp) in enumerate(shapes)]
     points.append((round(occupancy, 4), *(round(w, 6) for w in waits)))
     return tuple(points)
@@ -262,7 +271,7 @@ TP_EXCHANGES = {False: 2, True: 4}  # blocking tp exchanges a layer each way: tw
 
 
 def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int, tp: int, rows: int, seq: int,
-              occupancy: float, sp: bool = False) -> float:
+              occupancy: float, sp: bool = False, p2p_s: float = 0.0) -> float:
     """Seconds per tp exchange with which the simulator — each stage's solo compute × the node's slowdown at
     this occupancy and its wait per action, plus TP_EXCHANGES[sp] exchanges a layer each way a micro-batch —
     reproduces the tp run's measured schedule."""
@@ -277,7 +286,7 @@ def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int
 
     def makespan(wait: float) -> float:  # linear in ``wait``: forward and backward each take half the calls
         return simulate(get_schedule("1f1b"), stages, M, forward_s=[c / 3 + wait * calls / 2 for c in solo],
-                        backward_s=[2 * c / 3 + wait * calls / 2 for c in solo], action_s=per_action).makespan
+                        backward_s=[2 * c / 3 + wait * calls / 2 for c in solo], action_s=per_action, p2p_s=p2p_s).makespan
 
     base, slope = makespan(0.0), makespan(1e-3) - makespan(0.0)
     return max(0.0, (target - base) / slope * 1e-3) if slope > 0 else 0.0

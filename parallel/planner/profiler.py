@@ -55,6 +55,20 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
     started = time.monotonic()
     rows = QUICK_ROWS if quick else ROWS
     reps = repeats or (1 if quick else 3)
+    measured_links: dict[str, LinkProfile] = {}
+    if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
+        for bridged in (False, True):
+            say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
+            link = measure_link("cpu", bridged, launch)
+            measured_links[f"cpu-{link.kind}"] = link
+        ranks = max((k.per_node for k in cluster.types if k.is_cpu and present(k)), default=1)
+        if ranks >= 2:
+            say(f"cpu: dp-sync collectives, {ranks} ranks in pairs at once")
+            loaded = measure_loaded_collectives("cpu", ranks - ranks % 2, launch)
+            island = measured_links["cpu-island"]
+            measured_links["cpu-island"] = dataclasses.replace(
+                island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
+                basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
     devices: dict[str, DeviceProfile] = {}
     for kind in cluster.types:
         if not present(kind):
@@ -68,11 +82,12 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say)
         if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
             say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
+            boundary = boundary_time(cluster, kind, measured_links, model, seq)
             points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
-                                    rows=max(rows), seq=seq, launch=launch)
+                                    rows=max(rows), seq=seq, launch=launch, boundary=boundary)
             measured = dataclasses.replace(measured, contention=points)
             tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
-                                     rows=max(rows), seq=seq, launch=launch)
+                                     rows=max(rows), seq=seq, launch=launch, boundary=boundary)
             measured = dataclasses.replace(measured, tp_all_reduce=tp_points,
                                            basis=measured.basis + "; in-run slowdown and waits from calibration pipelines")
         elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE:
@@ -92,23 +107,25 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         if kind.device not in devices:
             say(f"{kind.device}: not on this host — estimated from the catalog")
             devices[kind.device] = estimate_device(kind, model, precision, seq, reference)
-    measured_links: dict[str, LinkProfile] = {}
-    if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
-        for bridged in (False, True):
-            say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
-            link = measure_link("cpu", bridged, launch)
-            measured_links[f"cpu-{link.kind}"] = link
-        ranks = max((k.per_node for k in cluster.types if k.is_cpu and present(k)), default=1)
-        if ranks >= 2:
-            say(f"cpu: dp-sync collectives, {ranks} ranks in pairs at once")
-            loaded = measure_loaded_collectives("cpu", ranks - ranks % 2, launch)
-            island = measured_links["cpu-island"]
-            measured_links["cpu-island"] = dataclasses.replace(
-                island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
-                basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
     meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps,
             "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
     return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)
+
+
+def boundary_time(cluster: Cluster, kind: DeviceType, links: dict[str, LinkProfile], model: ModelConfig,
+                  seq: int) -> Callable[[int], float]:
+    """Seconds to send a micro-batch of ``rows`` rows' boundary activations between two ranks of ``kind`` on one
+    node, timed as the cost model will time them (the measured island link where there is one, else the cluster's
+    figure): a calibration pipeline's transfers are played with it, so its fitted waits do not count them twice."""
+    from .cost import BOUNDARY_BYTES, transfer_s
+
+    bw, latency = cluster.between(kind, kind, True)
+    gbps, lat = bw.value, latency.value
+    island = links.get("cpu-island") if kind.is_cpu else None
+    if island is not None:  # as ``CostModel.link``: a measured island replaces a default figure, not a declared one
+        gbps = island.bandwidth_gbps if bw.source == "default" else gbps
+        lat = island.latency_us if latency.source == "default" else lat
+    return lambda rows: transfer_s(rows * seq * model.hidden_size * BOUNDARY_BYTES, gbps, lat)
 
 
 def _check_size(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> None:
