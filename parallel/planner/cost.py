@@ -268,8 +268,13 @@ class CostModel:
         stages = [self._stage_cost(plan, place, k, fwd[k], bwd[k], base[k], tails[k], sim.peak_in_flight[k]) for k in range(S)]
         self._host_memory(plan, place, stages)
         tokens = plan.global_batch_size * self.seq
+        estimated = self._estimated(place)
+        compiled = [k for k in range(S) if plan.stage_compiles(k)]
+        if compiled and not self.profile.meta.get("compiled_layers"):
+            estimated.append(f"stage(s) {', '.join(map(str, compiled))} compile their layers, timed eager "
+                             "(hal profile measures eager layers)")
         pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
-                          stages, "", self._estimated(place))
+                          stages, "", estimated)
         pred.bound = self._bound(plan, pred, fwd, bwd, tails, host)
         return pred
 
