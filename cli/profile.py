@@ -17,7 +17,8 @@ def add_parser(sub: Any) -> None:
         help="measure one decoder layer, the embedding, head, optimizer and links per device type (planner input)",
         description="For the model and precision of CONFIG: time one decoder layer's forward and backward and its "
         "activation memory (a few micro-batch sizes, recompute off and on), the embedding, the head with the loss, "
-        "AdamW per parameter and the P2P links, on every device type of the cluster that this host has; device types "
+        "AdamW per parameter and the P2P links, on every device type of the cluster that this host has (the layers "
+        "compiled where the config's plan compiles them); device types "
         "it lacks are ESTIMATED from the catalog and labelled so. Writes a JSON file for hal plan --search --profile.",
     )
     add_config_argument(p, "YAML config with model:, parallel: and train: sections", required=True)
@@ -40,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
     config = load_run_config(path, check_backends=False)
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
+    plan = config.plan
+    compiles = any(plan.stage_compiles(k) for k in range(plan.num_stages))
     profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,
                            links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback,
-                           launch=run_function)
+                           launch=run_function, compile_backend=plan.compile_backend if compiles else None)
     profile.save(args.out)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))

@@ -21,8 +21,9 @@ from .models.llama import Stage
 from .moe import MoE
 
 
-def compile_layers(stage: Stage, backend: str) -> None:
-    """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``).
+def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> None:
+    """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``; ``dynamic`` as torch.compile's:
+    ``hal profile`` passes False, so each row count it times gets the static graph a run of that shape gets).
 
     An MoE layer is compiled around its experts: the attention (with its norm), the router and the shared
     expert are compiled, the experts' block runs eagerly — it reads the per-expert token counts on the host,
@@ -34,10 +35,10 @@ def compile_layers(stage: Stage, backend: str) -> None:
         if isinstance(layer.mlp, MoE):
             for part in (layer.attn_norm, layer.attn, layer.mlp.router, layer.mlp.shared):
                 if part is not None:
-                    part.compile(backend=backend)
+                    part.compile(backend=backend, dynamic=dynamic)
             around_experts.append(int(index))
         else:
-            layer.compile(backend=backend)
+            layer.compile(backend=backend, dynamic=dynamic)
     if around_experts:
         record_downgrade(Downgrade("op", f"compile of MoE layers {sorted(around_experts)}", "whole decoder layers",
                                    "attention, router and shared expert compiled; the experts eager",

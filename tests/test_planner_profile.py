@@ -62,3 +62,32 @@ def test_a_device_without_catalog_figures_is_not_invented() -> None:
     ascend = resolve(parse_cluster({"groups": [{"backend": "ascend", "device": "huawei-ascend-910b", "count": 8}]})).types[0]
     with pytest.raises(ConfigError, match=r"no dense bf16 peak .* declare it on the cluster group"):
         estimate_device(ascend, MODEL, "bf16-mixed", 32, None)
+
+
+def test_a_compiling_config_gets_its_layers_timed_compiled() -> None:
+    """A compiled layer is another program: hal profile of a config that compiles times the layers compiled (here
+    aot_eager: traced, no code generated), the profile says so, and the cost model labels a plan whose stages
+    were timed the other way."""
+    import torch
+
+    from hal.parallel.plan import ParallelPlan, StagePlan
+    from hal.parallel.planner.cost import CostModel, Placement
+
+    cluster = resolve(parse_cluster({"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 1, "cores": 2}]}))
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    before = sum(counters["stats"].values())
+    compiled = make_profile(cluster, MODEL, "fp32", 32, quick=True, links=False, compile_backend="aot_eager")
+    assert sum(counters["stats"].values()) > before  # dynamo traced the layers
+    assert compiled.meta["compiled_layers"] == "aot_eager" and "layers compiled (aot_eager)" in compiled.devices["cpu-generic"].basis
+    assert all(p.forward_s > 0 and p.backward_s > 0 for p in compiled.devices["cpu-generic"].layers)
+    eager = make_profile(cluster, MODEL, "fp32", 32, quick=True, links=False)
+    assert eager.meta["compiled_layers"] is None
+    plan = ParallelPlan((StagePlan("cpu", 1, 4),), "1f1b", 2, 1)
+    kinds = Placement.pack(plan, (cluster.types[0],))
+    for profile, stage_compiles, label in ((compiled, True, None), (eager, False, None),
+                                           (compiled, False, "run eager layers, timed compiled"),
+                                           (eager, True, "compile their layers, timed eager")):
+        pred = CostModel(cluster, profile, MODEL, 32).predict(dataclasses.replace(plan, compile=stage_compiles), kinds)
+        notes = [e for e in pred.estimated if "timed" in e]
+        assert (notes == []) if label is None else (label in notes[0]), (stage_compiles, notes)

@@ -269,10 +269,12 @@ class CostModel:
         self._host_memory(plan, place, stages)
         tokens = plan.global_batch_size * self.seq
         estimated = self._estimated(place)
-        compiled = [k for k in range(S) if plan.stage_compiles(k)]
-        if compiled and not self.profile.meta.get("compiled_layers"):
-            estimated.append(f"stage(s) {', '.join(map(str, compiled))} compile their layers, timed eager "
-                             "(hal profile measures eager layers)")
+        timed_compiled = bool(self.profile.meta.get("compiled_layers"))
+        differ = [k for k in range(S) if plan.stage_compiles(k) != timed_compiled]
+        if differ:  # a compiled layer is another program than an eager one: its times are another's
+            estimated.append(f"stage(s) {', '.join(map(str, differ))} " + (
+                "run eager layers, timed compiled" if timed_compiled else
+                "compile their layers, timed eager (hal profile of a config that compiles times them compiled)"))
         pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
                           stages, "", estimated)
         pred.bound = self._bound(plan, pred, fwd, bwd, tails, host)

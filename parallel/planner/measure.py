@@ -192,9 +192,22 @@ def _fwd_bwd_each(backend: Backend, forward: Callable[[], torch.Tensor], repeats
     return statistics.median(fwd), statistics.median(bwd), saved
 
 
+def compile_for_profiling(stage: Any, compile_backend: str, first_forward: Callable[[], torch.Tensor]) -> None:
+    """Compile ``stage``'s layers as ``hal train`` does (``compile_stage``), after one eager forward and backward that
+    fill hal's op caches, with static shapes: each row count then gets the graph a run of that shape compiles."""
+    from ..compile_stage import compile_layers, eager_first_forward
+
+    with eager_first_forward():
+        out = first_forward()
+        out.backward(torch.ones_like(out))
+    compile_layers(stage, compile_backend, dynamic=False)
+
+
 def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tuple[int, ...], autocast: Callable[[], ContextManager[Any]],
-                   precision: str, repeats: int = 3, threads: int | None = None, progress: Progress | None = None) -> DeviceProfile:
-    """The profile of ``backend``'s device 0 for ``model``: layers at tp 1 for every row count, recompute off and on."""
+                   precision: str, repeats: int = 3, threads: int | None = None, progress: Progress | None = None,
+                   compile_backend: str | None = None) -> DeviceProfile:
+    """The profile of ``backend``'s device 0 for ``model``: layers at tp 1 for every row count, recompute off and on
+    (compiled with ``compile_backend`` when the plan compiles its layers: a compiled layer is another program)."""
     device = backend.device(0)
     caps = backend.capabilities(0)
     say = progress or (lambda _: None)
@@ -203,6 +216,9 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
         for recompute in (False, True):
             layer = build_stage(model, range(0, 1), first=False, last=False, tp_comm=None, sp=False, seed=0,
                                 device=device, checkpoint=recompute)
+            if compile_backend is not None:
+                first = torch.randn(rows[0], seq, model.hidden_size, device=device, requires_grad=True)
+                compile_for_profiling(layer, compile_backend, lambda: _under(autocast, layer, first))
             for r in rows:
                 say(f"{caps.catalog_id or backend.name}: one layer, {r} row(s) × {seq} tokens, recompute {'on' if recompute else 'off'}")
                 x = torch.randn(r, seq, model.hidden_size, device=device, requires_grad=True)
@@ -220,7 +236,8 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
     achieved = _layer_flops(model, big.rows * seq, seq) / (big.forward_s + big.backward_s) / 1e12
     peak = caps.peak_tflops.get(PEAK_KEY.get(precision, "fp32"))
     basis = (f"measured on this host ({caps.name}), tp 1, median of {repeats} after a warm-up"
-             + (f", {threads} compute thread(s) per rank" if threads else ""))
+             + (f", {threads} compute thread(s) per rank" if threads else "")
+             + (f", layers compiled ({compile_backend})" if compile_backend else ""))
     return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
                          optimizer, threads, achieved, achieved / peak if peak else None)
 
@@ -250,8 +267,13 @@ def profiling_rank(backend_name: str, precision: str, fallback: str) -> Iterator
         shutdown()
 
 
+def _under(autocast: Callable[[], ContextManager[Any]], layer: Any, x: torch.Tensor) -> torch.Tensor:
+    with autocast():
+        return layer(x)
+
+
 def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list[int], precision: str, repeats: int,
-                  fallback: str = "warn") -> list[dict[str, Any]] | None:
+                  fallback: str = "warn", compile_backend: str | None = None) -> list[dict[str, Any]] | None:
     """One of ``TP_DEGREE`` ranks: one decoder layer split over them, without and with sequence parallelism,
     at each row count — the plain layer's points, its tp collectives included. Rank 0 returns the points."""
     import dataclasses
@@ -264,6 +286,10 @@ def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list
         points = []
         for sp in (False, True):
             layer = build_stage(config, range(0, 1), first=False, last=False, tp_comm=comm, sp=sp, seed=0, device=world.device)
+            if compile_backend is not None:
+                first = torch.randn(rows[0], seq // comm.size if sp else seq, config.hidden_size, device=world.device,
+                                    requires_grad=True)
+                compile_for_profiling(layer, compile_backend, lambda: _under(lambda: plan.autocast(backend), layer, first))
             for r in rows:
                 local = seq // comm.size if sp else seq
                 x = torch.randn(r, local, config.hidden_size, device=world.device, requires_grad=True)
@@ -279,7 +305,7 @@ def tp_layer_rank(backend_name: str, model: dict[str, Any], seq: int, rows: list
 
 
 def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: tuple[int, ...], precision: str, repeats: int,
-                      launch: Callable[..., Any], fallback: str = "warn") -> tuple[LayerPoint, ...]:
+                      launch: Callable[..., Any], fallback: str = "warn", compile_backend: str | None = None) -> tuple[LayerPoint, ...]:
     """Layer points at tp ``TP_DEGREE`` (sp off and on) measured on two devices of this host.
 
     Why measure rather than add a ring formula to tp 1's points: on an accelerator the tp collectives cost
@@ -289,7 +315,7 @@ def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: 
 
     run = launch(f"{__name__}:tp_layer_rank", TP_DEGREE,
                  {"backend_name": backend_name, "model": model.to_dict(), "seq": seq, "rows": list(rows),
-                  "precision": precision, "repeats": repeats, "fallback": fallback},
+                  "precision": precision, "repeats": repeats, "fallback": fallback, "compile_backend": compile_backend},
                  deadline_s=300, what=f"hal profile: one layer at tp {TP_DEGREE} on {backend_name}", echo_stderr=sys.stderr)
     return tuple(LayerPoint(**p) for p in run.values[0])
 

@@ -40,14 +40,18 @@ def cpu_threads(kind: DeviceType) -> int:
 
 def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
                  links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
-                 fallback: str = "warn", launch: Callable[..., Any] | None = None, calibrate: bool = True) -> Profile:
+                 fallback: str = "warn", launch: Callable[..., Any] | None = None, calibrate: bool = True,
+                 compile_backend: str | None = None) -> Profile:
     """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too.
 
     A cpu node with several ranks also gets its in-run slowdown (``planner.calibrate``) unless ``calibrate``
     is off or no ``launch`` is given.
 
     ``launch`` (``hal.launch.run_function``) starts the two ranks a link is timed between; links are measured
-    only when it is given (the command hands it in: the launcher is above this floor)."""
+    only when it is given (the command hands it in: the launcher is above this floor). ``compile_backend``: the
+    layers are timed compiled (a plan that compiles them runs another program); the calibration pipelines stay
+    eager — they measure the node's slowdown and the engine's own work, ratios and per-action costs the layer's
+    program does not set."""
     from hal.backend_registry import get_backend
     from hal.precision import resolve_precision
 
@@ -79,7 +83,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         _check_size(model, seq, max(rows), kind)
         measured = measure_device(
             backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
-            repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say)
+            repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say, compile_backend=compile_backend)
         if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
             say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
             boundary = boundary_time(cluster, kind, measured_links, model, seq)
@@ -93,7 +97,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE:
             say(f"{kind.device}: one layer at tp {TP_DEGREE} (sp off and on) on {TP_DEGREE} devices")
             tp_layers = measure_tp_layers(kind.backend, model, seq=seq, rows=rows, precision=precision, repeats=reps,
-                                          launch=launch, fallback=fallback)
+                                          launch=launch, fallback=fallback, compile_backend=compile_backend)
             measured = dataclasses.replace(measured, layers=measured.layers + tp_layers)
             say(f"{kind.device}: calibration pipeline (the engine's host work per action)")
             per_action = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
@@ -107,7 +111,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         if kind.device not in devices:
             say(f"{kind.device}: not on this host — estimated from the catalog")
             devices[kind.device] = estimate_device(kind, model, precision, seq, reference)
-    meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps,
+    meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps, "compiled_layers": compile_backend,
             "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
     return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)
 
