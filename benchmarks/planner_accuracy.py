@@ -11,7 +11,7 @@ again at the end, and how far its two measurements are apart is reported — the
 "measured" side, against which the errors are read.
 
     python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
-                                          [--cpu-binding none|cores]
+                                          [--cpu-binding none|cores] [--compile inductor|aot_eager]
 """
 from __future__ import annotations
 
@@ -110,16 +110,23 @@ def main() -> int:
     parser.add_argument("--recheck", action="store_true", help="train the first plan again at the end: the noise floor")
     parser.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
                         help="hal train's --cpu-binding for every measured run (cores: each rank on cores of its own)")
+    parser.add_argument("--compile", metavar="BACKEND", choices=("inductor", "aot_eager"),
+                        help="every plan compiles its layers with BACKEND and the profile times them compiled; the "
+                             "zero-bubble plan is left out (a compiled layer's backward cannot split)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     from hal.launch import run_function
+    from hal.parallel.plan import splits_backward
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.plan_search import planning_inputs
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
     todo = plans(args.backend)
+    if args.compile:
+        todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo
+                if not splits_backward(parallel["schedule"])]
     chosen = [int(x) - 1 for x in args.only.split(",")] if args.only else range(len(todo))
     rows = []
     gpu = args.backend != "cpu"
@@ -130,7 +137,7 @@ def main() -> int:
         print(f"profiling this host's {args.backend} (hal profile's measurement) ...", file=sys.stderr, flush=True)
         cluster, _, _ = planning_inputs(run, None, None)
         profile = make_profile(cluster, run.model, PRECISION[args.backend], run.model.max_seq_len, progress=lambda m: None,
-                               launch=run_function)
+                               launch=run_function, compile_backend=args.compile)
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:
@@ -175,7 +182,7 @@ def main() -> int:
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
               "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck,
-              "cpu_binding": args.cpu_binding}
+              "cpu_binding": args.cpu_binding, "compiled": args.compile}
     if gpu:
         mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
         result["memory_median_abs_error"] = statistics.median(mem) if mem else None
@@ -196,6 +203,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%}{tail}")
     where = f"4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
     where += ", each pinned to cores of its own" if result.get("cpu_binding") == "cores" else ""
+    where += f", layers compiled ({result['compiled']})" if result.get("compiled") else ""
     lines.append(f"step time: median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
                  f"({len(result['rows'])} plans, {where})")
     if gpu and result.get("memory_median_abs_error") is not None:
