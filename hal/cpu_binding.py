@@ -72,17 +72,13 @@ def rank_blocks(ranks: int, groups: Sequence[Sequence[int]]) -> list[list[int]]:
 
 def cpulist(cpus: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` → ``"0-2,5"`` (the kernel's cpulist format)."""
-    out: list[str] = []
-    ordered = sorted(set(cpus))
-    start = prev = None
-    for c in ordered + [None]:  # type: ignore[list-item]
-        if start is not None and (c is None or c != prev + 1):
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if c is not None and start is None:
-            start = c
-        prev = c
-    return ",".join(out)
+    runs: list[list[int]] = []
+    for c in sorted(set(cpus)):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def parse_cpulist(text: str) -> list[int]:
