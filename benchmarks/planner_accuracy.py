@@ -11,7 +11,7 @@ again at the end, and how far its two measurements are apart is reported — the
 "measured" side, against which the errors are read.
 
     python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
-                                          [--cpu-binding none|cores] [--compile inductor|aot_eager]
+                                          [--cpu-binding none|cores] [--compile inductor|aot_eager] [--phases]
 """
 from __future__ import annotations
 
@@ -87,19 +87,41 @@ def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", chec
                            "parallel": parallel, "train": train, "cluster": {"groups": [cluster_group(backend)]}}, sort_keys=False)
 
 
-def measured(path: Path, run_dir: Path, steps: int, cpu_binding: str = "none") -> tuple[float, list[int | None], list[float]]:
-    """Median seconds a step of ``hal train`` after the first (warm-up) step, each stage's peak memory, the steps' times.
+PHASES = ("compute_s", "p2p_s", "bubble_s", "grad_sync_s", "optimizer_s")
+
+
+def measured(path: Path, run_dir: Path, steps: int, cpu_binding: str = "none",
+             phases: bool = False) -> tuple[float, list[int | None], list[float], dict[str, Any]]:
+    """Median seconds a step of ``hal train`` after the first (warm-up) step, each stage's peak memory, the steps' times,
+    and the median of each phase the log holds (per stage; None where hal train did not measure it: an accelerator
+    times its phases only with ``--profile``, which ``phases`` passes).
 
     The median: on a shared 2-core host single steps swing by ±20 % (other processes, the scheduler);
     a mean over a few steps moves the "measured" side of the comparison by ±10 % from run to run."""
     out = subprocess.run([sys.executable, "-m", "hal", "train", str(path), "--steps", str(steps), "--json",
-                          "--run-dir", str(run_dir), "--cpu-binding", cpu_binding], capture_output=True, text=True, timeout=600)
+                          "--run-dir", str(run_dir), "--cpu-binding", cpu_binding, *(["--profile"] if phases else [])],
+                         capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(f"hal train {path} failed:\n{out.stderr[-2000:]}")
     summary = json.loads(out.stdout)
     records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text().splitlines() if line.strip()]
-    times = [r["step_s"] for r in records if "step_s" in r][1:]
-    return statistics.median(times), [st.get("peak_memory_bytes") for st in summary["stages"]], times
+    steady = [r for r in records if "step_s" in r][1:]
+
+    def median(values: list[Any]) -> float | None:
+        return statistics.median(values) if values and None not in values else None
+
+    split = {"schedule_s": median([r.get("schedule_s") for r in steady]),
+             "stages": [{k: median([r["stages"][s].get(k) for r in steady]) for k in PHASES}
+                        for s in range(len(summary["stages"]))]}
+    return (statistics.median([r["step_s"] for r in steady]), [st.get("peak_memory_bytes") for st in summary["stages"]],
+            [r["step_s"] for r in steady], split)
+
+
+def predicted_phases(pred: Any, micro_batches: int) -> dict[str, Any]:
+    """The prediction split as the log splits a step: the schedule, and per stage its compute, dp sync and AdamW."""
+    return {"schedule_s": pred.schedule_s,
+            "stages": [{"compute_s": micro_batches * (st.forward_s + st.backward_s), "grad_sync_s": st.grad_sync_s,
+                        "optimizer_s": st.optimizer_s} for st in pred.stages]}
 
 
 def main() -> int:
@@ -113,6 +135,8 @@ def main() -> int:
     parser.add_argument("--compile", metavar="BACKEND", choices=("inductor", "aot_eager"),
                         help="every plan compiles its layers with BACKEND and the profile times them compiled; the "
                              "zero-bubble plan is left out (a compiled layer's backward cannot split)")
+    parser.add_argument("--phases", action="store_true",
+                        help="hal train --profile: each phase measured on accelerators too (device events, one wait a step)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -152,7 +176,8 @@ def main() -> int:
             kind = cluster.types[0]
             pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
             try:
-                step_s, memory, times = measured(path, Path(tmp, f"run{i + 1}"), args.steps, args.cpu_binding)
+                step_s, memory, times, split = measured(path, Path(tmp, f"run{i + 1}"), args.steps, args.cpu_binding,
+                                                        args.phases)
             finally:
                 if ckpt:
                     shutil.rmtree(ckpt, ignore_errors=True)
@@ -160,14 +185,16 @@ def main() -> int:
             mem_err = [((st.memory_bytes - m) / m if m else None) for st, m in zip(pred.stages, memory)]
             rows.append({"plan": name, "predicted_s": pred.step_s, "measured_s": step_s, "error": err, "bound": pred.bound,
                          "predicted_memory": [st.memory_bytes for st in pred.stages], "measured_memory": memory,
-                         "memory_error": mem_err, "step_times": times, "config": str(path), "checkpoint_dir": ckpt})
+                         "memory_error": mem_err, "step_times": times, "config": str(path), "checkpoint_dir": ckpt,
+                         "measured_phases": split, "predicted_phases": predicted_phases(pred, run.plan.micro_batches)})
             print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}",
                   file=sys.stderr, flush=True)
         recheck = None
         if args.recheck and rows:
             first = rows[0]
             try:
-                again, _, times = measured(Path(first["config"]), Path(tmp, "recheck"), args.steps, args.cpu_binding)
+                again, _, times, _ = measured(Path(first["config"]), Path(tmp, "recheck"), args.steps, args.cpu_binding,
+                                              args.phases)
             finally:
                 if first["checkpoint_dir"]:
                     shutil.rmtree(first["checkpoint_dir"], ignore_errors=True)
