@@ -539,10 +539,9 @@ def _runs_of(spec: Spec, cwd: Path) -> list[Run]:
     commands = [migrated_command(spec)] + ([twin_command(spec)] if spec.twin is not None else [])
     runs = run_all(commands, cwd)
     if len(runs) > 1 and twin_died_in_torch_teardown(runs[1]):
-        rerun = run_all([commands[1]], cwd)[0]
-        note = f"[test harness: the twin's first run aborted in torch's teardown ({TORCH_TEARDOWN_ABORT!r}); rerun]\n"
-        runs[1] = rerun
-        print(f"{spec.name}: {note.strip()}", file=sys.stderr)
+        print(f"{spec.name}: [test harness: the twin's first run aborted in torch's teardown "
+              f"({TORCH_TEARDOWN_ABORT!r}); rerun]", file=sys.stderr)
+        runs[1] = run_all([commands[1]], cwd)[0]
     return runs
 
 
