@@ -125,7 +125,7 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
         dist.all_to_all_single(there, rows, recv, send, group=group)
         dist.all_to_all_single(back, there, send, recv, group=group)
 
-    def counts() -> None:  # the fixed part of ours: the count all-to-all and its host read
+    def counts() -> None:  # the fixed part of ours: the count all-gather and its host read
         CountExchange(load, comm, local).blocks()
 
     def regrouped() -> torch.Tensor:

@@ -205,7 +205,9 @@ def main() -> int:
     errors = [abs(r["error"]) for r in rows]
     pick = min(rows, key=lambda r: r["predicted_s"])
     fastest = min(rows, key=lambda r: r["measured_s"])
-    result = {"backend": args.backend, "card": profile.meta.get("host"), "devices": [t.device for t in cluster.types],
+    measured_types = sorted(d for d, p in profile.devices.items() if not p.estimated)
+    result = {"backend": args.backend, "card": ", ".join(measured_types) or args.backend, "host": profile.meta.get("host"),
+              "devices": [t.device for t in cluster.types],
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
               "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck,
