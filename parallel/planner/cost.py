@@ -193,18 +193,22 @@ class CostModel:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
         stage, kind = plan.stages[k], place.kinds[k]
         params = stage_parameters(self.model, plan, k) / stage.tp
-        sync = 0.0
-        if stage.dp > 1:
-            spans = len(place.nodes(k, stage.devices)) > 1
-            nbytes = params * GRAD_BYTES
-            loaded = None if spans or not kind.is_cpu else self._loaded_sync(nbytes, stage.dp, plan.zero1)
-            if loaded is not None:
-                sync = loaded
-            else:
-                gbps, lat, _ = self.link(kind, kind, not spans)
-                sync = ring_all_reduce_s(nbytes, stage.dp, gbps, lat, max(1, math.ceil(nbytes / BUCKET_BYTES)))
+        sync = self.dp_sync_s(kind, params, stage.dp, plan.zero1, spans=len(place.nodes(k, stage.devices)) > 1)
         opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
         return sync, opt
+
+    def dp_sync_s(self, kind: DeviceType, params: float, dp: int, zero1: bool, *, spans: bool) -> float:
+        """Seconds of a stage's gradient sync over ``dp`` replicas of ``params`` parameters (per tp shard): a cpu
+        node's measured loaded collectives where the profile has them, else bucketed rings over the link (the
+        search's screening uses this too, so it ranks plans as the full prediction does)."""
+        if dp <= 1:
+            return 0.0
+        nbytes = params * GRAD_BYTES
+        loaded = None if spans or not kind.is_cpu else self._loaded_sync(nbytes, dp, zero1)
+        if loaded is not None:
+            return loaded
+        gbps, lat, _ = self.link(kind, kind, not spans)
+        return ring_all_reduce_s(nbytes, dp, gbps, lat, max(1, math.ceil(nbytes / BUCKET_BYTES)))
 
     def _loaded_sync(self, nbytes: float, dp: int, zero1: bool) -> float | None:
         """A cpu stage's dp gradient sync from the island's measured loaded collectives (every dp group of the node
@@ -217,9 +221,9 @@ class CostModel:
             parts = [island.collective_s(op, nbytes, dp) for op in ("reduce_scatter", "all_gather")]
             return None if None in parts else sum(p for p in parts if p is not None)
         full, rest = divmod(nbytes, BUCKET_BYTES)
-        buckets = [BUCKET_BYTES] * int(full) + ([rest] if rest else [])
-        times = [island.collective_s("all_reduce", b, dp) for b in buckets]
-        return None if None in times else sum(t for t in times if t is not None)
+        whole = island.collective_s("all_reduce", BUCKET_BYTES, dp) if full else 0.0
+        last = island.collective_s("all_reduce", rest, dp) if rest else 0.0
+        return None if whole is None or last is None else full * whole + last
 
     def _p2p(self, plan: ParallelPlan, place: Placement) -> float:
         """The slowest boundary's transfer of one micro-batch to one receiving replica (with interleaving, the wrap too)."""

@@ -252,8 +252,7 @@ class Search:
         worst, S = 0.0, len(stages)
         for k, (g, n) in enumerate(zip(stages, layers)):
             params = self._stage_params(k, S, n) / g.tp
-            gbps, lat, _ = self.cost.link(g.kind, g.kind, g.devices <= g.kind.per_node)
-            sync = ring_all_reduce_s(params * 4, g.dp, gbps, lat)
+            sync = self.cost.dp_sync_s(g.kind, params, g.dp, zero1, spans=g.devices > g.kind.per_node)
             opt = params / (g.dp if zero1 else 1) * self.cost.device(g.kind).optimizer_s_per_param
             worst = max(worst, sync + opt)
         return worst
