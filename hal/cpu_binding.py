@@ -23,6 +23,7 @@ from hal.errors import ConfigError
 CPUS_ENV = "HAL_CPUS"
 MODES = ("none", "cores")
 NODE_DIR = Path("/sys/devices/system/node")
+MAX_CPU = 1 << 16  # above Linux's largest NR_CPUS (8192): a bigger number is a typo, refused before any list is built
 
 
 def allowed_cpus() -> list[int]:
@@ -91,6 +92,8 @@ def parse_cpulist(text: str) -> list[int]:
         first, last = int(lo), int(hi) if dash else int(lo)
         if first < 0 or last < first:
             raise ValueError(f"not a cpu range: {part!r}")
+        if last >= MAX_CPU:
+            raise ValueError(f"cpu {last} is beyond any machine's (at most {MAX_CPU - 1})")
         cpus.extend(range(first, last + 1))
     if not cpus:
         raise ValueError(f"no cpus in {text!r}")
