@@ -8,7 +8,9 @@ the error. On GPUs each stage's predicted memory is compared with its allocator 
 not (the ranks' RSS is mostly torch itself on a model this small). Last, the choice: how the plan the
 model ranks first measures against the fastest measured one. ``--recheck``: the first plan is trained
 again at the end, and how far its two measurements are apart is reported — the noise floor of the
-"measured" side, against which the errors are read.
+"measured" side, against which the errors are read. Around the profile and every run a tiny torch op is
+timed on the host (``host_op_us``): the "host op" column says how much slower or faster the host ran a plan
+than when it was profiled — the drift a host-bound prediction cannot follow.
 
     python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
                                           [--cpu-binding none|cores] [--compile inductor|aot_eager] [--phases]
@@ -90,6 +92,28 @@ def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", chec
 PHASES = ("compute_s", "p2p_s", "bubble_s", "grad_sync_s", "optimizer_s")
 
 
+def host_op_us(bursts: int = 5, ops: int = 400) -> float:
+    """Microseconds a tiny torch op takes on this host thread (median of ``bursts``): the dispatcher path a
+    host-bound rank pays for every kernel it enqueues.
+
+    Why: taken around the profile and around every run, it shows whether the host's own speed moved between
+    the profile the prediction comes from and the run it is compared with — on a shared VM it does (one layer's
+    enqueue time measured 2.26 ms in one profile and 1.15 ms in the next, on one 4 x H200 machine)."""
+    import time
+
+    import torch
+
+    x = torch.zeros(8)
+    samples = []
+    for i in range(bursts + 1):  # the first burst warms the dispatcher up
+        start = time.perf_counter()
+        for _ in range(ops):
+            x = x.add(1.0)
+        if i:
+            samples.append((time.perf_counter() - start) / ops * 1e6)
+    return statistics.median(samples)
+
+
 def measured(path: Path, run_dir: Path, steps: int, cpu_binding: str = "none",
              phases: bool = False) -> tuple[float, list[int | None], list[float], dict[str, Any]]:
     """Median seconds a step of ``hal train`` after the first (warm-up) step, each stage's peak memory, the steps' times,
@@ -160,8 +184,10 @@ def main() -> int:
         run = load_run_config(first)
         print(f"profiling this host's {args.backend} (hal profile's measurement) ...", file=sys.stderr, flush=True)
         cluster, _, _ = planning_inputs(run, None, None)
+        host_at_profile = [host_op_us()]
         profile = make_profile(cluster, run.model, PRECISION[args.backend], run.model.max_seq_len, progress=lambda m: None,
                                launch=run_function, compile_backend=args.compile)
+        host_at_profile.append(host_op_us())
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:
@@ -175,20 +201,24 @@ def main() -> int:
             _, _, cost = planning_inputs(run, None, str(profile_path))
             kind = cluster.types[0]
             pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
+            host_around = [host_op_us()]
             try:
                 step_s, memory, times, split = measured(path, Path(tmp, f"run{i + 1}"), args.steps, args.cpu_binding,
                                                         args.phases)
             finally:
                 if ckpt:
                     shutil.rmtree(ckpt, ignore_errors=True)
+            host_around.append(host_op_us())
             err = (pred.step_s - step_s) / step_s
             mem_err = [((st.memory_bytes - m) / m if m else None) for st, m in zip(pred.stages, memory)]
             rows.append({"plan": name, "predicted_s": pred.step_s, "measured_s": step_s, "error": err, "bound": pred.bound,
                          "predicted_memory": [st.memory_bytes for st in pred.stages], "measured_memory": memory,
                          "memory_error": mem_err, "step_times": times, "config": str(path), "checkpoint_dir": ckpt,
-                         "measured_phases": split, "predicted_phases": predicted_phases(pred, run.plan.micro_batches)})
-            print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}",
-                  file=sys.stderr, flush=True)
+                         "measured_phases": split, "predicted_phases": predicted_phases(pred, run.plan.micro_batches),
+                         "host_op_us": host_around,
+                         "host_vs_profile": statistics.mean(host_around) / statistics.mean(host_at_profile)})
+            print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}  "
+                  f"host {rows[-1]['host_vs_profile']:.2f}x its speed at the profile", file=sys.stderr, flush=True)
         recheck = None
         if args.recheck and rows:
             first = rows[0]
@@ -211,7 +241,7 @@ def main() -> int:
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
               "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck,
-              "cpu_binding": args.cpu_binding, "compiled": args.compile}
+              "cpu_binding": args.cpu_binding, "compiled": args.compile, "host_op_us_at_profile": host_at_profile}
     if gpu:
         mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
         result["memory_median_abs_error"] = statistics.median(mem) if mem else None
@@ -225,11 +255,13 @@ def main() -> int:
 
 def table(result: dict[str, Any]) -> str:
     gpu = result["backend"] != "cpu"
-    lines = [f"{'plan':<30} {'predicted s':>11} {'measured s':>10} {'error':>7}" + ("  memory GiB pred/meas per stage" if gpu else "  bound")]
+    lines = [f"{'plan':<30} {'predicted s':>11} {'measured s':>10} {'error':>7} {'host op':>7}"
+             + ("  memory GiB pred/meas per stage" if gpu else "  bound")]
     for r in result["rows"]:
         tail = ("  " + " ".join(f"{p / 2**30:.1f}/{(m or 0) / 2**30:.1f}" for p, m in zip(r["predicted_memory"], r["measured_memory"]))
                 if gpu else f"  {r['bound']}")
-        lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%}{tail}")
+        lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%} "
+                     f"{r['host_vs_profile']:>6.2f}x{tail}")
     where = f"4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
     where += ", each pinned to cores of its own" if result.get("cpu_binding") == "cores" else ""
     where += f", layers compiled ({result['compiled']})" if result.get("compiled") else ""
@@ -241,6 +273,9 @@ def table(result: dict[str, Any]) -> str:
         rc = result["recheck"]
         lines.append(f"noise floor: {rc['plan']} measured twice, {rc['first_s']:.3f} s and {rc['again_s']:.3f} s "
                      f"({rc['spread']:.1%} apart)")
+    at = result["host_op_us_at_profile"]
+    lines.append(f"host op: a tiny torch op took {at[0]:.1f}/{at[1]:.1f} us before/after the profile; the column is each "
+                 "run's time around it over that (above 1: the host was slower than when profiled)")
     lines.append(f"choice: the planner's top pick ({result['top_pick']}) measures {result['top_pick_over_fastest']:.3f}× "
                  f"the fastest measured ({result['fastest']})")
     return "\n".join(lines)
