@@ -134,6 +134,12 @@ def run_search(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
+    if args.write:  # checked before the search: not a traceback after it
+        from pathlib import Path
+
+        from hal.run_dirs import check_creatable_file
+
+        check_creatable_file(Path(args.write), "--write")
     run = load_run_config(config_path(args), check_backends=False)
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))

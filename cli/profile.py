@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .common import add_config_argument, config_path
@@ -36,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from hal.parallel.run_config import load_run_config
 
     from hal.launch import run_function
+    from hal.run_dirs import check_creatable_file
 
+    check_creatable_file(Path(args.out), "--out")  # before minutes of measuring, not after
     path = config_path(args)
     config = load_run_config(path, check_backends=False)
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)

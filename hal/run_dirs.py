@@ -1,5 +1,5 @@
-"""Where a run writes when the user names no folder (``runs/<name>-<date-time>``, git-ignored), and whether
-the places a run will write can be written, checked before it starts."""
+"""Where a run writes when the user names no folder (``runs/<name>-<date-time>``, git-ignored), whether
+the places a run will write can be written (checked before it starts), and writing a file whole or not at all."""
 from __future__ import annotations
 
 import os
@@ -47,3 +47,20 @@ def check_creatable_file(path: Path, what: str) -> None:
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; give a file path")
     check_creatable_dir(path.parent, f"{what}'s directory")
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a ``.part`` file renamed over it: a reader (or a user after a crash)
+    sees the old file or the new one, never half of one. Missing folders above it are made (what
+    ``check_creatable_file`` promised)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from hal.errors import ConfigError
+from hal.run_dirs import write_text_atomic
 
 from .layers import local_shard, param_meta
 from .models.llama import _gather_full, gather_full_params
@@ -249,15 +250,6 @@ def _save_atomic(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any]) -> Path:
     """Write ``root/step-N`` from every rank's part; returns its path. Every rank of the world calls it.
 
@@ -290,7 +282,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
             "files": [f"stage-{k}.pt" for k in range(engine.topology.num_stages)] + ["rng.pt"],
         }
         full_meta["checksums"] = {name: file_checksum(tmp / name) for name in full_meta["files"]}
-        _write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
+        write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
         _commit(tmp, final, root)
     return final
 
@@ -303,7 +295,7 @@ def _commit(tmp: Path, final: Path, root: Path) -> None:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
-    _write_text_atomic(root / LATEST, final.name + "\n")
+    write_text_atomic(root / LATEST, final.name + "\n")
 
 
 def _jsonable(group: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,3 +65,21 @@ def test_bad_cluster_and_what_if_through_the_command(tmp_path) -> None:
     big.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 8192").replace("ffn_hidden_size: 64", "ffn_hidden_size: 32768"))
     out = run_hal("plan", "--search", "--config", str(big), "--cluster", str(tiny))
     assert out.returncode == 2 and "cannot" not in out.stdout and "needs at least" in out.stderr
+
+
+def test_unwritable_outputs_are_refused_before_any_measuring(tmp_path) -> None:
+    config, blocker = tmp_path / "run.yaml", tmp_path / "a-file"
+    config.write_text(CONFIG)
+    blocker.write_text("not a folder\n")
+    for args, flag in ((("profile", "--config", str(config), "--out", str(tmp_path)), "--out"),  # a directory
+                       (("profile", "--config", str(config), "--out", str(blocker / "p.json")), "--out"),
+                       (("plan", "--search", "--config", str(config), "--write", str(blocker / "plan.yaml")), "--write")):
+        out = run_hal(*args)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith(f"hal: error: {flag}") and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "one layer" not in out.stderr  # refused before measuring anything
+    # a missing folder is made, and the file is written whole (no .part left beside it)
+    nested = tmp_path / "new" / "deeper" / "p.json"
+    out = run_hal("profile", "--config", str(config), "--out", str(nested), "--quick")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(nested.read_text())["devices"] and not list(nested.parent.glob("*.part"))

@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import yaml
 
+from hal.run_dirs import write_text_atomic
+
 from ..run_config import RunConfig
 from .cluster import Cluster, check_holds, load_cluster
 from .cost import CostModel
@@ -72,8 +74,7 @@ def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cos
             f"# stages on: {', '.join(k.device for k in result.placement.kinds)}"]
     if p.estimated:
         head.append(f"# ESTIMATED (not measured): {'; '.join(p.estimated)}")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
+    write_text_atomic(path, "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
 
 
 def _gib(n: float) -> str:

@@ -284,9 +284,10 @@ class Profile:
                 "links": {k: asdict(v) for k, v in self.links.items()}, "estimated": self.estimated(), "meta": self.meta}
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
-            f.write("\n")
+        """The profile as JSON, written whole or not at all."""
+        from hal.run_dirs import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def model_key(model: Mapping[str, Any]) -> str:

@@ -1,0 +1,35 @@
+"""Writing a file whole or not at all, and the writability checks made before a run or a search starts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hal.errors import ConfigError
+from hal.run_dirs import check_creatable_file, write_text_atomic
+
+
+def test_an_atomic_write_replaces_whole_and_makes_missing_folders(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "out.json"
+    write_text_atomic(target, "first\n")
+    write_text_atomic(target, "second\n")
+    assert target.read_text() == "second\n" and sorted(p.name for p in target.parent.iterdir()) == ["out.json"]
+
+
+def test_a_failed_atomic_write_leaves_the_old_state_and_no_part_file(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory where the file should go: the rename fails
+    (target / "inside").write_text("kept\n")
+    with pytest.raises(OSError):
+        write_text_atomic(target, "new\n")
+    assert (target / "inside").read_text() == "kept\n" and not list(tmp_path.glob("*.part"))
+
+
+def test_files_that_cannot_be_written_are_one_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x\n")
+    for path, words in ((tmp_path, "is a directory"), (blocker / "out.json", "exists and is not a directory")):
+        with pytest.raises(ConfigError, match=words):
+            check_creatable_file(path, "--out")
+    check_creatable_file(tmp_path / "new" / "out.json", "--out")  # creatable: no error, nothing made
+    assert not (tmp_path / "new").exists()
