@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
+from hal.run_dirs import write_text_atomic
 
 from ..model_config import ModelConfig
 
@@ -285,8 +286,6 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """The profile as JSON, written whole or not at all."""
-        from hal.run_dirs import write_text_atomic
-
         write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
