@@ -140,6 +140,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case: str, tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"tokenizer.json", *files})  # no .bin, no temporaries
 
 
+def test_an_out_prefix_whose_folder_is_missing_or_a_file_is_one_error(tmp_path: Path, tok: Any) -> None:
+    from hal.errors import ConfigError
+    from hal.parallel.prepare_data import prepare_tokens
+
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    (tmp_path / "a-file").write_text("x\n")
+    for out, words in ((tmp_path / "missing" / "out", "does not exist; create it first"),
+                       (tmp_path / "a-file" / "out", "is a file, not a directory")):
+        with pytest.raises(ConfigError, match=words):
+            prepare_tokens([tmp_path / "a.txt"], tmp_path / "tokenizer.json", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a.txt", "tokenizer.json"]
+
+
 def test_a_tokenizer_without_an_end_of_document_token_asks_for_eod(tmp_path: Path) -> None:
     _word_tokenizer(tmp_path / "tokenizer.json", specials=("<unk>",))
     (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
