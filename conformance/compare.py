@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .report import atomic_write, check_report_dir
+from hal.run_dirs import write_text_atomic
+
+from .report import check_report_dir
 from .results import ERROR_METRICS, as_float, fmt, json_safe, load_results
 
 FLOORS: dict[str, float] = {"tol_ratio": 0.01, "rel_l2": 1e-6, "max_rel": 1e-6, "max_abs": 1e-6, "ulp": 1.0}
@@ -206,6 +208,6 @@ def compare_files(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, f
     written: list[Path] = []
     if directory is not None:
         written = [Path(directory) / name for name in COMPARE_FILES]
-        atomic_write(written[0], json.dumps(cmp.to_dict(), indent=2, allow_nan=False) + "\n")
-        atomic_write(written[1], format_text(cmp, every_case=True))
+        write_text_atomic(written[0], json.dumps(cmp.to_dict(), indent=2, allow_nan=False) + "\n")
+        write_text_atomic(written[1], format_text(cmp, every_case=True))
     return cmp, written

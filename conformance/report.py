@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hal.errors import ConfigError
-from hal.run_dirs import new_run_dir
+from hal.run_dirs import new_run_dir, write_text_atomic
 
 from .html_report import render
 # The document's names stay importable from here (``report.load_results``, ``report.json_safe``, ...).
@@ -125,25 +124,12 @@ def check_report_dir(path: str | os.PathLike[str], *, refuse_existing: Sequence[
     return directory
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")  # "x": created here, umask honoured
-    try:
-        with open(tmp, "x", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_reports(doc: dict[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
     """results.json, summary.md and report.html in ``directory``; everything is rendered before any file is written."""
     directory = check_report_dir(directory)
     texts = {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render(doc)}
     paths = []
     for name in REPORT_FILES:
-        atomic_write(directory / name, texts[name])
+        write_text_atomic(directory / name, texts[name])
         paths.append(directory / name)
     return paths

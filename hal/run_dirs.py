@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 
@@ -50,14 +51,15 @@ def check_creatable_file(path: Path, what: str) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a ``.part`` file renamed over it: a reader (or a user after a crash)
-    sees the old file or the new one, never half of one. Missing folders above it are made (what
-    ``check_creatable_file`` promised)."""
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader (or a user after a
+    crash) sees the old file or the new one, never half of one. The temporary name is this process's own, so two
+    writers of one path never share it; missing folders above ``path`` are made (what ``check_creatable_file``
+    promised)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open(tmp, "x", encoding="utf-8") as fh:  # "x": created here, the umask honoured
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
+from hal.run_dirs import write_text_atomic
 
 from .model_config import ModelConfig
 from .plan import ParallelPlan
@@ -116,15 +116,7 @@ def job_text(job: Job) -> str:
 
 def write_job(job: Job) -> Path:
     """Write ``job.path`` atomically (a rank never sees half a file); creates the run directory."""
-    job.run_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".job-", suffix=".json", dir=job.run_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(job_text(job))
-        os.replace(tmp, job.path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(job.path, job_text(job))
     return job.path
 
 

@@ -16,13 +16,13 @@ def test_an_atomic_write_replaces_whole_and_makes_missing_folders(tmp_path: Path
     assert target.read_text() == "second\n" and sorted(p.name for p in target.parent.iterdir()) == ["out.json"]
 
 
-def test_a_failed_atomic_write_leaves_the_old_state_and_no_part_file(tmp_path: Path) -> None:
+def test_a_failed_atomic_write_leaves_the_old_state_and_no_temporary_file(tmp_path: Path) -> None:
     target = tmp_path / "taken"
     target.mkdir()  # a directory where the file should go: the rename fails
     (target / "inside").write_text("kept\n")
     with pytest.raises(OSError):
         write_text_atomic(target, "new\n")
-    assert (target / "inside").read_text() == "kept\n" and not list(tmp_path.glob("*.part"))
+    assert (target / "inside").read_text() == "kept\n" and [p.name for p in tmp_path.iterdir()] == ["taken"]
 
 
 def test_files_that_cannot_be_written_are_one_config_error(tmp_path: Path) -> None:
