@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from hal.launch import run_function
+from hal.parallel.memory_check import stage_parameters
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.plan import ParallelPlan, StagePlan
 from hal.parallel.planner import calibrate
@@ -243,7 +244,11 @@ def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() 
     for name, table in (("measured", loaded), ("slow", slow)):
         link = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", table, LINK_SIZES)
         prof = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {"cpu-island": link}, 32, {})
-        syncs[name] = [CostModel(CLUSTER, prof, MODEL, 32).predict(p, place).stages[0].grad_sync_s for p in (plan, zero)]
+        cost = CostModel(CLUSTER, prof, MODEL, 32)
+        syncs[name] = [cost.predict(p, place).stages[0].grad_sync_s for p in (plan, zero)]
+        # the search's screening prices a dp stage with the same sync as the full prediction
+        params = stage_parameters(MODEL, plan, 0)
+        assert [cost.dp_sync_s(CLUSTER.types[0], params, 2, z, spans=False) for z in (False, True)] == syncs[name]
     assert syncs["slow"][0] == pytest.approx(100 * syncs["measured"][0], rel=0.05)
     assert syncs["slow"][1] == pytest.approx(100 * syncs["measured"][1], rel=0.05)
     bare = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {}, 32, {})  # not measured: the ring formula stands
