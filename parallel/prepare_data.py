@@ -211,8 +211,9 @@ def prepare_tokens(files: Sequence[str | Path], tokenizer_path: str | Path, pref
     bin_path = Path((text[: -len(".bin")] if text.endswith(".bin") else text) + ".bin")
     idx_path = index_path(bin_path)
     if not bin_path.parent.is_dir():
-        why = "is a file, not a directory" if bin_path.parent.exists() else "does not exist; create it first"
-        raise ConfigError(f"--out {prefix}: {bin_path.parent} {why}")
+        why = (f"{bin_path.parent} is a file, not a directory" if bin_path.parent.exists()
+               else f"directory {bin_path.parent} does not exist; create it first")
+        raise ConfigError(f"--out {prefix}: {why}")
     tmp_bin = bin_path.with_name(f".{bin_path.name}.tmp-{os.getpid()}")
     tmp_idx = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
     progress, sources = Progress(0, len(paths), 0, 0), []
