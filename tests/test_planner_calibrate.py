@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from hal.launch import run_function
-from hal.parallel.memory_check import stage_parameters
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.plan import ParallelPlan, StagePlan
 from hal.parallel.planner import calibrate
@@ -15,6 +14,7 @@ from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.cost import CostModel, Placement
 from hal.parallel.planner.profile import DeviceProfile, PerToken, Profile
 from hal.parallel.planner.profiler import make_profile
+from hal.parallel.planner.search import Grid, Search
 from hal.parallel.schedules import get_schedule, simulate
 
 MODEL = ModelConfig(vocab_size=128, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
@@ -245,10 +245,13 @@ def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() 
         link = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", table, LINK_SIZES)
         prof = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {"cpu-island": link}, 32, {})
         cost = CostModel(CLUSTER, prof, MODEL, 32)
-        syncs[name] = [cost.predict(p, place).stages[0].grad_sync_s for p in (plan, zero)]
-        # the search's screening prices a dp stage with the same sync as the full prediction
-        params = stage_parameters(MODEL, plan, 0)
-        assert [cost.dp_sync_s(CLUSTER.types[0], params, 2, z, spans=False) for z in (False, True)] == syncs[name]
+        preds = [cost.predict(p, place) for p in (plan, zero)]
+        syncs[name] = [pred.stages[0].grad_sync_s for pred in preds]
+        # the search's screening prices the stages' tail (dp sync + AdamW) as the full prediction does
+        grids = [Grid(CLUSTER.types[0], 2, 1, 2, False)] * 2
+        screened = [Search(cost, p)._tail(grids, [4, 4], p.zero1) for p in (plan, zero)]
+        assert screened == pytest.approx([max(st.grad_sync_s + st.optimizer_s for st in pred.stages) for pred in preds],
+                                         rel=1e-6)
     assert syncs["slow"][0] == pytest.approx(100 * syncs["measured"][0], rel=0.05)
     assert syncs["slow"][1] == pytest.approx(100 * syncs["measured"][1], rel=0.05)
     bare = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": device}, {}, 32, {})  # not measured: the ring formula stands
