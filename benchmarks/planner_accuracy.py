@@ -12,8 +12,9 @@ again at the end, and how far its two measurements are apart is reported — the
 timed on the host (``host_op_us``): the "host op" column says how much slower or faster the host ran a plan
 than when it was profiled — the drift a host-bound prediction cannot follow.
 
-    python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--steps 10] [--json] [--only 1,3] [--recheck]
+    python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--model NAME] [--steps 10] [--json] [--only 1,3] [--recheck]
                                           [--cpu-binding none|cores] [--compile inductor|aot_eager] [--phases]
+                                          [--save-profile P | --profile P]
 """
 from __future__ import annotations
 
@@ -31,12 +32,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MODELS = {
-    # cpu: small enough for 4 ranks on 2 cores; cuda: TinyLlama's layer shape, 8 layers, seq 1024 (GPU-bound steps)
-    "cpu": {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
-            "ffn_hidden_size": 704, "max_seq_len": 64},
-    "cuda": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 8, "num_heads": 16, "num_kv_heads": 4,
-             "ffn_hidden_size": 5632, "max_seq_len": 1024},
+    # cpu: small enough for 4 ranks on 2 cores
+    "cpu-small": {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
+                  "ffn_hidden_size": 704, "max_seq_len": 64},
+    # TinyLlama's layer shape, 8 layers, seq 1024: on the 4 x H200 hosts lent here every plan is host-bound
+    # (a layer's forward enqueues in 1.1-2.5 ms, the device runs it in 0.5 ms), so the host's own speed sets it
+    "tinyllama": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 8, "num_heads": 16, "num_kv_heads": 4,
+                  "ffn_hidden_size": 5632, "max_seq_len": 1024},
+    # Llama 3 8B's layer shape (8 of its 32 layers, a 32k vocabulary), seq 2048: the device runs a layer's
+    # forward at 2 rows in longer than the slowest host enqueues it, as in training at this scale
+    "llama3-8b-layers": {"vocab_size": 32000, "hidden_size": 4096, "num_layers": 8, "num_heads": 32, "num_kv_heads": 8,
+                         "ffn_hidden_size": 14336, "max_seq_len": 2048},
 }
+DEFAULT_MODEL = {"cpu": "cpu-small", "cuda": "llama3-8b-layers"}
 PRECISION = {"cpu": "fp32", "cuda": "bf16-mixed"}
 
 
@@ -79,14 +87,35 @@ def cluster_group(backend: str) -> dict[str, Any]:
     return {"backend": backend, "device": device, "count": 4}
 
 
-def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", checkpoint_dir: str | None = None) -> str:
+def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", checkpoint_dir: str | None = None,
+                model: str | None = None) -> str:
     import yaml
 
     train: dict[str, Any] = {"steps": steps, "lr": 1e-3, "data": "synthetic"}
     if checkpoint_dir:
         train["checkpoint_dir"] = checkpoint_dir
-    return yaml.safe_dump({"backend": backend, "precision": PRECISION[backend], "fallback": "warn", "model": MODELS[backend],
+    return yaml.safe_dump({"backend": backend, "precision": PRECISION[backend], "fallback": "warn",
+                           "model": MODELS[model or DEFAULT_MODEL[backend]],
                            "parallel": parallel, "train": train, "cluster": {"groups": [cluster_group(backend)]}}, sort_keys=False)
+
+
+def given_profile(path: str, run: Any, compile_backend: str | None) -> Any:
+    """The profile at ``path``, refused in one line where it was made for another model or precision, or with
+    layers compiled differently from what this run's plans do."""
+    from hal.errors import ConfigError
+    from hal.parallel.planner.profile import load_profile
+
+    try:
+        profile = load_profile(path, run.model, run.hal.precision)
+    except ConfigError as exc:
+        raise SystemExit(f"planner_accuracy: {exc}") from None
+    if profile.meta.get("compiled_layers") != compile_backend:
+        def how(backend: str | None) -> str:
+            return f"compiled with {backend}" if backend else "eager"
+
+        raise SystemExit(f"planner_accuracy: --profile {path} timed its layers {how(profile.meta.get('compiled_layers'))}, "
+                         f"these plans run them {how(compile_backend)}; measure a profile with the same --compile")
+    return profile
 
 
 PHASES = ("compute_s", "p2p_s", "bubble_s", "grad_sync_s", "optimizer_s")
@@ -150,7 +179,9 @@ def predicted_phases(pred: Any, micro_batches: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="cpu", choices=sorted(MODELS), help="the 4 ranks' backend (cuda: 4 GPUs)")
+    parser.add_argument("--backend", default="cpu", choices=sorted(PRECISION), help="the 4 ranks' backend (cuda: 4 GPUs)")
+    parser.add_argument("--model", choices=sorted(MODELS),
+                        help="the decoder's shape (default: cpu-small on the cpu, llama3-8b-layers on cuda)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", help="comma-separated plan numbers (1-based)")
     parser.add_argument("--recheck", action="store_true", help="train the first plan again at the end: the noise floor")
@@ -161,8 +192,14 @@ def main() -> int:
                              "zero-bubble plan is left out (a compiled layer's backward cannot split)")
     parser.add_argument("--phases", action="store_true",
                         help="hal train --profile: each phase measured on accelerators too (device events, one wait a step)")
+    given = parser.add_mutually_exclusive_group()
+    given.add_argument("--profile", metavar="PATH",
+                        help="use this profile (from --save-profile or hal profile) instead of measuring one: plans "
+                             "measured in several invocations are then predicted from one profile")
+    given.add_argument("--save-profile", metavar="PATH", help="write the profile measured here to PATH")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    model = args.model or DEFAULT_MODEL[args.backend]
 
     from hal.launch import run_function
     from hal.parallel.plan import splits_backward
@@ -180,14 +217,21 @@ def main() -> int:
     gpu = args.backend != "cpu"
     with tempfile.TemporaryDirectory(prefix="planner-accuracy-") as tmp:
         first = Path(tmp, "base.yaml")
-        first.write_text(config_text(todo[0][1], args.steps, args.backend))
+        first.write_text(config_text(todo[0][1], args.steps, args.backend, model=model))
         run = load_run_config(first)
-        print(f"profiling this host's {args.backend} (hal profile's measurement) ...", file=sys.stderr, flush=True)
         cluster, _, _ = planning_inputs(run, None, None)
-        host_at_profile = [host_op_us()]
-        profile = make_profile(cluster, run.model, PRECISION[args.backend], run.model.max_seq_len, progress=lambda m: None,
-                               launch=run_function, compile_backend=args.compile)
-        host_at_profile.append(host_op_us())
+        if args.profile:
+            profile = given_profile(args.profile, run, args.compile)
+            host_at_profile = profile.meta.get("host_op_us")
+        else:
+            print(f"profiling this host's {args.backend} (hal profile's measurement) ...", file=sys.stderr, flush=True)
+            host_at_profile = [host_op_us()]
+            profile = make_profile(cluster, run.model, PRECISION[args.backend], run.model.max_seq_len, progress=lambda m: None,
+                                   launch=run_function, compile_backend=args.compile)
+            host_at_profile.append(host_op_us())
+            profile.meta["host_op_us"] = host_at_profile  # read back by a later --profile run's "host op" column
+            if args.save_profile:
+                profile.save(args.save_profile)
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:
@@ -196,7 +240,7 @@ def main() -> int:
             # the final checkpoint of a GPU-sized model (GBs) goes to memory where there is some: it is not timed
             shm = Path("/dev/shm")
             ckpt = str(Path(tempfile.mkdtemp(prefix="planner-accuracy-", dir=shm))) if gpu and shm.is_dir() else None
-            path.write_text(config_text(parallel, args.steps, args.backend, ckpt))
+            path.write_text(config_text(parallel, args.steps, args.backend, ckpt, model))
             run = load_run_config(path)
             _, _, cost = planning_inputs(run, None, str(profile_path))
             kind = cluster.types[0]
@@ -216,9 +260,12 @@ def main() -> int:
                          "memory_error": mem_err, "step_times": times, "config": str(path), "checkpoint_dir": ckpt,
                          "measured_phases": split, "predicted_phases": predicted_phases(pred, run.plan.micro_batches),
                          "host_op_us": host_around,
-                         "host_vs_profile": statistics.mean(host_around) / statistics.mean(host_at_profile)})
+                         "host_vs_profile": (statistics.mean(host_around) / statistics.mean(host_at_profile)
+                                             if host_at_profile else None)})
+            drift = rows[-1]["host_vs_profile"]
             print(f"{i + 1}. {name:<28} predicted {pred.step_s:7.3f} s  measured {step_s:7.3f} s  error {err:+6.1%}  "
-                  f"host {rows[-1]['host_vs_profile']:.2f}x its speed at the profile", file=sys.stderr, flush=True)
+                  + (f"host {drift:.2f}x its speed at the profile" if drift else "host speed at the profile unknown"),
+                  file=sys.stderr, flush=True)
         recheck = None
         if args.recheck and rows:
             first = rows[0]
@@ -236,12 +283,13 @@ def main() -> int:
     pick = min(rows, key=lambda r: r["predicted_s"])
     fastest = min(rows, key=lambda r: r["measured_s"])
     measured_types = sorted(d for d, p in profile.devices.items() if not p.estimated)
-    result = {"backend": args.backend, "card": ", ".join(measured_types) or args.backend, "host": profile.meta.get("host"),
+    result = {"backend": args.backend, "model": model, "card": ", ".join(measured_types) or args.backend, "host": profile.meta.get("host"),
               "devices": [t.device for t in cluster.types],
               "rows": rows, "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
               "top_pick": pick["plan"], "fastest": fastest["plan"], "top_pick_over_fastest": pick["measured_s"] / fastest["measured_s"],
               "cores": os.cpu_count(), "profile": profile.to_dict(), "recheck": recheck,
-              "cpu_binding": args.cpu_binding, "compiled": args.compile, "host_op_us_at_profile": host_at_profile}
+              "cpu_binding": args.cpu_binding, "compiled": args.compile, "host_op_us_at_profile": host_at_profile,
+              "profile_file": args.profile}
     if gpu:
         mem = [abs(e) for r in rows for e in r["memory_error"] if e is not None]
         result["memory_median_abs_error"] = statistics.median(mem) if mem else None
@@ -260,9 +308,9 @@ def table(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         tail = ("  " + " ".join(f"{p / 2**30:.1f}/{(m or 0) / 2**30:.1f}" for p, m in zip(r["predicted_memory"], r["measured_memory"]))
                 if gpu else f"  {r['bound']}")
-        lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%} "
-                     f"{r['host_vs_profile']:>6.2f}x{tail}")
-    where = f"4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
+        drift = f"{r['host_vs_profile']:>6.2f}x" if r.get("host_vs_profile") else f"{'n/a':>7}"
+        lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%} {drift}{tail}")
+    where = f"{result.get('model', 'model')}, 4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
     where += ", each pinned to cores of its own" if result.get("cpu_binding") == "cores" else ""
     where += f", layers compiled ({result['compiled']})" if result.get("compiled") else ""
     lines.append(f"step time: median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "
@@ -274,8 +322,11 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"noise floor: {rc['plan']} measured twice, {rc['first_s']:.3f} s and {rc['again_s']:.3f} s "
                      f"({rc['spread']:.1%} apart)")
     at = result["host_op_us_at_profile"]
-    lines.append(f"host op: a tiny torch op took {at[0]:.1f}/{at[1]:.1f} us before/after the profile; the column is each "
-                 "run's time around it over that (above 1: the host was slower than when profiled)")
+    if at:
+        lines.append(f"host op: a tiny torch op took {at[0]:.1f}/{at[1]:.1f} us before/after the profile; the column is "
+                     "each run's time around it over that (above 1: the host was slower than when profiled)")
+    if result.get("profile_file"):
+        lines.append(f"profile: {result['profile_file']} (given, not measured in this run)")
     lines.append(f"choice: the planner's top pick ({result['top_pick']}) measures {result['top_pick_over_fastest']:.3f}× "
                  f"the fastest measured ({result['fastest']})")
     return "\n".join(lines)
