@@ -11,6 +11,7 @@ from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.cost import CostModel, Placement
 from hal.parallel.planner.profile import DeviceProfile, LayerPoint, PerToken, Profile
+from hal.parallel.planner.plan_search import left_out_note
 from hal.parallel.planner.profiler import make_profile
 from hal.parallel.planner.search import Search, balance
 
@@ -95,8 +96,12 @@ def test_search_plans_are_valid_and_use_the_fast_device() -> None:
     slow = _cost([{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
                   {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}],
                  cpu_generic=_profile("cpu-generic", "cpu", f=1e-1, b=2e-1))
-    assert {k.device for k in Search(slow, base).run(top=1).results[0].placement.kinds} == {"nvidia-h100-sxm"}
+    alone = Search(slow, base).run(top=1)
+    assert {k.device for k in alone.results[0].placement.kinds} == {"nvidia-h100-sxm"}
+    assert left_out_note(alone, slow.cluster) == ("plan #1 leaves out 2× cpu-generic: the plans giving it stages ranked "
+                                                  "slower (--use-all-types: every type holds a stage)")
     both = Search(slow, base, use_all_types=True).run(top=3)
+    assert left_out_note(both, slow.cluster) is None  # every type holds a stage: nothing to say
     for r in both.results:
         assert {k.device for k in r.placement.kinds} == {"nvidia-h100-sxm", "cpu-generic"}
         per = {}

@@ -47,6 +47,9 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:
         report.notes.append("no cluster declared: planned for the devices present")
+    left_out = left_out_note(report, cluster)
+    if left_out and not use_all_types:
+        report.notes.append(left_out)
     shared = [t.device for t in cluster.types if t.is_cpu and t.per_node > 1 and t.device in profile.devices
               and not profile.devices[t.device].estimated and not profile.devices[t.device].contention]
     if shared:
@@ -54,6 +57,18 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
                             "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
                             "pipeline runs (pass its file with --profile)")
     return report, cost
+
+
+def left_out_note(report: SearchReport, cluster: Cluster) -> str | None:
+    """Which device types the top plan leaves idle, said: half a cluster doing nothing needs its reason on screen."""
+    if not report.results:
+        return None
+    used = {kind.device for kind in report.results[0].placement.kinds}
+    idle = [t for t in cluster.types if t.device not in used]
+    if not idle:
+        return None
+    return (f"plan #1 leaves out {', '.join(f'{t.count}× {t.device}' for t in idle)}: the plans giving "
+            f"{'it' if len(idle) == 1 else 'them'} stages ranked slower (--use-all-types: every type holds a stage)")
 
 
 def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cost: CostModel) -> None:
