@@ -145,7 +145,7 @@ def run_search(args: argparse.Namespace) -> int:
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
     print(json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
     if args.write:
-        write_plan(run, report.results[0], args.write, cost)
+        write_plan(run, report.results[0], args.write, cost, args.profile)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
     return 0
 

@@ -55,32 +55,42 @@ def run(args: argparse.Namespace) -> int:
     job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
                   init_from=args.init_from, cpu_binding=args.cpu_binding)
     print(f"hal train: {describe(job)}", file=sys.stderr)
+    if job.planned is not None and not job.planned.matches:
+        print(f"hal train: {args.config}: planned: was written for another parallel: section (edited since hal plan "
+              "--search wrote it); the planner's prediction is left out of the timeline", file=sys.stderr)
     write_job(job)
     status = run_local(job, spawn_ranks)
     if status == 0:
         _print_summary(read_summary(job), args.json)
         if job.profile:
-            _draw_timeline(job.run_dir)
+            _draw_timeline(job)
     return status
 
 
-def _draw_timeline(run_dir: Any) -> None:
-    """RUN_DIR/timeline.png from the timeline.json the writer rank left; without matplotlib, one line why."""
+def _draw_timeline(job: Any) -> None:
+    """RUN_DIR/timeline.png from the timeline.json the writer rank left, with the planner's prediction added
+    where the config keeps one for this plan; without matplotlib, one line why."""
     from pathlib import Path
 
+    from hal.parallel.planner.planned import planned_timeline
     from hal.parallel.timeline import check_document
     from hal.parallel.timeline_plot import missing, write_png
+    from hal.run_dirs import write_text_atomic
 
-    source = Path(run_dir) / "timeline.json"
+    source = Path(job.run_dir) / "timeline.json"
     if not source.is_file():  # no step ran (a resume at the last step)
         return
+    doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
+    if job.planned is not None and job.planned.matches:
+        doc["planned"] = planned_timeline(job.planned, job.plan)
+        write_text_atomic(source, json.dumps(doc) + "\n")
     reason = missing()
     if reason is not None:
         print(f"hal train: timeline.png not drawn: {reason} (the spans are in {source})", file=sys.stderr)
         return
-    doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
     png = write_png(doc, source.with_suffix(".png"))
-    print(f"hal train: timeline of step {doc['step']}, predicted against measured: {png}", file=sys.stderr)
+    against = "planned and predicted" if "planned" in doc else "predicted"
+    print(f"hal train: timeline of step {doc['step']}, {against} against measured: {png}", file=sys.stderr)
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:

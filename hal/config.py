@@ -7,7 +7,7 @@ allowed. YAML is read with ``yaml.safe_load`` only; duplicate keys are refused (
 silently keep the last one).
 
 The same file may also carry the engine's sections ``model:``, ``parallel:`` and ``train:``, and the
-planner's ``cluster:`` (``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
+planner's ``cluster:`` and ``planned:`` (``SECTIONS``). They come from the file only (no environment or flag overrides them), and hal
 checks only that each is a mapping and keeps it as a plain dict: ``hal.parallel.run_config``
 parses them with the same schema machinery (``hal.config_schema``). The data flows config → run
 config; ``hal`` never imports ``parallel`` at import time.
@@ -76,6 +76,7 @@ class HalConfig:
     parallel: Mapping[str, Any] | None = key(RawSection(), None)
     train: Mapping[str, Any] | None = key(RawSection(), None)
     cluster: Mapping[str, Any] | None = key(RawSection(), None)  # the planner's device inventory (parallel.planner.cluster)
+    planned: Mapping[str, Any] | None = key(RawSection(), None)  # the planner's prediction a written plan keeps (planner.planned)
     origins: Mapping[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})  # not a config key
 
     def section(self, name: str) -> Mapping[str, Any] | None:

@@ -60,6 +60,9 @@ class Job:
     profile: bool = False  # per-phase times on accelerators, from device events (one wait a step)
     init_from: Path | None = None  # a Hugging Face checkpoint directory the weights are sliced from (not when resuming)
     cpu_binding: str = "none"  # none | cores: each local rank pinned to a block of cores (``hal.launch.cpu_binding``)
+    # the launcher's only: the planner's prediction the config keeps (``planner.planned``), drawn beside the measured
+    # timeline; not in the job file (no rank needs it)
+    planned: Any = None
 
     @property
     def precision(self) -> str:

@@ -19,6 +19,7 @@ from hal.errors import ConfigError
 from .model_config import ModelConfig, weights_source
 from .optim_schedule import LR_SCHEDULES
 from .plan import ParallelPlan, parse_plan, validate_plan
+from .planner.planned import Planned, read_planned
 
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
 MAX_VALIDATION = 0.5
@@ -91,6 +92,7 @@ class RunConfig:
     plan: ParallelPlan
     train: TrainConfig
     init_from: str | None = None  # a Hugging Face checkpoint directory the weights come from (model.weights / --init-from)
+    planned: Planned | None = None  # the planner's prediction a written plan keeps (``planner.planned``)
 
 
 def load_run_config(
@@ -130,7 +132,8 @@ def load_run_config(
     _check_data(origin, train, model)
     validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
                   single_host=single_host, origin=origin, precision=config.precision)
-    return RunConfig(origin, config, model, plan, train, weights)
+    planned = read_planned(config.planned, plan, origin)
+    return RunConfig(origin, config, model, plan, train, weights, planned)
 
 
 def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:

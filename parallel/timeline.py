@@ -9,7 +9,9 @@ leaves out. The document is plain JSON (``RUN_DIR/timeline.json``), so a saved o
 Document (version 1): ``schedule``, ``num_stages``, ``micro_batches``, ``virtual_stages``, ``unit``
 ("s", or "layer" for ``hal plan``'s layer-proportional guess), ``stages`` [{stage, backend, ranks}],
 ``predicted`` {assumes, forward, backward, weight_share, makespan, bubble, spans [{stage, kind, mb,
-chunk, start, end}]}, and for a measured step also ``step``, ``clock`` ("host", "events", or both where stages differ) and
+chunk, start, end}]}, optionally ``planned`` in the same form (the planner's own timeline, which ``hal train``
+adds from a written plan's ``planned:`` section, ``parallel.planner.planned``, with ``step_s`` predicted), and
+for a measured step also ``step``, ``clock`` ("host", "events", or both where stages differ) and
 ``aligned`` (how the ranks' clocks were lined up), ``makespan`` and ``ranks`` [{rank, stage, dp, tp, clock, host,
 clock_at_origin, schedule [start, end], spans [{kind, mb, chunk, what, start, end}], compute, p2p,
 idle}] with shares of the measured makespan (idle: neither computing nor in a P2P call). A span's kind is F, B, I or W (compute),

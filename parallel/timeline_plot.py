@@ -1,4 +1,4 @@
-"""The timeline picture (PNG): predicted on top, measured below, one time axis, one row per stage or rank.
+"""The timeline picture (PNG): the planner's and the simulator's prediction on top, measured below, one time axis.
 
 Why a picture: a schedule's bubble is a shape — warm-up, steady state, cool-down, a slow stage that
 starves the next — and a row of coloured bars shows where a rank waited in a way the per-phase sums
@@ -43,21 +43,23 @@ def write_png(doc: dict[str, Any], path: str | Path) -> Path:
 
 
 def draw(doc: dict[str, Any]) -> Any:
-    """The figure: predicted stages on top, measured ranks (when the document has them) below."""
+    """The figure: the planner's timeline (where the document has it) and the simulator's on top, one row a stage;
+    measured ranks (when the document has them) below."""
     from matplotlib.figure import Figure
 
     seconds = doc["unit"] == "s"
     scale = 1e3 if seconds else 1.0  # seconds are drawn in ms
     measured = _measured_rows(doc)
-    predicted = doc["predicted"]
-    end = max([predicted["makespan"], *(s["end"] for r in measured for s in r["spans"])]) * scale or 1.0
-    heights = [len(doc["stages"])] + ([len(measured)] if measured else [])
+    predictions = [key for key in ("planned", "predicted") if key in doc]
+    end = max([*(doc[key]["makespan"] for key in predictions), *(s["end"] for r in measured for s in r["spans"])]) * scale or 1.0
+    heights = [len(doc["stages"])] * len(predictions) + ([len(measured)] if measured else [])
     fig = Figure(figsize=(WIDTH, 1.6 + 0.42 * sum(heights) + 0.9 * len(heights)), layout="constrained")
     axes = fig.subplots(len(heights), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
     used: set[str] = {"idle"}
-    _predicted_panel(axes[0], doc, scale, end, used)
+    for ax, key in zip(axes, predictions):
+        _predicted_panel(ax, doc, key, scale, end, used)
     if measured:
-        _measured_panel(axes[1], doc, measured, scale, end, used)
+        _measured_panel(axes[len(predictions)], doc, measured, scale, end, used)
     axes[-1].set_xlabel("ms since the step's schedule began" if seconds else "time (one layer's forward = 1)",
                         fontsize=9)
     axes[-1].set_xlim(0, end * 1.005)
@@ -71,8 +73,11 @@ def draw(doc: dict[str, Any]) -> Any:
 # --- the two panels ------------------------------------------------------------------------------------------
 
 
-def _predicted_panel(ax: Any, doc: dict[str, Any], scale: float, end: float, used: set[str]) -> None:
-    predicted = doc["predicted"]
+PANEL_TITLES = {"planned": "planned", "predicted": "predicted: simulator"}  # the planner's promise; the schedule's
+
+
+def _predicted_panel(ax: Any, doc: dict[str, Any], key: str, scale: float, end: float, used: set[str]) -> None:
+    predicted = doc[key]
     makespan = predicted["makespan"] * scale
     labels = []
     for row, stage in enumerate(doc["stages"]):
@@ -84,7 +89,7 @@ def _predicted_panel(ax: Any, doc: dict[str, Any], scale: float, end: float, use
     _rows(ax, labels)
     ax.axvline(makespan, color="#444444", linewidth=0.8, linestyle="--", zorder=4)
     unit = "ms" if doc["unit"] == "s" else "units"
-    ax.set_title(f"predicted: simulator, {predicted['assumes']} — makespan {makespan:.3g} {unit}",
+    ax.set_title(f"{PANEL_TITLES[key]}, {predicted['assumes']} — makespan {makespan:.3g} {unit}",
                  fontsize=9, loc="left")
 
 

@@ -229,7 +229,7 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     stage_precision = tuple(p.to_dict() if p is not None and check_backends else None for p in precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, total, start,
-               directory, log_file, ckpt_dir, checkpoint, profile, weights, cpu_binding)
+               directory, log_file, ckpt_dir, checkpoint, profile, weights, cpu_binding, run.planned)
 
 
 def _weights(run: RunConfig, where: str, check: bool) -> Path | None:

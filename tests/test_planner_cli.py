@@ -33,9 +33,19 @@ def test_profile_search_write_train(tmp_path) -> None:
     assert uncalibrated.returncode == 0 and "without calibration" in uncalibrated.stdout, uncalibrated.stdout
     plan = yaml.safe_load(written.read_text())["parallel"]
     assert sum(s["devices"] for s in plan["stages"]) == 2 and plan["micro_batches"] * plan["micro_batch_size"] == 8
-    out = run_hal("train", str(written), "--steps", "2", "--json", "--run-dir", str(tmp_path / "run"), timeout=300)
+    out = run_hal("train", str(written), "--steps", "2", "--json", "--profile", "--run-dir", str(tmp_path / "run"), timeout=300)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["last_step"] == 2
+    # the picture puts the planner's own timeline above the simulator's and the measured ranks
+    timeline = json.loads((tmp_path / "run" / "timeline.json").read_text())
+    assert timeline["planned"]["step_s"] == yaml.safe_load(written.read_text())["planned"]["step_s"]
+    assert "planned and predicted against measured" in out.stderr and (tmp_path / "run" / "timeline.png").is_file()
+    # a damaged planned: section is refused before any rank starts, in one line
+    damaged = tmp_path / "damaged.yaml"
+    damaged.write_text(written.read_text().replace("    forward_s:", "    forward_s: oops\n    old_forward_s:"))
+    out = run_hal("train", str(damaged), "--steps", "1", "--run-dir", str(tmp_path / "damaged-run"))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "planned.simulate" in out.stderr and not (tmp_path / "damaged-run").exists()
     # the profile of another model is refused in one line
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 64"))

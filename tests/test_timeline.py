@@ -5,6 +5,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -153,6 +154,14 @@ def test_the_picture_is_a_png_with_both_panels(tmp_path: Path) -> None:
     assert both[0] > alone[0] and both[1] == alone[1]  # the measured panel adds rows below, same width
 
 
+def test_the_planned_panel_adds_the_planners_rows_above(tmp_path: Path) -> None:
+    doc = plan_document(parse_plan(TWO))
+    without = _is_png(write_png(doc, tmp_path / "predicted.png"))
+    doc["planned"] = {**doc["predicted"], "assumes": "the planner's cost model", "step_s": 1.0}
+    planned = _is_png(write_png(doc, tmp_path / "planned.png"))
+    assert planned[0] > without[0] and planned[1] == without[1]  # a panel of one row a stage more, same width
+
+
 def test_hal_plan_timeline_writes_the_predicted_picture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "two.yaml"
     config.write_text(CONFIG, encoding="utf-8")
@@ -181,7 +190,7 @@ def test_without_matplotlib_a_profiled_train_keeps_the_spans_and_says_why_no_pic
     plan = parse_plan(TWO)
     (tmp_path / "timeline.json").write_text(json.dumps(plan_document(plan)), encoding="utf-8")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    _draw_timeline(tmp_path)  # no exception: the run succeeded, only its picture is missing
+    _draw_timeline(SimpleNamespace(run_dir=tmp_path, planned=None, plan=plan))  # no exception: only the picture is missing
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "timeline.png not drawn: matplotlib is not installed" in err
     assert not (tmp_path / "timeline.png").exists()

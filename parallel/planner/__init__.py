@@ -1,1 +1,3 @@
-"""The planner's home (filled by a later issue): device profiles, a cost model from the schedule simulator, and the plan search."""
+"""The planner: device profiles (``profile``, ``measure``, ``estimate``), the cluster (``cluster``), a cost model over
+the schedule simulator (``cost``, ``calibrate``), the plan search (``search``, ``plan_search``) and the prediction a
+written plan keeps (``planned``)."""

@@ -104,6 +104,9 @@ class Prediction:
     stages: list[StageCost]
     bound: str
     estimated: list[str] = field(default_factory=list)
+    # the simulator's inputs this prediction played (``simulate``'s keyword arguments): a written plan keeps them,
+    # so ``hal train --profile`` can draw the planner's own timeline beside the measured one
+    simulated: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -279,8 +282,10 @@ class CostModel:
             estimated.append(f"stage(s) {', '.join(map(str, differ))} " + (
                 "run eager layers, timed compiled" if timed_compiled else
                 "compile their layers, timed eager (hal profile of a config that compiles times them compiled)"))
+        played = {"forward_s": fwd, "backward_s": bwd, "p2p_s": p2p, "virtual_stages": V, "chunk_share": shares,
+                  "action_s": action_wait, **host_clocks}
         pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
-                          stages, "", estimated)
+                          stages, "", estimated, played)
         pred.bound = self._bound(plan, pred, fwd, bwd, tails, host)
         return pred
 

@@ -15,6 +15,7 @@ from ..run_config import RunConfig
 from .cluster import Cluster, check_holds, load_cluster
 from .cost import CostModel
 from .profile import Profile, load_profile
+from .planned import planned_section
 from .profiler import make_profile
 from .search import Result, Search, SearchReport, report_dict
 
@@ -71,11 +72,15 @@ def left_out_note(report: SearchReport, cluster: Cluster) -> str | None:
             f"{'it' if len(idle) == 1 else 'them'} stages ranked slower (--use-all-types: every type holds a stage)")
 
 
-def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cost: CostModel) -> None:
-    """The config with its parallel: section replaced by the chosen plan: ``hal train PATH`` runs it as is."""
+def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cost: CostModel,
+               profile: str | None = None) -> None:
+    """The config with its parallel: section replaced by the chosen plan: ``hal train PATH`` runs it as is.
+    Its ``planned:`` section keeps the prediction (``planner.planned``; ``profile``: the file it came from)."""
     with open(run.origin, encoding="utf-8") as f:
         data = yaml.safe_load(f)
     data["parallel"] = result.plan.to_dict()
+    data["planned"] = planned_section(result.plan, result.prediction,
+                                      f"profile {profile}" if profile else "a quick profile measured by hal plan --search")
     # hal train refuses a top-level backend its stages contradict: the plan's own, or none where it mixes backends
     backends = sorted({stage.backend for stage in result.plan.stages})
     if "backend" in data and data["backend"] != "auto":

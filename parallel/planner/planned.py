@@ -1,0 +1,126 @@
+"""The planner's prediction, carried by a written plan: the ``planned:`` section ``hal plan --search --write`` adds.
+
+Why: the acceptance of a plan is its measured run against what the planner promised. ``hal train --profile``
+draws the measured step beside the simulator fed with the measured compute (what differs there is
+communication and waiting); the ``planned:`` section adds the planner's own timeline — the same simulator
+with the inputs the cost model played from the profile — so the picture shows the promise, the schedule
+and the run on one time axis. The section keeps the simulator's inputs, not its spans: a few numbers per
+stage, however many micro-batches.
+
+A plan edited after it was written no longer matches its prediction: ``parallel_digest`` says which
+``parallel:`` section it was made for, and a mismatch is said, not drawn.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hal.errors import ConfigError
+
+from ..plan import ParallelPlan
+from ..schedules import get_schedule, simulate
+
+PER_STAGE = ("forward_s", "backward_s", "action_s", "host_forward_s", "host_backward_s", "host_action_s")
+REQUIRED = ("forward_s", "backward_s")
+FIX = "write the plan again with hal plan --search --write, or delete the planned: section"
+
+
+def parallel_digest(plan: ParallelPlan) -> str:
+    """A short digest of the plan's ``parallel:`` section, as ``ParallelPlan.to_dict`` spells it."""
+    return hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def planned_section(plan: ParallelPlan, prediction: Any, profile: str) -> dict[str, Any]:
+    """What ``write_plan`` adds: the prediction's headline numbers and the simulator's inputs it played."""
+    inputs = {k: _plain(v) for k, v in prediction.simulated.items() if v is not None}
+    return {"by": "hal plan --search", "profile": profile, "step_s": float(prediction.step_s),
+            "schedule_s": float(prediction.schedule_s), "estimated": list(prediction.estimated),
+            "parallel_digest": parallel_digest(plan), "simulate": inputs}
+
+
+def _plain(value: Any) -> Any:
+    """Floats and lists of floats as YAML writes them plainly (no numpy or tuple tags)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else float(value)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A checked ``planned:`` section; ``matches``: it was made for this run's ``parallel:`` section."""
+
+    step_s: float
+    schedule_s: float
+    profile: str
+    estimated: tuple[str, ...]
+    inputs: Mapping[str, Any]
+    matches: bool
+
+
+def read_planned(section: Any, plan: ParallelPlan, where: str) -> Planned | None:
+    """The config's ``planned:`` section, checked against the plan's stages; None where the config has none.
+    A malformed section is one ``ConfigError`` line naming the key."""
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}: planned: must be a mapping (hal plan --search writes it); {FIX}")
+    inputs = section.get("simulate")
+    if not isinstance(inputs, Mapping):
+        raise ConfigError(f"{where}: planned.simulate: missing or not a mapping; {FIX}")
+    unknown = sorted(set(inputs) - {*PER_STAGE, "p2p_s", "virtual_stages", "chunk_share"})
+    if unknown:
+        raise ConfigError(f"{where}: planned.simulate: unknown key(s) {', '.join(unknown)}; {FIX}")
+    matches = section.get("parallel_digest") == parallel_digest(plan)
+    S = plan.num_stages
+    for key in PER_STAGE:
+        if key not in inputs:
+            if key in REQUIRED:
+                raise ConfigError(f"{where}: planned.simulate.{key}: missing; {FIX}")
+            continue
+        values = inputs[key]
+        if not isinstance(values, list) or not all(_seconds(v) for v in values):
+            raise ConfigError(f"{where}: planned.simulate.{key}: a list of seconds (finite, >= 0) per stage; {FIX}")
+        if matches and len(values) != S:
+            raise ConfigError(f"{where}: planned.simulate.{key}: {len(values)} value(s) for {S} stage(s); {FIX}")
+    if not _seconds(inputs.get("p2p_s", 0.0)):
+        raise ConfigError(f"{where}: planned.simulate.p2p_s: seconds (finite, >= 0); {FIX}")
+    for key in ("step_s", "schedule_s"):
+        if not _seconds(section.get(key)):
+            raise ConfigError(f"{where}: planned.{key}: seconds (finite, >= 0); {FIX}")
+    if matches:
+        _check_chunks(inputs, plan, where)
+    return Planned(float(section["step_s"]), float(section["schedule_s"]), str(section.get("profile", "")),
+                   tuple(str(e) for e in section.get("estimated") or ()), dict(inputs), matches)
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _check_chunks(inputs: Mapping[str, Any], plan: ParallelPlan, where: str) -> None:
+    V = inputs.get("virtual_stages", 1)
+    if V != plan.virtual_stages:
+        raise ConfigError(f"{where}: planned.simulate.virtual_stages: {V!r}, the plan has {plan.virtual_stages}; {FIX}")
+    shares = inputs.get("chunk_share")
+    if shares is None:
+        return
+    if (not isinstance(shares, list) or len(shares) != plan.num_stages
+            or not all(isinstance(row, list) and len(row) == V and all(_seconds(x) for x in row) for row in shares)):
+        raise ConfigError(f"{where}: planned.simulate.chunk_share: {plan.num_stages} row(s) of {V} shares; {FIX}")
+
+
+def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
+    """The planner's timeline of ``plan``: the simulator replaying the inputs the cost model played, in the
+    timeline document's ``predicted`` form (``parallel.timeline``), plus the step it predicted."""
+    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, **dict(planned.inputs))
+    spans = [{"stage": sp.stage, "kind": sp.action.kind.value, "mb": sp.action.micro_batch, "chunk": sp.action.chunk,
+              "start": sp.start, "end": sp.end} for sp in sim.timeline]
+    n = len(planned.estimated)
+    estimated = f", {n} figure{'s' if n > 1 else ''} estimated (the plan file says which)" if n else ""
+    return {"assumes": f"hal plan --search's cost model ({planned.profile or 'its profile'}), step predicted "
+                       f"{planned.step_s:.4g} s{estimated}", "estimated": list(planned.estimated),
+            "forward": list(planned.inputs["forward_s"]), "backward": list(planned.inputs["backward_s"]),
+            "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": spans, "step_s": planned.step_s}
