@@ -46,6 +46,13 @@ def test_profile_search_write_train(tmp_path) -> None:
     out = run_hal("train", str(damaged), "--steps", "1", "--run-dir", str(tmp_path / "damaged-run"))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "planned.simulate" in out.stderr and not (tmp_path / "damaged-run").exists()
+    # an edited plan trains, says its prediction no longer applies, and draws none
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(written.read_text().replace("fused_head: false", "fused_head: true"))
+    out = run_hal("train", str(edited), "--steps", "1", "--profile", "--run-dir", str(tmp_path / "edited-run"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "planned: was written for another parallel: section" in out.stderr
+    assert "planned" not in json.loads((tmp_path / "edited-run" / "timeline.json").read_text())
     # the profile of another model is refused in one line
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 64"))
