@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
     add_config_argument(p, "YAML config with model:, parallel: and train: sections", required=True)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeline", metavar="OUT.png",
-                   help="also draw the schedule's predicted timeline (each stage's time proportional to its layers) "
+                   help="also draw the schedule's predicted timeline (each stage's time proportional to its layers; for a plan "
+                        "hal plan --search wrote, the planner's own prediction in seconds) "
                    "as a PNG; needs matplotlib (the report extra)")
     p.add_argument("--search", action="store_true",
                    help="search the plans of the cluster (stage order over device types, grids, layer split, schedule, "
@@ -170,11 +171,16 @@ def run(args: argparse.Namespace) -> int:
     report = plan_report(run)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:
-        from hal.parallel.timeline import plan_document
+        from hal.parallel.planner.planned import planned_timeline
+        from hal.parallel.timeline import plan_document, planned_document
         from hal.parallel.timeline_plot import write_png
 
-        written = write_png(plan_document(run.plan), args.timeline)
-        print(f"hal plan: predicted timeline {written}", file=sys.stderr)
+        if run.planned is not None and run.planned.matches:  # hal plan --search wrote it: its own prediction
+            written = write_png(planned_document(run.plan, planned_timeline(run.planned, run.plan)), args.timeline)
+            print(f"hal plan: the planner's predicted timeline {written}", file=sys.stderr)
+        else:
+            written = write_png(plan_document(run.plan), args.timeline)
+            print(f"hal plan: predicted timeline {written}", file=sys.stderr)
     return 0
 
 

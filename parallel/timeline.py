@@ -164,6 +164,14 @@ def plan_document(plan: ParallelPlan) -> dict[str, Any]:
     return doc
 
 
+def planned_document(plan: ParallelPlan, planned: dict[str, Any]) -> dict[str, Any]:
+    """``hal plan --timeline`` of a plan ``hal plan --search`` wrote: the planner's own timeline, in seconds
+    (``planned``: ``planner.planned.planned_timeline``'s document part)."""
+    doc = _header(plan, Topology.from_plan(plan), "s")
+    doc["planned"] = planned
+    return doc
+
+
 def _header(plan: ParallelPlan, topology: Topology, unit: str) -> dict[str, Any]:
     return {"version": VERSION, "schedule": plan.schedule, "num_stages": plan.num_stages,
             "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual_stages, "unit": unit,
@@ -173,6 +181,6 @@ def _header(plan: ParallelPlan, topology: Topology, unit: str) -> dict[str, Any]
 
 def check_document(doc: Any, where: str) -> dict[str, Any]:
     """A timeline document read back from a file: the version this code draws, else one line."""
-    if not isinstance(doc, dict) or doc.get("version") != VERSION or "predicted" not in doc:
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not ("predicted" in doc or "planned" in doc):
         raise HalError(f"{where}: not a version-{VERSION} timeline document; write it again with this hal")
     return doc

@@ -73,7 +73,7 @@ def draw(doc: dict[str, Any]) -> Any:
 # --- the two panels ------------------------------------------------------------------------------------------
 
 
-PANEL_TITLES = {"planned": "planned", "predicted": "predicted: simulator"}  # the planner's promise; the schedule's
+PANEL_TITLES = {"planned": "planned:", "predicted": "predicted: simulator,"}  # the planner's promise; the schedule's
 
 
 def _predicted_panel(ax: Any, doc: dict[str, Any], key: str, scale: float, end: float, used: set[str]) -> None:
@@ -89,7 +89,7 @@ def _predicted_panel(ax: Any, doc: dict[str, Any], key: str, scale: float, end: 
     _rows(ax, labels)
     ax.axvline(makespan, color="#444444", linewidth=0.8, linestyle="--", zorder=4)
     unit = "ms" if doc["unit"] == "s" else "units"
-    ax.set_title(f"{PANEL_TITLES[key]}, {predicted['assumes']} — makespan {makespan:.3g} {unit}",
+    ax.set_title(f"{PANEL_TITLES[key]} {predicted['assumes']} — makespan {makespan:.3g} {unit}",
                  fontsize=9, loc="left")
 
 

@@ -40,6 +40,9 @@ def test_profile_search_write_train(tmp_path) -> None:
     timeline = json.loads((tmp_path / "run" / "timeline.json").read_text())
     assert timeline["planned"]["step_s"] == yaml.safe_load(written.read_text())["planned"]["step_s"]
     assert "planned and predicted against measured" in out.stderr and (tmp_path / "run" / "timeline.png").is_file()
+    out = run_hal("plan", "--config", str(written), "--timeline", str(tmp_path / "planned.png"))
+    assert out.returncode == 0 and "the planner's predicted timeline" in out.stderr, out.stderr
+    assert (tmp_path / "planned.png").read_bytes()[:4] == b"\x89PNG"
     # a damaged planned: section is refused before any rank starts, in one line
     damaged = tmp_path / "damaged.yaml"
     damaged.write_text(written.read_text().replace("    forward_s:", "    forward_s: oops\n    old_forward_s:"))

@@ -162,6 +162,15 @@ def test_the_planned_panel_adds_the_planners_rows_above(tmp_path: Path) -> None:
     assert planned[0] > without[0] and planned[1] == without[1]  # a panel of one row a stage more, same width
 
 
+def test_a_planned_only_document_draws_and_reads_back(tmp_path: Path) -> None:
+    from hal.parallel.timeline import check_document, planned_document
+
+    plan = parse_plan(TWO)
+    doc = planned_document(plan, {**plan_document(plan)["predicted"], "assumes": "the planner's", "step_s": 1.0})
+    assert "predicted" not in doc and check_document(json.loads(json.dumps(doc)), "t.json") == doc
+    assert _is_png(write_png(doc, tmp_path / "planned.png"))[0] > 100
+
+
 def test_hal_plan_timeline_writes_the_predicted_picture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "two.yaml"
     config.write_text(CONFIG, encoding="utf-8")

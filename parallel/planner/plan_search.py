@@ -80,7 +80,7 @@ def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cos
         data = yaml.safe_load(f)
     data["parallel"] = result.plan.to_dict()
     data["planned"] = planned_section(result.plan, result.prediction,
-                                      f"profile {profile}" if profile else "a quick profile measured by hal plan --search")
+                                      f"profile {profile}" if profile else "quick profile")
     # hal train refuses a top-level backend its stages contradict: the plan's own, or none where it mixes backends
     backends = sorted({stage.backend for stage in result.plan.stages})
     if "backend" in data and data["backend"] != "auto":

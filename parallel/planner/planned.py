@@ -120,7 +120,7 @@ def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
               "start": sp.start, "end": sp.end} for sp in sim.timeline]
     n = len(planned.estimated)
     estimated = f", {n} figure{'s' if n > 1 else ''} estimated (the plan file says which)" if n else ""
-    return {"assumes": f"hal plan --search's cost model ({planned.profile or 'its profile'}), step predicted "
-                       f"{planned.step_s:.4g} s{estimated}", "estimated": list(planned.estimated),
+    return {"assumes": f"hal plan --search's cost model ({planned.profile or 'its profile'}), step "
+                       f"{planned.step_s:.3g} s{estimated}", "estimated": list(planned.estimated),
             "forward": list(planned.inputs["forward_s"]), "backward": list(planned.inputs["backward_s"]),
             "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": spans, "step_s": planned.step_s}
