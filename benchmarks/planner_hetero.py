@@ -114,7 +114,7 @@ def main() -> int:
             pred = cost.predict(plan, place)
             stages = stage_text(Result(plan, place, pred))
             path = Path(tmp, f"plan{i}.yaml")
-            write_plan(run, Result(plan, place, pred), path, cost)  # what hal plan --search --write writes
+            write_plan(run, Result(plan, place, pred), path, cost, "measured by this benchmark")  # as --write writes
             say(f"training {name}: {stages}")
             step = train(path, Path(tmp, f"run{i}"), args.steps)
             rows.append({"plan": name, "stages": stages,
