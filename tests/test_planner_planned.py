@@ -69,6 +69,8 @@ def test_an_edited_plan_keeps_its_section_but_no_longer_matches_it(tmp_path: Pat
     (lambda s: {**s, "simulate": {**s["simulate"], "p2p_s": "fast"}}, "planned.simulate.p2p_s: seconds"),
     (lambda s: {**s, "step_s": float("nan")}, "planned.step_s: seconds"),
     (lambda s: {**s, "simulate": {**s["simulate"], "virtual_stages": 3}}, "planned.simulate.virtual_stages: 3, the plan has"),
+    (lambda s: {**s, "estimated": "all of it"}, "planned.estimated: a list"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "chunk_share": [[0.5, 0.5]]}}, "planned.simulate.chunk_share: 2 row(s) of 1"),
 ])
 def test_a_damaged_section_is_one_line_naming_the_key(tmp_path: Path, edit, says) -> None:
     _, data, result = _written(tmp_path)

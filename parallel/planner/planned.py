@@ -90,10 +90,14 @@ def read_planned(section: Any, plan: ParallelPlan, where: str) -> Planned | None
     for key in ("step_s", "schedule_s"):
         if not _seconds(section.get(key)):
             raise ConfigError(f"{where}: planned.{key}: seconds (finite, >= 0); {FIX}")
-    if matches:
+    estimated = section.get("estimated") or []
+    if not isinstance(estimated, list) or not all(isinstance(e, str) for e in estimated):
+        raise ConfigError(f"{where}: planned.estimated: a list of the estimated figures' descriptions; {FIX}")
+    planned = Planned(float(section["step_s"]), float(section["schedule_s"]), str(section.get("profile", "")),
+                      tuple(estimated), dict(inputs), matches)
+    if matches:  # what the simulator checks, checked here: the replay after the run must not be the first to fail
         _check_chunks(inputs, plan, where)
-    return Planned(float(section["step_s"]), float(section["schedule_s"]), str(section.get("profile", "")),
-                   tuple(str(e) for e in section.get("estimated") or ()), dict(inputs), matches)
+    return planned
 
 
 def _seconds(value: Any) -> bool:
