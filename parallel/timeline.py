@@ -148,10 +148,14 @@ def predict(doc: dict[str, Any], *, forward: Sequence[float], backward: Sequence
     sim = simulate(get_schedule(doc["schedule"]), doc["num_stages"], doc["micro_batches"], forward_s=list(forward),
                    backward_s=list(backward), weight_share=weight_share, virtual_stages=doc["virtual_stages"],
                    chunk_share=[list(row) for row in chunk_share])
-    spans = [{"stage": sp.stage, "kind": sp.action.kind.value, "mb": sp.action.micro_batch, "chunk": sp.action.chunk,
-              "start": sp.start, "end": sp.end} for sp in sim.timeline]
     return {"assumes": assumes, "forward": list(forward), "backward": list(backward), "weight_share": weight_share,
-            "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": spans}
+            "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": simulated_spans(sim)}
+
+
+def simulated_spans(sim: Any) -> list[dict[str, Any]]:
+    """A simulation's timeline as the document's predicted spans."""
+    return [{"stage": sp.stage, "kind": sp.action.kind.value, "mb": sp.action.micro_batch, "chunk": sp.action.chunk,
+             "start": sp.start, "end": sp.end} for sp in sim.timeline]
 
 
 def plan_document(plan: ParallelPlan) -> dict[str, Any]:

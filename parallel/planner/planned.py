@@ -53,7 +53,6 @@ class Planned:
     """A checked ``planned:`` section; ``matches``: it was made for this run's ``parallel:`` section."""
 
     step_s: float
-    schedule_s: float
     profile: str
     estimated: tuple[str, ...]
     inputs: Mapping[str, Any]
@@ -87,13 +86,12 @@ def read_planned(section: Any, plan: ParallelPlan, where: str) -> Planned | None
             raise ConfigError(f"{where}: planned.simulate.{key}: {len(values)} value(s) for {S} stage(s); {FIX}")
     if not _seconds(inputs.get("p2p_s", 0.0)):
         raise ConfigError(f"{where}: planned.simulate.p2p_s: seconds (finite, >= 0); {FIX}")
-    for key in ("step_s", "schedule_s"):
-        if not _seconds(section.get(key)):
-            raise ConfigError(f"{where}: planned.{key}: seconds (finite, >= 0); {FIX}")
+    if not _seconds(section.get("step_s")):
+        raise ConfigError(f"{where}: planned.step_s: seconds (finite, >= 0); {FIX}")
     estimated = section.get("estimated") or []
     if not isinstance(estimated, list) or not all(isinstance(e, str) for e in estimated):
         raise ConfigError(f"{where}: planned.estimated: a list of the estimated figures' descriptions; {FIX}")
-    planned = Planned(float(section["step_s"]), float(section["schedule_s"]), str(section.get("profile", "")),
+    planned = Planned(float(section["step_s"]), str(section.get("profile", "")),
                       tuple(estimated), dict(inputs), matches)
     if matches:  # what the simulator checks, checked here: the replay after the run must not be the first to fail
         _check_chunks(inputs, plan, where)
@@ -119,12 +117,12 @@ def _check_chunks(inputs: Mapping[str, Any], plan: ParallelPlan, where: str) -> 
 def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
     """The planner's timeline of ``plan``: the simulator replaying the inputs the cost model played, in the
     timeline document's ``predicted`` form (``parallel.timeline``), plus the step it predicted."""
+    from ..timeline import simulated_spans  # not at import: timeline reaches run_config, which imports this module
+
     sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, **dict(planned.inputs))
-    spans = [{"stage": sp.stage, "kind": sp.action.kind.value, "mb": sp.action.micro_batch, "chunk": sp.action.chunk,
-              "start": sp.start, "end": sp.end} for sp in sim.timeline]
     n = len(planned.estimated)
     estimated = f", {n} figure{'s' if n > 1 else ''} estimated (the plan file says which)" if n else ""
     return {"assumes": f"hal plan --search's cost model ({planned.profile or 'its profile'}), step "
                        f"{planned.step_s:.3g} s{estimated}", "estimated": list(planned.estimated),
             "forward": list(planned.inputs["forward_s"]), "backward": list(planned.inputs["backward_s"]),
-            "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": spans, "step_s": planned.step_s}
+            "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": simulated_spans(sim), "step_s": planned.step_s}
