@@ -6,6 +6,7 @@ from typing import Any
 from .plan import ParallelPlan
 from .run_config import RunConfig
 from .schedules import get_schedule, simulate
+from .timeline import layer_proportional
 from .topology import Topology
 
 
@@ -36,11 +37,3 @@ def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
     return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
             "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
             "in_flight": list(sim.peak_in_flight), "virtual_stages": V}
-
-
-def layer_proportional(plan: ParallelPlan) -> dict[str, Any]:
-    """The simulator's per-stage times when nothing was measured: one time unit per layer forward,
-    two per layer backward, each chunk's share its share of the stage's layers."""
-    layers = [float(s.layer_count) for s in plan.stages]
-    shares = [[n / s.layer_count for n in s.chunk_layers(plan.virtual_stages)] for s in plan.stages]
-    return {"forward_s": layers, "backward_s": [2.0 * n for n in layers], "chunk_share": shares}

@@ -26,7 +26,6 @@ from typing import Any, Sequence
 from hal.errors import HalError
 
 from .plan import ParallelPlan
-from .plan_report import layer_proportional
 from .schedules import Action, P2PBatch, get_schedule, simulate
 from .topology import Topology
 
@@ -140,6 +139,14 @@ def measured_costs(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- predicted -------------------------------------------------------------------------------------------------
+
+
+def layer_proportional(plan: ParallelPlan) -> dict[str, Any]:
+    """The simulator's per-stage times when nothing was measured: one time unit per layer forward,
+    two per layer backward, each chunk's share its share of the stage's layers."""
+    layers = [float(s.layer_count) for s in plan.stages]
+    shares = [[n / s.layer_count for n in s.chunk_layers(plan.virtual_stages)] for s in plan.stages]
+    return {"forward_s": layers, "backward_s": [2.0 * n for n in layers], "chunk_share": shares}
 
 
 def predict(doc: dict[str, Any], *, forward: Sequence[float], backward: Sequence[float], weight_share: float,

@@ -22,6 +22,7 @@ from hal.errors import ConfigError
 
 from ..plan import ParallelPlan
 from ..schedules import get_schedule, simulate
+from ..timeline import simulated_spans
 
 PER_STAGE = ("forward_s", "backward_s", "action_s", "host_forward_s", "host_backward_s", "host_action_s")
 REQUIRED = ("forward_s", "backward_s")
@@ -117,7 +118,6 @@ def _check_chunks(inputs: Mapping[str, Any], plan: ParallelPlan, where: str) -> 
 def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
     """The planner's timeline of ``plan``: the simulator replaying the inputs the cost model played, in the
     timeline document's ``predicted`` form (``parallel.timeline``), plus the step it predicted."""
-    from ..timeline import simulated_spans  # not at import: timeline reaches run_config, which imports this module
 
     sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, **dict(planned.inputs))
     n = len(planned.estimated)
