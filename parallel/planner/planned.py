@@ -118,7 +118,6 @@ def _check_chunks(inputs: Mapping[str, Any], plan: ParallelPlan, where: str) -> 
 def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
     """The planner's timeline of ``plan``: the simulator replaying the inputs the cost model played, in the
     timeline document's ``predicted`` form (``parallel.timeline``), plus the step it predicted."""
-
     sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, **dict(planned.inputs))
     n = len(planned.estimated)
     estimated = f", {n} figure{'s' if n > 1 else ''} estimated (the plan file says which)" if n else ""
