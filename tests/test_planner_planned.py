@@ -71,6 +71,18 @@ def test_an_edited_plan_keeps_its_section_but_no_longer_matches_it(tmp_path: Pat
     (lambda s: {**s, "simulate": {**s["simulate"], "virtual_stages": 3}}, "planned.simulate.virtual_stages: 3, the plan has"),
     (lambda s: {**s, "estimated": "all of it"}, "planned.estimated: a list"),
     (lambda s: {**s, "simulate": {**s["simulate"], "chunk_share": [[0.5, 0.5]]}}, "planned.simulate.chunk_share: 2 row(s) of 1"),
+    # what used to pass the check and break the replay or the drawing after a run
+    (lambda s: {**s, "simulate": {**s["simulate"], "forward_s": [1e308, 0.1]}}, "planned.simulate.forward_s: a list of seconds"),
+    (lambda s: {**s, "step_s": 10 ** 400}, "planned.step_s: seconds"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "host_forward_s": [10 ** 400, 0.1]}}, "planned.simulate.host_forward_s"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "virtual_stages": 1.0}}, "planned.simulate.virtual_stages: 1.0"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "virtual_stages": True}}, "planned.simulate.virtual_stages: True"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "chunk_share": [[0.0], [1.0]]}}, "each row summing to 1"),
+    (lambda s: {**s, "simulate": {**s["simulate"], "chunk_share": [[12.0], [1.0]]}}, "each row summing to 1"),
+    (lambda s: {**s, "speedup": 2}, "planned: unknown key(s) speedup"),
+    (lambda s: {**s, "schedule_s": "x"}, "planned.schedule_s: seconds"),
+    (lambda s: {**s, "profile": "p" * 5000}, "planned.profile and planned.by: text of at most 1024"),
+    (lambda s: {**s, "estimated": ["x" * 5000]}, "planned.estimated: a list"),
 ])
 def test_a_damaged_section_is_one_line_naming_the_key(tmp_path: Path, edit, says) -> None:
     _, data, result = _written(tmp_path)
