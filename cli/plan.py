@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--timeline", metavar="OUT.png",
                    help="also draw the schedule's predicted timeline (each stage's time proportional to its layers; for a plan "
-                        "hal plan --search wrote, the planner's own prediction in seconds) "
+                        "hal plan --search wrote, and with --search for plan #1, the planner's own prediction in seconds) "
                    "as a PNG; needs matplotlib (the report extra)")
     p.add_argument("--search", action="store_true",
                    help="search the plans of the cluster (stage order over device types, grids, layer split, schedule, "
@@ -136,11 +136,9 @@ def run_search(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
     if args.write:  # checked before the search: not a traceback after it
-        from pathlib import Path
-
-        from hal.run_dirs import check_creatable_file
-
-        check_creatable_file(Path(args.write), "--write")
+        _check_write(args)
+    if args.timeline is not None:
+        _check_timeline(args.timeline)
     run = load_run_config(config_path(args), check_backends=False)
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
@@ -148,6 +146,15 @@ def run_search(args: argparse.Namespace) -> int:
     if args.write:
         write_plan(run, report.results[0], args.write, cost, args.profile)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
+    if args.timeline is not None:
+        from hal.parallel.planner.planned import planned_section, planned_timeline, profile_label, read_planned
+        from hal.parallel.timeline import planned_document
+
+        best = report.results[0]
+        planned = read_planned(planned_section(best.plan, best.prediction, profile_label(args.profile)), best.plan, "plan #1")
+        assert planned is not None  # a section was given
+        _draw(planned_document(best.plan, planned_timeline(planned, best.plan)), args.timeline,
+              "the planner's predicted timeline of plan #1")
     return 0
 
 
@@ -171,17 +178,38 @@ def run(args: argparse.Namespace) -> int:
     report = plan_report(run)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:
-        from hal.parallel.planner.planned import planned_timeline
+        from hal.parallel.planner.planned import mismatch_note, planned_timeline
         from hal.parallel.timeline import plan_document, planned_document
-        from hal.parallel.timeline_plot import write_png
 
         if run.planned is not None and run.planned.matches:  # hal plan --search wrote it: its own prediction
-            written = write_png(planned_document(run.plan, planned_timeline(run.planned, run.plan)), args.timeline)
-            print(f"hal plan: the planner's predicted timeline {written}", file=sys.stderr)
+            _draw(planned_document(run.plan, planned_timeline(run.planned, run.plan)), args.timeline,
+                  "the planner's predicted timeline")
         else:
-            written = write_png(plan_document(run.plan), args.timeline)
-            print(f"hal plan: predicted timeline {written}", file=sys.stderr)
+            if run.planned is not None:
+                print(f"hal plan: {mismatch_note(config_path(args))}", file=sys.stderr)
+            _draw(plan_document(run.plan), args.timeline, "predicted timeline")
     return 0
+
+
+def _draw(document: dict[str, Any], path: str, what: str) -> None:
+    from hal.parallel.timeline_plot import write_png
+
+    print(f"hal plan: {what} {write_png(document, path)}", file=sys.stderr)
+
+
+def _check_write(args: argparse.Namespace) -> None:
+    """--write names a new file: writable, and not one of the files the search reads (it would replace it)."""
+    from pathlib import Path
+
+    from hal.errors import ConfigError
+    from hal.run_dirs import check_creatable_file
+
+    target = Path(args.write)
+    check_creatable_file(target, "--write")
+    for flag, source in (("--config", config_path(args)), ("--cluster", args.cluster), ("--profile", args.profile)):
+        if source and target.exists() and target.resolve() == Path(source).resolve():
+            raise ConfigError(f"--write {args.write}: is the {flag} file this search reads; writing the plan there "
+                              "would replace it: give another path")
 
 
 def _check_timeline(path: str) -> None:

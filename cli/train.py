@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
                   init_from=args.init_from, cpu_binding=args.cpu_binding)
     print(f"hal train: {describe(job)}", file=sys.stderr)
     if job.planned is not None and not job.planned.matches:
-        print(f"hal train: {args.config}: planned: was written for another parallel: section (edited since hal plan "
-              "--search wrote it); the planner's prediction is left out of the timeline", file=sys.stderr)
+        from hal.parallel.planner.planned import mismatch_note
+
+        print(f"hal train: {mismatch_note(args.config)}", file=sys.stderr)
     write_job(job)
     status = run_local(job, spawn_ranks)
     if status == 0:

@@ -47,6 +47,8 @@ def check_creatable_file(path: Path, what: str) -> None:
 
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; give a file path")
+    if path.exists() and not path.is_file():  # a device, pipe or socket: the atomic rename would replace it
+        raise ConfigError(f"{what} {path}: is not a regular file (a device, pipe or socket); give a file path")
     check_creatable_dir(path.parent, f"{what}'s directory")
 
 

@@ -56,6 +56,17 @@ def test_profile_search_write_train(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     assert "planned: was written for another parallel: section" in out.stderr
     assert "planned" not in json.loads((tmp_path / "edited-run" / "timeline.json").read_text())
+    out = run_hal("plan", "--config", str(edited), "--timeline", str(tmp_path / "edited.png"))
+    assert out.returncode == 0 and "planned: was written for another parallel: section" in out.stderr, out.stderr
+    # --search draws plan #1's predicted timeline; --write never replaces a file the search reads
+    out = run_hal("plan", "--search", "--config", str(config), "--profile", str(profile), "--top", "1",
+                  "--timeline", str(tmp_path / "searched.png"))
+    assert out.returncode == 0 and "the planner's predicted timeline of plan #1" in out.stderr, out.stderr
+    assert (tmp_path / "searched.png").read_bytes()[:4] == b"\x89PNG"
+    before = config.read_text()
+    out = run_hal("plan", "--search", "--config", str(config), "--profile", str(profile), "--write", str(config))
+    assert out.returncode == 2 and "is the --config file this search reads" in out.stderr, out.stderr
+    assert config.read_text() == before
     # the profile of another model is refused in one line
     other = tmp_path / "other.yaml"
     other.write_text(CONFIG.replace("hidden_size: 32", "hidden_size: 64"))

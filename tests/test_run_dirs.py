@@ -1,6 +1,7 @@
 """Writing a file whole or not at all, and the writability checks made before a run or a search starts."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,5 +32,9 @@ def test_files_that_cannot_be_written_are_one_config_error(tmp_path: Path) -> No
     for path, words in ((tmp_path, "is a directory"), (blocker / "out.json", "exists and is not a directory")):
         with pytest.raises(ConfigError, match=words):
             check_creatable_file(path, "--out")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # a special file: the atomic rename would replace it with a regular one
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        check_creatable_file(fifo, "--out")
     check_creatable_file(tmp_path / "new" / "out.json", "--out")  # creatable: no error, nothing made
     assert not (tmp_path / "new").exists()

@@ -15,7 +15,7 @@ from ..run_config import RunConfig
 from .cluster import Cluster, check_holds, load_cluster
 from .cost import CostModel
 from .profile import Profile, load_profile
-from .planned import planned_section
+from .planned import planned_section, profile_label
 from .profiler import make_profile
 from .search import Result, Search, SearchReport, report_dict
 
@@ -79,8 +79,7 @@ def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cos
     with open(run.origin, encoding="utf-8") as f:
         data = yaml.safe_load(f)
     data["parallel"] = result.plan.to_dict()
-    data["planned"] = planned_section(result.plan, result.prediction,
-                                      f"profile {profile}" if profile else "quick profile")
+    data["planned"] = planned_section(result.plan, result.prediction, profile_label(profile))
     # hal train refuses a top-level backend its stages contradict: the plan's own, or none where it mixes backends
     backends = sorted({stage.backend for stage in result.plan.stages})
     if "backend" in data and data["backend"] != "auto":

@@ -53,6 +53,17 @@ def _plain(value: Any) -> Any:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else float(value)
 
 
+def profile_label(profile: str | None) -> str:
+    """Where the prediction's numbers came from, as the section and the pictures say it."""
+    return f"profile {profile}" if profile else "quick profile"
+
+
+def mismatch_note(config: str) -> str:
+    """What a command says where a plan's ``planned:`` section was written for another ``parallel:`` section."""
+    return (f"{config}: planned: was written for another parallel: section (edited since hal plan --search wrote it); "
+            "the planner's prediction is left out of the timeline")
+
+
 @dataclass(frozen=True)
 class Planned:
     """A checked ``planned:`` section; ``matches``: it was made for this run's ``parallel:`` section."""
