@@ -6,9 +6,10 @@ here fails later only for reasons a dry run cannot see (a rank crashing, a netwo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, Sequence
+
+from hal import strict_json
 
 from .common import add_config_argument, config_path
 
@@ -142,7 +143,7 @@ def run_search(args: argparse.Namespace) -> int:
     run = load_run_config(config_path(args), check_backends=False)
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
-    print(json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
+    print(strict_json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
     if args.write:
         write_plan(run, report.results[0], args.write, cost, args.profile)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     run = load_run_config(config_path(args))
     check_training(run, run.hal.fallback)  # the verdict hal train would give, before anything starts
     report = plan_report(run)
-    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:
         from hal.parallel.planner.planned import mismatch_note, planned_timeline
         from hal.parallel.timeline import plan_document, planned_document

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any, Sequence
 
+from hal import strict_json
+
 NAME = "train"
 
 
@@ -84,7 +86,7 @@ def _draw_timeline(job: Any) -> None:
     doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
     if job.planned is not None and job.planned.matches:
         doc["planned"] = planned_timeline(job.planned, job.plan)
-        write_text_atomic(source, json.dumps(doc) + "\n")
+        write_text_atomic(source, strict_json.dumps(doc) + "\n")
     reason = missing()
     if reason is not None:
         print(f"hal train: timeline.png not drawn: {reason} (the spans are in {source})", file=sys.stderr)
@@ -96,7 +98,7 @@ def _draw_timeline(job: Any) -> None:
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print(strict_json.dumps(summary, indent=2))
         return
     rate = summary["tokens_per_s"] or 0.0
     mfu = f" ({summary['mfu']:.1%} MFU)" if summary.get("mfu") is not None else ""

@@ -78,6 +78,7 @@ class NonNegativeInt(_Integer):
 @dataclass(frozen=True)
 class Number(Rule):
     positive: bool  # True: > 0; False: ≥ 0
+    maximum: float | None = None  # a bound past which the value is a mistake (an overflow in fp32, say), not a choice
 
     def check(self, origin: str, key: str, value: Any, example: str) -> float:
         # PyYAML reads ``1e-3`` (no dot) as a string (YAML 1.1); a number written that way is still a number.
@@ -90,6 +91,8 @@ class Number(Rule):
                 or value < 0 or (self.positive and value == 0):
             bound = "a positive number" if self.positive else "a number ≥ 0"
             raise ConfigError(f"{origin}: key '{key}' must be {bound}, got {value!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{origin}: key '{key}' must be at most {self.maximum:g}, got {value!r}")
         return float(value)
 
 

@@ -10,6 +10,9 @@ from hal.config_schema import (
 )
 from hal.errors import ConfigError
 
+# An auxiliary loss weight beyond this swamps the language-model loss (papers use 0.001-0.1) and, far beyond it,
+# overflows fp32 into a NaN loss: a mistake to refuse, not a choice to train.
+MAX_LOSS_WEIGHT = 1000.0
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -60,8 +63,8 @@ class ModelConfig:
     moe_shared_gate: bool = key(Flag(), False)  # Qwen2-MoE: the shared expert's output × sigmoid(gate(x))
     moe_scoring: str = key(Choice(("softmax", "sigmoid")), "softmax")
     moe_normalize_top_k: bool = key(Flag(), True)  # renormalise the top-k weights to sum to 1
-    moe_aux_loss_weight: float = key(Number(positive=False), 0.01)  # load-balancing loss (Switch / Mixtral)
-    moe_z_loss_weight: float = key(Number(positive=False), 0.0)  # router z-loss (ST-MoE)
+    moe_aux_loss_weight: float = key(Number(positive=False, maximum=MAX_LOSS_WEIGHT), 0.01)  # load-balancing loss (Switch / Mixtral)
+    moe_z_loss_weight: float = key(Number(positive=False, maximum=MAX_LOSS_WEIGHT), 0.0)  # router z-loss (ST-MoE)
     moe_every: int = key(PositiveInt(limits.LAYERS), 1)
     moe_first_dense: int = key(NonNegativeInt(limits.LAYERS), 0)
 

@@ -27,7 +27,6 @@ for ``hal train`` to draw.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -40,6 +39,7 @@ from typing import Any, Sequence, TextIO
 import torch
 import torch.distributed as dist
 
+from hal import strict_json
 from hal.errors import HalError
 
 from .data import global_batch
@@ -398,7 +398,7 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
     if everyone is None:
         return
     doc = measured_document(r.job.plan, r.topology, everyone, step=step)
-    Path(r.job.run_dir, "timeline.json").write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    Path(r.job.run_dir, "timeline.json").write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
 
 
 # --- the loop ----------------------------------------------------------------------------------------------
@@ -473,7 +473,7 @@ def train(r: RankRun) -> None:
                     record["skipped"] = r.scaler.skipped_steps > skipped_before
                     record["skipped_steps"] = skipped_before = r.scaler.skipped_steps
                 records.append(record)
-                log.write(json.dumps(record) + "\n")
+                log.write(strict_json.dumps(record) + "\n")
                 log.flush()
                 if board is not None:
                     board.write(record)
@@ -490,7 +490,7 @@ def train(r: RankRun) -> None:
             board.close()
     if is_writer:
         summary = _summary(r, records, time.perf_counter() - began, checkpoint)
-        Path(r.job.run_dir, "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        Path(r.job.run_dir, "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 # --- entry point ----------------------------------------------------------------------------------------------

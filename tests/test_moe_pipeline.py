@@ -185,6 +185,7 @@ def test_hal_train_logs_each_moe_layers_load_and_aux_loss(tmp_path: Path) -> Non
     ({"moe_ffn_hidden_size": 15}, {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2},
      "tp 2 does not divide model.moe_ffn_hidden_size 15"),
     ({"moe_first_dense": 4}, None, "no layer is an MoE layer"),
+    ({"moe_aux_loss_weight": 1e308}, None, "key 'model.moe_aux_loss_weight' must be at most 1000"),  # a NaN loss otherwise
 ])
 def test_bad_moe_runs_are_one_line_and_exit_2(tmp_path: Path, model: dict[str, Any], stage: dict[str, Any] | None,
                                               says: str) -> None:
