@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hal.errors import ConfigError
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
 from hal.parallel.planner.cluster import parse_cluster, resolve
@@ -262,3 +263,11 @@ def test_a_written_plan_mixing_backends_names_no_top_level_backend(tmp_path) -> 
         data = yaml.safe_load(out.read_text())
         assert data.get("backend") == top
         assert load_run_config(out, check_backends=False).plan == result.plan
+
+
+def test_a_cluster_too_large_for_the_batch_is_said_as_such() -> None:
+    """No layout at all (8 rows, 8 layers, 4 heads over 4096 devices) is not 'out of memory': the line names the split."""
+    cost = _cost([{**H100, "count": 4096}])
+    with pytest.raises(ConfigError, match="no layout splits a global batch of 8 rows and 8 layers over the cluster's "
+                                          "4096 devices; declare fewer devices or raise the global batch"):
+        Search(cost, ParallelPlan((StagePlan("cuda", 1, 8),), "1f1b", 8, 1)).run(top=1)

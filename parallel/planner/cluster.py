@@ -83,7 +83,7 @@ class DeviceGroup:
     device: str = key(Custom(_device_id), example="device: nvidia-h100-sxm")
     count: int = key(PositiveInt(limits.DEVICES), example="count: 8")
     node: int = key(NonNegativeInt(limits.DEVICES), 0)
-    cores: int | None = key(Nullable(PositiveInt(limits.LOCAL_RANKS)), None)  # cpu: cores the ranks share (default: this host's)
+    cores: int | None = key(Nullable(PositiveInt(limits.LOCAL_RANKS)), None, example="cores: 8")  # cpu: cores the ranks share (default: this host's)
     memory_gb: float | None = key(Nullable(Number(positive=True)), None)  # declared where the catalog has none
     memory_bandwidth_gbps: float | None = key(Nullable(Number(positive=True)), None)
     peak_tflops: dict[str, float] | None = key(Nullable(Custom(_peaks)), None, example="peak_tflops: {bf16: 313}")

@@ -275,6 +275,10 @@ class Search:
                     heapq.heappush(best, item)
                 elif item[0] > best[0][0]:
                     heapq.heapreplace(best, item)
+        if not best and not self.pruned_memory:  # nothing was even tried: the batch or the layers cannot be split so far
+            raise ConfigError(f"hal plan --search: no layout splits a global batch of {self.rows_total} rows and "
+                              f"{self.model.num_layers} layers over the cluster's {self.cost.cluster.device_count} devices; "
+                              "declare fewer devices or raise the global batch (micro_batches x micro_batch_size)")
         if not best:
             raise ConfigError(f"hal plan --search: no plan of this model fits the cluster's {self.cost.cluster.device_count} "
                               f"devices ({self.pruned_memory} ran out of memory even with recompute and zero1); add devices, "
