@@ -15,11 +15,15 @@ than when it was profiled — the drift a host-bound prediction cannot follow.
     python benchmarks/planner_accuracy.py [--backend cpu|cuda] [--model NAME] [--steps 10] [--json] [--only 1,3] [--recheck]
                                           [--cpu-binding none|cores] [--compile inductor|aot_eager] [--phases]
                                           [--save-profile P | --profile P]
+
+Bad input (a flag's value, a --profile that cannot be used, a --save-profile path that cannot be written) is
+refused in one line on stderr with exit status 2, before anything is profiled or trained.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -81,9 +85,11 @@ def cluster_group(backend: str) -> dict[str, Any]:
         return {"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": os.cpu_count() or 1}
     from hal.backend_registry import get_backend
 
+    from hal.errors import ConfigError
+
     device = get_backend(backend).capabilities(0).catalog_id
     if device is None:
-        raise SystemExit(f"planner_accuracy: device 0 of {backend} is not in the catalog; it cannot be planned for")
+        raise ConfigError(f"device 0 of {backend} is not in the catalog; it cannot be planned for (add it to the catalog)")
     return {"backend": backend, "device": device, "count": 4}
 
 
@@ -100,21 +106,26 @@ def config_text(parallel: dict[str, Any], steps: int, backend: str = "cpu", chec
 
 
 def given_profile(path: str, run: Any, compile_backend: str | None) -> Any:
-    """The profile at ``path``, refused in one line where it was made for another model or precision, or with
-    layers compiled differently from what this run's plans do."""
+    """The profile at ``path``, refused in one ConfigError line where it cannot be read, was made for another model
+    or precision, has layers compiled differently from what this run's plans do, or a ``meta.host_op_us`` that is not
+    two positive times — checked here, before any plan runs, not when the first row divides by it."""
     from hal.errors import ConfigError
     from hal.parallel.planner.profile import load_profile
 
-    try:
-        profile = load_profile(path, run.model, run.hal.precision)
-    except ConfigError as exc:
-        raise SystemExit(f"planner_accuracy: {exc}") from None
+    profile = load_profile(path, run.model, run.hal.precision)
+    if not isinstance(profile.meta, dict):
+        raise ConfigError(f"--profile {path}: its meta is not a mapping; measure the profile again (--save-profile)")
     if profile.meta.get("compiled_layers") != compile_backend:
         def how(backend: str | None) -> str:
             return f"compiled with {backend}" if backend else "eager"
 
-        raise SystemExit(f"planner_accuracy: --profile {path} timed its layers {how(profile.meta.get('compiled_layers'))}, "
-                         f"these plans run them {how(compile_backend)}; measure a profile with the same --compile")
+        raise ConfigError(f"--profile {path} timed its layers {how(profile.meta.get('compiled_layers'))}, "
+                          f"these plans run them {how(compile_backend)}; measure a profile with the same --compile")
+    host = profile.meta.get("host_op_us")
+    if host is not None and not (isinstance(host, list) and len(host) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in host)):
+        raise ConfigError(f"--profile {path}: meta.host_op_us is {json.dumps(host)[:80]}, not two positive microsecond "
+                          "times (before and after the profile); remove the key, or measure the profile again (--save-profile)")
     return profile
 
 
@@ -177,13 +188,51 @@ def predicted_phases(pred: Any, micro_batches: int) -> dict[str, Any]:
                         "optimizer_s": st.optimizer_s} for st in pred.stages]}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def steps_count(text: str) -> int:
+    """--steps: a whole number of 2 or more (the first step is warm-up; the median is over the others)."""
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give e.g. --steps 10") from None
+    if steps < 2:
+        raise argparse.ArgumentTypeError(f"{steps}: give 2 or more (the first step is warm-up, the rest are measured)")
+    return steps
+
+
+def plan_numbers(text: str) -> list[int]:
+    """--only: comma-separated whole numbers (their range is checked once the plans are known: --compile has fewer)."""
+    numbers = []
+    for item in text.split(","):
+        try:
+            numbers.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not a plan number; give comma-separated numbers "
+                                             "from 1, e.g. --only 1,3") from None
+    return numbers
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every user error (a HalError: bad flags, an unusable --profile or --save-profile) as one line, exit 2."""
+    from hal.errors import HalError
+
+    try:
+        return benchmark(argv)
+    except HalError as exc:
+        print(f"planner_accuracy: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def benchmark(argv: list[str] | None = None) -> int:
+    from hal.cli.common import Parser  # argparse errors as one HalError line, not usage + error
+    from hal.errors import ConfigError
+
+    parser = Parser(prog="planner_accuracy.py", description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="cpu", choices=sorted(PRECISION), help="the 4 ranks' backend (cuda: 4 GPUs)")
     parser.add_argument("--model", choices=sorted(MODELS),
                         help="the decoder's shape (default: cpu-small on the cpu, llama3-8b-layers on cuda)")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--only", help="comma-separated plan numbers (1-based)")
+    parser.add_argument("--steps", type=steps_count, default=10,
+                        help="hal train steps per plan, 2 or more (the first is warm-up; the median of the rest is measured)")
+    parser.add_argument("--only", type=plan_numbers, help="comma-separated plan numbers (1-based)")
     parser.add_argument("--recheck", action="store_true", help="train the first plan again at the end: the noise floor")
     parser.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
                         help="hal train's --cpu-binding for every measured run (cores: each rank on cores of its own)")
@@ -198,11 +247,17 @@ def main() -> int:
                              "measured in several invocations are then predicted from one profile")
     given.add_argument("--save-profile", metavar="PATH", help="write the profile measured here to PATH")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model = args.model or DEFAULT_MODEL[args.backend]
+    if args.save_profile:  # before the profile is measured, not after (a directory, an unwritable place)
+        from hal.run_dirs import check_creatable_file
+
+        check_creatable_file(Path(args.save_profile), "--save-profile")
 
     from hal.launch import run_function
     from hal.parallel.plan import splits_backward
+    from hal.parallel.flops import model_parameters
+    from hal.parallel.planner.cluster import check_holds, load_cluster
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.plan_search import planning_inputs
     from hal.parallel.planner.profiler import make_profile
@@ -212,14 +267,21 @@ def main() -> int:
     if args.compile:
         todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo
                 if not splits_backward(parallel["schedule"])]
-    chosen = [int(x) - 1 for x in args.only.split(",")] if args.only else range(len(todo))
+    outside = [n for n in args.only or () if not 1 <= n <= len(todo)]
+    if outside:  # 0 would be Python's index -1, the last plan
+        raise ConfigError(f"--only {', '.join(map(str, outside))}: the plans{' with --compile' if args.compile else ''} "
+                          f"are numbered 1 to {len(todo)}; give numbers in that range, e.g. --only 1,3")
+    chosen = [n - 1 for n in args.only] if args.only else range(len(todo))
     rows = []
     gpu = args.backend != "cpu"
     with tempfile.TemporaryDirectory(prefix="planner-accuracy-") as tmp:
         first = Path(tmp, "base.yaml")
         first.write_text(config_text(todo[0][1], args.steps, args.backend, model=model))
         run = load_run_config(first)
-        cluster, _, _ = planning_inputs(run, None, None)
+        # the cluster as planning_inputs reads it, without the quick profile it would measure first (seconds spent
+        # before a --profile is even read, and thrown away: the profile used is given or measured below)
+        cluster = load_cluster(run.hal.cluster, run.origin, None)
+        check_holds(cluster, model_parameters(run.model), run.origin)
         if args.profile:
             profile = given_profile(args.profile, run, args.compile)
             host_at_profile = profile.meta.get("host_op_us")
@@ -231,7 +293,11 @@ def main() -> int:
             host_at_profile.append(host_op_us())
             profile.meta["host_op_us"] = host_at_profile  # read back by a later --profile run's "host op" column
             if args.save_profile:
-                profile.save(args.save_profile)
+                try:  # checked up front; a place that looked writable and is not (root on /proc) still gets one line
+                    profile.save(args.save_profile)
+                except OSError as exc:
+                    raise ConfigError(f"--save-profile {args.save_profile}: cannot write it ({exc.strerror or exc}); "
+                                      "give a writable file path") from None
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         for i in chosen:
