@@ -1,5 +1,6 @@
 """benchmarks/planner_accuracy.py: bad input is one line on stderr and exit 2, refused before anything is profiled or
-trained; a usable --profile runs through. In-process: the profiling and the ``hal train`` runs are stubbed out."""
+trained (the profiling and the training are replaced by failures: neither may start); a usable --profile runs
+through a real ``hal train`` run."""
 from __future__ import annotations
 
 import json
@@ -104,19 +105,16 @@ def test_a_bad_host_op_us_is_refused_before_any_run(capsys: pytest.CaptureFixtur
         assert f"--profile {path}: meta.host_op_us is " in line and "not two positive microsecond times" in line
 
 
-@pytest.mark.parametrize("meta", [{"host_op_us": [2.0, 1.5]}, {}, {"host_op_us": None}])
+@pytest.mark.multiprocess  # hal train runs the plan for real
+@pytest.mark.parametrize("meta", [{"host_op_us": [2.0, 1.5]}, {"host_op_us": None}])
 def test_a_usable_profile_runs_through(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                        tmp_path: Path, meta: dict[str, Any]) -> None:
     path = write_profile(tmp_path / "p.json", meta)
-
-    def measured(config: Path, run_dir: Path, steps: int, *rest: Any) -> tuple[float, list[int | None], list[float], dict[str, Any]]:
-        return 0.5, [None] * 4, [0.5] * (steps - 1), {"schedule_s": None, "stages": []}
-
-    monkeypatch.setattr(pa, "measured", measured)
-    assert pa.main(["--profile", str(path), "--only", "1,5", "--steps", "3", "--json"]) == 0
+    monkeypatch.undo()  # the real host timing and the real training run: only the profile is made up
+    assert pa.main(["--profile", str(path), "--only", "1", "--steps", "2", "--json"]) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)
-    assert [r["plan"] for r in result["rows"]] == [pa.PLANS[0][0], pa.PLANS[4][0]]
-    drift = [r["host_vs_profile"] for r in result["rows"]]
-    assert drift == ([pytest.approx(2.0 / 1.75)] * 2 if meta.get("host_op_us") else [None, None])
+    assert [r["plan"] for r in result["rows"]] == [pa.PLANS[0][0]]
+    drift = result["rows"][0]["host_vs_profile"]
+    assert (drift > 0 and math.isfinite(drift)) if meta.get("host_op_us") else drift is None
     assert "Traceback" not in err
