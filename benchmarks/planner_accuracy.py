@@ -110,7 +110,7 @@ def given_profile(path: str, run: Any, compile_backend: str | None) -> Any:
     or precision, has layers compiled differently from what this run's plans do, or a ``meta.host_op_us`` that is not
     two positive times — checked here, before any plan runs, not when the first row divides by it."""
     from hal.errors import ConfigError
-    from hal.parallel.planner.profile import load_profile
+    from hal.parallel.planner.profile_file import load_profile
 
     profile = load_profile(path, run.model, run.hal.precision)
     if not isinstance(profile.meta, dict):

@@ -10,7 +10,7 @@ from hal.errors import ConfigError
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.estimate import estimate_device
-from hal.parallel.planner.profile import load_profile
+from hal.parallel.planner.profile_file import load_profile
 from hal.parallel.planner.profiler import make_profile
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)

@@ -14,7 +14,8 @@ import pytest
 from hal.errors import ConfigError
 from hal.parallel.model_config import ModelConfig
 from hal.parallel.planner.cluster import parse_cluster, resolve
-from hal.parallel.planner.profile import MAX_PROFILE_BYTES, LinkProfile, load_profile
+from hal.parallel.planner.profile import LinkProfile
+from hal.parallel.planner.profile_file import MAX_PROFILE_BYTES, load_profile
 from hal.parallel.planner.profiler import make_profile
 
 from .conftest import run_hal

@@ -14,7 +14,8 @@ from hal.run_dirs import write_text_atomic
 from ..run_config import RunConfig
 from .cluster import Cluster, check_holds, load_cluster
 from .cost import CostModel
-from .profile import Profile, load_profile
+from .profile import Profile
+from .profile_file import load_profile
 from .planned import planned_section, profile_label
 from .profiler import make_profile
 from .search import Result, Search, SearchReport, report_dict
