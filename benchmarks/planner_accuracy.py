@@ -256,10 +256,8 @@ def benchmark(argv: list[str] | None = None) -> int:
 
     from hal.launch import run_function
     from hal.parallel.plan import splits_backward
-    from hal.parallel.flops import model_parameters
-    from hal.parallel.planner.cluster import check_holds, load_cluster
     from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.plan_search import planning_inputs
+    from hal.parallel.planner.plan_search import planning_cluster, planning_inputs
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
@@ -278,10 +276,9 @@ def benchmark(argv: list[str] | None = None) -> int:
         first = Path(tmp, "base.yaml")
         first.write_text(config_text(todo[0][1], args.steps, args.backend, model=model))
         run = load_run_config(first)
-        # the cluster as planning_inputs reads it, without the quick profile it would measure first (seconds spent
-        # before a --profile is even read, and thrown away: the profile used is given or measured below)
-        cluster = load_cluster(run.hal.cluster, run.origin, None)
-        check_holds(cluster, model_parameters(run.model), run.origin)
+        # the cluster alone: planning_inputs would first measure a quick profile, thrown away here (the profile used
+        # is given or measured below)
+        cluster = planning_cluster(run, None)
         if args.profile:
             profile = given_profile(args.profile, run, args.compile)
             host_at_profile = profile.meta.get("host_op_us")

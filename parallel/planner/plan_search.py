@@ -21,13 +21,20 @@ from .profiler import make_profile
 from .search import Result, Search, SearchReport, report_dict
 
 
-def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str | None,
-                    progress: Callable[[str], None] | None = None) -> tuple[Cluster, Profile, CostModel]:
-    """The cluster (declared or probed), the profile (given, or measured now in quick mode) and the cost model."""
+def planning_cluster(run: RunConfig, cluster_file: str | None) -> Cluster:
+    """The cluster to plan for (``cluster_file``'s, the config's, or the devices present), refused in one line where
+    its devices cannot hold the model."""
     from ..flops import model_parameters
 
     cluster = load_cluster(run.hal.cluster, run.origin, cluster_file)
     check_holds(cluster, model_parameters(run.model), cluster_file or run.origin)
+    return cluster
+
+
+def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str | None,
+                    progress: Callable[[str], None] | None = None) -> tuple[Cluster, Profile, CostModel]:
+    """The cluster (declared or probed), the profile (given, or measured now in quick mode) and the cost model."""
+    cluster = planning_cluster(run, cluster_file)
     seq = run.train.seq_len or run.model.max_seq_len
     if profile_file is not None:
         profile = load_profile(profile_file, run.model, run.hal.precision)
