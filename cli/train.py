@@ -96,6 +96,11 @@ def _draw_timeline(job: Any) -> None:
     print(f"hal train: timeline of step {doc['step']}, {against} against measured: {png}", file=sys.stderr)
 
 
+def _loss(value: float | None) -> str:
+    """A summary loss; None is what the log writes for a loss that was not finite (the run diverged)."""
+    return "not finite (diverged)" if value is None else f"{value:.4f}"
+
+
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(strict_json.dumps(summary, indent=2))
@@ -103,7 +108,7 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     rate = summary["tokens_per_s"] or 0.0
     mfu = f" ({summary['mfu']:.1%} MFU)" if summary.get("mfu") is not None else ""
     print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
-          f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {rate:.0f} tok/s{mfu} steady, {summary['wall_s']:.1f} s wall; "
+          f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s{mfu} steady, {summary['wall_s']:.1f} s wall; "
           f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 
