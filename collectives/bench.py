@@ -86,6 +86,8 @@ class BenchFailed(HalError):
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+MAX_SIZE = 16 << 30  # one message: above any link benchmark's need, below what a device holds world-size times over
+ITERS_LIMIT = 1_000_000  # --iters / --warmup: beyond it a run outlives its user
 
 
 def parse_size(text: str) -> int:
@@ -93,7 +95,11 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match or int(match.group(1)) < 1:
         raise ConfigError(f"--sizes: {text!r} is not a size; use a positive number of bytes like 8B, 64K, 1M or 1GiB")
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    size = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    if size > MAX_SIZE:
+        raise ConfigError(f"--sizes: {text!r} is above {MAX_SIZE >> 30} GiB, the largest buffer a benchmark allocates "
+                          "(a gather holds world-size of them); give e.g. 8B..1GiB")
+    return size
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -167,8 +173,9 @@ def make_plan(
         raise ConfigError(f"--world-size {n} is not a rank count; give 1 or more")
     if chosen.device_type != "cpu" and n > count:
         raise ConfigError(f"--world-size {n} but backend '{chosen.name}' has {count} device(s); use {count} or less (one rank per device)")
-    if iters < 1 or warmup < 0:
-        raise ConfigError(f"--iters {iters} / --warmup {warmup}: give at least 1 timed iteration and 0 or more warm-ups")
+    if not (1 <= iters <= ITERS_LIMIT and 0 <= warmup <= ITERS_LIMIT):
+        raise ConfigError(f"--iters {iters} / --warmup {warmup}: give 1 to {ITERS_LIMIT:,} timed iterations and 0 to "
+                          f"{ITERS_LIMIT:,} warm-ups")
     if rounds < 1:
         raise ConfigError(f"--rounds {rounds}: give at least 1 round")
     size_list = parse_sizes(sizes or DEFAULT_SIZES.get(chosen.device_type, "8B..1GiB"))

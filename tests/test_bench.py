@@ -139,6 +139,9 @@ def test_any_wrong_element_makes_the_exit_status_1(monkeypatch: pytest.MonkeyPat
     "args, words",
     [
         (["--sizes", "8X..1M"], "'8X' is not a size"),
+        (["--sizes", "100000000000000000000B"], "is above 16 GiB, the largest buffer"),  # not an overflow in torch.empty
+        (["--sizes", "8B..1000TiB"], "'1000TiB' is above 16 GiB"),
+        (["--iters", "1000000000000"], "give 1 to 1,000,000 timed iterations"),
         (["--world-size", "0"], "--world-size 0"),
         (["--dtype", "float32,float8"], "float8 is not allowed"),
         (["--ops", "all_reduce,allreduce"], "allreduce is not allowed"),
