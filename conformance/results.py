@@ -91,6 +91,9 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
 
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a results.json; unreadable or invalid files raise a one-line ConfigError."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read forever, a directory fails
+        raise ConfigError(f"{path}: not a regular file (a directory, pipe or device); give the results.json of "
+                          "'hal conformance run'")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -101,6 +104,9 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); give the results.json of "
+                          "'hal conformance run'") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a results file; give the results.json of "
                           "'hal conformance run'") from None
     return validate(doc, str(path))
 

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from hal.errors import ConfigError, HalError
+from hal.run_dirs import check_creatable_file
 
 from .token_file import DTYPES, INDEX_FORMAT, index_path
 
@@ -134,11 +135,19 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{number}: not JSON ({exc.msg}, column {exc.colno}); each line must be one "
                               "JSON object with a \"text\" field") from None
+        except RecursionError:
+            raise ConfigError(f"{path}:{number}: JSON nested too deeply; each line must be one JSON object like "
+                              "{\"text\": \"...\"}") from None
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
             got = "no \"text\" field" if not isinstance(record, dict) or "text" not in record else \
                 f"\"text\" is {type(text).__name__}, not a string"
             raise ConfigError(f"{path}:{number}: {got}; each line must be a JSON object like {{\"text\": \"...\"}}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": the tokenizer cannot take it
+            raise ConfigError(f"{path}:{number}: \"text\" is not valid Unicode text ({exc.reason} at character "
+                              f"{exc.start}); remove or fix the escaped surrogate") from None
         yield text
 
 
@@ -208,12 +217,18 @@ def prepare_tokens(files: Sequence[str | Path], tokenizer_path: str | Path, pref
     vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
     dtype = dtype_for(vocab_size)
     text = str(prefix)
-    bin_path = Path((text[: -len(".bin")] if text.endswith(".bin") else text) + ".bin")
+    stem = text[: -len(".bin")] if text.endswith(".bin") else text
+    if not stem or stem.endswith(("/", os.sep)) or Path(stem).name in ("", ".", ".."):
+        raise ConfigError(f"--out {text!r}: names no file; give a file prefix such as data/train "
+                          "(writes data/train.bin and data/train.idx.json)")
+    bin_path = Path(stem + ".bin")
     idx_path = index_path(bin_path)
     if not bin_path.parent.is_dir():
         why = (f"{bin_path.parent} is a file, not a directory" if bin_path.parent.exists()
                else f"directory {bin_path.parent} does not exist; create it first")
         raise ConfigError(f"--out {prefix}: {why}")
+    for target in (bin_path, idx_path):  # checked now, not at the rename after all the tokenizing
+        check_creatable_file(target, "--out")
     tmp_bin = bin_path.with_name(f".{bin_path.name}.tmp-{os.getpid()}")
     tmp_idx = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
     progress, sources = Progress(0, len(paths), 0, 0), []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,16 @@ def test_compare_bad_files_exit_2(runs: dict[str, Path], tmp_path: Path, capsys:
         code = main(["conformance", "compare", *args])
         captured = capsys.readouterr()
         _one_line_error(subprocess.CompletedProcess(args, code, captured.out, captured.err), needle)
+
+
+def test_compare_refuses_a_fifo_and_deeply_nested_json_in_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)  # reading it would block forever: refused before it is opened
+    _one_line_error(run_hal("conformance", "compare", str(runs["a"]), str(fifo), timeout=60), "not a regular file")
+    _one_line_error(run_hal("conformance", "compare", str(runs["a"]), str(tmp_path)), "not a regular file")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _one_line_error(run_hal("conformance", "compare", str(runs["a"]), str(deep)), "nested too deeply")
 
 
 def test_hal_lists_conformance_but_does_not_import_it_until_used() -> None:

@@ -122,6 +122,9 @@ BAD_INPUT = {
     "unknown-eod": ({"a.txt": "hello\n"}, ["--eod", "<eot>", "a.txt"], "--eod '<eot>' is not a token of"),
     "missing-tokenizer": ({"a.txt": "hello\n"}, ["--tokenizer", "no/tokenizer.json", "a.txt"], "no such file; give a Hugging Face"),
     # a good file first: its tokens were already written to the temporary file when the second one fails
+    "lone-surrogate": ({"a.jsonl": '{"text": "a\\ud800b"}\n'}, ["a.jsonl"], 'a.jsonl:1: "text" is not valid Unicode'),
+    "deeply-nested": ({"a.jsonl": '{"text": "ok"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n"}, ["a.jsonl"],
+                      "a.jsonl:2: JSON nested too deeply"),
     "fails-after-a-good-file": ({"a.txt": "hello world\n" * 50, "b.jsonl": '{"text": "ok"}\n[1, 2]\n'},
                                 ["a.txt", "b.jsonl"], 'b.jsonl:2: no "text" field'),
 }
@@ -151,6 +154,20 @@ def test_an_out_prefix_whose_folder_is_missing_or_a_file_is_one_error(tmp_path: 
         with pytest.raises(ConfigError, match=words):
             prepare_tokens([tmp_path / "a.txt"], tmp_path / "tokenizer.json", out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a.txt", "tokenizer.json"]
+
+
+def test_an_out_that_names_no_file_or_whose_bin_is_a_directory_is_one_error(tmp_path: Path, tok: Any) -> None:
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "x.bin").mkdir()
+    for out, words in (("", "names no file; give a file prefix such as data/train"),
+                       ("o/", "names no file; give a file prefix"), ("o/.bin", "names no file"),
+                       ("o/x", "o/x.bin: is a directory")):
+        result = run_hal("data", "prepare", "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", out,
+                         str(tmp_path / "a.txt"), cwd=tmp_path)
+        assert words in _one_error_line(result), out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "o", "tokenizer.json"]
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["x.bin"]
 
 
 def test_a_tokenizer_without_an_end_of_document_token_asks_for_eod(tmp_path: Path) -> None:
