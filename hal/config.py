@@ -157,17 +157,22 @@ def check_yaml_tree(root: yaml.Node | None, origin: str) -> None:
         size(root, 0)
 
 
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse a config file into a plain dict, or raise one ConfigError line saying what is wrong."""
+def read_yaml_file(path: str | os.PathLike[str]) -> Any:
+    """A YAML file's value, read within the config limits (a regular file, its size checked before it is read, its
+    tree bounded before it is built), or one ConfigError line saying what is wrong."""
     origin = str(path)
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{origin}: config file not found; check the path")
     if not p.is_file():
         raise ConfigError(f"{origin}: is not a file; give the path of a YAML file")
-    raw = p.read_bytes()
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{origin}: {len(raw)} bytes is too large for a config file (limit {MAX_CONFIG_BYTES}); check the path")
+    size = p.stat().st_size  # checked before reading: a huge file is refused, not loaded
+    if size <= MAX_CONFIG_BYTES:
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # a file grown since the stat is read only this far
+        size = len(raw)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{origin}: {size} bytes is too large for a config file (limit {MAX_CONFIG_BYTES}); check the path")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -183,6 +188,13 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{origin}: not valid YAML{where}: {exc.problem or exc.context}; fix the syntax there") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{origin}: not valid YAML: {' '.join(str(exc).split())}; fix the syntax") from None
+    return data
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a config file into a plain dict, or raise one ConfigError line saying what is wrong."""
+    origin = str(path)
+    data = read_yaml_file(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

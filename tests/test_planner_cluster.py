@@ -1,6 +1,8 @@
 """The planner's cluster: declared groups with catalog figures and their sources, probed devices, bad input as one line."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hal.errors import ConfigError
@@ -55,5 +57,12 @@ def test_probed_and_file_clusters(tmp_path) -> None:
     path.write_text("cluster:\n  groups:\n    - {backend: cpu, device: cpu-generic, count: 4, cores: 2}\n")
     from_file = load_cluster(None, "run.yaml", str(path))
     assert not from_file.probed and from_file.type("cpu-generic").cores == 2
-    with pytest.raises(ConfigError, match="cannot read it"):
+    with pytest.raises(ConfigError, match="^--cluster .*missing.yaml: config file not found"):
         load_cluster(None, "run.yaml", str(tmp_path / "missing.yaml"))
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    with pytest.raises(ConfigError, match="^--cluster .*fifo.yaml: is not a file"):
+        load_cluster(None, "run.yaml", str(fifo))
+    (tmp_path / "bad.yaml").write_text("cluster: [\n")
+    with pytest.raises(ConfigError, match="^--cluster .*bad.yaml: not valid YAML"):
+        load_cluster(None, "run.yaml", str(tmp_path / "bad.yaml"))

@@ -335,15 +335,14 @@ def load_cluster(raw_cluster: Any, origin: str, cluster_file: str | None = None)
     """``--cluster C`` (a file whose top level is ``cluster:`` or the section itself), else the run config's
     ``cluster:`` section, else the probed devices."""
     if cluster_file is not None:
-        import yaml
+        from hal.config import read_yaml_file
 
-        try:
-            with open(cluster_file, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+        try:  # within the config files' limits: a regular file, its size and its tree bounded before it is built
+            data = read_yaml_file(cluster_file)
+        except ConfigError as exc:
+            raise ConfigError(f"--cluster {exc}") from None
         except OSError as exc:
             raise ConfigError(f"--cluster {cluster_file}: cannot read it ({exc.strerror}); give a YAML file with a cluster: section") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--cluster {cluster_file}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if isinstance(data, Mapping) and "cluster" in data:
             data = data["cluster"]
         return resolve(parse_cluster(data, cluster_file), cluster_file)
