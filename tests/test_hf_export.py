@@ -144,6 +144,23 @@ def test_not_a_checkpoint_and_a_bad_format_are_one_line(trained: dict[str, Path]
     assert not (trained["root"] / "x").exists()
 
 
+def test_a_damaged_model_section_in_meta_json_is_one_line(trained: dict[str, Path], tmp_path: Path) -> None:
+    """meta.json's model: is read through the config schema: a NaN (which would reach config.json as non-JSON NaN)
+    and a misspelt choice are one line each, and nothing is written."""
+    import json
+    import shutil
+
+    source = resolve(trained["checkpoints"])
+    for key, value, says in (("rope_theta", float("nan"), "key 'model.rope_theta'"),
+                             ("moe_scoring", "sigmoidx", "key 'model.moe_scoring'")):
+        damaged = Path(shutil.copytree(source, tmp_path / key))
+        meta = json.loads((damaged / "meta.json").read_text())
+        meta["model"][key] = value
+        (damaged / "meta.json").write_text(json.dumps(meta))
+        _one_line_exit_2(run_hal("export", str(damaged), "--to", "hf", str(tmp_path / f"{key}-out")), says)
+        assert not (tmp_path / f"{key}-out").exists()
+
+
 def test_hal_train_refuses_a_truncated_shard_and_another_model_before_starting(trained: dict[str, Path], tmp_path: Path) -> None:
     import shutil
 
