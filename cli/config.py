@@ -8,6 +8,7 @@ from typing import Any
 from .common import add_config_argument, config_path
 
 NAME = "config"
+RUN_SECTIONS = ("model", "parallel", "train")
 
 
 def add_parser(sub: Any) -> None:
@@ -24,7 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from hal.config import load_config
     from hal.selection import select_backend
 
-    config = load_config(config_path(args), overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
+    path = config_path(args)
+    config = load_config(path, overrides={"backend": args.backend, "precision": args.precision, "fallback": args.fallback})
+    run_sections = _check_run_sections(path, config)
     selection = select_backend(config)
     report = {
         "config": config.to_dict(),
@@ -33,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         "devices": list(selection.devices),
         "precision": selection.precision.describe(),
         "downgrades": [d.to_dict() for d in selection.precision.downgrades],
+        "run_sections_checked": run_sections,
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -44,4 +48,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"-> devices {report['devices']}, precision {report['precision']}")
     for d in selection.precision.downgrades:
         print(f"-> {d.describe()}")
+    if run_sections:
+        print(f"-> {', '.join(run_sections)}: checked (hal plan --config F shows the stages and every rank)")
     return 0
+
+
+def _check_run_sections(path: str | None, config: Any) -> list[str]:
+    """A file with model:/parallel:/train: gets them checked too, as hal plan and hal train would (one line each
+    problem); a file of hal keys alone has none to check."""
+    present = [name for name in RUN_SECTIONS if getattr(config, name, None) is not None]
+    if path is None or not present:
+        return []
+    from hal.parallel.run_config import load_run_config
+
+    load_run_config(path, check_backends=False)
+    return present

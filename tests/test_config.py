@@ -34,6 +34,9 @@ MALFORMED = [
     ("fallback-error-refuses", b"backend: cpu\nprecision: tf32\nfallback: error\n", [], {}, ["tf32 -> fp32", "fallback is 'error'"]),
     ("env-backend-typo", b"precision: fp32\n", [], {"HAL_BACKEND": "cdua"}, ["environment HAL_BACKEND", "did you mean 'cuda'"]),
     ("flag-precision", b"backend: cpu\n", ["--precision", "fp64"], {}, ["--precision", "'fp64'"]),
+    # the run sections are checked too, as hal plan and hal train check them
+    ("run-sections", b"backend: cpu\nmodel: {num_layers: -5}\nparallel: {stages: 7}\ntrain: {steps: -1}\n", [], {},
+     ["model.num_layers", "-5"]),
 ]
 
 
@@ -52,6 +55,11 @@ def test_malformed_config_gives_one_line_and_exit_2(tmp_path, case) -> None:
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     assert result.stdout == ""
+
+
+def test_a_whole_run_config_is_checked_and_says_so() -> None:
+    result = run_hal("config", "--config", "examples/hetero_cpu.yaml")
+    assert result.returncode == 0 and "-> model, parallel, train: checked" in result.stdout, result.stderr
 
 
 def test_missing_config_file(tmp_path) -> None:
