@@ -191,6 +191,13 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
             if any(not math.isfinite(v) if isinstance(v, float) else not bool(torch.isfinite(v).all())
                    for v in state.values() if isinstance(v, float) or (torch.is_tensor(v) and v.is_floating_point())):
                 raise ConfigError(f"{where}: optimizer state of {pname} holds NaN or inf; resume from an earlier checkpoint")
+            if pname not in expected:
+                raise ConfigError(f"{where}: optimizer state of {pname!r}, a parameter not in this model; the checkpoint "
+                                  "is damaged or from another model")
+            for key, value in state.items():  # per-element entries (exp_avg, exp_avg_sq) have their parameter's shape
+                if _per_element(value) and tuple(value.shape) != expected[pname]:
+                    raise ConfigError(f"{where}: optimizer state {pname}.{key} has shape {tuple(value.shape)}, its "
+                                      f"parameter {expected[pname]}; the checkpoint is damaged")
     missing = sorted(set(expected) - seen)
     if missing:
         raise ConfigError(f"{flag} {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "

@@ -80,6 +80,15 @@ def _wrong_shape(blob: dict[str, Any]) -> None:
     blob["params"][name] = torch.zeros(3, 3)
 
 
+def _short_moment(blob: dict[str, Any]) -> None:
+    name, state = next(iter(blob["optimizer"].items()))
+    state["exp_avg"] = state["exp_avg"][:1]  # a rank would fail deep in AdamW's update on it
+
+
+def _stray_state(blob: dict[str, Any]) -> None:
+    blob["optimizer"]["layers.99.mlp.up.weight"] = dict(next(iter(blob["optimizer"].values())))
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "flipped bytes": (_flip_bytes, "stage-0.pt does not match its checksum"),
     "all-NaN parameters": (lambda c: _edit_stage(c, _nan_params), "holds NaN or inf"),
@@ -87,6 +96,9 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "stage file of the wrong structure": (lambda c: _edit_stage(c, lambda b: {"weights": b["params"]}), "is not a stage file"),
     "a parameter missing": (lambda c: _edit_stage(c, lambda b: {**b, "params": dict(list(b["params"].items())[1:])}),
                             "is missing"),
+    "an AdamW moment of the wrong shape": (lambda c: _edit_stage(c, _short_moment), "exp_avg has shape (1,"),
+    "optimizer state of no parameter": (lambda c: _edit_stage(c, _stray_state),
+                                        "optimizer state of 'layers.99.mlp.up.weight', a parameter not in this model"),
     "bad RNG file": (lambda c: (torch.save({"torch_cpu": torch.zeros(3)}, c / "rng.pt"), _restamp(c, "rng.pt")),
                      "rng.pt does not hold the host RNG state"),
     "negative step": (lambda c: _write_meta(c, {**_meta(c), "step": -5}), "step -5 is not a step count"),
