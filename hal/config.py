@@ -28,6 +28,7 @@ from .config_schema import Choice, Custom, RawSection, check_value, key, reject_
 from .downgrades import FALLBACK_MODES
 from .errors import ConfigError
 from .precision import PRECISIONS
+from .run_dirs import read_at_most
 
 ENV_VARS: dict[str, str] = {"backend": "HAL_BACKEND", "precision": "HAL_PRECISION", "fallback": "HAL_FALLBACK"}
 MAX_CONFIG_BYTES = 1 << 20
@@ -166,13 +167,9 @@ def read_yaml_file(path: str | os.PathLike[str]) -> Any:
         raise ConfigError(f"{origin}: config file not found; check the path")
     if not p.is_file():
         raise ConfigError(f"{origin}: is not a file; give the path of a YAML file")
-    size = p.stat().st_size  # checked before reading: a huge file is refused, not loaded
-    if size <= MAX_CONFIG_BYTES:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)  # a file grown since the stat is read only this far
-        size = len(raw)
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{origin}: {size} bytes is too large for a config file (limit {MAX_CONFIG_BYTES}); check the path")
+    raw = read_at_most(p, MAX_CONFIG_BYTES)  # a huge file is refused, not loaded
+    if raw is None:
+        raise ConfigError(f"{origin}: over {MAX_CONFIG_BYTES} bytes is too large for a config file; check the path")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -52,6 +52,16 @@ def check_creatable_file(path: Path, what: str) -> None:
     check_creatable_dir(path.parent, f"{what}'s directory")
 
 
+def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    """The bytes of the file at ``path``, or None where it holds more than ``limit``: the size is checked before
+    anything is read, and the read stops one byte past the limit (a file that grew since). OSError as open raises."""
+    if os.stat(path).st_size > limit:
+        return None
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    return None if len(raw) > limit else raw
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader (or a user after a
     crash) sees the old file or the new one, never half of one. The temporary name is this process's own, so two

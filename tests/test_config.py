@@ -34,6 +34,7 @@ MALFORMED = [
     ("fallback-error-refuses", b"backend: cpu\nprecision: tf32\nfallback: error\n", [], {}, ["tf32 -> fp32", "fallback is 'error'"]),
     ("env-backend-typo", b"precision: fp32\n", [], {"HAL_BACKEND": "cdua"}, ["environment HAL_BACKEND", "did you mean 'cuda'"]),
     ("flag-precision", b"backend: cpu\n", ["--precision", "fp64"], {}, ["--precision", "'fp64'"]),
+    ("over-1-MiB", b"#" * ((1 << 20) + 1), [], {}, ["is too large for a config file"]),
     # the run sections are checked too, as hal plan and hal train check them
     ("run-sections", b"backend: cpu\nmodel: {num_layers: -5}\nparallel: {stages: 7}\ntrain: {steps: -1}\n", [], {},
      ["model.num_layers", "-5"]),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hal.errors import ConfigError
-from hal.run_dirs import check_creatable_file, write_text_atomic
+from hal.run_dirs import check_creatable_file, read_at_most, write_text_atomic
 
 
 def test_an_atomic_write_replaces_whole_and_makes_missing_folders(tmp_path: Path) -> None:
@@ -38,3 +38,12 @@ def test_files_that_cannot_be_written_are_one_config_error(tmp_path: Path) -> No
         check_creatable_file(fifo, "--out")
     check_creatable_file(tmp_path / "new" / "out.json", "--out")  # creatable: no error, nothing made
     assert not (tmp_path / "new").exists()
+
+
+def test_read_at_most_refuses_past_the_limit_without_reading_it(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"12345")
+    assert read_at_most(path, 5) == b"12345" and read_at_most(path, 4) is None
+    with open(path, "r+b") as f:  # a sparse gigabyte: refused by its size, not read
+        f.truncate(1 << 30)
+    assert read_at_most(path, 1 << 20) is None

@@ -14,6 +14,7 @@ import stat
 from typing import Any, Callable, Mapping, NamedTuple, NoReturn
 
 from hal.errors import ConfigError
+from hal.run_dirs import read_at_most
 
 from ..model_config import ModelConfig
 from .profile import ESTIMATED, MEASURED, SCHEMA, DeviceProfile, LayerPoint, LinkProfile, PerToken, Profile, model_key
@@ -71,17 +72,13 @@ def _read(path: str | os.PathLike[str]) -> Any:
         raise ConfigError(f"--profile {path}: cannot read it ({exc.strerror}); run hal profile --config F --out {path}") from None
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"--profile {path}: not a regular file; give the JSON file hal profile --out wrote")
-    too_big = (f"--profile {path}: larger than {MAX_PROFILE_BYTES >> 20} MiB, the most a profile may be (hal profile writes "
-               "a few KB to a few hundred KB); give the JSON file hal profile --out wrote")
-    if st.st_size > MAX_PROFILE_BYTES:
-        raise ConfigError(too_big)
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PROFILE_BYTES + 1)  # a file grown since the stat is still read only this far
+        raw = read_at_most(path, MAX_PROFILE_BYTES)
     except OSError as exc:
         raise ConfigError(f"--profile {path}: cannot read it ({exc.strerror}); run hal profile --config F --out {path}") from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ConfigError(too_big)
+    if raw is None:
+        raise ConfigError(f"--profile {path}: larger than {MAX_PROFILE_BYTES >> 20} MiB, the most a profile may be (hal "
+                          "profile writes a few KB to a few hundred KB); give the JSON file hal profile --out wrote")
 
     def no_constant(name: str) -> Any:
         raise ConfigError(f"--profile {path}: not a profile ({name} is not a JSON number); run hal profile again")
