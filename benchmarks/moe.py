@@ -81,6 +81,16 @@ def _routing(opts: dict[str, Any], tokens: int, rank: int, world: int, device: t
     return rows.to(device), torch.bincount(experts, minlength=E).to(device)
 
 
+def _expert_of_rows(opts: dict[str, Any], tokens: int, rank: int, world: int, device: torch.device) -> torch.Tensor:
+    """The global expert of each of ``_routing``'s rows (the same draw), for the symmetric exchange."""
+    from hal.parallel.moe import dispatch_key
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    logits = torch.randn(tokens, opts["experts"], generator=gen) * 2.0
+    experts = torch.topk(torch.softmax(logits, -1), opts["top_k"], dim=-1).indices.reshape(-1)
+    return experts[torch.argsort(dispatch_key(experts, world, opts["experts"] // world), stable=True)].to(device)
+
+
 def _regrouped(rows: torch.Tensor, load: torch.Tensor, comm: Any, world: int, local: int) -> torch.Tensor:
     """The design ``dispatch`` replaced, timed beside it: rows sorted by global expert (rank-major), one all-to-all
     each way, and a gather on the receiving side to regroup by expert (and its inverse before the way back)."""
@@ -115,6 +125,18 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
         arrived, route = dispatch(rows, load, comm, local)
         return combine(arrived, route)  # identity experts: the exchange alone
 
+    from hal.collectives.symmetric_exchange import agree, choose, exchange_for
+
+    picked, why = choose(comm, rows.shape[0], rows.shape[1], rows.dtype)  # what an MoE block would take here
+    expert_of_row = _expert_of_rows(opts, tokens, rank, world, device)
+    symmetric: Callable[[], torch.Tensor] | None = None
+    if agree(comm, rows.shape[0]).problem is None:  # timed at every size, also above the size the block would take it to
+        ex = exchange_for(comm, rows.shape[0], rows.shape[1], rows.dtype, opts["experts"])
+
+        def symmetric() -> torch.Tensor:
+            arrived, droute = ex.dispatch(rows, expert_of_row, load)
+            return ex.combine(arrived, droute)
+
     # the same splits for the baseline, computed once outside its timing
     arrived, route = dispatch(rows, load, comm, local)
     send, recv = route.send_splits, route.recv_splits
@@ -134,6 +156,9 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
     assert torch.equal(ours(), rows), "dispatch + combine must give every row back unchanged"
     assert torch.equal(regrouped(), rank_major), "the regrouping exchange must give every row back unchanged"
     fns = {"ours": ours, "raw": raw, "counts": counts, "regrouped": regrouped}
+    if symmetric is not None:
+        assert torch.equal(symmetric(), rows), "the symmetric exchange must give every row back unchanged"
+        fns["symmetric"] = symmetric
     for fn in fns.values():  # warm-up
         _timed(fn, sync, opts["warmup"])
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -142,7 +167,9 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
             times[name].append(_back_to_back(fn, sync, opts["repeats"]))
     moved = (sum(send) + sum(recv)) * rows.shape[1] * rows.element_size() * 2  # both directions, there and back
     return {"tokens": tokens, "ours_s": statistics.median(times["ours"]), "raw_s": statistics.median(times["raw"]),
-            "counts_s": statistics.median(times["counts"]), "regrouped_s": statistics.median(times["regrouped"]), "bytes": moved, "send_rows": send, "recv_rows": recv}
+            "counts_s": statistics.median(times["counts"]), "regrouped_s": statistics.median(times["regrouped"]),
+            "symmetric_s": statistics.median(times["symmetric"]) if symmetric is not None else None,
+            "picked": picked, "picked_why": why, "bytes": moved, "send_rows": send, "recv_rows": recv}
 
 
 def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.device, backend: Any,
@@ -177,9 +204,10 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     peak = backend.max_memory_allocated() if device.type != "cpu" else 0
     engine.module.take_moe_tally()
     paths = sorted({str(block.path) for block in engine.module.moe_blocks().values()})  # grouped_mm or loop
+    exchanges = sorted({str(block.exchange) for block in engine.module.moe_blocks().values()})  # ep > 1: the path taken
     del engine
     return {"step_s": statistics.median(times), "tokens": opts["micro_batches"] * mbs * opts["seq"], "peak_bytes": peak,
-            "expert_path": "+".join(paths)}
+            "expert_path": "+".join(paths), "exchange": "+".join(exchanges)}
 
 
 def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +229,16 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
         report: dict[str, Any] = {"rank": rank, "device": backend.device_name(device.index or 0) if device.type != "cpu" else "cpu"}
         report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]]
         if opts["model_steps"]:
-            report["model"] = {f"ep{ep}": _model(rank, world, opts, ep, device, backend, sync) for ep in (world, 1)}
+            report["model"] = {f"ep{world}": _model(rank, world, opts, world, device, backend, sync)}
+            if report["model"][f"ep{world}"]["exchange"] == "symmetric":  # and the same through the all-to-alls
+                import os
+
+                from hal.collectives.symmetric_exchange import ENV
+
+                os.environ[ENV] = "all_to_all"
+                report["model"][f"ep{world}-all_to_all"] = _model(rank, world, opts, world, device, backend, sync)
+                del os.environ[ENV]
+            report["model"]["ep1"] = _model(rank, world, opts, 1, device, backend, sync)
         if rank == 0 and device.type != "cpu":
             report["peak_bf16_tflops"] = backend.capabilities(device.index or 0).peak_tflops.get("bf16")
         sync()
@@ -220,8 +257,15 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     for i, tokens in enumerate(opts["tokens"]):
         ours = max(r["exchange"][i]["ours_s"] for r in reports.values())
         raw = max(r["exchange"][i]["raw_s"] for r in reports.values())
+        sym = [r["exchange"][i]["symmetric_s"] for r in reports.values()]
+        sym_s = max(sym) if all(t is not None for t in sym) else None
+        picked = r0["exchange"][i]["picked"]
+        block_s = sym_s if picked == "symmetric" and sym_s is not None else ours
         exchanges.append({"tokens_per_rank": tokens, "hidden": opts["hidden"], "experts": opts["experts"],
                           "top_k": opts["top_k"], "ours_s": ours, "raw_s": raw, "ratio_raw_over_ours": raw / ours,
+                          "symmetric_s": sym_s, "ratio_raw_over_symmetric": raw / sym_s if sym_s else None,
+                          "block_picks": picked, "block_picks_why": r0["exchange"][i]["picked_why"],
+                          "ratio_raw_over_block": raw / block_s,
                           "counts_s": max(r["exchange"][i]["counts_s"] for r in reports.values()),
                           "regrouped_s": max(r["exchange"][i]["regrouped_s"] for r in reports.values()),
                           "gbps_per_rank_ours": statistics.mean(r["exchange"][i]["bytes"] for r in reports.values()) / ours / 1e9,
@@ -238,7 +282,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
             tps = r0["model"][key]["tokens"] / step
             runs[key] = {"step_s": step, "tokens_per_s": tps, "mfu_active": tps * fpt / (world * peak * 1e12) if peak else None,
                          "peak_gib": max(r["model"][key]["peak_bytes"] for r in reports.values()) / 2**30,
-                         "expert_path": r0["model"][key].get("expert_path")}
+                         "expert_path": r0["model"][key].get("expert_path"), "exchange": r0["model"][key].get("exchange")}
         out["model"] = {"parameters": model_parameters(model), "active_parameters": model_parameters(model, active=True),
                         "seq": opts["seq"], "micro_batches": opts["micro_batches"],
                         "rows_per_rank": opts["micro_batch_size"], "runs": runs}
@@ -253,6 +297,11 @@ def table(s: dict[str, Any]) -> str:
                      f"raw all_to_all_single x2 {x['raw_s'] * 1e3:.3f} ms, one all-to-all + regrouping gathers "
                      f"{x['regrouped_s'] * 1e3:.3f} ms, ratio raw/ours {x['ratio_raw_over_ours']:.3f} "
                      f"(goal >= 0.95), {x['gbps_per_rank_ours']:.1f} GB/s per rank")
+        if x["symmetric_s"] is not None:
+            lines.append(f"  symmetric memory (no host read) {x['symmetric_s'] * 1e3:.3f} ms, ratio raw/symmetric "
+                         f"{x['ratio_raw_over_symmetric']:.3f}")
+        lines.append(f"  an MoE block takes {x['block_picks']} here ({x['block_picks_why']}): ratio raw/block "
+                     f"{x['ratio_raw_over_block']:.3f} (goal >= 0.95)")
     if "model" in s:
         m = s["model"]
         lines.append(f"model: {m['parameters'] / 1e9:.2f}B parameters, {m['active_parameters'] / 1e9:.2f}B active, seq {m['seq']}, "
@@ -260,7 +309,7 @@ def table(s: dict[str, Any]) -> str:
         for key, run in m["runs"].items():
             mfu = "" if run["mfu_active"] is None else f", MFU (active) {100 * run['mfu_active']:.1f}%"
             lines.append(f"  {key}: {run['step_s']:.3f} s/step, {run['tokens_per_s']:.0f} tokens/s{mfu}, peak {run['peak_gib']:.2f} GiB, "
-                         f"experts via {run.get('expert_path')}")
+                         f"experts via {run.get('expert_path')}, exchange {run.get('exchange')}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,9 @@ the single-rank semantics are the reference the EP version is checked against.
   optionally renormalised to sum to 1 (Mixtral always; Qwen2-MoE's ``norm_topk_prob``).
 - **Dropless routing**: every (token, choice) pair is processed — no capacity factor, nothing dropped.
   Pairs are sorted by expert once (``argsort``), so each expert sees one contiguous block; the only
-  host read is the per-expert counts (as torchtitan's and Megablocks' dropless paths).
+  host read is the per-expert counts (as torchtitan's and Megablocks' dropless paths) — none at all under
+  ep on CUDA GPUs of one host, where the exchange runs over symmetric memory
+  (``hal.collectives.symmetric_exchange``; ``MoE.exchange`` says which path ran and ``exchange_reason`` why).
 - **Experts**: SwiGLU MLPs whose weights are stacked (E, ·, ·), so a grouped matmul can run all of them
   in one call. ``torch._grouped_mm`` is used where the device and dtype take it (CUDA, bf16, aligned
   strides: probed once per device and dtype); elsewhere a loop over the experts' blocks. The loop is the
@@ -32,6 +34,8 @@ import torch
 from torch import nn
 
 from hal import ops
+from hal.collectives.symmetric_exchange import choose as choose_exchange
+from hal.collectives.symmetric_exchange import exchange_for
 from hal.downgrades import Downgrade, record_downgrade
 
 from .layers import DEFAULT_STD, ParamMeta, ShardSpec
@@ -136,10 +140,11 @@ class Experts(nn.Module):
                                (num_experts, hidden, ffn), spec=ShardSpec(2, (ffn,)) if tp > 1 else None,
                                expert_split=shards > 1)
 
-    def forward(self, x: torch.Tensor, counts: list[int], path: ExpertPath) -> torch.Tensor:
-        """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e; (N, H) outputs in that order."""
+    def forward(self, x: torch.Tensor, counts: list[int] | torch.Tensor, path: ExpertPath) -> torch.Tensor:
+        """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e — or, for the grouped path, the
+        cumulative counts already on the device (int32; rows past the last are not read); (N, H) outputs in that order."""
         if path == "grouped_mm":
-            offsets = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
+            offsets = counts if isinstance(counts, torch.Tensor) else torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
             hidden = ops.swiglu(torch._grouped_mm(x, self.gate_up.to(x.dtype).transpose(-2, -1), offs=offsets))
             return torch._grouped_mm(hidden, self.down.to(x.dtype).transpose(-2, -1), offs=offsets)
         outs = []
@@ -233,6 +238,9 @@ class MoE(nn.Module):
         self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std, tp_comm=tp_comm)
                        if config.shared_ffn_size else None)
         self.path: ExpertPath | None = None  # which expert path the last forward took
+        self.exchange: str | None = None  # under ep: which exchange the last forward took (symmetric or all_to_all)
+        self.exchange_reason = ""
+        self._exchange_choices: dict[tuple[Any, ...], tuple[str, str]] = {}
         # The ranks whose tokens together make one micro-batch (a stage's dp replicas): the balancing loss's
         # routed shares f_e are counted over all of them, so a data-parallel run computes the balancing
         # loss of the whole micro-batch, as one device would (one all-reduce of E counts per forward).
@@ -258,14 +266,19 @@ class MoE(nn.Module):
         flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
         ep = self.ep_group.size if self.ep_group is not None else 1
         load = torch.bincount(flat, minlength=E)
-        # under ep the count exchange starts now: its latency hides behind the sort and the gather below
-        counts = CountExchange(load, self.ep_group, E // ep) if self.ep_group is not None else None
+        self.path = self._path(tokens)
+        self.exchange = self._exchange_path(T * k, tokens) if self.ep_group is not None else None
+        # under ep (all-to-all path) the count exchange starts now: its latency hides behind the sort and the gather below
+        counts = CountExchange(load, self.ep_group, E // ep) if self.exchange == "all_to_all" else None
         # pairs grouped by expert (in dispatch's block order under ep), token order kept inside a group
         order = torch.argsort(dispatch_key(flat, ep, E // ep), stable=True)
         rows = copy_to_tp_region(tokens[order // k], self.tp_comm)  # each pair's token, in that order
-        self.path = self._path(rows)
         if self.ep_group is None:
             out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
+        elif self.exchange == "symmetric":  # no host read: the exchange and the experts' offsets stay on the device
+            exchange = exchange_for(self.ep_group, rows.shape[0], rows.shape[1], rows.dtype, E)
+            arrived, route = exchange.dispatch(rows, flat[order], load)
+            out_sorted = exchange.combine(self.experts(arrived, route.offsets, self.path), route)
         else:
             out_sorted = self._expert_parallel(rows, counts)
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
@@ -283,6 +296,20 @@ class MoE(nn.Module):
         stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring, routed=routed),
                          z_loss(logits), load)
         return out, stats
+
+    def _exchange_path(self, rows: int, tokens: torch.Tensor) -> str:
+        """``symmetric`` (CUDA symmetric memory, no host read) or ``all_to_all`` (counts read on the host, then
+        the Communicator's all-to-alls): decided once per shape, the same on every rank of the group
+        (``hal.collectives.symmetric_exchange.choose``). The symmetric path needs the grouped matmul (its offsets
+        stay on the device); the choice and its reason are ``exchange`` and ``exchange_reason``."""
+        key = (rows, tokens.shape[-1], tokens.dtype, self.path)
+        if key not in self._exchange_choices:
+            if self.path != "grouped_mm":
+                self._exchange_choices[key] = ("all_to_all", "the experts run as a loop, which needs the counts on the host")
+            else:
+                self._exchange_choices[key] = choose_exchange(self.ep_group, rows, tokens.shape[-1], tokens.dtype)
+        path, self.exchange_reason = self._exchange_choices[key]
+        return path
 
     def _expert_parallel(self, rows: torch.Tensor, counts: CountExchange) -> torch.Tensor:
         """The experts' outputs for ``rows`` (sorted by ``dispatch_key``) when the experts are spread over the ep group."""

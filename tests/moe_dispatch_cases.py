@@ -31,22 +31,45 @@ def rows_of(rank: int, load: torch.Tensor, world: int, local: int) -> torch.Tens
     return torch.tensor(rows, dtype=torch.float64).reshape(-1, HIDDEN)
 
 
-def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: str = "float64") -> dict[str, Any]:
+def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: str = "float64",
+             path: str = "all_to_all", rounds: int = 1) -> dict[str, Any]:
     """Dispatch this rank's rows, scale what arrives per local expert, combine; and the backward. On the rank's
-    device (gloo: cpu; NCCL: its GPU); ``validate=False`` as the engine builds its groups (NCCL: one grouped launch)."""
+    device (gloo: cpu; NCCL: its GPU); ``validate=False`` as the engine builds its groups (NCCL: one grouped launch).
+    ``path="symmetric"``: through CUDA symmetric memory (hal.collectives.symmetric_exchange), ``rounds`` times in
+    a row (its two buffers alternate), each round's results checked alike."""
     from hal.collectives import world_communicator
     from hal.parallel.moe import combine, dispatch
 
     comm = world_communicator(validate=validate)
     load = skewed_load(rank, world, local).to(comm.device)
-    rows = rows_of(rank, load.cpu(), world, local).to(comm.device, getattr(torch, dtype)).requires_grad_(True)
-    arrived, route = dispatch(rows, load, comm, local)
-    scale = torch.cat([torch.full((n, 1), 2.0 + j, dtype=rows.dtype, device=rows.device) for j, n in enumerate(route.counts)])
-    back = combine(arrived * scale, route)
-    back.sum().backward()
-    return {"arrived": arrived.detach().double().tolist(), "counts": route.counts, "back": back.detach().double().tolist(),
-            "rows": rows.detach().double().tolist(), "grad": rows.grad.double().tolist(), "send": route.send_splits,
-            "recv": route.recv_splits, "grouped": comm._groups_all_to_alls(rows)}
+    results = []
+    for _ in range(rounds):
+        rows = rows_of(rank, load.cpu(), world, local).to(comm.device, getattr(torch, dtype)).requires_grad_(True)
+        if path == "symmetric":
+            from hal.collectives.symmetric_exchange import exchange_for
+
+            ex = exchange_for(comm, rows.shape[0], rows.shape[1], rows.dtype, world * local)
+            arrived, droute = ex.dispatch(rows, rows[:, 1].detach().long(), load)
+            counts = torch.diff(droute.offsets.long(), prepend=droute.offsets.new_zeros(1).long()).tolist()
+            scale = torch.cat([torch.full((n, 1), 2.0 + j, dtype=rows.dtype, device=rows.device) for j, n in enumerate(counts)]
+                              + [torch.zeros((arrived.shape[0] - sum(counts), 1), dtype=rows.dtype, device=rows.device)])
+            back = ex.combine(arrived * scale, droute)
+            arrived = arrived[:sum(counts)]
+            send = torch.bincount(rows[:, 1].detach().long() // local, minlength=world).tolist()
+            recv = None  # never on the host: the rows per local expert (counts) stand for it
+            grouped = False
+        else:
+            arrived, route = dispatch(rows, load, comm, local)
+            counts, send, recv = route.counts, route.send_splits, route.recv_splits
+            scale = torch.cat([torch.full((n, 1), 2.0 + j, dtype=rows.dtype, device=rows.device) for j, n in enumerate(counts)])
+            back = combine(arrived * scale, route)
+            grouped = comm._groups_all_to_alls(rows)
+        back.sum().backward()
+        results.append({"arrived": arrived.detach().double().tolist(), "counts": counts,
+                        "back": back.detach().double().tolist(), "rows": rows.detach().double().tolist(),
+                        "grad": rows.grad.double().tolist(), "send": send, "recv": recv,
+                        "grouped": grouped})
+    return results[0] if rounds == 1 else {"rounds": results}
 
 
 def bad_blocks(rank: int, world: int) -> dict[str, str]:
@@ -68,4 +91,67 @@ def bad_blocks(rank: int, world: int) -> dict[str, str]:
             said[name] = "no error"
         except Exception as exc:  # noqa: BLE001 — the type and text are what is checked
             said[name] = f"{type(exc).__name__}: {exc}"
+    # Every refusal is local: without one collective a rank could leave while its peer still connects the host
+    # group's mesh, and that peer then fails ("Connection closed by peer"): this test failed 1 run in 4 so.
+    comm.all_reduce(torch.zeros(1))
     return said
+
+
+def exchange_choice(rank: int, world: int, asked: str | None) -> dict[str, Any]:
+    """Which exchange an MoE block's group takes (``HAL_MOE_EXCHANGE`` = ``asked``), or the one line refusing it."""
+    import os
+
+    from hal.collectives import world_communicator
+    from hal.collectives.symmetric_exchange import ENV, choose
+
+    if asked is not None:
+        os.environ[ENV] = asked
+    comm = world_communicator(validate=False)
+    try:
+        said = {"path": list(choose(comm, 64 + rank, 32, torch.bfloat16))}
+    except Exception as e:  # noqa: BLE001 - the refusal is the result
+        said = {"error": f"{type(e).__name__}: {e}"}
+    comm.all_reduce(torch.zeros(1, device=comm.device))  # no rank leaves while another still connects
+    return said
+
+
+def moe_block_paths(rank: int, world: int, tokens: int = 96, hidden: int = 256, local: int = 2) -> dict[str, Any]:
+    """One MoE block (ep = world, bf16, grouped experts) run through both exchanges on the same weights and input:
+    outputs, input gradients and every parameter's gradient, and which path each run took. Memory the caching
+    allocator hands out is first filled with NaN, so rows past the arrived ones (never written) would show."""
+    import os
+
+    from hal.collectives import world_communicator
+    from hal.collectives.symmetric_exchange import ENV
+    from hal.parallel.moe import MoE, MoEConfig
+
+    comm = world_communicator(validate=False)
+    device = comm.device
+    torch.manual_seed(0)  # the same router on every rank; each rank's experts are its own draw
+    block = MoE(hidden, MoEConfig(num_experts=world * local, top_k=2, expert_ffn_size=128, shared_ffn_size=64),
+                ep_group=comm).to(device, torch.bfloat16)
+    gen = torch.Generator().manual_seed(10 + rank)
+    logit_bias = torch.zeros(hidden)
+    logit_bias[: hidden // 4] = 2.0  # a skew: some experts get far more rows than others
+    x0 = (torch.randn(tokens, hidden, generator=gen) + logit_bias).to(device, torch.bfloat16)
+    runs = {}
+    for path in ("all_to_all", "symmetric"):
+        os.environ[ENV] = path
+        block._exchange_choices.clear()
+        block.zero_grad(set_to_none=True)
+        torch.full((64 * 2**20,), float("nan"), device=device).sum()  # NaN-filled blocks back in the cache
+        x = x0.clone().requires_grad_(True)
+        out, stats = block(x)
+        (out.float().square().mean() + block.loss(stats)).backward()
+        runs[path] = {"exchange": block.exchange, "out": out.detach().float().cpu(), "x_grad": x.grad.float().cpu(),
+                      "grads": {n: p.grad.float().cpu() for n, p in block.named_parameters() if p.grad is not None}}
+    a, b = runs["all_to_all"], runs["symmetric"]
+
+    def worst(u: torch.Tensor, v: torch.Tensor) -> float:
+        return float(((u - v).abs() / (v.abs().max() + 1e-12)).max())
+
+    return {"paths": [a["exchange"], b["exchange"]], "finite": bool(all(torch.isfinite(t).all() for r in runs.values()
+                                                                      for t in [r["out"], r["x_grad"], *r["grads"].values()])),
+            "out": worst(b["out"], a["out"]), "x_grad": worst(b["x_grad"], a["x_grad"]),
+            "grads": {n: worst(b["grads"][n], g) for n, g in a["grads"].items()},
+            "same_params": sorted(a["grads"]) == sorted(b["grads"])}

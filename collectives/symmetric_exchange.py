@@ -1,0 +1,249 @@
+"""MoE dispatch and combine over CUDA symmetric memory, with no host read of the token counts.
+
+The NCCL path (``hal.parallel.moe.dispatch``) must read the per-expert counts on the host before it can give
+NCCL its splits; that read waits for everything queued before it, and on 4 x H200 it held the exchange to
+0.35-0.45x of a raw all-to-all at 4096 tokens a rank (0.76x at best for any design that reads counts on the
+host). Here every rank maps the same buffers (``torch.distributed._symmetric_memory``) and Triton kernels
+(``hal.kernels.triton.moe_exchange``) do the whole exchange on the device: post the counts into every peer's
+table, one barrier, compute the routes in one program, store each row straight into its expert's block on the
+owning rank, one barrier, copy out what arrived. The rows land as the NCCL path lands them (grouped by local
+expert, sources in rank order), so the experts' grouped matmul reads the same blocks — with its offsets on the
+device, over a tensor sized for the worst case (every rank's rows to one rank: ep x rows), which is this
+design's cost: memory, not time. ``choose`` keeps it to where that buffer is at most ``MAX_BUFFER_BYTES``.
+
+Two buffers (and two count tables) alternate between successive exchanges: an exchange's stores into a
+buffer come after the barrier of the exchange before it, which every rank reaches only after reading that
+buffer the time before — so no rank overwrites rows a peer has not copied out yet, with no extra barrier.
+Every rank of the group must run the same exchanges in the same order (as with any collective) and route
+the same number of rows (hal's micro-batches are one shape).
+
+Needs: CUDA devices of one host with peer access, an NCCL group of one island, torch's symmetric memory,
+Triton. ``agree`` says what is missing; ``HAL_MOE_EXCHANGE`` (auto | symmetric | all_to_all) forces a path.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import CollectiveError
+
+MAX_BUFFER_BYTES = 512 * 2**20  # one exchange buffer (two are kept); above it the all-to-all path runs
+ENV = "HAL_MOE_EXCHANGE"
+CHOICES = ("auto", "symmetric", "all_to_all")
+
+
+def requested_path() -> str:
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise CollectiveError(f"{ENV}={value!r} is not a choice; use one of {', '.join(CHOICES)}")
+    return value
+
+
+def group_problem(comm: Any) -> str | None:
+    """What rules the symmetric exchange out for the whole group, the same on every rank (no agreement needed)."""
+    if comm.layout.is_heterogeneous:
+        return "the expert group spans islands (the bridge carries it)"
+    if comm.device.type != "cuda":  # one island: every rank's device is of this type
+        return f"the device is {comm.device.type}, not cuda"
+    return None
+
+
+def local_problem(comm: Any) -> str | None:
+    """Why this rank cannot run the symmetric exchange (None: it can)."""
+    if comm.native_group is None or comm.backend.ccl != "nccl":
+        return f"the group's library is {comm.backend.ccl}, not nccl"
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError:
+        return f"torch {torch.__version__} has no symmetric memory"
+    if not (hasattr(symm_mem, "empty") and hasattr(symm_mem, "rendezvous")):
+        return f"torch {torch.__version__}'s symmetric memory lacks empty/rendezvous"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'hetero-hal[kernels]')"
+    return None
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank of a group agreed for one exchange shape: whether it can run, and the most rows any rank routes."""
+
+    problem: str | None
+    max_rows: int
+
+
+_AGREED: dict[tuple[Any, ...], Agreement] = {}
+
+
+def _group_key(comm: Any) -> tuple[Any, ...]:
+    """A group's identity while the process lives: its ranks and its CCL group's name (ids of dead objects recur)."""
+    return (comm.ranks, getattr(comm.native_group, "group_name", None) or id(comm))
+
+
+def agree(comm: Any, rows: int) -> Agreement:
+    """Whether the group can run the symmetric exchange for ``rows`` rows a rank (every rank, all on one host), and
+    the most rows any rank routes (the buffers' size). One gather over the group's host group per group and
+    shape, so every rank takes the same path; a group whose ranks cannot use it says so with no gather."""
+    key = (*_group_key(comm), rows)
+    if key not in _AGREED and (problem := group_problem(comm)):
+        _AGREED[key] = Agreement(problem, rows)
+    if key not in _AGREED:
+        mine = (local_problem(comm), socket.gethostname(), rows)
+        everyone: list[Any] = [None] * comm.size
+        dist.all_gather_object(everyone, mine, group=comm.layout.host_group)
+        problems = [f"rank {r}: {p}" for r, (p, _, _) in zip(comm.ranks, everyone) if p]
+        hosts = {h for _, h, _ in everyone}
+        if not problems and len(hosts) > 1:
+            problems = [f"the group spans {len(hosts)} hosts (symmetric memory here is one host's peer access)"]
+        _AGREED[key] = Agreement("; ".join(problems) or None, max(n for _, _, n in everyone))
+    return _AGREED[key]
+
+
+def buffer_bytes(comm: Any, rows: int, hidden: int, dtype: torch.dtype) -> int:
+    """One exchange buffer: every rank's ``rows`` could go to one rank."""
+    return comm.size * rows * hidden * torch.empty((), dtype=dtype).element_size()
+
+
+def choose(comm: Any, rows: int, hidden: int, dtype: torch.dtype) -> tuple[str, str]:
+    """(path, why): ``symmetric`` or ``all_to_all`` (counts read on the host, the Communicator's all-to-alls) for
+    an exchange of ``rows`` rows on this rank. The same on every rank."""
+    asked = requested_path()
+    if asked == "all_to_all":
+        return "all_to_all", f"{ENV}=all_to_all"
+    agreed = agree(comm, rows)
+    if agreed.problem:
+        if asked == "symmetric":
+            raise CollectiveError(f"{ENV}=symmetric cannot run: {agreed.problem}; unset it to let hal choose")
+        return "all_to_all", agreed.problem
+    size = buffer_bytes(comm, agreed.max_rows, hidden, dtype)
+    if asked == "auto" and size > MAX_BUFFER_BYTES:
+        return "all_to_all", (f"the worst-case buffer ({size / 2**20:.0f} MiB) is over {MAX_BUFFER_BYTES / 2**20:.0f} MiB: "
+                              "at this size the counts' host read costs little")
+    return "symmetric", f"{ENV}={asked}"
+
+
+@dataclass
+class DeviceRoute:
+    """Where one dispatch sent its rows, on the device, for combine and both backwards."""
+
+    exchange: "SymmetricExchange"
+    rows: int  # this rank's rows
+    expert_of_row: torch.Tensor  # (rows,) global expert of each sorted row
+    dest_base: torch.Tensor  # (E,)
+    blk_end: torch.Tensor  # (E,) owner blocks (local expert, source), cumulative rows
+    back_base: torch.Tensor  # (E,)
+    offsets: torch.Tensor  # (local,) int32 cumulative rows per local expert: grouped_mm's offs
+
+
+class SymmetricExchange:
+    """The buffers of one expert group for one shape of exchange (the most rows a rank routes, hidden, dtype)."""
+
+    def __init__(self, comm: Any, rows: int, hidden: int, dtype: torch.dtype, experts: int) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        from hal.kernels.triton import moe_exchange
+
+        self.kernels = moe_exchange
+        self.comm, self.rows, self.hidden, self.dtype = comm, rows, hidden, dtype
+        self.ep, self.me, self.experts = comm.size, comm.group_rank, experts
+        self.local = experts // self.ep
+        self.capacity = self.ep * rows
+        name = comm.native_group.group_name
+        device = comm.device
+        self.buffers = [symm_mem.empty((self.capacity, hidden), dtype=dtype, device=device) for _ in range(2)]
+        self.tables = [symm_mem.empty((self.ep, experts), dtype=torch.int32, device=device) for _ in range(2)]
+        self.buffer_handles = [symm_mem.rendezvous(b, name) for b in self.buffers]
+        self.table_handles = [symm_mem.rendezvous(t, name) for t in self.tables]
+        self.buffer_deltas = [self._deltas(b, h) for b, h in zip(self.buffers, self.buffer_handles)]
+        self.table_deltas = [self._deltas(t, h) for t, h in zip(self.tables, self.table_handles)]
+        self._next_buffer = self._next_table = 0
+
+    def _deltas(self, tensor: torch.Tensor, handle: Any) -> torch.Tensor:
+        mine = handle.buffer_ptrs[handle.rank]
+        return self.kernels.peer_deltas(list(handle.buffer_ptrs), mine, tensor.device)
+
+    def _take_buffer(self) -> int:
+        i = self._next_buffer
+        self._next_buffer ^= 1
+        return i
+
+    # --- the exchanges ------------------------------------------------------------------------------------
+    def dispatch(self, rows: torch.Tensor, expert_of_row: torch.Tensor, load: torch.Tensor) -> tuple[torch.Tensor, DeviceRoute]:
+        """``rows`` sorted by ``dispatch_key``, ``expert_of_row`` their global experts, ``load`` the (E,) counts:
+        the rows this rank's experts get, (ep x rows, hidden) with the first ``route.offsets[-1]`` valid."""
+        if rows.dim() != 2 or rows.shape[0] > self.rows or rows.shape[1] != self.hidden or rows.dtype != self.dtype:
+            raise CollectiveError(f"moe exchange: rows {tuple(rows.shape)} {rows.dtype} do not fit the buffers "
+                                  f"(up to {self.rows} rows of {self.hidden}, {self.dtype}); route one shape a call")
+        t = self._next_table
+        self._next_table ^= 1
+        self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me)  # any int dtype
+        self.table_handles[t].barrier(channel=0)
+        dest_base, blk_end, back_base, offsets = self.kernels.route(self.tables[t], self.me, self.local)
+        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), dest_base, blk_end, back_base, offsets)
+        return _Push.apply(rows, route), route
+
+    def combine(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
+        """The experts' outputs (dispatch's arrival layout) back in the rows' places on their ranks: (rows, hidden)."""
+        return _PushBack.apply(out_local, route)
+
+    def push(self, rows: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
+        i = self._take_buffer()
+        self.kernels.push_rows(rows.contiguous(), self.buffers[i], self.buffer_deltas[i], route.expert_of_row,
+                               route.dest_base, self.local)
+        self.buffer_handles[i].barrier(channel=0)
+        arrived = torch.empty((self.capacity, self.hidden), dtype=self.dtype, device=rows.device)
+        self.kernels.copy_arrived(self.buffers[i], arrived, route.offsets)
+        return arrived
+
+    def push_back(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
+        i = self._take_buffer()
+        self.kernels.push_back(out_local.contiguous(), self.buffers[i], self.buffer_deltas[i], route.blk_end,
+                               route.back_base, self.ep)
+        self.buffer_handles[i].barrier(channel=0)
+        return self.buffers[i][: route.rows].clone()
+
+
+class _Push(torch.autograd.Function):
+    """Dispatch's row movement; its backward sends the gradients back the way the rows came."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
+        ctx.route = route
+        return route.exchange.push(rows, route)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.route.exchange.push_back(grad, ctx.route), None
+
+
+class _PushBack(torch.autograd.Function):
+    """Combine's row movement; its backward sends the gradients to the experts' ranks as dispatch sent the rows."""
+
+    @staticmethod
+    def forward(ctx: Any, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
+        ctx.route = route
+        return route.exchange.push_back(out_local, route)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.route.exchange.push(grad, ctx.route), None
+
+
+_EXCHANGES: dict[tuple[Any, ...], SymmetricExchange] = {}
+
+
+def exchange_for(comm: Any, rows: int, hidden: int, dtype: torch.dtype, experts: int) -> SymmetricExchange:
+    """The group's buffers for this shape, made on first use (a collective: every rank of the group calls it), sized
+    for the most rows any rank routes."""
+    agreed = agree(comm, rows)
+    if agreed.problem:
+        raise CollectiveError(f"moe exchange: the symmetric exchange cannot run: {agreed.problem}")
+    key = (*_group_key(comm), agreed.max_rows, hidden, dtype)
+    if key not in _EXCHANGES:
+        _EXCHANGES[key] = SymmetricExchange(comm, agreed.max_rows, hidden, dtype, experts)
+    return _EXCHANGES[key]

@@ -1,0 +1,137 @@
+"""The symmetric-memory MoE exchange kernels (hal.kernels.triton.moe_exchange), ranks simulated in one process.
+
+Each simulated rank's buffers are ordinary tensors; a "peer" is reached by the same delta addressing the GPU
+uses over CUDA symmetric memory, so the addressing, the routing arithmetic and the layout are what is tested
+(the barriers and the real cross-GPU stores run in tests/test_moe_exchange_cuda.py). Without a GPU the kernels
+run in Triton's interpreter:
+
+    TRITON_INTERPRET=1 pytest tests/test_moe_exchange_kernels.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from .conftest import has_cuda
+
+ON_GPU = has_cuda()
+if not ON_GPU and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'hetero-hal[kernels]')")
+
+from hal.kernels.triton import launch, moe_exchange  # noqa: E402
+from hal.parallel.moe import dispatch_key  # noqa: E402
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+pytestmark = [pytest.mark.multiprocess] if ON_GPU else []
+if not ON_GPU and not launch.interpreted(moe_exchange._route):
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set: run this file alone "
+                "(TRITON_INTERPRET=1 pytest tests/test_moe_exchange_kernels.py)", allow_module_level=True)
+
+
+def _ranks(world: int, local: int, tokens: list[int], k: int, hidden: int, skew: bool, seed: int) -> list[dict]:
+    """Each rank's routed rows, sorted by dispatch_key, with distinct values (rank, row, column)."""
+    E = world * local
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for me, T in enumerate(tokens):
+        logits = torch.randn(T, E, generator=gen)
+        if skew:
+            logits[:, 0] += 6.0  # expert 0 (rank 0) takes nearly every token; the last rank's experts almost none
+            logits[:, E - local:] -= 30.0
+        experts = torch.topk(logits, k, dim=-1).indices.reshape(-1)
+        order = torch.argsort(dispatch_key(experts, world, local), stable=True)
+        n = T * k
+        rows = (me * 1e6 + torch.arange(n * hidden, dtype=torch.float32).reshape(n, hidden))
+        index = torch.int32 if seed % 2 else torch.int64  # MoE passes int64 (bincount, argsort); int32 reads alike
+        out.append({"rows": rows.to(DEVICE), "expert": experts[order].to(index).to(DEVICE),
+                    "load": torch.bincount(experts, minlength=E).to(index).to(DEVICE)})
+    return out
+
+
+def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int = 24, *, skew: bool = False,
+              seed: int = 0, capacity: int | None = None) -> None:
+    E = world * local
+    ranks = _ranks(world, local, tokens, k, hidden, skew, seed)
+    N = max(tokens) * k
+    cap = capacity if capacity is not None else world * N
+    spare = 8  # rows past each buffer's capacity: a store there is a bounds bug
+    nan = float("nan")
+    fwd_full = [torch.full((cap + spare, hidden), nan, device=DEVICE) for _ in range(world)]
+    back_full = [torch.full((cap + spare, hidden), nan, device=DEVICE) for _ in range(world)]
+    fwd, back = [b[:cap] for b in fwd_full], [b[:cap] for b in back_full]
+    tables = [torch.zeros(world, E, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+
+    def deltas(bufs: list[torch.Tensor], me: int) -> torch.Tensor:
+        return moe_exchange.peer_deltas([b.data_ptr() for b in bufs], bufs[me].data_ptr(), DEVICE)
+
+    for me in range(world):
+        moe_exchange.post_counts(ranks[me]["load"], tables[me], deltas(tables, me), me)
+    for me in range(world):
+        assert torch.equal(tables[me].cpu(), torch.stack([r["load"].cpu() for r in ranks])), "every table holds every row"
+    routes = [moe_exchange.route(tables[me], me, local) for me in range(world)]
+    for me in range(world):
+        moe_exchange.push_rows(ranks[me]["rows"], fwd[me], deltas(fwd, me), ranks[me]["expert"], routes[me][0], local)
+    outs = []
+    for owner in range(world):
+        # expected: for local expert j, for source s in rank order, s's rows of expert owner*local + j in order
+        blocks, sizes = [], []
+        for j in range(local):
+            for s in range(world):
+                got = ranks[s]["rows"][ranks[s]["expert"] == owner * local + j]
+                blocks.append(got)
+                sizes.append(got.shape[0])
+        expected = torch.cat(blocks)
+        _, blk_end, _, offs = routes[owner]
+        per_expert = [sum(sizes[j * world:(j + 1) * world]) for j in range(local)]
+        assert offs.cpu().tolist() == torch.tensor(per_expert).cumsum(0).tolist()
+        assert blk_end.cpu().tolist() == torch.tensor(sizes).cumsum(0).tolist()
+        total = expected.shape[0]
+        if total > cap:  # too small a buffer: what fits is right, and nothing is written past it
+            assert torch.isnan(fwd_full[owner][cap:]).all()
+            continue
+        assert torch.equal(fwd[owner][:total], expected), f"rank {owner}: rows in the wrong places"
+        assert torch.isnan(fwd_full[owner][total:]).all()
+        out = torch.full((world * N, hidden), nan, device=DEVICE)
+        moe_exchange.copy_arrived(fwd[owner], out, offs)
+        assert torch.equal(out[:total], expected) and torch.isnan(out[total:]).all(), "only the arrived rows are copied"
+        # an "expert" that scales each local expert's rows differently, so a row sent back to the wrong place shows
+        scale = torch.repeat_interleave(torch.arange(2.0, 2.0 + local), torch.tensor(per_expert)).to(DEVICE)
+        out[:total] *= scale[:, None]
+        outs.append(out)
+    if capacity is not None and capacity < world * N:
+        return
+    for owner in range(world):
+        _, blk_end, back_base, _ = routes[owner]
+        moe_exchange.push_back(outs[owner], back[owner], deltas(back, owner), blk_end, back_base, world)
+    for me in range(world):
+        n = tokens[me] * k
+        rows, expert = ranks[me]["rows"], ranks[me]["expert"].long()
+        want = rows * (2.0 + (expert % local)).to(rows.dtype)[:, None]
+        assert torch.equal(back[me][:n], want), f"rank {me}: outputs came back to the wrong rows"
+        assert torch.isnan(back_full[me][n:]).all()
+
+
+@pytest.mark.parametrize("world,local", [(2, 1), (2, 2), (4, 2), (3, 3)])
+def test_rows_land_in_expert_blocks_and_come_back(world: int, local: int) -> None:
+    _exchange(world, local, [5] * world, seed=world * 10 + local)
+
+
+def test_uneven_token_counts_and_a_hidden_size_off_the_tile() -> None:
+    _exchange(4, 2, [7, 1, 4, 9], k=2, hidden=300)
+
+
+def test_skewed_routing_one_rank_gets_most_one_gets_none() -> None:
+    _exchange(4, 1, [6] * 4, k=1, skew=True, seed=3)
+
+
+def test_a_buffer_too_small_is_never_written_past() -> None:
+    _exchange(2, 2, [6, 6], capacity=5, seed=1)
+
+
+def test_peer_deltas_refuse_misaligned_buffers() -> None:
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        moe_exchange.peer_deltas([1000, 1004], 1000, DEVICE)
