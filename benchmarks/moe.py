@@ -25,6 +25,7 @@ throughput at ep = world against ep = 1. Both measured in the same run, on the s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -169,6 +170,8 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
     return {"tokens": tokens, "ours_s": statistics.median(times["ours"]), "raw_s": statistics.median(times["raw"]),
             "counts_s": statistics.median(times["counts"]), "regrouped_s": statistics.median(times["regrouped"]),
             "symmetric_s": statistics.median(times["symmetric"]) if symmetric is not None else None,
+            "symmetric_slots": {"durable": len(ex.durable_rows), "exchanges": ex.calls, "copied": ex.copied}
+            if symmetric is not None else None,
             "picked": picked, "picked_why": why, "bytes": moved, "send_rows": send, "recv_rows": recv}
 
 
@@ -197,17 +200,23 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
         engine.module.zero_grad(set_to_none=True)
         engine.step_lazy(tokens)
 
+    from hal.collectives.symmetric_exchange import tally
+
     _timed(step, sync, opts["warmup"])
     if device.type != "cpu":
         backend.reset_peak_memory_stats()
+    before = tally()
     times = _timed(step, sync, opts["model_steps"])
+    after = tally()
     peak = backend.max_memory_allocated() if device.type != "cpu" else 0
     engine.module.take_moe_tally()
     paths = sorted({str(block.path) for block in engine.module.moe_blocks().values()})  # grouped_mm or loop
     exchanges = sorted({str(block.exchange) for block in engine.module.moe_blocks().values()})  # ep > 1: the path taken
     del engine
     return {"step_s": statistics.median(times), "tokens": opts["micro_batches"] * mbs * opts["seq"], "peak_bytes": peak,
-            "expert_path": "+".join(paths), "exchange": "+".join(exchanges)}
+            "expert_path": "+".join(paths), "exchange": "+".join(exchanges),
+            "symmetric_exchanges": after["exchanges"] - before["exchanges"], "symmetric_copied": after["copied"] - before["copied"],
+            "symmetric_pool_gib": after["pool_bytes"] / 2**30}
 
 
 def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +236,10 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
             dist.barrier()
 
         report: dict[str, Any] = {"rank": rank, "device": backend.device_name(device.index or 0) if device.type != "cpu" else "cpu"}
+        if importlib.util.find_spec("triton") is not None:
+            from hal.kernels.triton.launch import DIRECT_LAUNCH
+
+            report["triton_launch"] = "cached" if DIRECT_LAUNCH else "triton's own"
         report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]]
         if opts["model_steps"]:
             report["model"] = {f"ep{world}": _model(rank, world, opts, world, device, backend, sync)}
@@ -264,6 +277,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         exchanges.append({"tokens_per_rank": tokens, "hidden": opts["hidden"], "experts": opts["experts"],
                           "top_k": opts["top_k"], "ours_s": ours, "raw_s": raw, "ratio_raw_over_ours": raw / ours,
                           "symmetric_s": sym_s, "ratio_raw_over_symmetric": raw / sym_s if sym_s else None,
+                          "symmetric_slots": r0["exchange"][i].get("symmetric_slots"),
                           "block_picks": picked, "block_picks_why": r0["exchange"][i]["picked_why"],
                           "ratio_raw_over_block": raw / block_s,
                           "counts_s": max(r["exchange"][i]["counts_s"] for r in reports.values()),
@@ -271,6 +285,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
                           "gbps_per_rank_ours": statistics.mean(r["exchange"][i]["bytes"] for r in reports.values()) / ours / 1e9,
                           "recv_rows_rank0": r0["exchange"][i]["recv_rows"]})
     out: dict[str, Any] = {"card": r0["device"], "torch": torch.__version__, "world_size": world, "dtype": opts["dtype"],
+                           "triton_launch": r0.get("triton_launch"),
                            "exchange": exchanges}
     if "model" in r0:
         model = ModelConfig(**opts["model"])
@@ -282,7 +297,10 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
             tps = r0["model"][key]["tokens"] / step
             runs[key] = {"step_s": step, "tokens_per_s": tps, "mfu_active": tps * fpt / (world * peak * 1e12) if peak else None,
                          "peak_gib": max(r["model"][key]["peak_bytes"] for r in reports.values()) / 2**30,
-                         "expert_path": r0["model"][key].get("expert_path"), "exchange": r0["model"][key].get("exchange")}
+                         "expert_path": r0["model"][key].get("expert_path"), "exchange": r0["model"][key].get("exchange"),
+                         "symmetric_exchanges": r0["model"][key].get("symmetric_exchanges"),
+                         "symmetric_copied": r0["model"][key].get("symmetric_copied"),
+                         "symmetric_pool_gib": r0["model"][key].get("symmetric_pool_gib")}
         out["model"] = {"parameters": model_parameters(model), "active_parameters": model_parameters(model, active=True),
                         "seq": opts["seq"], "micro_batches": opts["micro_batches"],
                         "rows_per_rank": opts["micro_batch_size"], "runs": runs}
@@ -290,7 +308,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
 
 def table(s: dict[str, Any]) -> str:
-    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}"]
+    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}, Triton launches: {s.get('triton_launch')}"]
     for x in s["exchange"]:
         lines.append(f"dispatch + combine, {x['tokens_per_rank']} tokens/rank, hidden {x['hidden']}, {x['experts']} experts "
                      f"top-{x['top_k']}: ours {x['ours_s'] * 1e3:.3f} ms (counts + host read alone {x['counts_s'] * 1e3:.3f} ms), "
@@ -298,8 +316,10 @@ def table(s: dict[str, Any]) -> str:
                      f"{x['regrouped_s'] * 1e3:.3f} ms, ratio raw/ours {x['ratio_raw_over_ours']:.3f} "
                      f"(goal >= 0.95), {x['gbps_per_rank_ours']:.1f} GB/s per rank")
         if x["symmetric_s"] is not None:
+            slots = x["symmetric_slots"]
             lines.append(f"  symmetric memory (no host read) {x['symmetric_s'] * 1e3:.3f} ms, ratio raw/symmetric "
-                         f"{x['ratio_raw_over_symmetric']:.3f}")
+                         f"{x['ratio_raw_over_symmetric']:.3f}; {slots['durable']} durable slots, "
+                         f"{slots['copied']} of {slots['exchanges']} exchanges copied out of staging (backwards included)")
         lines.append(f"  an MoE block takes {x['block_picks']} here ({x['block_picks_why']}): ratio raw/block "
                      f"{x['ratio_raw_over_block']:.3f} (goal >= 0.95)")
     if "model" in s:
@@ -310,6 +330,9 @@ def table(s: dict[str, Any]) -> str:
             mfu = "" if run["mfu_active"] is None else f", MFU (active) {100 * run['mfu_active']:.1f}%"
             lines.append(f"  {key}: {run['step_s']:.3f} s/step, {run['tokens_per_s']:.0f} tokens/s{mfu}, peak {run['peak_gib']:.2f} GiB, "
                          f"experts via {run.get('expert_path')}, exchange {run.get('exchange')}")
+            if run.get("exchange") == "symmetric":
+                lines.append(f"    symmetric: {run['symmetric_copied']} of {run['symmetric_exchanges']} timed exchanges' forward "
+                             f"halves copied out of staging; durable slots {run['symmetric_pool_gib']:.2f} GiB a rank")
     return "\n".join(lines)
 
 

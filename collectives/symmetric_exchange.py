@@ -4,18 +4,22 @@ The NCCL path (``hal.parallel.moe.dispatch``) must read the per-expert counts on
 NCCL its splits; that read waits for everything queued before it, and on 4 x H200 it held the exchange to
 0.35-0.45x of a raw all-to-all at 4096 tokens a rank (0.76x at best for any design that reads counts on the
 host). Here every rank maps the same buffers (``torch.distributed._symmetric_memory``) and Triton kernels
-(``hal.kernels.triton.moe_exchange``) do the whole exchange on the device: post the counts into every peer's
-table, one barrier, compute the routes in one program, store each row straight into its expert's block on the
-owning rank, one barrier, copy out what arrived. The rows land as the NCCL path lands them (grouped by local
-expert, sources in rank order), so the experts' grouped matmul reads the same blocks — with its offsets on the
-device, over a tensor sized for the worst case (every rank's rows to one rank: ep x rows), which is this
-design's cost: memory, not time. ``choose`` keeps it to where that buffer is at most ``MAX_BUFFER_BYTES``.
+(``hal.kernels.triton.moe_exchange``) do the whole exchange on the device: post the counts (and the slot
+each rank receives in) into every peer's table, one barrier, compute the routes in one program, store each
+row straight into its expert's block on the owning rank, one barrier. The rows land as the NCCL path lands
+them (grouped by local expert, sources in rank order), so the experts' grouped matmul reads the same blocks
+— with its offsets on the device, over a tensor sized for the worst case (every rank's rows to one rank:
+ep x rows), which is this design's cost: memory, not time. ``choose`` keeps it to where that buffer is at
+most ``MAX_BUFFER_BYTES``.
 
-Two buffers (and two count tables) alternate between successive exchanges: an exchange's stores into a
-buffer come after the barrier of the exchange before it, which every rank reaches only after reading that
-buffer the time before — so no rank overwrites rows a peer has not copied out yet, with no extra barrier.
-Every rank of the group must run the same exchanges in the same order (as with any collective) and route
-the same number of rows (hal's micro-batches are one shape).
+Where rows land: a forward exchange lands them in a durable slot (``exchange_slots``) that is handed out as
+the result, with no copy, while the rank has one free (``HAL_MOE_EXCHANGE_POOL_MIB``, 1 GiB by default, for
+each exchange shape); otherwise, and always in the backward, in one of two staging slots that alternate
+between successive exchanges and are copied out. An exchange's stores into a staging slot come after the
+barrier of the exchange before it, which every rank reaches only after copying that slot out the time
+before — so no rank overwrites rows a peer has not copied out yet, with no extra barrier. Every rank of the
+group must run the same exchanges in the same order (as with any collective), combine each dispatch before
+its next exchange, and route the same number of rows (hal's micro-batches are one shape).
 
 Needs: CUDA devices of one host with peer access, an NCCL group of one island, torch's symmetric memory,
 Triton. ``agree`` says what is missing; ``HAL_MOE_EXCHANGE`` (auto | symmetric | all_to_all) forces a path.
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import CollectiveError
+from .exchange_slots import DurableSlots, pool_mib, tracking_problem, slot_count
 
 MAX_BUFFER_BYTES = 512 * 2**20  # one exchange buffer (two are kept); above it the all-to-all path runs
 ENV = "HAL_MOE_EXCHANGE"
@@ -71,10 +76,12 @@ def local_problem(comm: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Agreement:
-    """What every rank of a group agreed for one exchange shape: whether it can run, and the most rows any rank routes."""
+    """What every rank of a group agreed for one exchange shape: whether it can run, the most rows any rank routes,
+    and the durable slots' budget."""
 
     problem: str | None
     max_rows: int
+    pool_mib: int = 0  # the durable slots' budget: the least any rank asked for
 
 
 _AGREED: dict[tuple[Any, ...], Agreement] = {}
@@ -93,14 +100,21 @@ def agree(comm: Any, rows: int) -> Agreement:
     if key not in _AGREED and (problem := group_problem(comm)):
         _AGREED[key] = Agreement(problem, rows)
     if key not in _AGREED:
-        mine = (local_problem(comm), socket.gethostname(), rows)
+        try:
+            budget: int | str = pool_mib()
+        except CollectiveError as bad:  # said on every rank after the gather, so none is left waiting in it
+            budget = str(bad)
+        mine = (local_problem(comm), socket.gethostname(), rows, budget)
         everyone: list[Any] = [None] * comm.size
         dist.all_gather_object(everyone, mine, group=comm.layout.host_group)
-        problems = [f"rank {r}: {p}" for r, (p, _, _) in zip(comm.ranks, everyone) if p]
-        hosts = {h for _, h, _ in everyone}
+        for r, (_, _, _, b) in zip(comm.ranks, everyone):
+            if isinstance(b, str):
+                raise CollectiveError(f"rank {r}: {b}")
+        problems = [f"rank {r}: {p}" for r, (p, _, _, _) in zip(comm.ranks, everyone) if p]
+        hosts = {h for _, h, _, _ in everyone}
         if not problems and len(hosts) > 1:
             problems = [f"the group spans {len(hosts)} hosts (symmetric memory here is one host's peer access)"]
-        _AGREED[key] = Agreement("; ".join(problems) or None, max(n for _, _, n in everyone))
+        _AGREED[key] = Agreement("; ".join(problems) or None, max(e[2] for e in everyone), min(e[3] for e in everyone))
     return _AGREED[key]
 
 
@@ -138,12 +152,21 @@ class DeviceRoute:
     blk_end: torch.Tensor  # (E,) owner blocks (local expert, source), cumulative rows
     back_base: torch.Tensor  # (E,)
     offsets: torch.Tensor  # (local,) int32 cumulative rows per local expert: grouped_mm's offs
+    dest_delta: torch.Tensor  # (ep,) the slot each rank posted for the rows, from this rank's anchor
+    back_delta: torch.Tensor  # (ep,) the slot each rank posted for the rows coming back
+    staging: int  # the staging slot of the dispatch (where the rows land without a durable slot)
+    back_staging: int  # the staging slot the combine lands in without a durable slot
+    call: int  # the dispatch's exchange number: the combine must be the next
+    received: torch.Tensor | None  # this rank's durable slot for the rows (None: staging), until dispatch hands it out
+    back: torch.Tensor | None  # this rank's durable slot for the rows coming back (None: staging), until combine
 
 
 class SymmetricExchange:
-    """The buffers of one expert group for one shape of exchange (the most rows a rank routes, hidden, dtype)."""
+    """The shared slots of one expert group for one shape of exchange (the most rows a rank routes, hidden, dtype):
+    two staging slots that alternate between exchanges, and durable slots (``exchange_slots``) the forward
+    exchanges hand out as their results."""
 
-    def __init__(self, comm: Any, rows: int, hidden: int, dtype: torch.dtype, experts: int) -> None:
+    def __init__(self, comm: Any, rows: int, hidden: int, dtype: torch.dtype, experts: int, pool_mib: int) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         from hal.kernels.triton import moe_exchange
@@ -155,22 +178,31 @@ class SymmetricExchange:
         self.capacity = self.ep * rows
         name = comm.native_group.group_name
         device = comm.device
-        self.buffers = [symm_mem.empty((self.capacity, hidden), dtype=dtype, device=device) for _ in range(2)]
-        self.tables = [symm_mem.empty((self.ep, experts), dtype=torch.int32, device=device) for _ in range(2)]
-        self.buffer_handles = [symm_mem.rendezvous(b, name) for b in self.buffers]
+        size = torch.empty((), dtype=dtype).element_size() * hidden
+        durable = 0 if tracking_problem() else slot_count(pool_mib, self.capacity * size, rows * size)
+        shapes = [(self.capacity, hidden)] * (2 + durable) + [(rows, hidden)] * durable
+        self.slots = [symm_mem.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        self.tables = [symm_mem.empty((self.ep, experts + 2), dtype=torch.int32, device=device) for _ in range(2)]
+        self.slot_handles = [symm_mem.rendezvous(b, name) for b in self.slots]
         self.table_handles = [symm_mem.rendezvous(t, name) for t in self.tables]
-        self.buffer_deltas = [self._deltas(b, h) for b, h in zip(self.buffers, self.buffer_handles)]
-        self.table_deltas = [self._deltas(t, h) for t, h in zip(self.tables, self.table_handles)]
-        self._next_buffer = self._next_table = 0
+        self.anchor = self.slots[0]  # the kernels reach every peer's every slot from here
+        anchor = self.slot_handles[0].buffer_ptrs[self.me]
+        self.slot_deltas = torch.stack([moe_exchange.peer_deltas(list(h.buffer_ptrs), anchor, device)
+                                        for h in self.slot_handles])  # (slots, ep)
+        self.table_deltas = [moe_exchange.peer_deltas(list(h.buffer_ptrs), h.buffer_ptrs[self.me], device)
+                             for h in self.table_handles]
+        self.durable_rows = DurableSlots(self.slots[2:2 + durable], 2)
+        self.durable_back = DurableSlots(self.slots[2 + durable:], 2 + durable)
+        self.pool_bytes = durable * (self.capacity + rows) * size
+        self.calls = 0  # exchanges run (each takes the next staging slot)
+        self.copied = 0  # forward exchanges that landed in staging (every durable slot held) and copied out
+        self._next_table = 0
 
-    def _deltas(self, tensor: torch.Tensor, handle: Any) -> torch.Tensor:
-        mine = handle.buffer_ptrs[handle.rank]
-        return self.kernels.peer_deltas(list(handle.buffer_ptrs), mine, tensor.device)
-
-    def _take_buffer(self) -> int:
-        i = self._next_buffer
-        self._next_buffer ^= 1
-        return i
+    def _take_staging(self) -> int:
+        """Staging slots alternate by exchange on every rank, used or not: a staging slot is stored into only
+        after the barrier of the exchange before, which every rank reaches after copying it out last time."""
+        self.calls += 1
+        return (self.calls - 1) % 2
 
     # --- the exchanges ------------------------------------------------------------------------------------
     def dispatch(self, rows: torch.Tensor, expert_of_row: torch.Tensor, load: torch.Tensor) -> tuple[torch.Tensor, DeviceRoute]:
@@ -181,31 +213,59 @@ class SymmetricExchange:
                                   f"(up to {self.rows} rows of {self.hidden}, {self.dtype}); route one shape a call")
         t = self._next_table
         self._next_table ^= 1
-        self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me)  # any int dtype
+        staging = self._take_staging()
+        back_staging = self.calls % 2  # the staging slot the combine (the next exchange) takes
+        received, back = self.durable_rows.take(), self.durable_back.take()
+        posted = (received[0] if received else staging, back[0] if back else back_staging)
+        self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me, posted)
         self.table_handles[t].barrier(channel=0)
-        dest_base, blk_end, back_base, offsets = self.kernels.route(self.tables[t], self.me, self.local)
-        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), dest_base, blk_end, back_base, offsets)
+        dest_base, blk_end, back_base, offsets, dest_delta, back_delta = self.kernels.route(
+            self.tables[t], self.me, self.local, self.slot_deltas)
+        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), dest_base, blk_end, back_base, offsets,
+                            dest_delta, back_delta, staging, back_staging, self.calls,
+                            received[1] if received else None, back[1] if back else None)
         return _Push.apply(rows, route), route
 
     def combine(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
         """The experts' outputs (dispatch's arrival layout) back in the rows' places on their ranks: (rows, hidden)."""
         return _PushBack.apply(out_local, route)
 
-    def push(self, rows: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
-        i = self._take_buffer()
-        self.kernels.push_rows(rows.contiguous(), self.buffers[i], self.buffer_deltas[i], route.expert_of_row,
-                               route.dest_base, self.local)
-        self.buffer_handles[i].barrier(channel=0)
+    def push(self, rows: torch.Tensor, route: DeviceRoute, *, posted: bool) -> torch.Tensor:
+        """Rows to their experts' ranks: into the slots the owners posted (dispatch), or into staging (a backward)."""
+        if posted:
+            i, delta, received = route.staging, route.dest_delta, route.received
+            route.received = None  # from here the result holds the durable slot, and frees it when it goes
+        else:
+            i = self._take_staging()
+            delta, received = self.slot_deltas[i], None
+        self.kernels.push_rows(rows.contiguous(), self.anchor, delta, route.expert_of_row, route.dest_base,
+                               self.local, self.capacity)
+        self.slot_handles[i].barrier(channel=0)
+        if received is not None:
+            return received
+        self.copied += posted
         arrived = torch.empty((self.capacity, self.hidden), dtype=self.dtype, device=rows.device)
-        self.kernels.copy_arrived(self.buffers[i], arrived, route.offsets)
+        self.kernels.copy_arrived(self.slots[i], arrived, route.offsets)
         return arrived
 
-    def push_back(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
-        i = self._take_buffer()
-        self.kernels.push_back(out_local.contiguous(), self.buffers[i], self.buffer_deltas[i], route.blk_end,
-                               route.back_base, self.ep)
-        self.buffer_handles[i].barrier(channel=0)
-        return self.buffers[i][: route.rows].clone()
+    def push_back(self, out_local: torch.Tensor, route: DeviceRoute, *, posted: bool) -> torch.Tensor:
+        """Expert outputs back to their sources: into the slots the sources posted (combine), or staging (a backward)."""
+        i = self._take_staging()
+        if posted:
+            if self.calls != route.call + 1:  # the same on every rank: ranks run the same exchanges
+                raise CollectiveError("moe exchange: another exchange ran between a dispatch and its combine on one "
+                                      "buffer set; combine each dispatch before the next exchange")
+            delta, back = route.back_delta, route.back
+            route.back = None
+        else:
+            delta, back = self.slot_deltas[i], None
+        self.kernels.push_back(out_local.contiguous(), self.anchor, delta, route.blk_end, route.back_base, self.ep,
+                               self.rows)
+        self.slot_handles[i].barrier(channel=0)
+        if back is not None:
+            return back[: route.rows]
+        self.copied += posted
+        return self.slots[i][: route.rows].clone()
 
 
 class _Push(torch.autograd.Function):
@@ -214,11 +274,11 @@ class _Push(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
         ctx.route = route
-        return route.exchange.push(rows, route)
+        return route.exchange.push(rows, route, posted=True)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.route.exchange.push_back(grad, ctx.route), None
+        return ctx.route.exchange.push_back(grad, ctx.route, posted=False), None
 
 
 class _PushBack(torch.autograd.Function):
@@ -227,11 +287,11 @@ class _PushBack(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
         ctx.route = route
-        return route.exchange.push_back(out_local, route)
+        return route.exchange.push_back(out_local, route, posted=True)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.route.exchange.push(grad, ctx.route), None
+        return ctx.route.exchange.push(grad, ctx.route, posted=False), None
 
 
 _EXCHANGES: dict[tuple[Any, ...], SymmetricExchange] = {}
@@ -245,5 +305,13 @@ def exchange_for(comm: Any, rows: int, hidden: int, dtype: torch.dtype, experts:
         raise CollectiveError(f"moe exchange: the symmetric exchange cannot run: {agreed.problem}")
     key = (*_group_key(comm), agreed.max_rows, hidden, dtype)
     if key not in _EXCHANGES:
-        _EXCHANGES[key] = SymmetricExchange(comm, agreed.max_rows, hidden, dtype, experts)
+        _EXCHANGES[key] = SymmetricExchange(comm, agreed.max_rows, hidden, dtype, experts, agreed.pool_mib)
     return _EXCHANGES[key]
+
+
+def tally() -> dict[str, int]:
+    """Every exchange of this process so far: exchanges run, forward halves that copied out of staging (every
+    durable slot held), and the durable slots' bytes."""
+    live = list(_EXCHANGES.values())
+    return {"exchanges": sum(e.calls for e in live), "copied": sum(e.copied for e in live),
+            "pool_bytes": sum(e.pool_bytes for e in live)}

@@ -32,17 +32,26 @@ def rows_of(rank: int, load: torch.Tensor, world: int, local: int) -> torch.Tens
 
 
 def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: str = "float64",
-             path: str = "all_to_all", rounds: int = 1) -> dict[str, Any]:
+             path: str = "all_to_all", rounds: int = 1, hold: bool = False, pool_mib: int | None = None) -> dict[str, Any]:
     """Dispatch this rank's rows, scale what arrives per local expert, combine; and the backward. On the rank's
     device (gloo: cpu; NCCL: its GPU); ``validate=False`` as the engine builds its groups (NCCL: one grouped launch).
     ``path="symmetric"``: through CUDA symmetric memory (hal.collectives.symmetric_exchange), ``rounds`` times in
-    a row (its two buffers alternate), each round's results checked alike."""
+    a row (its staging slots alternate), each round's results checked alike; ``hold`` keeps every round's results
+    alive until the last round is done (so durable slots stay taken and later rounds land in staging), and
+    ``pool_mib`` sets the durable slots' budget."""
+    import os
+
     from hal.collectives import world_communicator
     from hal.parallel.moe import combine, dispatch
 
+    if pool_mib is not None:
+        from hal.collectives.exchange_slots import POOL_ENV
+
+        os.environ[POOL_ENV] = str(pool_mib)
     comm = world_communicator(validate=validate)
     load = skewed_load(rank, world, local).to(comm.device)
     results = []
+    ex = None
     for _ in range(rounds):
         rows = rows_of(rank, load.cpu(), world, local).to(comm.device, getattr(torch, dtype)).requires_grad_(True)
         if path == "symmetric":
@@ -65,11 +74,41 @@ def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: st
             back = combine(arrived * scale, route)
             grouped = comm._groups_all_to_alls(rows)
         back.sum().backward()
-        results.append({"arrived": arrived.detach().double().tolist(), "counts": counts,
-                        "back": back.detach().double().tolist(), "rows": rows.detach().double().tolist(),
-                        "grad": rows.grad.double().tolist(), "send": send, "recv": recv,
-                        "grouped": grouped})
-    return results[0] if rounds == 1 else {"rounds": results}
+        results.append({"arrived": arrived.detach(), "counts": counts, "back": back.detach(), "rows": rows.detach(),
+                        "grad": rows.grad, "send": send, "recv": recv, "grouped": grouped})
+        if not hold:
+            results[-1] = _listed(results[-1])
+        del arrived, back
+    results = [_listed(r) for r in results]  # held rounds are read only now, after every later round ran
+    if rounds == 1:
+        return results[0]
+    return {"rounds": results, "copied": ex.copied if ex else None,
+            "durable": len(ex.durable_rows) if ex else None}
+
+
+def _listed(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.double().tolist() if isinstance(v, torch.Tensor) else v for k, v in result.items()}
+
+
+def uncombined_dispatch(rank: int, world: int, local: int = 1) -> str:
+    """Two dispatches, then the first one's combine: one line on every rank, before anything is stored."""
+    from hal.collectives import world_communicator
+    from hal.collectives.symmetric_exchange import exchange_for
+
+    comm = world_communicator(validate=False)
+    load = skewed_load(rank, world, local).to(comm.device)
+    rows = rows_of(rank, load.cpu(), world, local).to(comm.device, torch.bfloat16)
+    ex = exchange_for(comm, rows.shape[0], rows.shape[1], rows.dtype, world * local)
+    experts = rows[:, 1].long()
+    first, route = ex.dispatch(rows, experts, load)
+    ex.dispatch(rows, experts, load)
+    try:
+        ex.combine(first, route)
+        said = "no error"
+    except Exception as e:  # noqa: BLE001 - the refusal is the result
+        said = f"{type(e).__name__}: {e}"
+    comm.all_reduce(torch.zeros(1, device=comm.device))  # no rank leaves while another still connects
+    return said
 
 
 def bad_blocks(rank: int, world: int) -> dict[str, str]:

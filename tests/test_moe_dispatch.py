@@ -38,15 +38,33 @@ def test_dispatch_on_nccl_is_one_grouped_launch_and_exact(local: int) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(_gpus() < 2, reason="needs 2+ NVIDIA GPUs")
-@pytest.mark.parametrize("local", [1, 2, 3])
-def test_symmetric_exchange_lands_rows_as_the_all_to_alls_do(local: int) -> None:
-    """The exchange over CUDA symmetric memory: the same blocks, rows home, gradients back — three rounds in a row,
-    so both of its alternating buffers are used and reused."""
+@pytest.mark.parametrize("local,rounds,hold,pool_mib,copied", [
+    (1, 3, False, None, 0), (2, 3, False, None, 0), (3, 3, False, None, 0),  # durable slots, freed every round
+    (2, 3, False, 0, 6),  # no durable slots: both forward exchanges of every round land in staging and copy
+    (2, 18, True, None, 4),  # every round held: 16 take the durable slots, the last two land in staging
+])
+def test_symmetric_exchange_lands_rows_as_the_all_to_alls_do(local: int, rounds: int, hold: bool,
+                                                             pool_mib: int | None, copied: int) -> None:
+    """The exchange over CUDA symmetric memory: the same blocks, rows home, gradients back, round after round,
+    so the staging slots alternate and are reused. Held rounds are read after every later round ran: a durable
+    slot handed out as a result is never written again while it is held."""
     world = min(_gpus(), 4)
     values = ok_values(run_world("tests.moe_dispatch_cases", "exchange", world, backend="cuda", deadline_s=300,
-                                 local=local, validate=False, dtype="bfloat16", path="symmetric", rounds=3), world)
-    for i in range(3):
+                                 local=local, validate=False, dtype="bfloat16", path="symmetric", rounds=rounds,
+                                 hold=hold, pool_mib=pool_mib), world)
+    for i in range(rounds):
         _check({rank: v["rounds"][i] for rank, v in values.items()}, world, local)
+    for v in values.values():
+        assert v["copied"] == copied and v["durable"] == (0 if pool_mib == 0 else 16), v
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2+ NVIDIA GPUs")
+def test_a_dispatch_left_uncombined_is_refused_on_every_rank() -> None:
+    world = min(_gpus(), 4)
+    values = ok_values(run_world("tests.moe_dispatch_cases", "uncombined_dispatch", world, backend="cuda",
+                                 deadline_s=300), world)
+    assert all("another exchange ran between a dispatch and its combine" in v for v in values.values()), values
 
 
 @pytest.mark.cuda

@@ -53,28 +53,40 @@ def _ranks(world: int, local: int, tokens: list[int], k: int, hidden: int, skew:
 
 
 def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int = 24, *, skew: bool = False,
-              seed: int = 0, capacity: int | None = None) -> None:
+              seed: int = 0, capacity: int | None = None, bad_slot: int | None = None) -> None:
+    """Every simulated rank has four slots -- two staging (capacity rows), one durable for rows (capacity), one
+    durable for rows coming back (its rows) -- and posts its own choice: even ranks receive rows in the durable
+    slot, odd ones in staging 0; odd ranks take rows back in the durable slot, even ones in staging 1. The rank
+    ``bad_slot`` posts a slot out of range: nothing may be stored for it anywhere."""
     E = world * local
     ranks = _ranks(world, local, tokens, k, hidden, skew, seed)
     N = max(tokens) * k
     cap = capacity if capacity is not None else world * N
-    spare = 8  # rows past each buffer's capacity: a store there is a bounds bug
+    spare = 8  # rows past each slot's capacity: a store there is a bounds bug
     nan = float("nan")
-    fwd_full = [torch.full((cap + spare, hidden), nan, device=DEVICE) for _ in range(world)]
-    back_full = [torch.full((cap + spare, hidden), nan, device=DEVICE) for _ in range(world)]
-    fwd, back = [b[:cap] for b in fwd_full], [b[:cap] for b in back_full]
-    tables = [torch.zeros(world, E, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+    full = [[torch.full((cap + spare, hidden), nan, device=DEVICE) for _ in range(3)]
+            + [torch.full((N + spare, hidden), nan, device=DEVICE)] for _ in range(world)]
+    posted = [(2 if me % 2 == 0 else 0, 3 if me % 2 else 1) for me in range(world)]
+    if bad_slot is not None:
+        posted[bad_slot] = (7, -1)
+    fwd_full = [full[me][posted[me][0]] if posted[me][0] < 4 else None for me in range(world)]
+    back_full = [full[me][posted[me][1]] if 0 <= posted[me][1] < 4 else None for me in range(world)]
+    tables = [torch.zeros(world, E + 2, dtype=torch.int32, device=DEVICE) for _ in range(world)]
 
-    def deltas(bufs: list[torch.Tensor], me: int) -> torch.Tensor:
-        return moe_exchange.peer_deltas([b.data_ptr() for b in bufs], bufs[me].data_ptr(), DEVICE)
+    def deltas(bufs: list[torch.Tensor], anchor: torch.Tensor) -> torch.Tensor:
+        return moe_exchange.peer_deltas([b.data_ptr() for b in bufs], anchor.data_ptr(), DEVICE)
 
+    slot_deltas = [torch.stack([deltas([full[r][j] for r in range(world)], full[me][0]) for j in range(4)])
+                   for me in range(world)]
     for me in range(world):
-        moe_exchange.post_counts(ranks[me]["load"], tables[me], deltas(tables, me), me)
+        moe_exchange.post_counts(ranks[me]["load"], tables[me], deltas(tables, tables[me]), me, posted[me])
+    want_table = torch.cat([torch.stack([r["load"].cpu() for r in ranks]).int(), torch.tensor(posted).int()], dim=1)
     for me in range(world):
-        assert torch.equal(tables[me].cpu(), torch.stack([r["load"].cpu() for r in ranks])), "every table holds every row"
-    routes = [moe_exchange.route(tables[me], me, local) for me in range(world)]
+        assert torch.equal(tables[me].cpu(), want_table), "every table holds every rank's counts and slots"
+    routes = [moe_exchange.route(tables[me], me, local, slot_deltas[me]) for me in range(world)]
     for me in range(world):
-        moe_exchange.push_rows(ranks[me]["rows"], fwd[me], deltas(fwd, me), ranks[me]["expert"], routes[me][0], local)
+        dest_base, _, _, _, dest_delta, _ = routes[me]
+        moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], dest_base, local, cap)
     outs = []
     for owner in range(world):
         # expected: for local expert j, for source s in rank order, s's rows of expert owner*local + j in order
@@ -85,18 +97,25 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
                 blocks.append(got)
                 sizes.append(got.shape[0])
         expected = torch.cat(blocks)
-        _, blk_end, _, offs = routes[owner]
+        _, blk_end, _, offs, _, _ = routes[owner]
         per_expert = [sum(sizes[j * world:(j + 1) * world]) for j in range(local)]
         assert offs.cpu().tolist() == torch.tensor(per_expert).cumsum(0).tolist()
         assert blk_end.cpu().tolist() == torch.tensor(sizes).cumsum(0).tolist()
         total = expected.shape[0]
+        for j in range(4):
+            if j != posted[owner][0]:
+                assert torch.isnan(full[owner][j]).all(), f"rank {owner}: rows landed in slot {j}, which it did not post"
+        if fwd_full[owner] is None:
+            outs.append(None)
+            continue
+        arrived = fwd_full[owner][:cap]
         if total > cap:  # too small a buffer: what fits is right, and nothing is written past it
             assert torch.isnan(fwd_full[owner][cap:]).all()
             continue
-        assert torch.equal(fwd[owner][:total], expected), f"rank {owner}: rows in the wrong places"
+        assert torch.equal(arrived[:total], expected), f"rank {owner}: rows in the wrong places"
         assert torch.isnan(fwd_full[owner][total:]).all()
         out = torch.full((world * N, hidden), nan, device=DEVICE)
-        moe_exchange.copy_arrived(fwd[owner], out, offs)
+        moe_exchange.copy_arrived(arrived, out, offs)
         assert torch.equal(out[:total], expected) and torch.isnan(out[total:]).all(), "only the arrived rows are copied"
         # an "expert" that scales each local expert's rows differently, so a row sent back to the wrong place shows
         scale = torch.repeat_interleave(torch.arange(2.0, 2.0 + local), torch.tensor(per_expert)).to(DEVICE)
@@ -104,14 +123,26 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
         outs.append(out)
     if capacity is not None and capacity < world * N:
         return
+    for me in range(world):
+        full[me][posted[me][0] if posted[me][0] < 4 else 0].fill_(nan)  # the way back must not touch the rows' slots
     for owner in range(world):
-        _, blk_end, back_base, _ = routes[owner]
-        moe_exchange.push_back(outs[owner], back[owner], deltas(back, owner), blk_end, back_base, world)
+        if outs[owner] is not None:
+            _, blk_end, back_base, _, _, back_delta = routes[owner]
+            moe_exchange.push_back(outs[owner], full[owner][0], back_delta, blk_end, back_base, world, N)
     for me in range(world):
         n = tokens[me] * k
+        for j in range(4):
+            if j != posted[me][1]:
+                assert torch.isnan(full[me][j]).all(), f"rank {me}: rows came back into slot {j}, which it did not post"
+        if back_full[me] is None:
+            assert all(torch.isnan(full[me][j]).all() for j in range(4)), f"rank {me} posted no valid slot, got rows"
+            continue
         rows, expert = ranks[me]["rows"], ranks[me]["expert"].long()
         want = rows * (2.0 + (expert % local)).to(rows.dtype)[:, None]
-        assert torch.equal(back[me][:n], want), f"rank {me}: outputs came back to the wrong rows"
+        sent_by_lost = (expert // local == bad_slot) if bad_slot is not None else torch.zeros_like(expert, dtype=torch.bool)
+        got = back_full[me][:n]
+        assert torch.equal(got[~sent_by_lost], want[~sent_by_lost]), f"rank {me}: outputs came back to the wrong rows"
+        assert torch.isnan(got[sent_by_lost]).all(), "rows the lost rank held cannot come back"
         assert torch.isnan(back_full[me][n:]).all()
 
 
@@ -130,6 +161,10 @@ def test_skewed_routing_one_rank_gets_most_one_gets_none() -> None:
 
 def test_a_buffer_too_small_is_never_written_past() -> None:
     _exchange(2, 2, [6, 6], capacity=5, seed=1)
+
+
+def test_a_slot_posted_out_of_range_is_never_stored_into() -> None:
+    _exchange(4, 2, [5] * 4, bad_slot=1, seed=5)
 
 
 def test_peer_deltas_refuse_misaligned_buffers() -> None:

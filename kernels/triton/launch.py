@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
+import os
 from typing import Any, Iterator
 
 import torch
@@ -63,6 +65,87 @@ def launcher(kernel: Any) -> Any:
     if _RAW.get() or not isinstance(kernel, JITFunction) or interpreted(kernel) or not hasattr(torch.library, "wrap_triton"):
         return kernel
     return torch.library.wrap_triton(kernel)
+
+
+def _runs_with_every_argument() -> bool:
+    """Whether this Triton's ``JITFunction.run`` hands its compiled kernel every argument, constexprs included,
+    in declaration order (Triton 3.3 - 3.9 do) -- the convention ``CachedLauncher`` relies on."""
+    try:
+        source = inspect.getsource(JITFunction.run)
+        runs = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
+                in source and "*bound_args.values())" in source)
+        return runs and hasattr(triton, "knobs")
+    except (OSError, TypeError, AttributeError):  # no source to read: take the ordinary launch
+        return False
+
+
+CACHED_LAUNCH_ENV = "HAL_TRITON_CACHED_LAUNCH"  # 0: every launch through Triton's own binding
+DIRECT_LAUNCH = _runs_with_every_argument() and os.environ.get(CACHED_LAUNCH_ENV, "1").strip() != "0"
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is registered (Triton 3.4+ keeps an empty chain of them when none is)."""
+    hook = triton.knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+class CachedLauncher:
+    """Launch a compiled kernel again without Triton binding and specialising every argument (25-35 us of host
+    time a launch on a 4 x H200 host; this takes a few). The first launch of each specialisation goes through
+    Triton (which compiles it); later ones reuse the compiled kernel, found by a key at least as fine as Triton's
+    own: every constexpr's value, each tensor's dtype, device and 16-byte alignment, each integer's range and
+    whether it is 1 or a multiple of 16. Where Triton is interpreted, a launch hook is set (a profiler), or
+    ``DIRECT_LAUNCH`` is false (a Triton whose launcher this was not checked against), every launch is
+    Triton's own."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        params = getattr(kernel, "params", None)
+        self.constexpr = [bool(getattr(p, "is_constexpr", False)) for p in params] if params else []
+        self.direct = DIRECT_LAUNCH and bool(params) and not interpreted(kernel)
+        self.compiled: dict[tuple[Any, ...], Any] = {}
+        self.cached_launches = 0  # launches that reused a compiled kernel without Triton's binding
+
+    def _key(self, args: tuple[Any, ...], num_warps: int) -> tuple[Any, ...]:
+        key: list[Any] = [num_warps]
+        add = key.append
+        for value, const in zip(args, self.constexpr):
+            if const:
+                add(value)
+            elif type(value) is int:  # noqa: E721 - bool (a subclass) is keyed by its value below
+                add((value == 1, value % 16 == 0, -2**31 <= value < 2**31, value < 2**63))
+            elif isinstance(value, torch.Tensor):
+                add((value.dtype, value.get_device(), value.data_ptr() % 16 == 0))
+            else:
+                add(value)
+        return tuple(key)
+
+    def why_not_cached(self) -> str | None:
+        """Why launches go through Triton's own binding (None: they are cached)."""
+        if not DIRECT_LAUNCH:
+            return f"{CACHED_LAUNCH_ENV}=0 or a Triton whose launcher this was not checked against"
+        if not self.direct:
+            return "the kernel is interpreted or has no parameter list"
+        if _hooked():
+            return "a launch hook is set (a profiler)"
+        return None
+
+    def __call__(self, grid: tuple[int, ...], *args: Any, num_warps: int = 4) -> None:
+        if not self.direct or len(args) != len(self.constexpr) or _hooked():
+            self.kernel[grid](*args, num_warps=num_warps)
+            return
+        key = self._key(args, num_warps)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, num_warps=num_warps)  # Triton binds, compiles and launches
+            if compiled is not None:
+                self.compiled[key] = compiled
+            return
+        driver = triton.runtime.driver.active
+        stream = driver.get_current_stream(driver.get_current_device())
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, None, None, None, *args)  # no hooks: checked above
+        self.cached_launches += 1
 
 
 def check_device(kernel: Any, device: torch.device) -> None:
