@@ -39,11 +39,6 @@ def slot_count(budget_mib: int, rows_bytes: int, back_bytes: int) -> int:
     return 0 if pair <= 0 else min(MAX_SLOTS, budget_mib * 2**20 // pair)
 
 
-def storage_users(tensor: torch.Tensor) -> int:
-    """How many tensors (views, saved activations) share ``tensor``'s storage, the caller's own reference counted."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
-
-
 def tracking_problem() -> str | None:
     """Why durable slots cannot be used on this torch (None: they can)."""
     if not hasattr(torch._C, "_storage_Use_Count"):
@@ -57,17 +52,21 @@ class DurableSlots:
     def __init__(self, tensors: list[torch.Tensor], first_index: int) -> None:
         self.tensors = tensors
         self.first_index = first_index  # this kind's first slot in the exchange's slot table
-        self._idle = [storage_users(t) for t in tensors]  # what the pool itself holds of each
+        # each slot's storage, read by address (valid while the pool holds the tensor): no storage object per look
+        self._storages = [t.untyped_storage()._cdata for t in tensors]
+        self._idle = [torch._C._storage_Use_Count(c) for c in self._storages]  # what the pool itself holds of each
 
     def __len__(self) -> int:
         return len(self.tensors)
 
     def take(self) -> tuple[int, torch.Tensor] | None:
         """(slot index, the buffer as a new tensor the caller holds) for the first idle slot, or None if all are held."""
-        for j, (tensor, idle) in enumerate(zip(self.tensors, self._idle)):
-            if storage_users(tensor) == idle:
-                return self.first_index + j, tensor.detach()
+        count = torch._C._storage_Use_Count
+        for j, (storage, idle) in enumerate(zip(self._storages, self._idle)):
+            if count(storage) == idle:
+                return self.first_index + j, self.tensors[j].detach()
         return None
 
     def in_use(self) -> int:
-        return sum(storage_users(t) != idle for t, idle in zip(self.tensors, self._idle))
+        count = torch._C._storage_Use_Count
+        return sum(count(c) != idle for c, idle in zip(self._storages, self._idle))

@@ -224,11 +224,15 @@ class SymmetricExchange:
         route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), dest_base, blk_end, back_base, offsets,
                             dest_delta, back_delta, staging, back_staging, self.calls,
                             received[1] if received else None, back[1] if back else None)
-        return _Push.apply(rows, route), route
+        if _needs_graph(rows):
+            return _Push.apply(rows, route), route
+        return self.push(rows, route, posted=True), route  # no gradient: no autograd node (its host cost)
 
     def combine(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
         """The experts' outputs (dispatch's arrival layout) back in the rows' places on their ranks: (rows, hidden)."""
-        return _PushBack.apply(out_local, route)
+        if _needs_graph(out_local):
+            return _PushBack.apply(out_local, route)
+        return self.push_back(out_local, route, posted=True)
 
     def push(self, rows: torch.Tensor, route: DeviceRoute, *, posted: bool) -> torch.Tensor:
         """Rows to their experts' ranks: into the slots the owners posted (dispatch), or into staging (a backward)."""
@@ -266,6 +270,10 @@ class SymmetricExchange:
             return back[: route.rows]
         self.copied += posted
         return self.slots[i][: route.rows].clone()
+
+
+def _needs_graph(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
 
 
 class _Push(torch.autograd.Function):

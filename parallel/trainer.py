@@ -260,23 +260,28 @@ def gather_moe(r: RankRun) -> dict[str, Any] | None:
 
 
 def merge_moe_tallies(tallies: list[dict[int, dict[str, Any]] | None]) -> dict[str, Any]:
-    """Per-rank tallies → {"layers": {i: {load, min_max, aux_loss, z_loss}}, "min_max", "aux_loss"} (see gather_moe)."""
+    """Per-rank tallies → {"layers": {i: {load, min_max, aux_loss, z_loss, exchange}}, "min_max", "aux_loss", "exchange"}
+    (see gather_moe; ``exchange``: under ep, the path tokens took between ranks, None without ep)."""
     layers: dict[int, dict[str, Any]] = {}
     for tally in tallies:
         for layer, t in (tally or {}).items():
-            got = layers.setdefault(int(layer), {"load": [0] * len(t["load"]), "aux": [], "z": []})
+            got = layers.setdefault(int(layer), {"load": [0] * len(t["load"]), "aux": [], "z": [], "exchange": set()})
             got["load"] = [a + b for a, b in zip(got["load"], t["load"])]
+            if t.get("exchange"):
+                got["exchange"].add(t["exchange"])
             got["aux"].append(t["aux_loss"])
             got["z"].append(t["z_loss"])
     report: dict[str, Any] = {}
     for layer, got in sorted(layers.items()):
         load = got["load"]
         report[str(layer)] = {"load": load, "min_max": min(load) / max(max(load), 1),
-                              "aux_loss": sum(got["aux"]) / len(got["aux"]), "z_loss": sum(got["z"]) / len(got["z"])}
+                              "aux_loss": sum(got["aux"]) / len(got["aux"]), "z_loss": sum(got["z"]) / len(got["z"]),
+                              "exchange": "+".join(sorted(got["exchange"])) or None}
     if not report:
-        return {"layers": {}, "min_max": None, "aux_loss": None}
+        return {"layers": {}, "min_max": None, "aux_loss": None, "exchange": None}
+    paths = sorted({v["exchange"] for v in report.values() if v["exchange"]})
     return {"layers": report, "min_max": min(v["min_max"] for v in report.values()),
-            "aux_loss": sum(v["aux_loss"] for v in report.values()) / len(report)}
+            "aux_loss": sum(v["aux_loss"] for v in report.values()) / len(report), "exchange": "+".join(paths) or None}
 
 
 def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology, tokens: int) -> dict[str, Any]:
@@ -333,6 +338,8 @@ class Progress:
         moe = record.get("moe")
         if moe and moe.get("min_max") is not None:  # the expert balance: worst layer's least/most loaded expert
             line += f" · experts min/max {moe['min_max']:.2f} aux {moe['aux_loss']:.3f}"
+            if moe.get("exchange"):  # under ep: how tokens crossed ranks (symmetric memory or all-to-alls)
+                line += f" via {moe['exchange']}"
         self.stream.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
         self.stream.flush()
 

@@ -166,7 +166,7 @@ def test_hal_train_logs_each_moe_layers_load_and_aux_loss(tmp_path: Path) -> Non
     result = run_hal("train", str(REPO / "examples" / "moe_cpu.yaml"), "--steps", "3", "--run-dir", str(run_dir), "--json",
                      timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "experts min/max" in result.stderr
+    assert "experts min/max" in result.stderr and "via all_to_all" in result.stderr  # ep 2 on cpu: the all-to-alls
     records = [json.loads(line) for line in (run_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(records) == 3
     for record in records:
@@ -178,6 +178,7 @@ def test_hal_train_logs_each_moe_layers_load_and_aux_loss(tmp_path: Path) -> Non
             assert layer["min_max"] == min(layer["load"]) / max(layer["load"])
             assert layer["aux_loss"] >= 1.0 - 1e-6  # E·Σ f·P is at least 1 for softmax scores
         assert moe["min_max"] == min(v["min_max"] for v in moe["layers"].values())
+        assert moe["exchange"] == "all_to_all" and all(v["exchange"] == "all_to_all" for v in moe["layers"].values())
 
 
 @pytest.mark.parametrize("model, stage, says", [

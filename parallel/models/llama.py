@@ -208,7 +208,8 @@ class MoEFeedForward(MoE):
         load, aux, z, n = (t.cpu() for t in self._tally)
         self._tally = None
         count = max(float(n), 1.0)
-        return {"load": [int(v) for v in load.tolist()], "aux_loss": float(aux) / count, "z_loss": float(z) / count}
+        return {"load": [int(v) for v in load.tolist()], "aux_loss": float(aux) / count, "z_loss": float(z) / count,
+                "exchange": self.exchange}  # under ep: the path the last forward took (symmetric | all_to_all)
 
 
 class DecoderLayer(nn.Module):
