@@ -5,8 +5,9 @@ NCCL its splits; that read waits for everything queued before it, and on 4 x H20
 0.35-0.45x of a raw all-to-all at 4096 tokens a rank (0.76x at best for any design that reads counts on the
 host). Here every rank maps the same buffers (``torch.distributed._symmetric_memory``) and Triton kernels
 (``hal.kernels.triton.moe_exchange``) do the whole exchange on the device: post the counts (and the slot
-each rank receives in) into every peer's table, one barrier, compute the routes in one program, store each
-row straight into its expert's block on the owning rank, one barrier. The rows land as the NCCL path lands
+each rank receives in) into every peer's table, one barrier, then one launch in which every program works
+out the routes from the table and stores its rows straight into their experts' blocks on the owning ranks,
+one barrier. The rows land as the NCCL path lands
 them (grouped by local expert, sources in rank order), so the experts' grouped matmul reads the same blocks
 — with its offsets on the device, over a tensor sized for the worst case (every rank's rows to one rank:
 ep x rows), which is this design's cost: memory, not time. ``choose`` keeps it to where that buffer is at
@@ -141,24 +142,32 @@ def choose(comm: Any, rows: int, hidden: int, dtype: torch.dtype) -> tuple[str, 
     return "symmetric", f"{ENV}={asked}"
 
 
+_UNSET = torch.empty(0)  # a route tensor not computed yet (never read: dispatch sets them before returning)
+
+
 @dataclass
 class DeviceRoute:
-    """Where one dispatch sent its rows, on the device, for combine and both backwards."""
+    """Where one dispatch sent its rows, on the device, for combine and both backwards. The route tensors come
+    from the dispatch's own launch (``route_and_push``): set once its rows have moved."""
 
     exchange: "SymmetricExchange"
     rows: int  # this rank's rows
     expert_of_row: torch.Tensor  # (rows,) global expert of each sorted row
-    dest_base: torch.Tensor  # (E,)
-    blk_end: torch.Tensor  # (E,) owner blocks (local expert, source), cumulative rows
-    back_base: torch.Tensor  # (E,)
-    offsets: torch.Tensor  # (local,) int32 cumulative rows per local expert: grouped_mm's offs
-    dest_delta: torch.Tensor  # (ep,) the slot each rank posted for the rows, from this rank's anchor
-    back_delta: torch.Tensor  # (ep,) the slot each rank posted for the rows coming back
+    table: int  # the count table the dispatch posted into
     staging: int  # the staging slot of the dispatch (where the rows land without a durable slot)
     back_staging: int  # the staging slot the combine lands in without a durable slot
     call: int  # the dispatch's exchange number: the combine must be the next
     received: torch.Tensor | None  # this rank's durable slot for the rows (None: staging), until dispatch hands it out
     back: torch.Tensor | None  # this rank's durable slot for the rows coming back (None: staging), until combine
+    dest_base: torch.Tensor = _UNSET  # (E,) where this rank's rows of each expert start on its owner
+    blk_end: torch.Tensor = _UNSET  # (E,) owner blocks (local expert, source), cumulative rows
+    back_base: torch.Tensor = _UNSET  # (E,)
+    offsets: torch.Tensor = _UNSET  # (local,) int32 cumulative rows per local expert: grouped_mm's offs
+    dest_delta: torch.Tensor = _UNSET  # (ep,) the slot each rank posted for the rows, from this rank's anchor
+    back_delta: torch.Tensor = _UNSET  # (ep,) the slot each rank posted for the rows coming back
+
+    def set_routes(self, routed: tuple[torch.Tensor, ...]) -> None:
+        self.dest_base, self.blk_end, self.back_base, self.offsets, self.dest_delta, self.back_delta = routed
 
 
 class SymmetricExchange:
@@ -219,10 +228,7 @@ class SymmetricExchange:
         posted = (received[0] if received else staging, back[0] if back else back_staging)
         self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me, posted)
         self.table_handles[t].barrier(channel=0)
-        dest_base, blk_end, back_base, offsets, dest_delta, back_delta = self.kernels.route(
-            self.tables[t], self.me, self.local, self.slot_deltas)
-        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), dest_base, blk_end, back_base, offsets,
-                            dest_delta, back_delta, staging, back_staging, self.calls,
+        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), t, staging, back_staging, self.calls,
                             received[1] if received else None, back[1] if back else None)
         if _needs_graph(rows):
             return _Push.apply(rows, route), route
@@ -236,14 +242,17 @@ class SymmetricExchange:
 
     def push(self, rows: torch.Tensor, route: DeviceRoute, *, posted: bool) -> torch.Tensor:
         """Rows to their experts' ranks: into the slots the owners posted (dispatch), or into staging (a backward)."""
-        if posted:
-            i, delta, received = route.staging, route.dest_delta, route.received
+        if posted:  # dispatch: the route is worked out in the same launch that moves the rows
+            i, received = route.staging, route.received
             route.received = None  # from here the result holds the durable slot, and frees it when it goes
+            route.set_routes(self.kernels.route_and_push(self.tables[route.table], self.me, self.local, self.slot_deltas,
+                                                         rows.contiguous(), self.anchor, route.expert_of_row,
+                                                         self.capacity))
         else:
             i = self._take_staging()
-            delta, received = self.slot_deltas[i], None
-        self.kernels.push_rows(rows.contiguous(), self.anchor, delta, route.expert_of_row, route.dest_base,
-                               self.local, self.capacity)
+            received = None
+            self.kernels.push_rows(rows.contiguous(), self.anchor, self.slot_deltas[i], route.expert_of_row,
+                                   route.dest_base, self.local, self.capacity)
         self.slot_handles[i].barrier(channel=0)
         if received is not None:
             return received

@@ -53,11 +53,12 @@ def _ranks(world: int, local: int, tokens: list[int], k: int, hidden: int, skew:
 
 
 def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int = 24, *, skew: bool = False,
-              seed: int = 0, capacity: int | None = None, bad_slot: int | None = None) -> None:
+              seed: int = 0, capacity: int | None = None, bad_slot: int | None = None, fused: bool = True) -> None:
     """Every simulated rank has four slots -- two staging (capacity rows), one durable for rows (capacity), one
     durable for rows coming back (its rows) -- and posts its own choice: even ranks receive rows in the durable
     slot, odd ones in staging 0; odd ranks take rows back in the durable slot, even ones in staging 1. The rank
-    ``bad_slot`` posts a slot out of range: nothing may be stored for it anywhere."""
+    ``bad_slot`` posts a slot out of range: nothing may be stored for it anywhere. ``fused``: each rank routes and
+    pushes in one launch (``route_and_push``, what dispatch runs), else ``route`` then ``push_rows``."""
     E = world * local
     ranks = _ranks(world, local, tokens, k, hidden, skew, seed)
     N = max(tokens) * k
@@ -83,10 +84,14 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
     want_table = torch.cat([torch.stack([r["load"].cpu() for r in ranks]).int(), torch.tensor(posted).int()], dim=1)
     for me in range(world):
         assert torch.equal(tables[me].cpu(), want_table), "every table holds every rank's counts and slots"
-    routes = [moe_exchange.route(tables[me], me, local, slot_deltas[me]) for me in range(world)]
-    for me in range(world):
-        dest_base, _, _, _, dest_delta, _ = routes[me]
-        moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], dest_base, local, cap)
+    if fused:
+        routes = [moe_exchange.route_and_push(tables[me], me, local, slot_deltas[me], ranks[me]["rows"], full[me][0],
+                                              ranks[me]["expert"], cap) for me in range(world)]
+    else:
+        routes = [moe_exchange.route(tables[me], me, local, slot_deltas[me]) for me in range(world)]
+        for me in range(world):
+            dest_base, _, _, _, dest_delta, _ = routes[me]
+            moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], dest_base, local, cap)
     outs = []
     for owner in range(world):
         # expected: for local expert j, for source s in rank order, s's rows of expert owner*local + j in order
@@ -146,25 +151,38 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
         assert torch.isnan(back_full[me][n:]).all()
 
 
+FUSED = pytest.mark.parametrize("fused", [True, False], ids=["route_and_push", "route_then_push"])
+
+
+@FUSED
 @pytest.mark.parametrize("world,local", [(2, 1), (2, 2), (4, 2), (3, 3)])
-def test_rows_land_in_expert_blocks_and_come_back(world: int, local: int) -> None:
-    _exchange(world, local, [5] * world, seed=world * 10 + local)
+def test_rows_land_in_expert_blocks_and_come_back(world: int, local: int, fused: bool) -> None:
+    _exchange(world, local, [5] * world, seed=world * 10 + local, fused=fused)
 
 
-def test_uneven_token_counts_and_a_hidden_size_off_the_tile() -> None:
-    _exchange(4, 2, [7, 1, 4, 9], k=2, hidden=300)
+@FUSED
+def test_uneven_token_counts_and_a_hidden_size_off_the_tile(fused: bool) -> None:
+    _exchange(4, 2, [7, 1, 4, 9], k=2, hidden=300, fused=fused)
 
 
-def test_skewed_routing_one_rank_gets_most_one_gets_none() -> None:
-    _exchange(4, 1, [6] * 4, k=1, skew=True, seed=3)
+@FUSED
+def test_skewed_routing_one_rank_gets_most_one_gets_none(fused: bool) -> None:
+    _exchange(4, 1, [6] * 4, k=1, skew=True, seed=3, fused=fused)
 
 
-def test_a_buffer_too_small_is_never_written_past() -> None:
-    _exchange(2, 2, [6, 6], capacity=5, seed=1)
+@FUSED
+def test_a_buffer_too_small_is_never_written_past(fused: bool) -> None:
+    _exchange(2, 2, [6, 6], capacity=5, seed=1, fused=fused)
 
 
-def test_a_slot_posted_out_of_range_is_never_stored_into() -> None:
-    _exchange(4, 2, [5] * 4, bad_slot=1, seed=5)
+@FUSED
+def test_a_slot_posted_out_of_range_is_never_stored_into(fused: bool) -> None:
+    _exchange(4, 2, [5] * 4, bad_slot=1, seed=5, fused=fused)
+
+
+def test_more_rows_than_one_program_route_the_same_in_every_program() -> None:
+    """Rows spread over several programs of the fused launch: each works the route out itself."""
+    _exchange(2, 2, [150, 90], k=2, hidden=16, seed=7, fused=True)
 
 
 def test_peer_deltas_refuse_misaligned_buffers() -> None:

@@ -50,16 +50,15 @@ def _post_counts(load, table, table_delta, me, slot_rows, slot_back, E: tl.const
 
 
 @triton.jit
-def _route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local, slots,
-           E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
-    """One program. Key order (how rows are sorted): position kk = j * world + r is rank r's local expert j,
-    global expert r * local + j. Owner blocks: b = j * world + s, the rows source s sent to local expert j.
-    ``slot_deltas`` (slots, ep): where each peer's slot is; each peer posted the slots it receives in."""
+def _dest_of_keys(table, me, world, local, E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
+    """Over key positions kk (how rows are sorted: kk = j * world + r is rank r's local expert j, global expert
+    r * local + j): (the global expert ek, kk < E, where on its owner this rank's rows of ek start, less this
+    rank's rows before them -- so row i of ek lands at that + i)."""
     W: tl.constexpr = E + 2  # a table row: E counts, the rows' slot, the way back's slot
     s = tl.arange(0, WP)
     kk = tl.arange(0, EP)
     kv = kk < E
-    ek = (kk % world) * local + kk // world  # the global expert at key position kk
+    ek = (kk % world) * local + kk // world
     C = tl.load(table + s[:, None] * W + ek[None, :], mask=(s[:, None] < world) & kv[None, :], other=0).to(tl.int64)
     colsum = tl.sum(C, axis=0)  # rows all sources send to key kk's expert
     before_me = tl.sum(tl.where(s[:, None] < me, C, 0), axis=0)  # rows lower ranks send it
@@ -68,26 +67,75 @@ def _route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, 
     # on the owner, the blocks of its earlier local experts: same owner (kk % world), lower key
     same_owner_lower = ((kk[None, :] % world) == (kk[:, None] % world)) & (kk[None, :] < kk[:, None])
     earlier = tl.sum(tl.where(same_owner_lower, colsum[None, :], 0), axis=1)
-    tl.store(dest_base + ek, earlier + before_me - in_start, mask=kv)
+    return ek, kv, earlier + before_me - in_start
+
+
+@triton.jit
+def _posted_deltas(table, slot_deltas, world, slots, column, E: tl.constexpr, WP: tl.constexpr):
+    """(ep,) the slot each peer posted in ``column`` (E: rows, E + 1: rows coming back), as deltas from this
+    rank's anchor; NO_SLOT for a slot out of range."""
+    s = tl.arange(0, WP)
+    pm = s < world
+    slot = tl.load(table + s * (E + 2) + column, mask=pm, other=0)
+    ok = pm & (slot >= 0) & (slot < slots)
+    return tl.load(slot_deltas + slot * world + s, mask=ok, other=NO_SLOT)
+
+
+@triton.jit
+def _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local,
+                 slots, E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
+    """The whole route, stored for combine and the backwards. Owner blocks: b = j * world + s, the rows source s
+    sent to local expert j. ``slot_deltas`` (slots, ep): where each peer's slot is."""
+    W: tl.constexpr = E + 2
+    ek, kv, dest = _dest_of_keys(table, me, world, local, E, EP, WP)
+    tl.store(dest_base + ek, dest, mask=kv)
     # this rank as owner: block b = (j, s) holds C[s, me * local + j] rows
-    b = kk
+    b = tl.arange(0, EP)
     j, src = b // world, b % world
     size = tl.load(table + src * W + me * local + j, mask=kv, other=0).to(tl.int64)
     ends = tl.cumsum(size, axis=0)
     # where source src keeps those rows: its rows before key j * world + me
     rows_of_src = tl.load(table + src[:, None] * W + ek[None, :], mask=kv[:, None] & kv[None, :], other=0).to(tl.int64)
-    src_start = tl.sum(tl.where(kk[None, :] < (j * world + me)[:, None], rows_of_src, 0), axis=1)
+    src_start = tl.sum(tl.where(b[None, :] < (j * world + me)[:, None], rows_of_src, 0), axis=1)
     tl.store(blk_end + b, ends, mask=kv)
     tl.store(back_base + b, src_start - (ends - size), mask=kv)
     tl.store(offs + j, ends.to(tl.int32), mask=kv & (src == world - 1))
-    # each peer's posted slots, as deltas from this rank's anchor
-    pm = s < world
-    rows_slot = tl.load(table + s * W + E, mask=pm, other=0)
-    back_slot = tl.load(table + s * W + E + 1, mask=pm, other=0)
-    rows_ok = pm & (rows_slot >= 0) & (rows_slot < slots)
-    back_ok = pm & (back_slot >= 0) & (back_slot < slots)
-    tl.store(dest_delta + s, tl.load(slot_deltas + rows_slot * world + s, mask=rows_ok, other=NO_SLOT), mask=pm)
-    tl.store(back_delta + s, tl.load(slot_deltas + back_slot * world + s, mask=back_ok, other=NO_SLOT), mask=pm)
+    s = tl.arange(0, WP)
+    tl.store(dest_delta + s, _posted_deltas(table, slot_deltas, world, slots, E, E, WP), mask=s < world)
+    tl.store(back_delta + s, _posted_deltas(table, slot_deltas, world, slots, E + 1, E, WP), mask=s < world)
+
+
+@triton.jit
+def _route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local, slots,
+           E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
+    """One program: the route alone (``route_and_push`` computes it on the way)."""
+    _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local,
+                 slots, E, EP, WP)
+
+
+@triton.jit
+def _route_push_rows(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, src, anchor,
+                     expert_of_row, n_rows, me, world, local, slots, capacity, E: tl.constexpr, EP: tl.constexpr,
+                     WP: tl.constexpr, H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
+    """Dispatch's routing and row movement in one launch: every program works out where its rows go from the
+    table (a few hundred integers), and the first also stores the whole route for what comes after."""
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world,
+                     local, slots, E, EP, WP)
+    ek, kv, dest = _dest_of_keys(table, me, world, local, E, EP, WP)
+    deltas = _posted_deltas(table, slot_deltas, world, slots, E, E, WP)
+    s = tl.arange(0, WP)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    rm = rows < n_rows
+    e = tl.load(expert_of_row + rows, mask=rm, other=0)
+    d = tl.sum(tl.where((ek[None, :] == e[:, None]) & kv[None, :], dest[None, :], 0), axis=1) + rows
+    rm = rm & (d >= 0) & (d < capacity)
+    delta = tl.sum(tl.where(s[None, :] == (e // local)[:, None], deltas[None, :], 0), axis=1)
+    rm = rm & (delta != NO_SLOT)
+    m = rm[:, None] & (cols[None, :] < H)
+    x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
+    tl.store(anchor + ((delta * VEC)[:, None] + d[:, None] * H + cols[None, :]), x, mask=m)
 
 
 @triton.jit
@@ -152,8 +200,9 @@ def peer_deltas(pointers: list[int], anchor: int, device: torch.device) -> torch
     return torch.tensor([d // ALIGN for d in deltas], dtype=torch.int64, device=device)
 
 
-_post_counts_launch, _route_launch, _push_rows_launch, _push_back_launch, _copy_arrived_launch = (
-    CachedLauncher(k) for k in (_post_counts, _route, _push_rows, _push_back, _copy_arrived))
+(_post_counts_launch, _route_launch, _route_push_rows_launch, _push_rows_launch, _push_back_launch,
+ _copy_arrived_launch) = (CachedLauncher(k) for k in (_post_counts, _route, _route_push_rows, _push_rows, _push_back,
+                                                       _copy_arrived))
 
 
 def _tiles(hidden: int) -> tuple[int, int]:
@@ -171,21 +220,41 @@ def post_counts(load: torch.Tensor, table: torch.Tensor, table_delta: torch.Tens
                             triton.next_power_of_2(E + 2), ALIGN // table.element_size())
 
 
+def _route_tensors(table: torch.Tensor, local: int) -> tuple[torch.Tensor, ...]:
+    world, E = table.shape[0], table.shape[1] - 2
+    out = torch.empty(3 * E + 2 * world, dtype=torch.int64, device=table.device)  # one allocation (each costs host time)
+    offs = torch.empty(local, dtype=torch.int32, device=table.device)
+    return out[:E], out[E:2 * E], out[2 * E:3 * E], offs, out[3 * E:3 * E + world], out[3 * E + world:]
+
+
 def route(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(dest_base (E,), blk_end (E,), back_base (E,), offs (local,) int32, dest_delta (ep,), back_delta (ep,)) from
     the (ep, E + 2) table: where this rank's rows go, the owner blocks, grouped_mm's offsets, and where each peer
     receives rows and rows coming back (``slot_deltas`` (slots, ep) rows, by the slots the peers posted)."""
     check_device(_route, table.device)
     world, E = table.shape[0], table.shape[1] - 2
-    dev = table.device
-    out = torch.empty(3 * E + 2 * world, dtype=torch.int64, device=dev)  # one allocation (each costs host time)
-    dest_base, blk_end, back_base = out[:E], out[E:2 * E], out[2 * E:3 * E]
-    dest_delta, back_delta = out[3 * E:3 * E + world], out[3 * E + world:]
-    offs = torch.empty(local, dtype=torch.int32, device=dev)
-    with on_device(dev):
-        _route_launch((1,), table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me,
-                      world, local, slot_deltas.shape[0], E, triton.next_power_of_2(E), triton.next_power_of_2(world))
-    return dest_base, blk_end, back_base, offs, dest_delta, back_delta
+    routed = _route_tensors(table, local)
+    with on_device(table.device):
+        _route_launch((1,), table, slot_deltas, *routed[:4], *routed[4:], me, world, local, slot_deltas.shape[0], E,
+                      triton.next_power_of_2(E), triton.next_power_of_2(world))
+    return routed
+
+
+def route_and_push(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor, rows: torch.Tensor,
+                   anchor: torch.Tensor, expert_of_row: torch.Tensor, capacity: int) -> tuple[torch.Tensor, ...]:
+    """``route`` and ``push_rows`` in one launch (the host cost of a launch is most of a small exchange's): the
+    rows go into the slots their owners posted; returns what ``route`` does."""
+    check_device(_route_push_rows, rows.device)
+    world, E = table.shape[0], table.shape[1] - 2
+    n, hidden = rows.shape
+    br, bh = _tiles(hidden)
+    routed = _route_tensors(table, local)
+    with on_device(rows.device):
+        _route_push_rows_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), table, slot_deltas, *routed,
+                                rows, anchor, expert_of_row, n, me, world, local, slot_deltas.shape[0], capacity, E,
+                                triton.next_power_of_2(E), triton.next_power_of_2(world), hidden,
+                                ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
+    return routed
 
 
 def push_rows(rows: torch.Tensor, anchor: torch.Tensor, dest_delta: torch.Tensor, expert_of_row: torch.Tensor,
