@@ -147,8 +147,9 @@ _UNSET = torch.empty(0)  # a route tensor not computed yet (never read: dispatch
 
 @dataclass
 class DeviceRoute:
-    """Where one dispatch sent its rows, on the device, for combine and both backwards. The route tensors come
-    from the dispatch's own launch (``route_and_push``): set once its rows have moved."""
+    """Where one dispatch sent its rows, on the device, for combine and both backwards. ``routes`` and ``offsets``
+    come from the dispatch's own launch (``route_and_push``; ``moe_exchange.split_routes`` names the parts): set
+    once its rows have moved."""
 
     exchange: "SymmetricExchange"
     rows: int  # this rank's rows
@@ -159,15 +160,8 @@ class DeviceRoute:
     call: int  # the dispatch's exchange number: the combine must be the next
     received: torch.Tensor | None  # this rank's durable slot for the rows (None: staging), until dispatch hands it out
     back: torch.Tensor | None  # this rank's durable slot for the rows coming back (None: staging), until combine
-    dest_base: torch.Tensor = _UNSET  # (E,) where this rank's rows of each expert start on its owner
-    blk_end: torch.Tensor = _UNSET  # (E,) owner blocks (local expert, source), cumulative rows
-    back_base: torch.Tensor = _UNSET  # (E,)
+    routes: torch.Tensor = _UNSET  # int64 dest_base, blk_end, back_base (E each), dest_delta, back_delta (ep each)
     offsets: torch.Tensor = _UNSET  # (local,) int32 cumulative rows per local expert: grouped_mm's offs
-    dest_delta: torch.Tensor = _UNSET  # (ep,) the slot each rank posted for the rows, from this rank's anchor
-    back_delta: torch.Tensor = _UNSET  # (ep,) the slot each rank posted for the rows coming back
-
-    def set_routes(self, routed: tuple[torch.Tensor, ...]) -> None:
-        self.dest_base, self.blk_end, self.back_base, self.offsets, self.dest_delta, self.back_delta = routed
 
 
 class SymmetricExchange:
@@ -198,6 +192,7 @@ class SymmetricExchange:
         anchor = self.slot_handles[0].buffer_ptrs[self.me]
         self.slot_deltas = torch.stack([moe_exchange.peer_deltas(list(h.buffer_ptrs), anchor, device)
                                         for h in self.slot_handles])  # (slots, ep)
+        self.staging_deltas = [self.slot_deltas[0], self.slot_deltas[1]]  # made once: a view costs host time a call
         self.table_deltas = [moe_exchange.peer_deltas(list(h.buffer_ptrs), h.buffer_ptrs[self.me], device)
                              for h in self.table_handles]
         self.durable_rows = DurableSlots(self.slots[2:2 + durable], 2)
@@ -245,14 +240,14 @@ class SymmetricExchange:
         if posted:  # dispatch: the route is worked out in the same launch that moves the rows
             i, received = route.staging, route.received
             route.received = None  # from here the result holds the durable slot, and frees it when it goes
-            route.set_routes(self.kernels.route_and_push(self.tables[route.table], self.me, self.local, self.slot_deltas,
-                                                         rows.contiguous(), self.anchor, route.expert_of_row,
-                                                         self.capacity))
+            route.routes, route.offsets = self.kernels.route_and_push(
+                self.tables[route.table], self.me, self.local, self.slot_deltas, rows.contiguous(), self.anchor,
+                route.expert_of_row, self.capacity)
         else:
             i = self._take_staging()
             received = None
-            self.kernels.push_rows(rows.contiguous(), self.anchor, self.slot_deltas[i], route.expert_of_row,
-                                   route.dest_base, self.local, self.capacity)
+            self.kernels.push_rows(rows.contiguous(), self.anchor, self.staging_deltas[i], route.expert_of_row,
+                                   route.routes, self.local, self.capacity)
         self.slot_handles[i].barrier(channel=0)
         if received is not None:
             return received
@@ -268,11 +263,11 @@ class SymmetricExchange:
             if self.calls != route.call + 1:  # the same on every rank: ranks run the same exchanges
                 raise CollectiveError("moe exchange: another exchange ran between a dispatch and its combine on one "
                                       "buffer set; combine each dispatch before the next exchange")
-            delta, back = route.back_delta, route.back
+            deltas, back = None, route.back  # the slots the sources posted (in the route)
             route.back = None
         else:
-            delta, back = self.slot_deltas[i], None
-        self.kernels.push_back(out_local.contiguous(), self.anchor, delta, route.blk_end, route.back_base, self.ep,
+            deltas, back = self.staging_deltas[i], None
+        self.kernels.push_back(out_local.contiguous(), self.anchor, deltas, route.routes, self.experts, self.ep,
                                self.rows)
         self.slot_handles[i].barrier(channel=0)
         if back is not None:

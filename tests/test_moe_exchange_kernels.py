@@ -90,8 +90,8 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
     else:
         routes = [moe_exchange.route(tables[me], me, local, slot_deltas[me]) for me in range(world)]
         for me in range(world):
-            dest_base, _, _, _, dest_delta, _ = routes[me]
-            moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], dest_base, local, cap)
+            dest_delta = moe_exchange.split_routes(routes[me][0], E, world)["dest_delta"]
+            moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], routes[me][0], local, cap)
     outs = []
     for owner in range(world):
         # expected: for local expert j, for source s in rank order, s's rows of expert owner*local + j in order
@@ -102,7 +102,7 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
                 blocks.append(got)
                 sizes.append(got.shape[0])
         expected = torch.cat(blocks)
-        _, blk_end, _, offs, _, _ = routes[owner]
+        offs, blk_end = routes[owner][1], moe_exchange.split_routes(routes[owner][0], E, world)["blk_end"]
         per_expert = [sum(sizes[j * world:(j + 1) * world]) for j in range(local)]
         assert offs.cpu().tolist() == torch.tensor(per_expert).cumsum(0).tolist()
         assert blk_end.cpu().tolist() == torch.tensor(sizes).cumsum(0).tolist()
@@ -131,9 +131,9 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
     for me in range(world):
         full[me][posted[me][0] if posted[me][0] < 4 else 0].fill_(nan)  # the way back must not touch the rows' slots
     for owner in range(world):
-        if outs[owner] is not None:
-            _, blk_end, back_base, _, _, back_delta = routes[owner]
-            moe_exchange.push_back(outs[owner], full[owner][0], back_delta, blk_end, back_base, world, N)
+        if outs[owner] is not None:  # odd owners name the slots themselves, even ones take those posted: the same
+            named = moe_exchange.split_routes(routes[owner][0], E, world)["back_delta"] if owner % 2 else None
+            moe_exchange.push_back(outs[owner], full[owner][0], named, routes[owner][0], E, world, N)
     for me in range(world):
         n = tokens[me] * k
         for j in range(4):

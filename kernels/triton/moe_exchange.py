@@ -82,13 +82,14 @@ def _posted_deltas(table, slot_deltas, world, slots, column, E: tl.constexpr, WP
 
 
 @triton.jit
-def _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local,
-                 slots, E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
-    """The whole route, stored for combine and the backwards. Owner blocks: b = j * world + s, the rows source s
-    sent to local expert j. ``slot_deltas`` (slots, ep): where each peer's slot is."""
+def _store_route(table, slot_deltas, routes, offs, me, world, local, slots, E: tl.constexpr, EP: tl.constexpr,
+                 WP: tl.constexpr):
+    """The whole route, stored for combine and the backwards into ``routes`` (int64: dest_base (E), blk_end (E),
+    back_base (E), dest_delta (ep), back_delta (ep); see ``split_routes``). Owner blocks: b = j * world + s, the
+    rows source s sent to local expert j. ``slot_deltas`` (slots, ep): where each peer's slot is."""
     W: tl.constexpr = E + 2
     ek, kv, dest = _dest_of_keys(table, me, world, local, E, EP, WP)
-    tl.store(dest_base + ek, dest, mask=kv)
+    tl.store(routes + ek, dest, mask=kv)
     # this rank as owner: block b = (j, s) holds C[s, me * local + j] rows
     b = tl.arange(0, EP)
     j, src = b // world, b % world
@@ -97,31 +98,28 @@ def _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_d
     # where source src keeps those rows: its rows before key j * world + me
     rows_of_src = tl.load(table + src[:, None] * W + ek[None, :], mask=kv[:, None] & kv[None, :], other=0).to(tl.int64)
     src_start = tl.sum(tl.where(b[None, :] < (j * world + me)[:, None], rows_of_src, 0), axis=1)
-    tl.store(blk_end + b, ends, mask=kv)
-    tl.store(back_base + b, src_start - (ends - size), mask=kv)
+    tl.store(routes + E + b, ends, mask=kv)
+    tl.store(routes + 2 * E + b, src_start - (ends - size), mask=kv)
     tl.store(offs + j, ends.to(tl.int32), mask=kv & (src == world - 1))
     s = tl.arange(0, WP)
-    tl.store(dest_delta + s, _posted_deltas(table, slot_deltas, world, slots, E, E, WP), mask=s < world)
-    tl.store(back_delta + s, _posted_deltas(table, slot_deltas, world, slots, E + 1, E, WP), mask=s < world)
+    tl.store(routes + 3 * E + s, _posted_deltas(table, slot_deltas, world, slots, E, E, WP), mask=s < world)
+    tl.store(routes + 3 * E + world + s, _posted_deltas(table, slot_deltas, world, slots, E + 1, E, WP), mask=s < world)
 
 
 @triton.jit
-def _route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local, slots,
-           E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr):
+def _route(table, slot_deltas, routes, offs, me, world, local, slots, E: tl.constexpr, EP: tl.constexpr,
+           WP: tl.constexpr):
     """One program: the route alone (``route_and_push`` computes it on the way)."""
-    _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world, local,
-                 slots, E, EP, WP)
+    _store_route(table, slot_deltas, routes, offs, me, world, local, slots, E, EP, WP)
 
 
 @triton.jit
-def _route_push_rows(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, src, anchor,
-                     expert_of_row, n_rows, me, world, local, slots, capacity, E: tl.constexpr, EP: tl.constexpr,
+def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_row, n_rows, me, world, local, slots, capacity, E: tl.constexpr, EP: tl.constexpr,
                      WP: tl.constexpr, H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
     """Dispatch's routing and row movement in one launch: every program works out where its rows go from the
     table (a few hundred integers), and the first also stores the whole route for what comes after."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        _store_route(table, slot_deltas, dest_base, blk_end, back_base, offs, dest_delta, back_delta, me, world,
-                     local, slots, E, EP, WP)
+        _store_route(table, slot_deltas, routes, offs, me, world, local, slots, E, EP, WP)
     ek, kv, dest = _dest_of_keys(table, me, world, local, E, EP, WP)
     deltas = _posted_deltas(table, slot_deltas, world, slots, E, E, WP)
     s = tl.arange(0, WP)
@@ -139,16 +137,17 @@ def _route_push_rows(table, slot_deltas, dest_base, blk_end, back_base, offs, de
 
 
 @triton.jit
-def _push_rows(src, anchor, dest_delta, expert_of_row, dest_base, n_rows, local, capacity,
+def _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capacity,
                H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
-    """Row i (of global expert e) to ``dest_base[e] + i`` in the slot its expert's rank receives in."""
+    """Row i (of global expert e) to ``dest_base[e] + i`` (``routes``' first E) in the slot ``deltas`` (ep,) names
+    on its expert's rank."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     rm = rows < n_rows
     e = tl.load(expert_of_row + rows, mask=rm, other=0)
-    d = tl.load(dest_base + e, mask=rm, other=0) + rows
+    d = tl.load(routes + e, mask=rm, other=0) + rows
     rm = rm & (d >= 0) & (d < capacity)
-    delta = tl.load(dest_delta + e // local, mask=rm, other=NO_SLOT)
+    delta = tl.load(deltas + e // local, mask=rm, other=NO_SLOT)
     rm = rm & (delta != NO_SLOT)
     m = rm[:, None] & (cols[None, :] < H)
     x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
@@ -156,12 +155,12 @@ def _push_rows(src, anchor, dest_delta, expert_of_row, dest_base, n_rows, local,
 
 
 @triton.jit
-def _push_back(src, anchor, back_delta, blk_end, back_base, world, capacity,
-               H: tl.constexpr, VEC: tl.constexpr, NB: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr,
-               BH: tl.constexpr):
-    """Owner row r of block b (local expert, source s) to ``back_base[b] + r`` in the slot s receives in."""
+def _push_back(src, anchor, deltas, routes, world, capacity, H: tl.constexpr, VEC: tl.constexpr, NB: tl.constexpr,
+               BP: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, POSTED: tl.constexpr):
+    """Owner row r of block b (local expert, source s) to ``back_base[b] + r`` in the slot s receives in: the one s
+    posted (``POSTED``: the route's back_delta) or the one ``deltas`` (ep,) names. NB = E blocks."""
     b = tl.arange(0, BP)
-    ends = tl.load(blk_end + b, mask=b < NB, other=0)
+    ends = tl.load(routes + NB + b, mask=b < NB, other=0)
     total = tl.max(ends, axis=0)  # ends never decrease: the largest is the rows that arrived
     first = tl.program_id(0) * BR
     if first < total:
@@ -169,9 +168,12 @@ def _push_back(src, anchor, back_delta, blk_end, back_base, world, capacity,
         cols = tl.program_id(1) * BH + tl.arange(0, BH)
         rm = rows < total
         blk = tl.sum(tl.where((b[None, :] < NB) & (ends[None, :] <= rows[:, None]), 1, 0), axis=1)
-        d = tl.load(back_base + blk, mask=rm, other=0) + rows
+        d = tl.load(routes + 2 * NB + blk, mask=rm, other=0) + rows
         rm = rm & (d >= 0) & (d < capacity)
-        delta = tl.load(back_delta + blk % world, mask=rm, other=NO_SLOT)
+        if POSTED:
+            delta = tl.load(routes + 3 * NB + world + blk % world, mask=rm, other=NO_SLOT)
+        else:
+            delta = tl.load(deltas + blk % world, mask=rm, other=NO_SLOT)
         rm = rm & (delta != NO_SLOT)
         m = rm[:, None] & (cols[None, :] < H)
         x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
@@ -220,63 +222,76 @@ def post_counts(load: torch.Tensor, table: torch.Tensor, table_delta: torch.Tens
                             triton.next_power_of_2(E + 2), ALIGN // table.element_size())
 
 
-def _route_tensors(table: torch.Tensor, local: int) -> tuple[torch.Tensor, ...]:
+def _route_tensors(table: torch.Tensor, local: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(routes, offs): two allocations, no views (each costs host time; ``split_routes`` names the parts)."""
     world, E = table.shape[0], table.shape[1] - 2
-    out = torch.empty(3 * E + 2 * world, dtype=torch.int64, device=table.device)  # one allocation (each costs host time)
-    offs = torch.empty(local, dtype=torch.int32, device=table.device)
-    return out[:E], out[E:2 * E], out[2 * E:3 * E], offs, out[3 * E:3 * E + world], out[3 * E + world:]
+    return (torch.empty(3 * E + 2 * world, dtype=torch.int64, device=table.device),
+            torch.empty(local, dtype=torch.int32, device=table.device))
 
 
-def route(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(dest_base (E,), blk_end (E,), back_base (E,), offs (local,) int32, dest_delta (ep,), back_delta (ep,)) from
-    the (ep, E + 2) table: where this rank's rows go, the owner blocks, grouped_mm's offsets, and where each peer
-    receives rows and rows coming back (``slot_deltas`` (slots, ep) rows, by the slots the peers posted)."""
+def split_routes(routes: torch.Tensor, experts: int, world: int) -> dict[str, torch.Tensor]:
+    """The named parts of a route buffer: dest_base (E; this rank's row i of expert e lands at dest_base[e] + i on
+    its owner), blk_end and back_base (E owner blocks, block b = j * world + s: cumulative rows, and where owner
+    row r goes back to on s: back_base[b] + r), dest_delta and back_delta (ep: the slot each peer posted for rows
+    and for rows coming back, as deltas from this rank's anchor)."""
+    E = experts
+    return {"dest_base": routes[:E], "blk_end": routes[E:2 * E], "back_base": routes[2 * E:3 * E],
+            "dest_delta": routes[3 * E:3 * E + world], "back_delta": routes[3 * E + world:3 * E + 2 * world]}
+
+
+def route(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(routes (3E + 2ep,) int64, offs (local,) int32) from the (ep, E + 2) table: where this rank's rows go, the
+    owner blocks, where each peer receives (``split_routes``), and grouped_mm's offsets (``slot_deltas``: (slots,
+    ep), by the slots the peers posted)."""
     check_device(_route, table.device)
     world, E = table.shape[0], table.shape[1] - 2
-    routed = _route_tensors(table, local)
+    routes, offs = _route_tensors(table, local)
     with on_device(table.device):
-        _route_launch((1,), table, slot_deltas, *routed[:4], *routed[4:], me, world, local, slot_deltas.shape[0], E,
+        _route_launch((1,), table, slot_deltas, routes, offs, me, world, local, slot_deltas.shape[0], E,
                       triton.next_power_of_2(E), triton.next_power_of_2(world))
-    return routed
+    return routes, offs
 
 
 def route_and_push(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor, rows: torch.Tensor,
-                   anchor: torch.Tensor, expert_of_row: torch.Tensor, capacity: int) -> tuple[torch.Tensor, ...]:
+                   anchor: torch.Tensor, expert_of_row: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``route`` and ``push_rows`` in one launch (the host cost of a launch is most of a small exchange's): the
     rows go into the slots their owners posted; returns what ``route`` does."""
     check_device(_route_push_rows, rows.device)
     world, E = table.shape[0], table.shape[1] - 2
     n, hidden = rows.shape
     br, bh = _tiles(hidden)
-    routed = _route_tensors(table, local)
+    routes, offs = _route_tensors(table, local)
     with on_device(rows.device):
-        _route_push_rows_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), table, slot_deltas, *routed,
-                                rows, anchor, expert_of_row, n, me, world, local, slot_deltas.shape[0], capacity, E,
-                                triton.next_power_of_2(E), triton.next_power_of_2(world), hidden,
+        _route_push_rows_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), table, slot_deltas, routes,
+                                offs, rows, anchor, expert_of_row, n, me, world, local, slot_deltas.shape[0], capacity,
+                                E, triton.next_power_of_2(E), triton.next_power_of_2(world), hidden,
                                 ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
-    return routed
+    return routes, offs
 
 
-def push_rows(rows: torch.Tensor, anchor: torch.Tensor, dest_delta: torch.Tensor, expert_of_row: torch.Tensor,
-              dest_base: torch.Tensor, local: int, capacity: int) -> None:
+def push_rows(rows: torch.Tensor, anchor: torch.Tensor, deltas: torch.Tensor, expert_of_row: torch.Tensor,
+              routes: torch.Tensor, local: int, capacity: int) -> None:
+    """Rows into the slot ``deltas`` (ep,) names on each expert's rank, by the route in ``routes``."""
     check_device(_push_rows, rows.device)
     n, hidden = rows.shape
     br, bh = _tiles(hidden)
     with on_device(rows.device):
-        _push_rows_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor, dest_delta, expert_of_row,
-                          dest_base, n, local, capacity, hidden, ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
+        _push_rows_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor, deltas, expert_of_row, routes,
+                          n, local, capacity, hidden, ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
 
 
-def push_back(rows: torch.Tensor, anchor: torch.Tensor, back_delta: torch.Tensor, blk_end: torch.Tensor,
-              back_base: torch.Tensor, world: int, capacity: int) -> None:
+def push_back(rows: torch.Tensor, anchor: torch.Tensor, deltas: torch.Tensor | None, routes: torch.Tensor, experts: int,
+              world: int, capacity: int) -> None:
+    """Expert outputs back to their sources: into the slots the sources posted (``deltas`` None), or the slot
+    ``deltas`` (ep,) names on each."""
     check_device(_push_back, rows.device)
     n, hidden = rows.shape
     br, bh = _tiles(hidden)
-    blocks = blk_end.shape[0]
     with on_device(rows.device):
-        _push_back_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor, back_delta, blk_end, back_base,
-                          world, capacity, hidden, ALIGN // rows.element_size(), blocks,
-                          triton.next_power_of_2(blocks), br, bh, num_warps=WARPS)
+        _push_back_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor,
+                          routes if deltas is None else deltas, routes, world, capacity, hidden,
+                          ALIGN // rows.element_size(), experts, triton.next_power_of_2(experts), br, bh,
+                          deltas is None, num_warps=WARPS)
 
 
 def copy_arrived(buf: torch.Tensor, out: torch.Tensor, offs: torch.Tensor) -> None:
