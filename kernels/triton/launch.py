@@ -90,8 +90,9 @@ def _hooked() -> bool:
 
 
 class CachedLauncher:
-    """Launch a compiled kernel again without Triton binding and specialising every argument (25-35 us of host
-    time a launch on a 4 x H200 host; this takes a few). The first launch of each specialisation goes through
+    """Launch a compiled kernel again without Triton binding and specialising every argument (on an H100 host
+    with Triton 3.6: 17-21 us of host time a launch through Triton, 10-15 us this way, key included). The first
+    launch of each specialisation goes through
     Triton (which compiles it); later ones reuse the compiled kernel, found by a key at least as fine as Triton's
     own: every constexpr's value, each tensor's dtype, device and 16-byte alignment, each integer's range and
     whether it is 1 or a multiple of 16. Where Triton is interpreted, a launch hook is set (a profiler), or
