@@ -11,7 +11,9 @@ throughput at ep = world against ep = 1. Both measured in the same run, on the s
    ``--repeats`` times back to back between two synchronisations (what a step sees: raw all-to-alls queue
    behind each other, ours waits once a call for its counts); rounds interleave the variants and the median
    round is kept. Reported: the ratio raw / ours (goal >= 0.95: the bookkeeping costs under 5 %) and GB/s
-   per rank (rows sent and received, both directions), for each ``--tokens`` size.
+   per rank (rows sent and received, both directions), for each ``--tokens`` size. On CUDA GPUs of one host
+   the symmetric-memory exchange (``hal.collectives.symmetric_exchange``) is timed too, at every size, with
+   which path an MoE block would take there and how many of its exchanges had to copy out of staging.
 2. **An MoE model** (one stage, dp = world; default 8 experts top-2, about 1.2B total parameters, 0.35B
    active): forward + backward steps through hal's engine at ep = world (each rank holds E / world
    experts, tokens cross ranks) and at ep = 1 (every rank holds every expert; no all-to-all). Reported:
@@ -318,8 +320,8 @@ def table(s: dict[str, Any]) -> str:
         if x["symmetric_s"] is not None:
             slots = x["symmetric_slots"]
             lines.append(f"  symmetric memory (no host read) {x['symmetric_s'] * 1e3:.3f} ms, ratio raw/symmetric "
-                         f"{x['ratio_raw_over_symmetric']:.3f}; {slots['durable']} durable slots, "
-                         f"{slots['copied']} of {slots['exchanges']} exchanges copied out of staging (backwards included)")
+                         f"{x['ratio_raw_over_symmetric']:.3f}; {slots['durable']} durable slots, {slots['copied']} forward "
+                         f"exchanges landed in staging and copied out (of {slots['exchanges']} exchanges run)")
         lines.append(f"  an MoE block takes {x['block_picks']} here ({x['block_picks_why']}): ratio raw/block "
                      f"{x['ratio_raw_over_block']:.3f} (goal >= 0.95)")
     if "model" in s:
