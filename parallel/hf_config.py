@@ -116,16 +116,26 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
         keys["rope_scaling"] = scaling
     if family in ("mixtral", "qwen2_moe"):
         keys["qkv_bias"] = family == "qwen2_moe"
-        keys.update(_moe_keys(hf, family, need, refuse))
+        keys.update(_moe_keys(hf, family, need, refuse, where))
     return keys
 
 
-def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None]) -> dict[str, Any]:
+def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None],
+              where: str) -> dict[str, Any]:
     """The ``moe_*`` keys of a Mixtral or Qwen2-MoE config (both route with softmax over every expert)."""
     if hf.get("router_jitter_noise"):
         refuse("router_jitter_noise", "the router adds no noise")
+
+    def count(name: str, default: int | None = None) -> int:
+        """A config.json count that must be a whole number >= 1 (0 would turn into a dense model or a default)."""
+        value = need(name) if default is None else hf.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: {name} = {value!r} in config.json is not a whole number >= 1, which a "
+                              f"{family} model needs; fix config.json")
+        return value
+
     if family == "mixtral":  # every layer MoE, top-k weights renormalised, experts intermediate_size wide
-        return {"moe_num_experts": need("num_local_experts"), "moe_top_k": need("num_experts_per_tok"),
+        return {"moe_num_experts": count("num_local_experts"), "moe_top_k": count("num_experts_per_tok"),
                 "moe_ffn_hidden_size": need("intermediate_size"),
                 "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.02), "moe_normalize_top_k": True}
     dense_only = hf.get("mlp_only_layers") or []
@@ -134,9 +144,9 @@ def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refus
     shared = hf.get("shared_expert_intermediate_size") or 0
     if not shared:
         refuse("shared_expert_intermediate_size", "a Qwen2-MoE layer's shared expert is always there")
-    return {"moe_num_experts": need("num_experts"), "moe_top_k": need("num_experts_per_tok"),
-            "moe_ffn_hidden_size": need("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
-            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": hf.get("decoder_sparse_step", 1) or 1,
+    return {"moe_num_experts": count("num_experts"), "moe_top_k": count("num_experts_per_tok"),
+            "moe_ffn_hidden_size": count("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
+            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": count("decoder_sparse_step", 1),
             "moe_first_dense": len(dense_only), "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.001)}
 
 

@@ -119,3 +119,34 @@ def test_llama3_rope_scaling_keeps_short_wavelengths_and_stretches_long_ones() -
     middle = ~(high | low)
     assert bool(((angles[middle] < inv[middle]) & (angles[middle] > inv[middle] / 32.0)).all())
     assert not torch.equal(cos0, cos1)
+
+
+MIXTRAL_SMALL: dict[str, Any] = {**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+QWEN2_MOE_SMALL: dict[str, Any] = {**QWEN25_05B, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                                   "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+                                   "decoder_sparse_step": 1}
+
+
+def test_mixtral_and_qwen2_moe_counts_map(tmp_path: Path) -> None:
+    mixtral = ModelConfig.from_mapping({"hf": _dir(tmp_path, MIXTRAL_SMALL), "max_seq_len": 512})
+    assert (mixtral.moe_num_experts, mixtral.moe_top_k, mixtral.moe_every) == (8, 2, 1)
+    qwen = ModelConfig.from_mapping({"hf": _dir(tmp_path, {**QWEN2_MOE_SMALL, "decoder_sparse_step": 2}), "max_seq_len": 512})
+    assert (qwen.moe_num_experts, qwen.moe_ffn_hidden_size, qwen.moe_every) == (8, 64, 2)
+
+
+@pytest.mark.parametrize("base,change", [
+    (MIXTRAL_SMALL, {"num_local_experts": 0}),  # was read as a dense model
+    (MIXTRAL_SMALL, {"num_experts_per_tok": 0}),
+    (QWEN2_MOE_SMALL, {"moe_intermediate_size": 0}),  # was replaced by intermediate_size
+    (QWEN2_MOE_SMALL, {"decoder_sparse_step": 0}),  # was taken as 1
+    (QWEN2_MOE_SMALL, {"num_experts": "8"}),
+    (QWEN2_MOE_SMALL, {"num_experts": True}),
+], ids=["mixtral-experts-0", "mixtral-top-k-0", "qwen-expert-width-0", "qwen-sparse-step-0", "qwen-experts-str",
+        "qwen-experts-bool"])
+def test_an_moe_count_that_is_not_a_positive_number_is_one_line_naming_config_json(tmp_path: Path, base: dict,
+                                                                                   change: dict) -> None:
+    (name, value), = change.items()
+    with pytest.raises(ConfigError) as info:
+        ModelConfig.from_mapping({"hf": _dir(tmp_path, {**base, **change}), "max_seq_len": 512})
+    said = str(info.value)
+    assert f"{name} = {value!r} in config.json is not a whole number >= 1" in said and "\n" not in said, said
