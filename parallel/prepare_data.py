@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from hal.errors import ConfigError, HalError
-from hal.run_dirs import check_creatable_file
+from hal.run_dirs import check_creatable_file, read_at_most
 
 from .token_file import DTYPES, INDEX_FORMAT, index_path
 
@@ -45,6 +45,9 @@ class Progress:
     tokens: int
 
 
+MAX_TOKENIZER_BYTES = 128 * 2**20  # published tokenizer.json files are tens of MB at most (Gemma 3's: 33 MB)
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """``tokenizers.Tokenizer`` from a tokenizer.json; one line if the package or the file is missing or bad."""
     try:
@@ -53,11 +56,21 @@ def load_tokenizer(path: str | Path) -> Any:
         raise HalError("hal data prepare needs the 'tokenizers' package, which is not installed; "
                        "pip install 'hetero-hal[data]' (or pip install tokenizers)") from None
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"--tokenizer {p}: no such file; give a Hugging Face tokenizer.json")
+    if not p.is_file():
+        raise ConfigError(f"--tokenizer {p}: is not a regular file (a directory, pipe or device); give a Hugging Face "
+                          "tokenizer.json")
     try:
-        return Tokenizer.from_file(str(p))
-    except Exception as exc:  # the Rust side raises plain Exception for a malformed file
+        raw = read_at_most(p, MAX_TOKENIZER_BYTES)  # the size before anything is read
+    except OSError as exc:
+        raise ConfigError(f"--tokenizer {p}: cannot be read ({exc.strerror or exc})") from None
+    if raw is None:
+        raise ConfigError(f"--tokenizer {p}: larger than {MAX_TOKENIZER_BYTES >> 20} MiB, which no Hugging Face "
+                          "tokenizer.json is; give the model's tokenizer.json")
+    try:
+        return Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # the Rust side raises plain Exception for a malformed file; UnicodeDecodeError too
         raise ConfigError(f"--tokenizer {p}: not a Hugging Face tokenizer.json ({str(exc).splitlines()[0]})") from None
 
 
