@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hal.errors import ConfigError
+from hal.run_dirs import read_at_most
 
 FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
@@ -30,6 +31,9 @@ def config_file(path: Any, where: str) -> Path:
         raise ConfigError(f"{where} must be the path of a directory holding a Hugging Face config.json, got {path!r}")
     directory = Path(path).expanduser()
     file = directory / "config.json" if directory.is_dir() else directory
+    if file.exists() and not file.is_file():  # a pipe would block the read; a directory named config.json fails it
+        raise ConfigError(f"{where}: {file} is not a regular file (a directory, pipe or device); give the model "
+                          "directory that holds config.json")
     if not file.is_file():
         raise ConfigError(f"{where}: {file} does not exist; give the model directory that holds config.json")
     return file
@@ -37,10 +41,15 @@ def config_file(path: Any, where: str) -> Path:
 
 def _read(path: Any, where: str) -> dict[str, Any]:
     file = config_file(path, where)
-    if file.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{where}: {file} is {file.stat().st_size} bytes, more than a config.json can be; check the path")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        raw = read_at_most(file, MAX_CONFIG_BYTES)  # the size is checked before anything is read
+    except OSError as exc:
+        raise ConfigError(f"{where}: {file} cannot be read ({exc.strerror or exc})") from None
+    if raw is None:
+        raise ConfigError(f"{where}: {file} is more than {MAX_CONFIG_BYTES} bytes, more than a config.json can be; "
+                          "check the path")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{where}: {file} is not valid JSON ({exc}); give the model's config.json") from None
     if not isinstance(data, dict):

@@ -106,6 +106,8 @@ def check_inputs(files: Sequence[str | Path]) -> list[Path]:
         raise ConfigError("no input files; give .txt or .jsonl files to tokenize")
     paths = [Path(f) for f in files]
     for p in paths:
+        if p.exists() and not p.is_file():
+            raise ConfigError(f"{p}: is not a regular file (a directory, pipe or device); give .txt or .jsonl files")
         if not p.is_file():
             raise ConfigError(f"{p}: no such file")
         if p.suffix not in INPUT_KINDS:

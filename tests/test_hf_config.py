@@ -104,6 +104,24 @@ def test_a_missing_or_broken_config_json_is_one_line(tmp_path: Path) -> None:
         ModelConfig.from_mapping({"hf": str(tmp_path)})
 
 
+def test_a_config_json_that_is_a_pipe_a_folder_or_huge_is_one_line_before_any_read(tmp_path: Path) -> None:
+    import os
+
+    pipe_dir, folder_dir, huge_dir = (tmp_path / name for name in ("pipe", "folder", "huge"))
+    for d in (pipe_dir, folder_dir, huge_dir):
+        d.mkdir()
+    os.mkfifo(pipe_dir / "config.json")  # reading it would block forever
+    (folder_dir / "config.json").mkdir()
+    with open(huge_dir / "config.json", "wb") as f:
+        f.truncate((1 << 20) + 1)  # sparse: nothing of it may be read
+    for d, words in ((pipe_dir, "is not a regular file (a directory, pipe or device)"),
+                     (folder_dir, "is not a regular file"),
+                     (huge_dir, "is more than 1048576 bytes, more than a config.json can be")):
+        with pytest.raises(ConfigError, match=None) as info:
+            ModelConfig.from_mapping({"hf": str(d)})
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
 def test_llama3_rope_scaling_keeps_short_wavelengths_and_stretches_long_ones() -> None:
     seq, head_dim, theta = 64, 64, 500000.0
     scaling = (32.0, 1.0, 4.0, 8192.0)

@@ -143,7 +143,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case: str, tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"tokenizer.json", *files})  # no .bin, no temporaries
 
 
-def test_a_tokenizer_too_large_or_not_a_file_is_one_line_before_it_is_read(tmp_path: Path, tok: Any) -> None:
+def test_a_tokenizer_or_input_too_large_or_not_a_file_is_one_line_before_it_is_read(tmp_path: Path, tok: Any) -> None:
     from hal.parallel.prepare_data import MAX_TOKENIZER_BYTES
 
     (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
@@ -156,6 +156,9 @@ def test_a_tokenizer_too_large_or_not_a_file_is_one_line_before_it_is_read(tmp_p
         result = run_hal("data", "prepare", "--tokenizer", str(given), "--out", str(tmp_path / "out"),
                          str(tmp_path / "a.txt"), cwd=tmp_path)
         assert words in _one_error_line(result)
+    result = run_hal("data", "prepare", "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(tmp_path / "out"),
+                     str(tmp_path / "folder"), cwd=tmp_path)  # an input that is a folder: not "no such file"
+    assert "folder: is not a regular file (a directory, pipe or device); give .txt or .jsonl" in _one_error_line(result)
     assert not list(tmp_path.glob("out*"))
 
 
