@@ -18,6 +18,20 @@ def new_run_dir(name: str) -> Path:
     return path
 
 
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")  # /dev/shm, a real tmpfs, excepted
+
+
+def _pseudo_filesystem(path: Path) -> str | None:
+    """The kernel pseudo-filesystem ``path`` resolves into (/proc, /sys, /dev but /dev/shm), or None."""
+    resolved = Path(os.path.realpath(path))
+    for root in PSEUDO_FILESYSTEMS:
+        if resolved == Path(root) or Path(root) in resolved.parents:
+            if root == "/dev" and (resolved == Path("/dev/shm") or Path("/dev/shm") in resolved.parents):
+                return None
+            return root
+    return None
+
+
 def check_creatable_dir(path: Path, what: str) -> None:
     """``path`` is a writable directory, or can be made one: one ConfigError line otherwise, nothing created.
 
@@ -26,6 +40,10 @@ def check_creatable_dir(path: Path, what: str) -> None:
     """
     from .errors import ConfigError
 
+    pseudo = _pseudo_filesystem(path)
+    if pseudo is not None:  # os.access says yes there for root, and the write fails later
+        raise ConfigError(f"{what} {path}: is under {pseudo}, a kernel pseudo-filesystem that holds no files; "
+                          "give another directory")
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{what} {path}: exists and is not a directory; give a directory")
