@@ -80,6 +80,21 @@ def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes | None:
     return None if len(raw) > limit else raw
 
 
+def read_limited(path: str | os.PathLike[str], limit: int, what: str, fix: str) -> bytes:
+    """The bytes of a file a user named, at most ``limit`` of them (checked before any read): one ConfigError line,
+    ``what: ...; fix``, where it cannot be read or holds more."""
+    from .errors import ConfigError
+
+    try:
+        raw = read_at_most(path, limit)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    if raw is None:
+        size = f"{limit >> 20} MiB" if limit >= 2**20 else f"{limit} bytes"
+        raise ConfigError(f"{what}: larger than {size}, more than such a file holds; {fix}")
+    return raw
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader (or a user after a
     crash) sees the old file or the new one, never half of one. The temporary name is this process's own, so two

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hal.errors import ConfigError
-from hal.run_dirs import read_at_most
+from hal.run_dirs import read_limited
 
 FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
@@ -41,13 +41,7 @@ def config_file(path: Any, where: str) -> Path:
 
 def _read(path: Any, where: str) -> dict[str, Any]:
     file = config_file(path, where)
-    try:
-        raw = read_at_most(file, MAX_CONFIG_BYTES)  # the size is checked before anything is read
-    except OSError as exc:
-        raise ConfigError(f"{where}: {file} cannot be read ({exc.strerror or exc})") from None
-    if raw is None:
-        raise ConfigError(f"{where}: {file} is more than {MAX_CONFIG_BYTES} bytes, more than a config.json can be; "
-                          "check the path")
+    raw = read_limited(file, MAX_CONFIG_BYTES, f"{where}: {file}", "give the model directory that holds config.json")
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
-from hal.run_dirs import read_at_most, write_text_atomic
+from hal.run_dirs import read_limited, write_text_atomic
 
 from .model_config import ModelConfig
 from .plan import ParallelPlan
@@ -131,12 +131,10 @@ def load_job(path: str | os.PathLike[str]) -> Job:
     fix = "start ranks with the job.json that hal train wrote"
     if Path(path).exists() and not Path(path).is_file():  # a pipe would block this rank forever
         raise ConfigError(f"job file {path}: is not a regular file (a directory, pipe or device); {fix}")
+    raw = read_limited(path, MAX_JOB_BYTES, f"job file {path}", fix)
     try:
-        raw = read_at_most(path, MAX_JOB_BYTES)  # the size before anything is read
-        if raw is None:
-            raise ConfigError(f"job file {path}: more than {MAX_JOB_BYTES >> 20} MiB, which no job file is; {fix}")
         data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ConfigError(f"job file {path}: unreadable ({exc}); {fix}") from None
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != JOB_SCHEMA:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from hal.errors import ConfigError, HalError
-from hal.run_dirs import check_creatable_file, read_at_most
+from hal.run_dirs import check_creatable_file, read_limited
 
 from .token_file import DTYPES, INDEX_FORMAT, index_path
 
@@ -61,13 +61,7 @@ def load_tokenizer(path: str | Path) -> Any:
     if not p.is_file():
         raise ConfigError(f"--tokenizer {p}: is not a regular file (a directory, pipe or device); give a Hugging Face "
                           "tokenizer.json")
-    try:
-        raw = read_at_most(p, MAX_TOKENIZER_BYTES)  # the size before anything is read
-    except OSError as exc:
-        raise ConfigError(f"--tokenizer {p}: cannot be read ({exc.strerror or exc})") from None
-    if raw is None:
-        raise ConfigError(f"--tokenizer {p}: larger than {MAX_TOKENIZER_BYTES >> 20} MiB, which no Hugging Face "
-                          "tokenizer.json is; give the model's tokenizer.json")
+    raw = read_limited(p, MAX_TOKENIZER_BYTES, f"--tokenizer {p}", "give the model's Hugging Face tokenizer.json")
     try:
         return Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as exc:  # the Rust side raises plain Exception for a malformed file; UnicodeDecodeError too

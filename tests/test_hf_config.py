@@ -116,7 +116,7 @@ def test_a_config_json_that_is_a_pipe_a_folder_or_huge_is_one_line_before_any_re
         f.truncate((1 << 20) + 1)  # sparse: nothing of it may be read
     for d, words in ((pipe_dir, "is not a regular file (a directory, pipe or device)"),
                      (folder_dir, "is not a regular file"),
-                     (huge_dir, "is more than 1048576 bytes, more than a config.json can be")):
+                     (huge_dir, "larger than 1 MiB, more than such a file holds; give the model directory")):
         with pytest.raises(ConfigError, match=None) as info:
             ModelConfig.from_mapping({"hf": str(d)})
         assert words in str(info.value) and "\n" not in str(info.value), str(info.value)

@@ -69,7 +69,7 @@ def test_a_job_file_that_is_a_pipe_or_huge_is_one_line_before_any_read(tmp_path:
     os.mkfifo(pipe)  # reading it would block the rank forever
     with open(huge, "wb") as f:
         f.truncate(MAX_JOB_BYTES + 1)  # sparse: nothing of it may be read
-    for path, words in ((pipe, "is not a regular file (a directory, pipe or device)"), (huge, "more than 16 MiB")):
+    for path, words in ((pipe, "is not a regular file (a directory, pipe or device)"), (huge, "larger than 16 MiB, more than such a file holds")):
         with pytest.raises(ConfigError, match=None) as info:
             load_job(path)
         assert words in str(info.value) and "\n" not in str(info.value), str(info.value)

@@ -151,7 +151,7 @@ def test_a_tokenizer_or_input_too_large_or_not_a_file_is_one_line_before_it_is_r
     with open(huge, "wb") as f:  # sparse: the size is checked, so nothing of it is read
         f.truncate(MAX_TOKENIZER_BYTES + 1)
     (tmp_path / "folder").mkdir()
-    for given, words in ((huge, "larger than 128 MiB, which no Hugging Face tokenizer.json is"),
+    for given, words in ((huge, "larger than 128 MiB, more than such a file holds; give the model's Hugging Face tokenizer.json"),
                          (tmp_path / "folder", "is not a regular file")):
         result = run_hal("data", "prepare", "--tokenizer", str(given), "--out", str(tmp_path / "out"),
                          str(tmp_path / "a.txt"), cwd=tmp_path)
