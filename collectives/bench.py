@@ -119,7 +119,10 @@ def parse_choices(text: str | None, allowed: Sequence[str], flag: str, default: 
     """Comma-separated names from ``allowed`` ('all' for every one), in the order given."""
     if text is None:
         return list(default)
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [t.strip() for t in text.split(",")]
+    if "" in names:
+        raise ConfigError(f"{flag}: {text!r} has an empty name; use a comma-separated list of {', '.join(allowed)} "
+                          "(or all), with no empty entries")
     if names == ["all"]:
         return list(allowed)
     unknown = [n for n in names if n not in allowed]
@@ -178,8 +181,13 @@ def make_plan(
                           f"{ITERS_LIMIT:,} warm-ups")
     if rounds < 1:
         raise ConfigError(f"--rounds {rounds}: give at least 1 round")
-    size_list = parse_sizes(sizes or DEFAULT_SIZES.get(chosen.device_type, "8B..1GiB"))
+    size_list = parse_sizes(sizes if sizes is not None else DEFAULT_SIZES.get(chosen.device_type, "8B..1GiB"))
     dtype_list = parse_choices(dtypes, list(DTYPES), "--dtype", ["float32"])
+    widest = max(dtype_list, key=lambda name: torch.empty((), dtype=DTYPES[name]).element_size())
+    width = torch.empty((), dtype=DTYPES[widest]).element_size()
+    if size_list[0] % width:  # the doubling sizes after it are whole elements when it is
+        raise ConfigError(f"--sizes: {size_list[0]} B is not a whole number of {widest} elements ({width} B each); "
+                          f"start at a multiple of {width} B, e.g. {max(width, size_list[0] // width * width)}B")
     op_list = parse_choices(ops, OPS, "--ops", OPS)
     if REDUCING & set(op_list):
         for name in dtype_list:

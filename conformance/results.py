@@ -86,6 +86,22 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
     if not isinstance(cases, list) or any(not isinstance(c, dict) or not isinstance(c.get("id"), str)
                                           or c.get("status") not in STATUSES for c in cases):
         raise ConfigError(f"{origin}: \"cases\" must be a list of objects with an id and a status; the file is damaged")
+    seen: set[str] = set()
+    for case in cases:
+        if case["id"] in seen:  # compare and the reports key cases by id: a second one would silently replace the first
+            raise ConfigError(f"{origin}: case {case['id']!r} appears twice; the file is damaged")
+        seen.add(case["id"])
+        metrics = case.get("metrics")
+        if metrics is None:
+            continue
+        if not isinstance(metrics, dict):
+            raise ConfigError(f"{origin}: case {case['id']!r}: \"metrics\" is not an object; the file is damaged")
+        for name in ERROR_METRICS:
+            value = metrics.get(name)
+            number = as_float(value)
+            if value is not None and (number is None or number < 0):  # an error is a number >= 0 (inf and nan kept)
+                raise ConfigError(f"{origin}: case {case['id']!r}: {name} = {value!r} is not an error (a number >= 0); "
+                                  "the file is damaged")
     return doc
 
 

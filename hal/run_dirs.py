@@ -18,6 +18,20 @@ def new_run_dir(name: str) -> Path:
     return path
 
 
+PSEUDO_FILESYSTEMS = ("/proc", "/sys", "/dev")  # /dev/shm, a real tmpfs, excepted
+
+
+def _pseudo_filesystem(path: Path) -> str | None:
+    """The kernel pseudo-filesystem ``path`` resolves into (/proc, /sys, /dev but /dev/shm), or None."""
+    resolved = Path(os.path.realpath(path))
+    for root in PSEUDO_FILESYSTEMS:
+        if resolved == Path(root) or Path(root) in resolved.parents:
+            if root == "/dev" and (resolved == Path("/dev/shm") or Path("/dev/shm") in resolved.parents):
+                return None
+            return root
+    return None
+
+
 def check_creatable_dir(path: Path, what: str) -> None:
     """``path`` is a writable directory, or can be made one: one ConfigError line otherwise, nothing created.
 
@@ -26,6 +40,10 @@ def check_creatable_dir(path: Path, what: str) -> None:
     """
     from .errors import ConfigError
 
+    pseudo = _pseudo_filesystem(path)
+    if pseudo is not None:  # os.access says yes there for root, and the write fails later
+        raise ConfigError(f"{what} {path}: is under {pseudo}, a kernel pseudo-filesystem that holds no files; "
+                          "give another directory")
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{what} {path}: exists and is not a directory; give a directory")
@@ -60,6 +78,21 @@ def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes | None:
     with open(path, "rb") as f:
         raw = f.read(limit + 1)
     return None if len(raw) > limit else raw
+
+
+def read_limited(path: str | os.PathLike[str], limit: int, what: str, fix: str) -> bytes:
+    """The bytes of a file a user named, at most ``limit`` of them (checked before any read): one ConfigError line,
+    ``what: ...; fix``, where it cannot be read or holds more."""
+    from .errors import ConfigError
+
+    try:
+        raw = read_at_most(path, limit)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot be read ({exc.strerror or exc}); {fix}") from None
+    if raw is None:
+        size = f"{limit >> 20} MiB" if limit >= 2**20 else f"{limit} bytes"
+        raise ConfigError(f"{what}: larger than {size}, more than such a file holds; {fix}")
+    return raw
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

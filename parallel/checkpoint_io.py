@@ -140,12 +140,16 @@ def file_checksum(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+class UnverifiedCheckpointWarning(UserWarning):
+    """A checkpoint whose bytes cannot be verified (hal's command line shows it as one 'hal: warning:' line)."""
+
+
 def verify_checksums(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resume") -> None:
     """Every file's bytes against the checksum recorded at save time: flipped bytes are refused, not trained on."""
     checksums = meta.get("checksums")
     if checksums is None:  # written before checksums existed: said, not silently trusted
         warnings.warn(f"{flag} {checkpoint}: the checkpoint records no checksums (an older hal wrote it); its bytes "
-                      "are not verified, only its structure and values", stacklevel=2)
+                      "are not verified, only its structure and values", UnverifiedCheckpointWarning, stacklevel=2)
         return
     for name in meta["files"]:
         if file_checksum(checkpoint / name) != checksums[name]:

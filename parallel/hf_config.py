@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hal.errors import ConfigError
+from hal.run_dirs import read_limited
 
 FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
@@ -30,6 +31,9 @@ def config_file(path: Any, where: str) -> Path:
         raise ConfigError(f"{where} must be the path of a directory holding a Hugging Face config.json, got {path!r}")
     directory = Path(path).expanduser()
     file = directory / "config.json" if directory.is_dir() else directory
+    if file.exists() and not file.is_file():  # a pipe would block the read; a directory named config.json fails it
+        raise ConfigError(f"{where}: {file} is not a regular file (a directory, pipe or device); give the model "
+                          "directory that holds config.json")
     if not file.is_file():
         raise ConfigError(f"{where}: {file} does not exist; give the model directory that holds config.json")
     return file
@@ -37,10 +41,9 @@ def config_file(path: Any, where: str) -> Path:
 
 def _read(path: Any, where: str) -> dict[str, Any]:
     file = config_file(path, where)
-    if file.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{where}: {file} is {file.stat().st_size} bytes, more than a config.json can be; check the path")
+    raw = read_limited(file, MAX_CONFIG_BYTES, f"{where}: {file}", "give the model directory that holds config.json")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{where}: {file} is not valid JSON ({exc}); give the model's config.json") from None
     if not isinstance(data, dict):
@@ -116,16 +119,26 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
         keys["rope_scaling"] = scaling
     if family in ("mixtral", "qwen2_moe"):
         keys["qkv_bias"] = family == "qwen2_moe"
-        keys.update(_moe_keys(hf, family, need, refuse))
+        keys.update(_moe_keys(hf, family, need, refuse, where))
     return keys
 
 
-def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None]) -> dict[str, Any]:
+def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None],
+              where: str) -> dict[str, Any]:
     """The ``moe_*`` keys of a Mixtral or Qwen2-MoE config (both route with softmax over every expert)."""
     if hf.get("router_jitter_noise"):
         refuse("router_jitter_noise", "the router adds no noise")
+
+    def count(name: str, default: int | None = None) -> int:
+        """A config.json count that must be a whole number >= 1 (0 would turn into a dense model or a default)."""
+        value = need(name) if default is None else hf.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: {name} = {value!r} in config.json is not a whole number >= 1, which a "
+                              f"{family} model needs; fix config.json")
+        return value
+
     if family == "mixtral":  # every layer MoE, top-k weights renormalised, experts intermediate_size wide
-        return {"moe_num_experts": need("num_local_experts"), "moe_top_k": need("num_experts_per_tok"),
+        return {"moe_num_experts": count("num_local_experts"), "moe_top_k": count("num_experts_per_tok"),
                 "moe_ffn_hidden_size": need("intermediate_size"),
                 "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.02), "moe_normalize_top_k": True}
     dense_only = hf.get("mlp_only_layers") or []
@@ -134,9 +147,9 @@ def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refus
     shared = hf.get("shared_expert_intermediate_size") or 0
     if not shared:
         refuse("shared_expert_intermediate_size", "a Qwen2-MoE layer's shared expert is always there")
-    return {"moe_num_experts": need("num_experts"), "moe_top_k": need("num_experts_per_tok"),
-            "moe_ffn_hidden_size": need("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
-            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": hf.get("decoder_sparse_step", 1) or 1,
+    return {"moe_num_experts": count("num_experts"), "moe_top_k": count("num_experts_per_tok"),
+            "moe_ffn_hidden_size": count("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
+            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": count("decoder_sparse_step", 1),
             "moe_first_dense": len(dense_only), "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.001)}
 
 

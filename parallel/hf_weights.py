@@ -15,7 +15,9 @@ Checked before any rank starts (``parallel.hf_checks.check_weights``, in ``hal t
 ``model.safetensors``, or ``model.safetensors.index.json`` and the shards it names), every header is
 well-formed and agrees with its file's size (a truncated or corrupt shard), and the tensors are
 exactly those this model is made of — none missing, none extra, each of the right shape and a
-floating-point dtype. Each problem is one ConfigError line naming the tensor or file.
+floating-point dtype. Each problem is one ConfigError line naming the tensor or file. The values are checked as
+they load, block by block (a NaN or infinity anywhere is one line naming the tensor and rows): reading them
+all in the parent first would read the checkpoint twice.
 """
 from __future__ import annotations
 
@@ -201,6 +203,9 @@ def _read_into(target: torch.Tensor, entry: Entry, piece: Piece, lo: int, hi: in
         stop = min(start + step, rows.stop)
         with safe_open(str(entry.file), framework="pt") as f:  # a fresh map per block: its pages go with it
             block = _block(f.get_slice(piece.hf_name), piece.dim, start, stop, lo, hi)
+            if not bool(torch.isfinite(block).all()):  # a damaged file would train to a NaN loss, steps later
+                raise ConfigError(f"weights {entry.file.parent}: tensor {piece.hf_name} in {entry.file.name} holds NaN "
+                                  f"or infinite values (rows {start}..{stop - 1}); the checkpoint is damaged")
             target.narrow(0, start - rows.start, stop - start).copy_(block)
             del block
 

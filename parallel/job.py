@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
-from hal.run_dirs import write_text_atomic
+from hal.run_dirs import read_limited, write_text_atomic
 
 from .model_config import ModelConfig
 from .plan import ParallelPlan
@@ -123,12 +123,19 @@ def write_job(job: Job) -> Path:
     return job.path
 
 
+MAX_JOB_BYTES = 16 * 2**20  # a job file is kilobytes: the model, the plan, the train settings
+
+
 def load_job(path: str | os.PathLike[str]) -> Job:
     """The job ``hal train`` wrote at ``path``; one ConfigError line if it is missing, damaged or of another schema."""
+    fix = "start ranks with the job.json that hal train wrote"
+    if Path(path).exists() and not Path(path).is_file():  # a pipe would block this rank forever
+        raise ConfigError(f"job file {path}: is not a regular file (a directory, pipe or device); {fix}")
+    raw = read_limited(path, MAX_JOB_BYTES, f"job file {path}", fix)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"job file {path}: unreadable ({exc}); start ranks with the job.json that hal train wrote") from None
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"job file {path}: unreadable ({exc}); {fix}") from None
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != JOB_SCHEMA:
         raise ConfigError(f"job file {path}: schema {schema!r} but this hal reads schema {JOB_SCHEMA}; "

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from hal.errors import ConfigError, HalError
-from hal.run_dirs import check_creatable_file
+from hal.run_dirs import check_creatable_file, read_limited
 
 from .token_file import DTYPES, INDEX_FORMAT, index_path
 
@@ -45,6 +45,9 @@ class Progress:
     tokens: int
 
 
+MAX_TOKENIZER_BYTES = 128 * 2**20  # published tokenizer.json files are tens of MB at most (Gemma 3's: 33 MB)
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """``tokenizers.Tokenizer`` from a tokenizer.json; one line if the package or the file is missing or bad."""
     try:
@@ -53,11 +56,15 @@ def load_tokenizer(path: str | Path) -> Any:
         raise HalError("hal data prepare needs the 'tokenizers' package, which is not installed; "
                        "pip install 'hetero-hal[data]' (or pip install tokenizers)") from None
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"--tokenizer {p}: no such file; give a Hugging Face tokenizer.json")
+    if not p.is_file():
+        raise ConfigError(f"--tokenizer {p}: is not a regular file (a directory, pipe or device); give a Hugging Face "
+                          "tokenizer.json")
+    raw = read_limited(p, MAX_TOKENIZER_BYTES, f"--tokenizer {p}", "give the model's Hugging Face tokenizer.json")
     try:
-        return Tokenizer.from_file(str(p))
-    except Exception as exc:  # the Rust side raises plain Exception for a malformed file
+        return Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # the Rust side raises plain Exception for a malformed file; UnicodeDecodeError too
         raise ConfigError(f"--tokenizer {p}: not a Hugging Face tokenizer.json ({str(exc).splitlines()[0]})") from None
 
 
@@ -93,6 +100,8 @@ def check_inputs(files: Sequence[str | Path]) -> list[Path]:
         raise ConfigError("no input files; give .txt or .jsonl files to tokenize")
     paths = [Path(f) for f in files]
     for p in paths:
+        if p.exists() and not p.is_file():
+            raise ConfigError(f"{p}: is not a regular file (a directory, pipe or device); give .txt or .jsonl files")
         if not p.is_file():
             raise ConfigError(f"{p}: no such file")
         if p.suffix not in INPUT_KINDS:

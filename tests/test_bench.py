@@ -144,6 +144,11 @@ def test_any_wrong_element_makes_the_exit_status_1(monkeypatch: pytest.MonkeyPat
         (["--iters", "1000000000000"], "give 1 to 1,000,000 timed iterations"),
         (["--world-size", "0"], "--world-size 0"),
         (["--dtype", "float32,float8"], "float8 is not allowed"),
+        (["--dtype", "float32,,"], "--dtype: 'float32,,' has an empty name"),
+        (["--ops", ","], "--ops: ',' has an empty name"),
+        (["--sizes", ""], "--sizes: '' is not a size"),  # not the default range
+        (["--sizes", "3B"], "--sizes: 3 B is not a whole number of float32 elements (4 B each)"),  # not run as 4 B
+        (["--sizes", "6B..1K", "--dtype", "bfloat16,float64"], "6 B is not a whole number of float64 elements"),
         (["--ops", "all_reduce,allreduce"], "allreduce is not allowed"),
         (["--backend", "nope"], "'nope' is not allowed"),
     ],

@@ -136,3 +136,15 @@ def test_the_command_refuses_flipped_bytes_in_one_line_with_nothing_started(trai
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "does not match its checksum" in lines[0], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_without_checksums_resumes_with_one_warning_line(trained: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = _copy(trained, tmp_path)
+    meta = _meta(ckpt)
+    del meta["checksums"]  # as an older hal wrote it
+    _write_meta(ckpt, meta)
+    result = run_hal("train", str(trained["config"]), "--steps", "3", "--resume", str(ckpt), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "records no checksums" in line]
+    assert len(said) == 1 and said[0].startswith(f"hal: warning: --resume {ckpt}: the checkpoint records no checksums")
+    assert "UserWarning" not in result.stderr and "warnings.warn(" not in result.stderr

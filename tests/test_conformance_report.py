@@ -86,6 +86,14 @@ def test_report_dir_must_be_writable(tmp_path: Path) -> None:
     ('{"kind": "something-else", "schema": 1, "cases": []}', "not a hal conformance results file"),
     ('{"kind": "hal-conformance-run", "schema": 99, "cases": []}', "schema 99 is not one this hal reads"),
     ('{"kind": "hal-conformance-run", "schema": 1, "cases": [{"id": "x"}]}', "the file is damaged"),
+    ('{"kind": "hal-conformance-run", "schema": 1, "cases": [{"id": "x", "status": "pass"}, {"id": "x", "status": "fail"}]}',
+     "case 'x' appears twice; the file is damaged"),
+    ('{"kind": "hal-conformance-run", "schema": 1, "cases": [{"id": "x", "status": "pass", "metrics": {"tol_ratio": "x"}}]}',
+     r"case 'x': tol_ratio = 'x' is not an error \(a number >= 0\)"),
+    ('{"kind": "hal-conformance-run", "schema": 1, "cases": [{"id": "x", "status": "pass", "metrics": {"rel_l2": -5}}]}',
+     "case 'x': rel_l2 = -5 is not an error"),
+    ('{"kind": "hal-conformance-run", "schema": 1, "cases": [{"id": "x", "status": "pass", "metrics": [1]}]}',
+     "case 'x': \"metrics\" is not an object"),
 ])
 def test_bad_results_files_are_one_line_errors(tmp_path: Path, content: str | None, message: str) -> None:
     path = tmp_path / "r.json"

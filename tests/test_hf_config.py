@@ -104,6 +104,24 @@ def test_a_missing_or_broken_config_json_is_one_line(tmp_path: Path) -> None:
         ModelConfig.from_mapping({"hf": str(tmp_path)})
 
 
+def test_a_config_json_that_is_a_pipe_a_folder_or_huge_is_one_line_before_any_read(tmp_path: Path) -> None:
+    import os
+
+    pipe_dir, folder_dir, huge_dir = (tmp_path / name for name in ("pipe", "folder", "huge"))
+    for d in (pipe_dir, folder_dir, huge_dir):
+        d.mkdir()
+    os.mkfifo(pipe_dir / "config.json")  # reading it would block forever
+    (folder_dir / "config.json").mkdir()
+    with open(huge_dir / "config.json", "wb") as f:
+        f.truncate((1 << 20) + 1)  # sparse: nothing of it may be read
+    for d, words in ((pipe_dir, "is not a regular file (a directory, pipe or device)"),
+                     (folder_dir, "is not a regular file"),
+                     (huge_dir, "larger than 1 MiB, more than such a file holds; give the model directory")):
+        with pytest.raises(ConfigError, match=None) as info:
+            ModelConfig.from_mapping({"hf": str(d)})
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
 def test_llama3_rope_scaling_keeps_short_wavelengths_and_stretches_long_ones() -> None:
     seq, head_dim, theta = 64, 64, 500000.0
     scaling = (32.0, 1.0, 4.0, 8192.0)
@@ -119,3 +137,34 @@ def test_llama3_rope_scaling_keeps_short_wavelengths_and_stretches_long_ones() -
     middle = ~(high | low)
     assert bool(((angles[middle] < inv[middle]) & (angles[middle] > inv[middle] / 32.0)).all())
     assert not torch.equal(cos0, cos1)
+
+
+MIXTRAL_SMALL: dict[str, Any] = {**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+QWEN2_MOE_SMALL: dict[str, Any] = {**QWEN25_05B, "model_type": "qwen2_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                                   "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+                                   "decoder_sparse_step": 1}
+
+
+def test_mixtral_and_qwen2_moe_counts_map(tmp_path: Path) -> None:
+    mixtral = ModelConfig.from_mapping({"hf": _dir(tmp_path, MIXTRAL_SMALL), "max_seq_len": 512})
+    assert (mixtral.moe_num_experts, mixtral.moe_top_k, mixtral.moe_every) == (8, 2, 1)
+    qwen = ModelConfig.from_mapping({"hf": _dir(tmp_path, {**QWEN2_MOE_SMALL, "decoder_sparse_step": 2}), "max_seq_len": 512})
+    assert (qwen.moe_num_experts, qwen.moe_ffn_hidden_size, qwen.moe_every) == (8, 64, 2)
+
+
+@pytest.mark.parametrize("base,change", [
+    (MIXTRAL_SMALL, {"num_local_experts": 0}),  # was read as a dense model
+    (MIXTRAL_SMALL, {"num_experts_per_tok": 0}),
+    (QWEN2_MOE_SMALL, {"moe_intermediate_size": 0}),  # was replaced by intermediate_size
+    (QWEN2_MOE_SMALL, {"decoder_sparse_step": 0}),  # was taken as 1
+    (QWEN2_MOE_SMALL, {"num_experts": "8"}),
+    (QWEN2_MOE_SMALL, {"num_experts": True}),
+], ids=["mixtral-experts-0", "mixtral-top-k-0", "qwen-expert-width-0", "qwen-sparse-step-0", "qwen-experts-str",
+        "qwen-experts-bool"])
+def test_an_moe_count_that_is_not_a_positive_number_is_one_line_naming_config_json(tmp_path: Path, base: dict,
+                                                                                   change: dict) -> None:
+    (name, value), = change.items()
+    with pytest.raises(ConfigError) as info:
+        ModelConfig.from_mapping({"hf": _dir(tmp_path, {**base, **change}), "max_seq_len": 512})
+    said = str(info.value)
+    assert f"{name} = {value!r} in config.json is not a whole number >= 1" in said and "\n" not in said, said

@@ -126,6 +126,16 @@ def test_an_extra_tensor_and_an_integer_tensor_are_refused(llama: Path) -> None:
     _refused(llama, "tensor model.norm.weight in model.safetensors is I32, not a floating-point dtype")
 
 
+def test_a_tensor_holding_nan_or_inf_is_refused_as_it_loads(llama: Path) -> None:
+    def poison(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["model.layers.1.mlp.up_proj.weight"][5, 2] = float("nan")
+
+    _rewrite(llama, poison)
+    _refused(llama, "tensor model.layers.1.mlp.up_proj.weight in model.safetensors holds NaN or infinite values (rows 0..")
+    _rewrite(llama, lambda t: t["model.layers.1.mlp.up_proj.weight"].nan_to_num_(0.0).__setitem__((0, 0), float("inf")))
+    _refused(llama, "holds NaN or infinite values")
+
+
 def test_a_corrupt_header_and_no_weights_at_all_are_refused(llama: Path) -> None:
     file = llama / "model.safetensors"
     data = bytearray(file.read_bytes())

@@ -60,6 +60,21 @@ def test_job_file_of_another_schema_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_a_job_file_that_is_a_pipe_or_huge_is_one_line_before_any_read(tmp_path: Path) -> None:
+    import os
+
+    from hal.parallel.job import MAX_JOB_BYTES
+
+    pipe, huge = tmp_path / "pipe.json", tmp_path / "huge.json"
+    os.mkfifo(pipe)  # reading it would block the rank forever
+    with open(huge, "wb") as f:
+        f.truncate(MAX_JOB_BYTES + 1)  # sparse: nothing of it may be read
+    for path, words in ((pipe, "is not a regular file (a directory, pipe or device)"), (huge, "larger than 16 MiB, more than such a file holds")):
+        with pytest.raises(ConfigError, match=None) as info:
+            load_job(path)
+        assert words in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
 def test_rank_is_handed_the_job_file_and_never_reads_the_yaml(tmp_path: Path) -> None:
     config = tmp_path / "one.yaml"
     config.write_text(ONE_RANK, encoding="utf-8")

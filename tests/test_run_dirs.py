@@ -40,6 +40,24 @@ def test_files_that_cannot_be_written_are_one_config_error(tmp_path: Path) -> No
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("path, root", [("/proc/hal-out.json", "/proc"), ("/sys/kernel/hal/out.json", "/sys"),
+                                        ("/dev/hal-out.json", "/dev")])
+def test_a_kernel_pseudo_filesystem_is_refused_even_where_access_says_writable(path: str, root: str) -> None:
+    """For root, os.access calls /proc writable; the write would fail after the run."""
+    with pytest.raises(ConfigError, match=f"is under {root}, a kernel pseudo-filesystem that holds no files") as info:
+        check_creatable_file(Path(path), "--out")
+    assert "\n" not in str(info.value)
+
+
+def test_dev_shm_and_a_link_into_proc_are_told_apart(tmp_path: Path) -> None:
+    if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):
+        check_creatable_file(Path("/dev/shm/hal-probe.json"), "--out")  # a real tmpfs: no error, nothing made
+    link = tmp_path / "into-proc"
+    link.symlink_to("/proc")
+    with pytest.raises(ConfigError, match="is under /proc"):
+        check_creatable_file(link / "out.json", "--out")
+
+
 def test_read_at_most_refuses_past_the_limit_without_reading_it(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"12345")

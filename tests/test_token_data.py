@@ -143,6 +143,25 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case: str, tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"tokenizer.json", *files})  # no .bin, no temporaries
 
 
+def test_a_tokenizer_or_input_too_large_or_not_a_file_is_one_line_before_it_is_read(tmp_path: Path, tok: Any) -> None:
+    from hal.parallel.prepare_data import MAX_TOKENIZER_BYTES
+
+    (tmp_path / "a.txt").write_text("hello\n", encoding="utf-8")
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:  # sparse: the size is checked, so nothing of it is read
+        f.truncate(MAX_TOKENIZER_BYTES + 1)
+    (tmp_path / "folder").mkdir()
+    for given, words in ((huge, "larger than 128 MiB, more than such a file holds; give the model's Hugging Face tokenizer.json"),
+                         (tmp_path / "folder", "is not a regular file")):
+        result = run_hal("data", "prepare", "--tokenizer", str(given), "--out", str(tmp_path / "out"),
+                         str(tmp_path / "a.txt"), cwd=tmp_path)
+        assert words in _one_error_line(result)
+    result = run_hal("data", "prepare", "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(tmp_path / "out"),
+                     str(tmp_path / "folder"), cwd=tmp_path)  # an input that is a folder: not "no such file"
+    assert "folder: is not a regular file (a directory, pipe or device); give .txt or .jsonl" in _one_error_line(result)
+    assert not list(tmp_path.glob("out*"))
+
+
 def test_an_out_prefix_whose_folder_is_missing_or_a_file_is_one_error(tmp_path: Path, tok: Any) -> None:
     from hal.errors import ConfigError
     from hal.parallel.prepare_data import prepare_tokens
