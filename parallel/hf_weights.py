@@ -203,11 +203,21 @@ def _read_into(target: torch.Tensor, entry: Entry, piece: Piece, lo: int, hi: in
         stop = min(start + step, rows.stop)
         with safe_open(str(entry.file), framework="pt") as f:  # a fresh map per block: its pages go with it
             block = _block(f.get_slice(piece.hf_name), piece.dim, start, stop, lo, hi)
-            if not bool(torch.isfinite(block).all()):  # a damaged file would train to a NaN loss, steps later
+            if not _finite(block):  # a damaged file would train to a NaN loss, steps later
                 raise ConfigError(f"weights {entry.file.parent}: tensor {piece.hf_name} in {entry.file.name} holds NaN "
                                   f"or infinite values (rows {start}..{stop - 1}); the checkpoint is damaged")
             target.narrow(0, start - rows.start, stop - start).copy_(block)
             del block
+
+
+FINITE_CHECK_ELEMENTS = 1 << 18  # isfinite's temporaries stay about a MiB, not a block's size
+
+
+def _finite(block: torch.Tensor) -> bool:
+    """Whether every value of ``block`` is finite, checked a slice at a time (the loader's memory bound holds)."""
+    flat = block.reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + FINITE_CHECK_ELEMENTS]).all())
+               for i in range(0, flat.numel(), FINITE_CHECK_ELEMENTS))
 
 
 def _block(view: Any, dim: int, start: int, stop: int, lo: int, hi: int) -> torch.Tensor:
