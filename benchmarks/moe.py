@@ -238,10 +238,11 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
             dist.barrier()
 
         report: dict[str, Any] = {"rank": rank, "device": backend.device_name(device.index or 0) if device.type != "cpu" else "cpu"}
-        if importlib.util.find_spec("triton") is not None:
-            from hal.kernels.triton.launch import DIRECT_LAUNCH
+        if importlib.util.find_spec("triton") is not None:  # how the exchange's kernels launch here, or why not cached
+            from hal.kernels.triton import moe_exchange
 
-            report["triton_launch"] = "cached" if DIRECT_LAUNCH else "triton's own"
+            why = moe_exchange.launch_problem()
+            report["triton_launch"] = "cached" if why is None else f"Triton's own ({why})"
         report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]]
         if opts["model_steps"]:
             report["model"] = {f"ep{world}": _model(rank, world, opts, world, device, backend, sync)}

@@ -69,7 +69,7 @@ def launcher(kernel: Any) -> Any:
 
 def _runs_with_every_argument() -> bool:
     """Whether this Triton's ``JITFunction.run`` hands its compiled kernel every argument, constexprs included,
-    in declaration order (Triton 3.3 - 3.9 do) -- the convention ``CachedLauncher`` relies on."""
+    in declaration order (read in Triton 3.6 and 3.9) -- the convention ``CachedLauncher`` relies on."""
     try:
         source = inspect.getsource(JITFunction.run)
         runs = ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
@@ -91,13 +91,13 @@ def _hooked() -> bool:
 
 class CachedLauncher:
     """Launch a compiled kernel again without Triton binding and specialising every argument (on an H100 host
-    with Triton 3.6: 17-21 us of host time a launch through Triton, 10-15 us this way, key included). The first
-    launch of each specialisation goes through
-    Triton (which compiles it); later ones reuse the compiled kernel, found by a key at least as fine as Triton's
-    own: every constexpr's value, each tensor's dtype, device and 16-byte alignment, each integer's range and
-    whether it is 1 or a multiple of 16. Where Triton is interpreted, a launch hook is set (a profiler), or
-    ``DIRECT_LAUNCH`` is false (a Triton whose launcher this was not checked against), every launch is
-    Triton's own."""
+    with Triton 3.6: 17-21 us of host time a launch through Triton, 10-15 us this way, key included).
+
+    The first launch of each specialisation goes through Triton (which compiles it); later ones reuse the
+    compiled kernel, found by a key at least as fine as Triton's own: every constexpr's value, each tensor's
+    dtype, device and 16-byte alignment, each integer's range and whether it is 1 or a multiple of 16. Where
+    Triton is interpreted, a launch hook is set (a profiler), or ``DIRECT_LAUNCH`` is false (a Triton whose
+    launcher this was not checked against), every launch is Triton's own: ``why_not_cached`` says which."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel

@@ -207,6 +207,11 @@ def peer_deltas(pointers: list[int], anchor: int, device: torch.device) -> torch
                                                        _copy_arrived))
 
 
+def launch_problem() -> str | None:
+    """Why this process launches the exchange's kernels through Triton's own binding (None: cached launches)."""
+    return _route_push_rows_launch.why_not_cached()
+
+
 def _tiles(hidden: int) -> tuple[int, int]:
     return BLOCK_ROWS, min(BLOCK_COLS, triton.next_power_of_2(hidden))
 
