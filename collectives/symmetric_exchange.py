@@ -156,7 +156,6 @@ class DeviceRoute:
     expert_of_row: torch.Tensor  # (rows,) global expert of each sorted row
     table: int  # the count table the dispatch posted into
     staging: int  # the staging slot of the dispatch (where the rows land without a durable slot)
-    back_staging: int  # the staging slot the combine lands in without a durable slot
     call: int  # the dispatch's exchange number: the combine must be the next
     received: torch.Tensor | None  # this rank's durable slot for the rows (None: staging), until dispatch hands it out
     back: torch.Tensor | None  # this rank's durable slot for the rows coming back (None: staging), until combine
@@ -223,17 +222,13 @@ class SymmetricExchange:
         posted = (received[0] if received else staging, back[0] if back else back_staging)
         self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me, posted)
         self.table_handles[t].barrier(channel=0)
-        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), t, staging, back_staging, self.calls,
+        route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), t, staging, self.calls,
                             received[1] if received else None, back[1] if back else None)
-        if _needs_graph(rows):
-            return _Push.apply(rows, route), route
-        return self.push(rows, route, posted=True), route  # no gradient: no autograd node (its host cost)
+        return _move(rows, route, out=True), route
 
     def combine(self, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
         """The experts' outputs (dispatch's arrival layout) back in the rows' places on their ranks: (rows, hidden)."""
-        if _needs_graph(out_local):
-            return _PushBack.apply(out_local, route)
-        return self.push_back(out_local, route, posted=True)
+        return _move(out_local, route, out=False)
 
     def push(self, rows: torch.Tensor, route: DeviceRoute, *, posted: bool) -> torch.Tensor:
         """Rows to their experts' ranks: into the slots the owners posted (dispatch), or into staging (a backward)."""
@@ -276,34 +271,31 @@ class SymmetricExchange:
         return self.slots[i][: route.rows].clone()
 
 
-def _needs_graph(x: torch.Tensor) -> bool:
-    return torch.is_grad_enabled() and x.requires_grad
+def _move(x: torch.Tensor, route: DeviceRoute, *, out: bool) -> torch.Tensor:
+    """A forward row movement (``out``: dispatch's, else combine's); an autograd node only where a gradient is needed
+    (its host cost)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Move.apply(x, route, out)
+    return _moved(x, route, out)
 
 
-class _Push(torch.autograd.Function):
-    """Dispatch's row movement; its backward sends the gradients back the way the rows came."""
-
-    @staticmethod
-    def forward(ctx: Any, rows: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
-        ctx.route = route
-        return route.exchange.push(rows, route, posted=True)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.route.exchange.push_back(grad, ctx.route, posted=False), None
+def _moved(x: torch.Tensor, route: DeviceRoute, out: bool) -> torch.Tensor:
+    return route.exchange.push(x, route, posted=True) if out else route.exchange.push_back(x, route, posted=True)
 
 
-class _PushBack(torch.autograd.Function):
-    """Combine's row movement; its backward sends the gradients to the experts' ranks as dispatch sent the rows."""
+class _Move(torch.autograd.Function):
+    """Dispatch's or combine's row movement; the backward sends the gradients the other way, through staging."""
 
     @staticmethod
-    def forward(ctx: Any, out_local: torch.Tensor, route: DeviceRoute) -> torch.Tensor:
-        ctx.route = route
-        return route.exchange.push_back(out_local, route, posted=True)
+    def forward(ctx: Any, x: torch.Tensor, route: DeviceRoute, out: bool) -> torch.Tensor:
+        ctx.route, ctx.out = route, out
+        return _moved(x, route, out)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.route.exchange.push(grad, ctx.route, posted=False), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ex = ctx.route.exchange
+        moved = ex.push_back(grad, ctx.route, posted=False) if ctx.out else ex.push(grad, ctx.route, posted=False)
+        return moved, None, None
 
 
 _EXCHANGES: dict[tuple[Any, ...], SymmetricExchange] = {}

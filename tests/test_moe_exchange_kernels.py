@@ -9,27 +9,20 @@ run in Triton's interpreter:
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import pytest
 import torch
 
-from .conftest import has_cuda
+from .triton_mode import interpret_unless_gpu, require_mode
 
-ON_GPU = has_cuda()
-if not ON_GPU and "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = interpret_unless_gpu()
+ON_GPU = DEVICE.type == "cuda"
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'hetero-hal[kernels]')")
 
-from hal.kernels.triton import launch, moe_exchange  # noqa: E402
+from hal.kernels.triton import moe_exchange  # noqa: E402
 from hal.parallel.moe import dispatch_key  # noqa: E402
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-pytestmark = [pytest.mark.multiprocess] if ON_GPU else []
-if not ON_GPU and not launch.interpreted(moe_exchange._route):
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set: run this file alone "
-                "(TRITON_INTERPRET=1 pytest tests/test_moe_exchange_kernels.py)", allow_module_level=True)
+pytestmark = require_mode(DEVICE, moe_exchange._route, "tests/test_moe_exchange_kernels.py")
 
 
 def _ranks(world: int, local: int, tokens: list[int], k: int, hidden: int, skew: bool, seed: int) -> list[dict]:

@@ -15,8 +15,6 @@ loose, and the interpreter truncates fp32 -> bf16 where GPUs round to nearest.
 from __future__ import annotations
 
 import ast
-import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,22 +25,17 @@ from hal import ops
 from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
 from hal.errors import FallbackRefused
 
-from .conftest import REPO, has_cuda
+from .conftest import REPO
+from .triton_mode import interpret_unless_gpu, require_mode
 
-ON_GPU = has_cuda()
-if not ON_GPU and "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = interpret_unless_gpu()
+ON_GPU = DEVICE.type == "cuda"
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'hetero-hal[kernels]')")
 
 from hal.kernels import triton_ops  # noqa: E402  (after TRITON_INTERPRET is set)
 from hal.kernels.triton import launch, library, linear_ce, norm  # noqa: E402
 
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
-# On a GPU, Triton's compiler starts processes (ldconfig, ptxas): the module is then multiprocess-marked.
-pytestmark = [pytest.mark.multiprocess] if ON_GPU else []
-if not ON_GPU and not launch.interpreted(norm._rms_norm_fwd):
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set: run this file alone "
-                "(TRITON_INTERPRET=1 pytest tests/test_triton_kernels.py)", allow_module_level=True)
+pytestmark = require_mode(DEVICE, norm._rms_norm_fwd, "tests/test_triton_kernels.py")
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TOL: dict[torch.dtype, dict[str, float]] = {

@@ -105,7 +105,6 @@ class CachedLauncher:
         self.constexpr = [bool(getattr(p, "is_constexpr", False)) for p in params] if params else []
         self.direct = DIRECT_LAUNCH and bool(params) and not interpreted(kernel)
         self.compiled: dict[tuple[Any, ...], Any] = {}
-        self.cached_launches = 0  # launches that reused a compiled kernel without Triton's binding
 
     def _key(self, args: tuple[Any, ...], num_warps: int) -> tuple[Any, ...]:
         key: list[Any] = [num_warps]
@@ -146,7 +145,6 @@ class CachedLauncher:
         stream = driver.get_current_stream(driver.get_current_device())
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                      compiled.function, compiled.packed_metadata, None, None, None, *args)  # no hooks: checked above
-        self.cached_launches += 1
 
 
 def check_device(kernel: Any, device: torch.device) -> None:
