@@ -4,12 +4,10 @@ The NCCL path (``hal.parallel.moe.dispatch``) must read the per-expert counts on
 NCCL its splits; that read waits for everything queued before it, and on 4 x H200 it held the exchange to
 0.35-0.45x of a raw all-to-all at 4096 tokens a rank (0.76x at best for any design that reads counts on the
 host). Here every rank maps the same buffers (``torch.distributed._symmetric_memory``) and Triton kernels
-(``hal.kernels.triton.moe_exchange``) do the whole exchange on the device in two launches: one posts the
-counts (and the slot each rank receives in) into every peer's table, then one in which every program works
-out the routes from the table and stores its rows straight into their experts' blocks on the owning ranks.
-Each launch ends with a barrier of its own (flags the peers set at system scope; ``moe_exchange.Barrier``), not
-a barrier launch beside it: half the launches, whose host cost is most of a small exchange's (on 4 x H100 at
-4096 tokens a rank the host took 0.11-0.24 ms of a 0.21 ms exchange). The rows land as the NCCL path lands
+(``hal.kernels.triton.moe_exchange``) do the whole exchange on the device: post the counts (and the slot
+each rank receives in) into every peer's table, one barrier, then one launch in which every program works
+out the routes from the table and stores its rows straight into their experts' blocks on the owning ranks,
+one barrier. The rows land as the NCCL path lands
 them (grouped by local expert, sources in rank order), so the experts' grouped matmul reads the same blocks
 — with its offsets on the device, over a tensor sized for the worst case (every rank's rows to one rank:
 ep x rows), which is this design's cost: memory, not time. ``choose`` keeps it to where that buffer is at
@@ -196,25 +194,12 @@ class SymmetricExchange:
         self.staging_deltas = [self.slot_deltas[0], self.slot_deltas[1]]  # made once: a view costs host time a call
         self.table_deltas = [moe_exchange.peer_deltas(list(h.buffer_ptrs), h.buffer_ptrs[self.me], device)
                              for h in self.table_handles]
-        flags = symm_mem.empty((self.ep,), dtype=torch.int64, device=device)
-        flag_handle = symm_mem.rendezvous(flags, name)
-        flags.zero_()
-        flag_handle.barrier(channel=0)  # every rank's flags are zero before any peer sets one
-        self.barrier = moe_exchange.Barrier(
-            flags, moe_exchange.peer_deltas(list(flag_handle.buffer_ptrs), flag_handle.buffer_ptrs[self.me], device),
-            torch.zeros(1, dtype=torch.int32, device=device), self.me)
-        self.flag_handle = flag_handle  # keeps the mapping alive
-        self.barriers = 0  # barriers run: the next is number barriers + 1, on every rank
         self.durable_rows = DurableSlots(self.slots[2:2 + durable], 2)
         self.durable_back = DurableSlots(self.slots[2 + durable:], 2 + durable)
         self.pool_bytes = durable * (self.capacity + rows) * size
         self.calls = 0  # exchanges run (each takes the next staging slot)
         self.copied = 0  # forward exchanges that landed in staging (every durable slot held) and copied out
         self._next_table = 0
-
-    def _next_barrier(self) -> int:
-        self.barriers += 1
-        return self.barriers
 
     def _take_staging(self) -> int:
         """Staging slots alternate by exchange on every rank, used or not: a staging slot is stored into only
@@ -235,8 +220,8 @@ class SymmetricExchange:
         back_staging = self.calls % 2  # the staging slot the combine (the next exchange) takes
         received, back = self.durable_rows.take(), self.durable_back.take()
         posted = (received[0] if received else staging, back[0] if back else back_staging)
-        self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], posted, self.barrier,
-                                 self._next_barrier())
+        self.kernels.post_counts(load.contiguous(), self.tables[t], self.table_deltas[t], self.me, posted)
+        self.table_handles[t].barrier(channel=0)
         route = DeviceRoute(self, rows.shape[0], expert_of_row.contiguous(), t, staging, self.calls,
                             received[1] if received else None, back[1] if back else None)
         return _move(rows, route, out=True), route
@@ -252,12 +237,13 @@ class SymmetricExchange:
             route.received = None  # from here the result holds the durable slot, and frees it when it goes
             route.routes, route.offsets = self.kernels.route_and_push(
                 self.tables[route.table], self.me, self.local, self.slot_deltas, rows.contiguous(), self.anchor,
-                route.expert_of_row, self.capacity, self.barrier, self._next_barrier())
+                route.expert_of_row, self.capacity)
         else:
             i = self._take_staging()
             received = None
             self.kernels.push_rows(rows.contiguous(), self.anchor, self.staging_deltas[i], route.expert_of_row,
-                                   route.routes, self.local, self.capacity, self.barrier, self._next_barrier())
+                                   route.routes, self.local, self.capacity)
+        self.slot_handles[i].barrier(channel=0)
         if received is not None:
             return received
         self.copied += posted
@@ -277,7 +263,8 @@ class SymmetricExchange:
         else:
             deltas, back = self.staging_deltas[i], None
         self.kernels.push_back(out_local.contiguous(), self.anchor, deltas, route.routes, self.experts, self.ep,
-                               self.rows, self.barrier, self._next_barrier())
+                               self.rows)
+        self.slot_handles[i].barrier(channel=0)
         if back is not None:
             return back[: route.rows]
         self.copied += posted

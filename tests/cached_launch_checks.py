@@ -8,8 +8,7 @@ import torch
 from hal.kernels.triton import moe_exchange
 from hal.kernels.triton.launch import CachedLauncher
 
-# _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capacity, done, flags, flag_deltas, me, world,
-#            seq, H, VEC, BR, BH, FVEC)
+# _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capacity, H, VEC, BR, BH)
 LAUNCHER = CachedLauncher(moe_exchange._push_rows)
 BASE = torch.zeros(64, dtype=torch.int64)
 
@@ -17,8 +16,7 @@ BASE = torch.zeros(64, dtype=torch.int64)
 def _args(**change: object) -> tuple[object, ...]:
     named = {"src": torch.zeros(4, 8, dtype=torch.bfloat16), "anchor": torch.zeros(4, 8, dtype=torch.bfloat16),
              "deltas": BASE[:4], "expert_of_row": BASE[8:12], "routes": BASE[16:32], "n_rows": 4, "local": 2,
-             "capacity": 48, "done": torch.zeros(4, dtype=torch.int32), "flags": BASE[32:36],
-             "flag_deltas": BASE[40:44], "me": 0, "world": 4, "seq": 7, "H": 8, "VEC": 8, "BR": 128, "BH": 8, "FVEC": 2}
+             "capacity": 48, "H": 8, "VEC": 8, "BR": 128, "BH": 8}
     named.update(change)
     return tuple(named.values())
 
@@ -28,7 +26,7 @@ def _key(**change: object) -> tuple[object, ...]:
 
 
 def main() -> None:
-    assert LAUNCHER.constexpr == [False] * 14 + [True] * 5, LAUNCHER.constexpr
+    assert LAUNCHER.constexpr == [False] * 8 + [True] * 4, LAUNCHER.constexpr
     specialised = {  # what Triton specialises on: a kernel compiled for one is wrong for the other
         "misaligned tensor": {"deltas": torch.zeros(64, dtype=torch.int64)[1:5]},  # 8 bytes off 16
         "other dtype": {"src": torch.zeros(4, 8, dtype=torch.float32)},

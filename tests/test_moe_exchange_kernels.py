@@ -9,8 +9,6 @@ run in Triton's interpreter:
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
 
 import pytest
 import torch
@@ -47,31 +45,6 @@ def _ranks(world: int, local: int, tokens: list[int], k: int, hidden: int, skew:
     return out
 
 
-def _barriers(world: int) -> list[moe_exchange.Barrier]:
-    """Each simulated rank's barrier: its flags (every peer's reached barrier), reached by the same delta addressing."""
-    flags = [torch.zeros(world, dtype=torch.int64, device=DEVICE) for _ in range(world)]
-    return [moe_exchange.Barrier(flags[me], moe_exchange.peer_deltas([f.data_ptr() for f in flags], flags[me].data_ptr(),
-                                                                     DEVICE),
-                                 torch.zeros(1, dtype=torch.int32, device=DEVICE), me) for me in range(world)]
-
-
-@contextlib.contextmanager
-def _peers_arrived(barriers: list[moe_exchange.Barrier], me: int, seq: int) -> Iterator[None]:
-    """Rank ``me``'s launch ending in barrier ``seq``, its peers there already (ranks run one after another here;
-    tests/test_moe_exchange_barrier.py runs them at once): afterwards it has told every rank, itself included,
-    and left its launch count at zero for the next launch."""
-    mine = barriers[me].flags
-    before = mine.clone()
-    for p in range(len(barriers)):
-        if p != me:
-            mine[p] = max(int(mine[p]), seq)
-    yield
-    told = [int(b.flags[me]) for b in barriers]
-    assert told == [seq] * len(barriers), f"rank {me} told its peers {told} at barrier {seq}"
-    assert int(barriers[me].done[0]) == 0, "the last program of a launch resets its count"
-    del before
-
-
 def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int = 24, *, skew: bool = False,
               seed: int = 0, capacity: int | None = None, bad_slot: int | None = None, fused: bool = True) -> None:
     """Every simulated rank has four slots -- two staging (capacity rows), one durable for rows (capacity), one
@@ -99,27 +72,19 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
 
     slot_deltas = [torch.stack([deltas([full[r][j] for r in range(world)], full[me][0]) for j in range(4)])
                    for me in range(world)]
-    barriers = _barriers(world)
-    seq = 1
     for me in range(world):
-        with _peers_arrived(barriers, me, seq):
-            moe_exchange.post_counts(ranks[me]["load"], tables[me], deltas(tables, tables[me]), posted[me], barriers[me],
-                                     seq)
+        moe_exchange.post_counts(ranks[me]["load"], tables[me], deltas(tables, tables[me]), me, posted[me])
     want_table = torch.cat([torch.stack([r["load"].cpu() for r in ranks]).int(), torch.tensor(posted).int()], dim=1)
     for me in range(world):
         assert torch.equal(tables[me].cpu(), want_table), "every table holds every rank's counts and slots"
-    seq += 1
-    routes = []
-    for me in range(world):
-        with _peers_arrived(barriers, me, seq):
-            if fused:
-                routes.append(moe_exchange.route_and_push(tables[me], me, local, slot_deltas[me], ranks[me]["rows"],
-                                                          full[me][0], ranks[me]["expert"], cap, barriers[me], seq))
-            else:
-                routes.append(moe_exchange.route(tables[me], me, local, slot_deltas[me]))
-                dest_delta = moe_exchange.split_routes(routes[me][0], E, world)["dest_delta"]
-                moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], routes[me][0],
-                                       local, cap, barriers[me], seq)
+    if fused:
+        routes = [moe_exchange.route_and_push(tables[me], me, local, slot_deltas[me], ranks[me]["rows"], full[me][0],
+                                              ranks[me]["expert"], cap) for me in range(world)]
+    else:
+        routes = [moe_exchange.route(tables[me], me, local, slot_deltas[me]) for me in range(world)]
+        for me in range(world):
+            dest_delta = moe_exchange.split_routes(routes[me][0], E, world)["dest_delta"]
+            moe_exchange.push_rows(ranks[me]["rows"], full[me][0], dest_delta, ranks[me]["expert"], routes[me][0], local, cap)
     outs = []
     for owner in range(world):
         # expected: for local expert j, for source s in rank order, s's rows of expert owner*local + j in order
@@ -158,13 +123,10 @@ def _exchange(world: int, local: int, tokens: list[int], k: int = 2, hidden: int
         return
     for me in range(world):
         full[me][posted[me][0] if posted[me][0] < 4 else 0].fill_(nan)  # the way back must not touch the rows' slots
-    seq += 1
     for owner in range(world):
-        with _peers_arrived(barriers, owner, seq):  # a rank with nothing to send back still meets the barrier
-            out = outs[owner] if outs[owner] is not None else torch.full((world * N, hidden), nan, device=DEVICE)
-            # odd owners name the slots themselves, even ones take those posted: the same
+        if outs[owner] is not None:  # odd owners name the slots themselves, even ones take those posted: the same
             named = moe_exchange.split_routes(routes[owner][0], E, world)["back_delta"] if owner % 2 else None
-            moe_exchange.push_back(out, full[owner][0], named, routes[owner][0], E, world, N, barriers[owner], seq)
+            moe_exchange.push_back(outs[owner], full[owner][0], named, routes[owner][0], E, world, N)
     for me in range(world):
         n = tokens[me] * k
         for j in range(4):

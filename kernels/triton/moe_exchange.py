@@ -25,8 +25,6 @@ tensors of one process: the tests check the addressing that way.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -39,47 +37,16 @@ NO_SLOT = tl.constexpr(-(1 << 62))  # a peer delta that stores nothing (a posted
 
 
 @triton.jit
-def _signal_and_wait(flags, flag_deltas, me, world, seq, FVEC: tl.constexpr):
-    """Tell every peer this rank reached barrier ``seq`` (its stores before it visible to them: a release at system
-    scope), then wait until every peer said the same (an acquire). Flags only grow, one a source on each rank:
-    a peer at most one barrier ahead has passed this one, so ``>= seq`` is the test."""
-    for p in range(world):
-        peer = tl.load(flag_deltas + p) * FVEC
-        tl.atomic_xchg(flags + (peer + me), seq, sem="release", scope="sys")
-    for p in range(world):
-        while tl.atomic_add(flags + p, 0, sem="acquire", scope="sys") < seq:
-            pass
-
-
-@triton.jit
-def _arrive(done, flags, flag_deltas, me, world, seq, FVEC: tl.constexpr):
-    """The end of a launch that stored into peers: every program counts itself in once its stores are issued; the
-    last one resets the count and runs the barrier for the whole launch, so the launch ends only when every
-    peer's stores into this rank have landed (one spinning program: the rest of the device stays free).
-    The count is at GPU scope and only the last program's signal at system scope: PTX orders causality across
-    scopes transitively, and a system-scope count made every program wait for its remote stores -- on 2 x H200
-    that cost 12 % of the exchange at 16384 tokens a rank."""
-    tl.debug_barrier()  # every thread of this program has issued its stores
-    old = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
-    if old == tl.num_programs(0) * tl.num_programs(1) - 1:
-        tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")  # the next launch counts from 0 (stream order)
-        _signal_and_wait(flags, flag_deltas, me, world, seq, FVEC)
-
-
-@triton.jit(do_not_specialize=["seq"])
-def _post_counts(load, table, table_delta, me, world, slot_rows, slot_back, flags, flag_deltas, seq,
-                 E: tl.constexpr, EP: tl.constexpr, VEC: tl.constexpr, FVEC: tl.constexpr):
-    """One program: row ``me`` of every peer's (ep, E + 2) int32 table -- this rank's E counts, then the slots it
-    receives in: rows (dispatch) and rows coming back (combine) -- and the barrier after which every table is
-    whole."""
+def _post_counts(load, table, table_delta, me, slot_rows, slot_back, E: tl.constexpr, EP: tl.constexpr,
+                 VEC: tl.constexpr):
+    """Program p: row ``me`` of peer p's (ep, E + 2) int32 table -- this rank's E counts, then the slots it
+    receives in: rows (dispatch) and rows coming back (combine)."""
+    p = tl.program_id(0)
     e = tl.arange(0, EP)
     c = tl.load(load + e, mask=e < E, other=0).to(tl.int32)
     c = tl.where(e == E, slot_rows, tl.where(e == E + 1, slot_back, c))
-    for p in range(world):
-        peer = tl.load(table_delta + p) * VEC
-        tl.store(table + (peer + me * (E + 2) + e), c, mask=e < E + 2)
-    tl.debug_barrier()
-    _signal_and_wait(flags, flag_deltas, me, world, seq, FVEC)
+    peer = tl.load(table_delta + p) * VEC
+    tl.store(table + (peer + me * (E + 2) + e), c, mask=e < E + 2)
 
 
 @triton.jit
@@ -146,10 +113,9 @@ def _route(table, slot_deltas, routes, offs, me, world, local, slots, E: tl.cons
     _store_route(table, slot_deltas, routes, offs, me, world, local, slots, E, EP, WP)
 
 
-@triton.jit(do_not_specialize=["seq"])
-def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_row, n_rows, me, world, local, slots,
-                     capacity, done, flags, flag_deltas, seq, E: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr,
-                     H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, FVEC: tl.constexpr):
+@triton.jit
+def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_row, n_rows, me, world, local, slots, capacity, E: tl.constexpr, EP: tl.constexpr,
+                     WP: tl.constexpr, H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
     """Dispatch's routing and row movement in one launch: every program works out where its rows go from the
     table (a few hundred integers), and the first also stores the whole route for what comes after."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -168,13 +134,11 @@ def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_ro
     m = rm[:, None] & (cols[None, :] < H)
     x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
     tl.store(anchor + ((delta * VEC)[:, None] + d[:, None] * H + cols[None, :]), x, mask=m)
-    _arrive(done, flags, flag_deltas, me, world, seq, FVEC)
 
 
-@triton.jit(do_not_specialize=["seq"])
-def _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capacity, done, flags, flag_deltas, me,
-               world, seq, H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-               FVEC: tl.constexpr):
+@triton.jit
+def _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capacity,
+               H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
     """Row i (of global expert e) to ``dest_base[e] + i`` (``routes``' first E) in the slot ``deltas`` (ep,) names
     on its expert's rank."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -188,13 +152,11 @@ def _push_rows(src, anchor, deltas, expert_of_row, routes, n_rows, local, capaci
     m = rm[:, None] & (cols[None, :] < H)
     x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
     tl.store(anchor + ((delta * VEC)[:, None] + d[:, None] * H + cols[None, :]), x, mask=m)
-    _arrive(done, flags, flag_deltas, me, world, seq, FVEC)
 
 
-@triton.jit(do_not_specialize=["seq"])
-def _push_back(src, anchor, deltas, routes, world, capacity, done, flags, flag_deltas, me, seq, H: tl.constexpr,
-               VEC: tl.constexpr, NB: tl.constexpr, BP: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr,
-               POSTED: tl.constexpr, FVEC: tl.constexpr):
+@triton.jit
+def _push_back(src, anchor, deltas, routes, world, capacity, H: tl.constexpr, VEC: tl.constexpr, NB: tl.constexpr,
+               BP: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr, POSTED: tl.constexpr):
     """Owner row r of block b (local expert, source s) to ``back_base[b] + r`` in the slot s receives in: the one s
     posted (``POSTED``: the route's back_delta) or the one ``deltas`` (ep,) names. NB = E blocks."""
     b = tl.arange(0, BP)
@@ -216,7 +178,6 @@ def _push_back(src, anchor, deltas, routes, world, capacity, done, flags, flag_d
         m = rm[:, None] & (cols[None, :] < H)
         x = tl.load(src + rows.to(tl.int64)[:, None] * H + cols[None, :], mask=m)
         tl.store(anchor + ((delta * VEC)[:, None] + d[:, None] * H + cols[None, :]), x, mask=m)
-    _arrive(done, flags, flag_deltas, me, world, seq, FVEC)
 
 
 @triton.jit
@@ -246,27 +207,6 @@ def peer_deltas(pointers: list[int], anchor: int, device: torch.device) -> torch
                                                        _copy_arrived))
 
 
-@dataclass(frozen=True)
-class Barrier:
-    """Where a rank's exchange launches meet their peers' (each launch ends with one, so no barrier launch of its
-    own): ``flags`` (ep,) int64, a symmetric buffer, zero at first -- peer p says it reached barrier n by setting
-    this rank's ``flags[p]`` to n; ``deltas`` (ep,): where each peer's flags lie, from ``flags`` (``peer_deltas``);
-    ``done`` (1,) int32, zero between launches: the programs of the running launch that have finished; ``me``:
-    this rank in the group. Barrier numbers are the caller's, one after another from 1, the same on every rank."""
-
-    flags: torch.Tensor
-    deltas: torch.Tensor
-    done: torch.Tensor
-    me: int
-
-    @property
-    def world(self) -> int:
-        return self.flags.shape[0]
-
-
-FVEC = ALIGN // 8  # int64 flags a delta unit
-
-
 def launch_problem() -> str | None:
     """Why this process launches the exchange's kernels through Triton's own binding (None: cached launches)."""
     return _route_push_rows_launch.why_not_cached()
@@ -276,16 +216,15 @@ def _tiles(hidden: int) -> tuple[int, int]:
     return BLOCK_ROWS, min(BLOCK_COLS, triton.next_power_of_2(hidden))
 
 
-def post_counts(load: torch.Tensor, table: torch.Tensor, table_delta: torch.Tensor, slots: tuple[int, int],
-                barrier: Barrier, seq: int) -> None:
+def post_counts(load: torch.Tensor, table: torch.Tensor, table_delta: torch.Tensor, me: int,
+                slots: tuple[int, int] = (0, 0)) -> None:
     """This rank's (E,) ``load`` and the ``slots`` it receives in (rows, rows coming back) into row ``me`` of every
-    peer's (ep, E + 2) table, then barrier ``seq``: when the launch ends, every peer's row is in this rank's table."""
+    peer's (ep, E + 2) table."""
     check_device(_post_counts, load.device)
     E = table.shape[1] - 2
     with on_device(load.device):
-        _post_counts_launch((1,), load, table, table_delta, barrier.me, barrier.world, slots[0], slots[1],
-                            barrier.flags, barrier.deltas, seq, E, triton.next_power_of_2(E + 2),
-                            ALIGN // table.element_size(), FVEC)
+        _post_counts_launch((table.shape[0],), load, table, table_delta, me, slots[0], slots[1], E,
+                            triton.next_power_of_2(E + 2), ALIGN // table.element_size())
 
 
 def _route_tensors(table: torch.Tensor, local: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -319,11 +258,9 @@ def route(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor) -
 
 
 def route_and_push(table: torch.Tensor, me: int, local: int, slot_deltas: torch.Tensor, rows: torch.Tensor,
-                   anchor: torch.Tensor, expert_of_row: torch.Tensor, capacity: int, barrier: Barrier,
-                   seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   anchor: torch.Tensor, expert_of_row: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``route`` and ``push_rows`` in one launch (the host cost of a launch is most of a small exchange's): the
-    rows go into the slots their owners posted, then barrier ``seq`` (every peer's rows have landed here when the
-    launch ends); returns what ``route`` does."""
+    rows go into the slots their owners posted; returns what ``route`` does."""
     check_device(_route_push_rows, rows.device)
     world, E = table.shape[0], table.shape[1] - 2
     n, hidden = rows.shape
@@ -332,37 +269,34 @@ def route_and_push(table: torch.Tensor, me: int, local: int, slot_deltas: torch.
     with on_device(rows.device):
         _route_push_rows_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), table, slot_deltas, routes,
                                 offs, rows, anchor, expert_of_row, n, me, world, local, slot_deltas.shape[0], capacity,
-                                barrier.done, barrier.flags, barrier.deltas, seq, E, triton.next_power_of_2(E),
-                                triton.next_power_of_2(world), hidden, ALIGN // rows.element_size(), br, bh, FVEC,
-                                num_warps=WARPS)
+                                E, triton.next_power_of_2(E), triton.next_power_of_2(world), hidden,
+                                ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
     return routes, offs
 
 
 def push_rows(rows: torch.Tensor, anchor: torch.Tensor, deltas: torch.Tensor, expert_of_row: torch.Tensor,
-              routes: torch.Tensor, local: int, capacity: int, barrier: Barrier, seq: int) -> None:
-    """Rows into the slot ``deltas`` (ep,) names on each expert's rank, by the route in ``routes``; then barrier
-    ``seq``."""
+              routes: torch.Tensor, local: int, capacity: int) -> None:
+    """Rows into the slot ``deltas`` (ep,) names on each expert's rank, by the route in ``routes``."""
     check_device(_push_rows, rows.device)
     n, hidden = rows.shape
     br, bh = _tiles(hidden)
     with on_device(rows.device):
-        _push_rows_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), rows, anchor, deltas, expert_of_row,
-                          routes, n, local, capacity, barrier.done, barrier.flags, barrier.deltas, barrier.me,
-                          barrier.world, seq, hidden, ALIGN // rows.element_size(), br, bh, FVEC, num_warps=WARPS)
+        _push_rows_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor, deltas, expert_of_row, routes,
+                          n, local, capacity, hidden, ALIGN // rows.element_size(), br, bh, num_warps=WARPS)
 
 
 def push_back(rows: torch.Tensor, anchor: torch.Tensor, deltas: torch.Tensor | None, routes: torch.Tensor, experts: int,
-              world: int, capacity: int, barrier: Barrier, seq: int) -> None:
+              world: int, capacity: int) -> None:
     """Expert outputs back to their sources: into the slots the sources posted (``deltas`` None), or the slot
-    ``deltas`` (ep,) names on each; then barrier ``seq``."""
+    ``deltas`` (ep,) names on each."""
     check_device(_push_back, rows.device)
     n, hidden = rows.shape
     br, bh = _tiles(hidden)
     with on_device(rows.device):
-        _push_back_launch((max(1, triton.cdiv(n, br)), triton.cdiv(hidden, bh)), rows, anchor,
-                          routes if deltas is None else deltas, routes, world, capacity, barrier.done, barrier.flags,
-                          barrier.deltas, barrier.me, seq, hidden, ALIGN // rows.element_size(), experts,
-                          triton.next_power_of_2(experts), br, bh, deltas is None, FVEC, num_warps=WARPS)
+        _push_back_launch((triton.cdiv(n, br), triton.cdiv(hidden, bh)), rows, anchor,
+                          routes if deltas is None else deltas, routes, world, capacity, hidden,
+                          ALIGN // rows.element_size(), experts, triton.next_power_of_2(experts), br, bh,
+                          deltas is None, num_warps=WARPS)
 
 
 def copy_arrived(buf: torch.Tensor, out: torch.Tensor, offs: torch.Tensor) -> None:
