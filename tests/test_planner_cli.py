@@ -114,3 +114,15 @@ def test_unwritable_outputs_are_refused_before_any_measuring(tmp_path) -> None:
     out = run_hal("profile", "--config", str(config), "--out", str(nested), "--quick")
     assert out.returncode == 0, out.stderr
     assert json.loads(nested.read_text())["devices"] and [p.name for p in nested.parent.iterdir()] == ["p.json"]
+
+
+def test_search_of_an_moe_model_says_it_plans_without_expert_parallelism() -> None:
+    """The cost model has no ep: the search must say so, and that a written plan drops the config's ep."""
+    out = run_hal("plan", "--search", "--json", "--top", "1", "examples/moe_cpu.yaml")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    notes = [n for n in data["notes"] if n.startswith("MoE model")]
+    assert len(notes) == 1 and "the config's ep 2 is not kept" in notes[0], data["notes"]
+    assert all(stage["ep"] == 1 for stage in data["plans"][0]["plan"]["stages"]), data["plans"][0]
+    dense = run_hal("plan", "--search", "--json", "--top", "1", "examples/tiny_cpu.yaml")
+    assert dense.returncode == 0 and not any("MoE" in n for n in json.loads(dense.stdout)["notes"]), dense.stdout

@@ -56,6 +56,9 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:
         report.notes.append("no cluster declared: planned for the devices present")
+    moe = moe_note(run)
+    if moe:
+        report.notes.append(moe)
     left_out = left_out_note(report, cluster)
     if left_out and not use_all_types:
         report.notes.append(left_out)
@@ -66,6 +69,19 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
                             "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
                             "pipeline runs (pass its file with --profile)")
     return report, cost
+
+
+def moe_note(run: RunConfig) -> str | None:
+    """What the search leaves out of an MoE model, said: it plans ep = 1 only (the cost model has no all-to-all and
+    no exchange buffers), so a written plan drops the experts' sharding the config asked for."""
+    if not run.model.is_moe:
+        return None
+    asked = sorted({stage.ep for stage in run.plan.stages if stage.ep > 1})
+    kept = (f"; the config's ep {', '.join(map(str, asked))} is not kept in the plans here (--write drops it): set "
+            "ep: on the written stages again" if asked else "; to shard the experts, set ep: on a stage by hand")
+    return ("MoE model: every plan keeps ep = 1 (each rank holds every expert) -- the planner does not model expert "
+            f"parallelism (its all-to-alls, its exchange buffers, its memory savings){kept} (hal plan CONFIG checks it, "
+            "benchmarks/moe.py measures it)")
 
 
 def left_out_note(report: SearchReport, cluster: Cluster) -> str | None:
