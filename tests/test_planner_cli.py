@@ -116,13 +116,40 @@ def test_unwritable_outputs_are_refused_before_any_measuring(tmp_path) -> None:
     assert json.loads(nested.read_text())["devices"] and [p.name for p in nested.parent.iterdir()] == ["p.json"]
 
 
-def test_search_of_an_moe_model_says_it_plans_without_expert_parallelism() -> None:
-    """The cost model has no ep: the search must say so, and that a written plan drops the config's ep."""
-    out = run_hal("plan", "--search", "--json", "--top", "1", "examples/moe_cpu.yaml")
+
+MOE_TIGHT = """backend: cpu
+precision: fp32
+model: {vocab_size: 256, hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, ffn_hidden_size: 64,
+        max_seq_len: 16, moe_num_experts: 16, moe_top_k: 2, moe_ffn_hidden_size: 512}
+parallel: {micro_batches: 2, micro_batch_size: 2, stages: [{backend: cpu, devices: 2, layers: 1, dp: 2}]}
+train: {steps: 1, data: synthetic}
+cluster:
+  groups: [{backend: cpu, device: cpu-generic, count: 2, cores: 2, memory_gb: MEMORY}]
+"""
+
+
+def test_search_shards_the_experts_where_a_copy_a_rank_does_not_fit(tmp_path) -> None:
+    """One MoE layer of 1.6M expert parameters (25 MB of training state a copy) on two cpu ranks sharing a node:
+    a copy each (ep 1) needs about 64 MB of the node with activations, sharded (ep 2) about 43. With 45 MB only
+    ep 2 fits; with plenty the search ranks both, and says what it does not model."""
+    tight, roomy = tmp_path / "tight.yaml", tmp_path / "roomy.yaml"
+    tight.write_text(MOE_TIGHT.replace("MEMORY", "0.045"))
+    roomy.write_text(MOE_TIGHT.replace("MEMORY", "8"))
+    out = run_hal("plan", "--search", "--json", "--top", "20", "--config", str(tight))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    notes = [n for n in data["notes"] if n.startswith("MoE model")]
-    assert len(notes) == 1 and "the config's ep 2 is not kept" in notes[0], data["notes"]
-    assert all(stage["ep"] == 1 for stage in data["plans"][0]["plan"]["stages"]), data["plans"][0]
+    eps = {s["ep"] for p in data["plans"] for s in p["plan"]["stages"]}
+    assert eps == {2}, [p["plan"]["stages"] for p in data["plans"]]
+    assert any(n.startswith("MoE model: ep is searched") for n in data["notes"]), data["notes"]
+    out = run_hal("plan", "--search", "--json", "--top", "50", "--config", str(roomy))
+    assert out.returncode == 0, out.stderr
+    plans = json.loads(out.stdout)["plans"]
+    by_ep = {p["plan"]["stages"][0]["ep"]: p for p in plans if p["plan"]["stages"][0]["dp"] == 2
+             and not p["plan"]["zero1"] and not p["plan"]["stages"][0]["checkpoint"]}
+    assert set(by_ep) == {1, 2}, [p["plan"] for p in plans]
+    one, two = (by_ep[e]["prediction"] for e in (1, 2))
+    assert two["stages"][0]["weights_bytes"] < one["stages"][0]["weights_bytes"]  # half the experts a rank
+    assert two["stages"][0]["expert_exchange_s"] > 0 == one["stages"][0]["expert_exchange_s"]  # tokens cross ranks
+    assert two["stages"][0]["forward_s"] > one["stages"][0]["forward_s"]
     dense = run_hal("plan", "--search", "--json", "--top", "1", "examples/tiny_cpu.yaml")
     assert dense.returncode == 0 and not any("MoE" in n for n in json.loads(dense.stdout)["notes"]), dense.stdout

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..memory_check import rank_bytes, stage_parameters
+from ..memory_check import rank_bytes, routed_expert_parameters, stage_parameters
 from ..model_config import ModelConfig
 from ..plan import ParallelPlan
 from ..schedules import get_schedule, simulate
@@ -86,6 +86,7 @@ class StageCost:
     memory_bytes: int
     capacity_bytes: int | None
     estimated: bool
+    expert_exchange_s: float = 0.0  # ep: the MoE layers' dispatches and combines, per micro-batch both ways
 
     @property
     def fits(self) -> bool:
@@ -130,6 +131,22 @@ def transfer_s(nbytes: float, gbps: float, latency_us: float) -> float:
     return nbytes / (gbps * 1e9) + latency_us * 1e-6
 
 
+def expert_exchange_s(tokens: float, model: ModelConfig, ep: int, gbps: float, latency_us: float) -> float:
+    """One MoE exchange (dispatch or combine) of ``tokens`` tokens a rank over an ep group: each token's top-k rows
+    of ``hidden`` values, the (ep - 1) / ep of them routed to other ranks (balanced routing) leaving this rank over
+    its link at once, plus a count exchange's latency. A layer runs four: dispatch and combine, each way."""
+    if ep <= 1 or tokens <= 0:
+        return 0.0
+    nbytes = tokens * model.moe_top_k * model.hidden_size * BOUNDARY_BYTES * (ep - 1) / ep
+    return transfer_s(nbytes, gbps, latency_us) + latency_us * 1e-6
+
+
+def synced_parameters(model: ModelConfig, stage_params: float, expert_params: float, ep: int) -> float:
+    """A rank's share of a stage's parameters (per tp shard) that its gradient sync and optimizer step touch: the
+    dense ones, and its 1 / ep of the routed experts."""
+    return stage_params - expert_params + expert_params / ep
+
+
 class CostModel:
     """A cluster, a profile, a model, a sequence length and a precision: ``predict(plan, placement)``."""
 
@@ -153,7 +170,8 @@ class CostModel:
     # --- one stage --------------------------------------------------------------------------------------
     def _compute(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float, float, float, float, int, int,
                                                                              tuple[float, float]]:
-        """(forward s, backward s, tp comm forward s, tp comm backward s, activation bytes of one micro-batch,
+        """(forward s, backward s, comm forward s, comm backward s (tp's collectives and ep's exchanges), activation
+        bytes of one micro-batch,
         tp all-reduces forward, backward, host enqueue s of one micro-batch's layers forward and backward) for stage k,
         uncontended.
 
@@ -190,12 +208,25 @@ class CostModel:
             tp_f, tp_b = calls_f * one, calls_b * one
             if stage.sp and prof.sp_exchange_s(0.0) is not None:  # a calibrated wait per sp exchange: count them all
                 calls_f, calls_b = 4 * L, (4 + (3 if stage.checkpoint else 0)) * L
-        return fwd, bwd, tp_f, tp_b, L * act + head_act, calls_f, calls_b, host
+        ep_f, ep_b = self._expert_exchanges(plan, place, k)
+        return fwd, bwd, tp_f + ep_f, tp_b + ep_b, L * act + head_act, calls_f, calls_b, host
+
+    def _expert_exchanges(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
+        """(forward s, backward s) of stage k's MoE exchanges for one micro-batch under ep: each MoE layer's dispatch
+        and combine each way (a recomputed layer repeats its forward's)."""
+        stage, kind, m = plan.stages[k], place.kinds[k], self.model
+        if stage.ep <= 1:
+            return 0.0, 0.0
+        gbps, lat, _ = self.link(kind, kind, stage.devices <= kind.per_node)
+        moe = sum(1 for i in plan.stage_layers(k) if m.is_moe_layer(i))
+        one = expert_exchange_s(plan.micro_batch_size // stage.dp * self.seq, m, stage.ep, gbps, lat)
+        return 2 * moe * one, (2 + (2 if stage.checkpoint else 0)) * moe * one
 
     def _tail(self, plan: ParallelPlan, place: Placement, k: int) -> tuple[float, float]:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
         stage, kind = plan.stages[k], place.kinds[k]
-        params = stage_parameters(self.model, plan, k) / stage.tp
+        experts = sum(routed_expert_parameters(self.model, i) for i in plan.stage_layers(k))
+        params = synced_parameters(self.model, stage_parameters(self.model, plan, k), experts, stage.ep) / stage.tp
         sync = self.dp_sync_s(kind, params, stage.dp, plan.zero1, spans=len(place.nodes(k, stage.devices)) > 1)
         opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
         return sync, opt
@@ -338,8 +369,9 @@ class CostModel:
         if k == plan.last_stage:  # the head's backward: its logits gradient and the loss's copies, once
             act += plan.micro_batch_size // stage.dp * self.seq * self.device(kind).head.transient_bytes / stage.tp
         capacity = None if kind.memory_bytes is None else int(kind.memory_bytes.value)
-        return StageCost(kind.device, fwd, bwd, base[2] + base[3], tail[0], tail[1], static, int(act), int(static + act), capacity,
-                         self.device(kind).estimated)
+        expert = sum(self._expert_exchanges(plan, place, k))
+        return StageCost(kind.device, fwd, bwd, base[2] + base[3] - expert, tail[0], tail[1], static, int(act),
+                         int(static + act), capacity, self.device(kind).estimated, expert)
 
     def _host_memory(self, plan: ParallelPlan, place: Placement, stages: list[StageCost]) -> None:
         """cpu ranks of one node share its memory: each rank's capacity is its share of what the node's ranks need."""

@@ -72,16 +72,13 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
 
 
 def moe_note(run: RunConfig) -> str | None:
-    """What the search leaves out of an MoE model, said: it plans ep = 1 only (the cost model has no all-to-all and
-    no exchange buffers), so a written plan drops the experts' sharding the config asked for."""
+    """What the search's cost model leaves out of an MoE model, said beside its plans."""
     if not run.model.is_moe:
         return None
-    asked = sorted({stage.ep for stage in run.plan.stages if stage.ep > 1})
-    kept = (f"; the config's ep {', '.join(map(str, asked))} is not kept in the plans here (--write drops it): set "
-            "ep: on the written stages again" if asked else "; to shard the experts, set ep: on a stage by hand")
-    return ("MoE model: every plan keeps ep = 1 (each rank holds every expert) -- the planner does not model expert "
-            f"parallelism (its all-to-alls, its exchange buffers, its memory savings){kept} (hal plan CONFIG checks it, "
-            "benchmarks/moe.py measures it)")
+    return ("MoE model: ep is searched (the experts sharded over ep of a stage's dp ranks: their memory, and each MoE "
+            "layer's four exchanges as bytes over the stage's link with balanced routing); not modelled: uneven "
+            "routing, and on CUDA the symmetric exchange's buffers (up to 2 x 512 MiB staging and "
+            "HAL_MOE_EXCHANGE_POOL_MIB, 1 GiB by default, an exchange shape) -- benchmarks/moe.py measures both")
 
 
 def left_out_note(report: SearchReport, cluster: Cluster) -> str | None:
@@ -127,7 +124,8 @@ def _gib(n: float) -> str:
 def stage_text(result: Result) -> str:
     parts = []
     for stage, kind in zip(result.plan.stages, result.placement.kinds):
-        grid = f"tp{stage.tp}" + ("+sp" if stage.sp else "") + (f" dp{stage.dp}" if stage.dp > 1 else "")
+        grid = (f"tp{stage.tp}" + ("+sp" if stage.sp else "") + (f" dp{stage.dp}" if stage.dp > 1 else "")
+                + (f" ep{stage.ep}" if stage.ep > 1 else ""))
         layers = stage.layers if isinstance(stage.layers, int) else "+".join(map(str, stage.layers))
         parts.append(f"{kind.device}×{stage.devices}[{grid} L{layers}{' rc' if stage.checkpoint else ''}]")
     return " → ".join(parts)

@@ -37,11 +37,12 @@ from typing import Any, Callable, Iterator
 
 from hal.errors import ConfigError
 
-from ..memory_check import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters
+from ..memory_check import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters, routed_expert_parameters
 from ..model_config import ModelConfig
-from ..plan import ParallelPlan, StagePlan, splits_backward, validate_plan
+from ..plan import ParallelPlan, StagePlan, moe_stages, splits_backward, validate_plan
 from .cluster import Cluster, DeviceType
-from .cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, ring_all_reduce_s, transfer_s
+from .cost import (BOUNDARY_BYTES, CostModel, Placement, Prediction, expert_exchange_s, ring_all_reduce_s,
+                   synced_parameters, transfer_s)
 
 SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv")
 CONFIRM = 200  # candidates the simulator re-predicts
@@ -56,6 +57,7 @@ class Grid:
     tp: int
     dp: int
     sp: bool
+    ep: int = 1  # expert parallelism (an MoE model): the routed experts sharded over ep of the dp ranks
 
     @property
     def devices(self) -> int:
@@ -85,7 +87,16 @@ def _divisors(n: int) -> list[int]:
 
 def _tp_choices(model: ModelConfig, limit: int) -> list[int]:
     g = math.gcd(model.num_heads, model.num_kv_heads, model.hidden_size, model.ffn_hidden_size, model.vocab_size)
+    if model.is_moe:  # every expert is split over tp too
+        g = math.gcd(g, model.moe_ffn_hidden_size or model.ffn_hidden_size, model.moe_shared_ffn_size)
     return [t for t in _divisors(g) if t <= limit]
+
+
+def _ep_choices(model: ModelConfig, dp: int) -> list[int]:
+    """Expert-parallel degrees for a stage of ``dp`` replicas: dividing dp and the expert count (1 for a dense model)."""
+    if not model.is_moe:
+        return [1]
+    return [e for e in _divisors(dp) if model.moe_num_experts % e == 0]
 
 
 class Search:
@@ -100,6 +111,9 @@ class Search:
         self.say = progress or (lambda _: None)
         self._layer_cache: dict[tuple[str, int, int, bool], tuple[float, float, float]] = {}
         self._mean_layer_params = layer_parameters(self.model)  # a sum over every layer: asked once per candidate stage
+        m = self.model
+        self._mean_expert_params = sum(routed_expert_parameters(m, i) for i in range(m.num_layers)) / m.num_layers
+        self._moe_share = len(m.moe_layers()) / m.num_layers  # MoE layers' share of the layers
         # a compiled layer's backward is one graph: the zero-bubble family (split backward) cannot run it
         self.schedules = tuple(s for s in SCHEDULES if not (base.compile and splits_backward(s)))
 
@@ -114,7 +128,8 @@ class Search:
                 if d % tp:
                     continue
                 for sp in ((False, True) if tp > 1 and self.seq % tp == 0 else (False,)):
-                    out.append(Grid(kind, p, tp, d // tp, sp))
+                    for ep in _ep_choices(self.model, d // tp):
+                        out.append(Grid(kind, p, tp, d // tp, sp, ep))
         return out
 
     def layouts(self) -> Iterator[tuple[Grid, ...]]:
@@ -178,6 +193,10 @@ class Search:
                 if g.tp > 1:
                     gbps, lat, _ = self.cost.link(g.kind, g.kind, True)
                     tp_s = (4 + recompute[k]) * ring_all_reduce_s(rows * self.seq * m.hidden_size * BOUNDARY_BYTES, g.tp, gbps, lat)
+                if g.ep > 1:  # the mean layer's share of an MoE layer's four exchanges (six with recompute)
+                    gbps, lat, _ = self.cost.link(g.kind, g.kind, g.devices <= g.kind.per_node)
+                    tp_s += ((4 + 2 * recompute[k]) * self._moe_share
+                             * expert_exchange_s(rows * self.seq, m, g.ep, gbps, lat))
                 per_layer.append((f + b) * c + tp_s)
                 actions = V * (3 if splits_backward(schedule) else 2)  # a micro-batch's compute actions on this stage
                 prof, tokens, e = self.cost.device(g.kind), rows * self.seq, actions * wait
@@ -204,10 +223,13 @@ class Search:
         slowest = max(times)
         step = sum(times) / BUBBLE_DIVISOR[schedule] + (M - 1) * slowest + 2 * (S * V - 1) * p2p + self._tail(stages, layers, zero1)
         plan_stages = tuple(
-            StagePlan(g.kind.backend, g.devices, _chunks(n, V), g.tp, g.dp, g.sp, recompute[k], None, None)
+            StagePlan(g.kind.backend, g.devices, _chunks(n, V), g.tp, g.dp, g.sp, recompute[k], None, None, g.ep)
             for k, (g, n) in enumerate(zip(stages, layers)))
         plan = ParallelPlan(plan_stages, schedule, M, mbs, zero1, self.base.compile, self.base.compile_backend,
                             self.base.fused_head, V)
+        holding = set(moe_stages(plan, m))
+        if any(g.ep > 1 and k not in holding for k, g in enumerate(stages)):
+            return None  # the layer split left an ep stage without MoE layers: the same plan at ep 1 is searched
         return step, plan, kinds
 
     def _stage_params(self, k: int, S: int, layers: int) -> int:
@@ -226,7 +248,9 @@ class Search:
         worst = None
         for k, g in enumerate(stages):
             params = self._stage_params(k, S, layers[k]) / g.tp
-            static = params * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / (g.dp if zero1 else 1))
+            experts = layers[k] * self._mean_expert_params / g.tp  # held 1 / ep of them, their state over dp / ep
+            static = ((params - experts) * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / (g.dp if zero1 else 1))
+                      + experts / g.ep * (WEIGHT_AND_GRADIENT_BYTES + OPTIMIZER_BYTES / (g.dp // g.ep if zero1 else 1)))
             act = layers[k] * self._layer(g.kind, g.tp, mbs // g.dp, recompute[k])[2] * min(S - k + (V > 1) * S, M)
             need = static + act
             cap = g.kind.memory_bytes
@@ -251,7 +275,7 @@ class Search:
     def _tail(self, stages: list[Grid], layers: list[int], zero1: bool) -> float:
         worst, S = 0.0, len(stages)
         for k, (g, n) in enumerate(zip(stages, layers)):
-            params = self._stage_params(k, S, n) / g.tp
+            params = synced_parameters(self.model, self._stage_params(k, S, n), n * self._mean_expert_params, g.ep) / g.tp
             sync = self.cost.dp_sync_s(g.kind, params, g.dp, zero1, spans=g.devices > g.kind.per_node)
             opt = params / (g.dp if zero1 else 1) * self.cost.device(g.kind).optimizer_s_per_param
             worst = max(worst, sync + opt)
