@@ -11,7 +11,9 @@ The space, and how it is pruned:
   whole or not at all: a slow type may be better left out; ``use_all_types``: every type, in every order);
 - per type: the stage count p divides its device count, and its p stages are alike (same devices,
   tp, dp, sp) — stages of one type are interchangeable, so unlike grids within a type add nothing
-  the layer split cannot; tp divides the model's split sizes and fits on one node; sp only with tp ≥ 2;
+  the layer split cannot; tp divides the model's split sizes (an MoE model's expert widths too) and fits
+  on one node; sp only with tp ≥ 2; ep (an MoE model) divides dp and the expert count, and a candidate
+  whose layer split leaves an ep stage without MoE layers is dropped (the same split at ep 1 is searched);
 - at most as many stages as layers (each stage needs one layer a chunk);
 - micro-batch size: divides the config's global batch (kept fixed, so the training is the same) and
   is a multiple of every stage's dp; micro-batch count ≥ stages (1F1B), a multiple of it when interleaved;
