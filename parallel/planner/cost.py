@@ -141,7 +141,7 @@ def expert_exchange_s(tokens: float, model: ModelConfig, ep: int, gbps: float, l
     return transfer_s(nbytes, gbps, latency_us) + latency_us * 1e-6
 
 
-def synced_parameters(model: ModelConfig, stage_params: float, expert_params: float, ep: int) -> float:
+def synced_parameters(stage_params: float, expert_params: float, ep: int) -> float:
     """A rank's share of a stage's parameters (per tp shard) that its gradient sync and optimizer step touch: the
     dense ones, and its 1 / ep of the routed experts."""
     return stage_params - expert_params + expert_params / ep
@@ -226,7 +226,7 @@ class CostModel:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
         stage, kind = plan.stages[k], place.kinds[k]
         experts = sum(routed_expert_parameters(self.model, i) for i in plan.stage_layers(k))
-        params = synced_parameters(self.model, stage_parameters(self.model, plan, k), experts, stage.ep) / stage.tp
+        params = synced_parameters(stage_parameters(self.model, plan, k), experts, stage.ep) / stage.tp
         sync = self.dp_sync_s(kind, params, stage.dp, plan.zero1, spans=len(place.nodes(k, stage.devices)) > 1)
         opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
         return sync, opt

@@ -277,7 +277,7 @@ class Search:
     def _tail(self, stages: list[Grid], layers: list[int], zero1: bool) -> float:
         worst, S = 0.0, len(stages)
         for k, (g, n) in enumerate(zip(stages, layers)):
-            params = synced_parameters(self.model, self._stage_params(k, S, n), n * self._mean_expert_params, g.ep) / g.tp
+            params = synced_parameters(self._stage_params(k, S, n), n * self._mean_expert_params, g.ep) / g.tp
             sync = self.cost.dp_sync_s(g.kind, params, g.dp, zero1, spans=g.devices > g.kind.per_node)
             opt = params / (g.dp if zero1 else 1) * self.cost.device(g.kind).optimizer_s_per_param
             worst = max(worst, sync + opt)
