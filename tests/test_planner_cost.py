@@ -271,3 +271,20 @@ def test_a_cluster_too_large_for_the_batch_is_said_as_such() -> None:
     with pytest.raises(ConfigError, match="no layout splits a global batch of 8 rows and 8 layers over the cluster's "
                                           "4096 devices; declare fewer devices or raise the global batch"):
         Search(cost, ParallelPlan((StagePlan("cuda", 1, 8),), "1f1b", 8, 1)).run(top=1)
+
+
+def test_expert_gradients_sync_over_their_own_replicas_only() -> None:
+    """Dense gradients ring over every dp replica; a rank's 1 / ep of the experts over the dp / ep ranks holding the
+    same experts -- none at ep = dp (what the engine's two groups do)."""
+    cost = _cost([H100], {"intra_node_gbps": 1.0, "intra_node_latency_us": 5})
+    kind = cost.cluster.types[0]
+    params, experts = 10e6, 8e6
+    dense_only = cost.dp_sync_s(kind, params - experts, 4, False, spans=False)
+    sync, _ = cost.stage_sync_s(kind, params, experts, 1, 4, 4, False, spans=False)
+    assert sync == pytest.approx(dense_only)  # ep = dp: each expert shard lives on one rank of the stage
+    sync2, _ = cost.stage_sync_s(kind, params, experts, 1, 4, 2, False, spans=False)
+    assert sync2 == pytest.approx(dense_only + cost.dp_sync_s(kind, experts / 2, 2, False, spans=False))
+    sync1, _ = cost.stage_sync_s(kind, params, experts, 1, 4, 1, False, spans=False)
+    assert sync1 > sync2 > sync
+    assert sync1 == pytest.approx(cost.dp_sync_s(kind, params - experts, 4, False, spans=False)
+                                  + cost.dp_sync_s(kind, experts, 4, False, spans=False))

@@ -141,12 +141,6 @@ def expert_exchange_s(tokens: float, model: ModelConfig, ep: int, gbps: float, l
     return transfer_s(nbytes, gbps, latency_us) + latency_us * 1e-6
 
 
-def synced_parameters(stage_params: float, expert_params: float, ep: int) -> float:
-    """A rank's share of a stage's parameters (per tp shard) that its gradient sync and optimizer step touch: the
-    dense ones, and its 1 / ep of the routed experts."""
-    return stage_params - expert_params + expert_params / ep
-
-
 class CostModel:
     """A cluster, a profile, a model, a sequence length and a precision: ``predict(plan, placement)``."""
 
@@ -226,9 +220,19 @@ class CostModel:
         """(dp gradient sync s, optimizer s) of stage k after the schedule."""
         stage, kind = plan.stages[k], place.kinds[k]
         experts = sum(routed_expert_parameters(self.model, i) for i in plan.stage_layers(k))
-        params = synced_parameters(stage_parameters(self.model, plan, k), experts, stage.ep) / stage.tp
-        sync = self.dp_sync_s(kind, params, stage.dp, plan.zero1, spans=len(place.nodes(k, stage.devices)) > 1)
-        opt = params / (stage.dp if plan.zero1 else 1) * self.device(kind).optimizer_s_per_param
+        return self.stage_sync_s(kind, stage_parameters(self.model, plan, k), experts, stage.tp, stage.dp, stage.ep,
+                                 plan.zero1, spans=len(place.nodes(k, stage.devices)) > 1)
+
+    def stage_sync_s(self, kind: DeviceType, params: float, experts: float, tp: int, dp: int, ep: int, zero1: bool, *,
+                     spans: bool) -> tuple[float, float]:
+        """(gradient sync s, optimizer s) of a stage of ``params`` parameters, ``experts`` of them routed experts: the
+        dense ones sync over the dp replicas, a rank's 1 / ep of the experts over their dp / ep replicas (the
+        engine's two groups); each tp shard apart (the search's screening uses this too)."""
+        dense, mine = (params - experts) / tp, experts / ep / tp
+        sync = self.dp_sync_s(kind, dense, dp, zero1, spans=spans)
+        if mine:
+            sync += self.dp_sync_s(kind, mine, dp // ep, zero1, spans=spans)
+        opt = (dense / (dp if zero1 else 1) + mine / (dp // ep if zero1 else 1)) * self.device(kind).optimizer_s_per_param
         return sync, opt
 
     def dp_sync_s(self, kind: DeviceType, params: float, dp: int, zero1: bool, *, spans: bool) -> float:

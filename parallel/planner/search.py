@@ -43,8 +43,7 @@ from ..memory_check import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_par
 from ..model_config import ModelConfig
 from ..plan import ParallelPlan, StagePlan, moe_stages, splits_backward, validate_plan
 from .cluster import Cluster, DeviceType
-from .cost import (BOUNDARY_BYTES, CostModel, Placement, Prediction, expert_exchange_s, ring_all_reduce_s,
-                   synced_parameters, transfer_s)
+from .cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, expert_exchange_s, ring_all_reduce_s, transfer_s
 
 SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv")
 CONFIRM = 200  # candidates the simulator re-predicts
@@ -277,9 +276,8 @@ class Search:
     def _tail(self, stages: list[Grid], layers: list[int], zero1: bool) -> float:
         worst, S = 0.0, len(stages)
         for k, (g, n) in enumerate(zip(stages, layers)):
-            params = synced_parameters(self._stage_params(k, S, n), n * self._mean_expert_params, g.ep) / g.tp
-            sync = self.cost.dp_sync_s(g.kind, params, g.dp, zero1, spans=g.devices > g.kind.per_node)
-            opt = params / (g.dp if zero1 else 1) * self.cost.device(g.kind).optimizer_s_per_param
+            sync, opt = self.cost.stage_sync_s(g.kind, self._stage_params(k, S, n), n * self._mean_expert_params, g.tp,
+                                               g.dp, g.ep, zero1, spans=g.devices > g.kind.per_node)
             worst = max(worst, sync + opt)
         return worst
 
