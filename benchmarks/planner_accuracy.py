@@ -1,4 +1,5 @@
-"""The planner's accuracy: predicted against measured steady-state step time (and memory) for 9 plans of 4 ranks.
+"""The planner's accuracy: predicted against measured steady-state step time (and memory) for 9 plans of 4 ranks
+(13 for an MoE model: 4 with expert parallelism).
 
 One profile of this host (``hal profile``'s measurement: one layer at a few row counts, recompute off
 and on, embedding, head, AdamW; on the cpu also the links and the node's calibration pipelines), one
@@ -39,6 +40,10 @@ MODELS = {
     # cpu: small enough for 4 ranks on 2 cores
     "cpu-small": {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
                   "ffn_hidden_size": 704, "max_seq_len": 64},
+    # the same with every layer's MLP an MoE block of 4 experts, top-2: the plans add expert parallelism
+    "cpu-moe": {"vocab_size": 256, "hidden_size": 256, "num_layers": 8, "num_heads": 8, "num_kv_heads": 4,
+                "ffn_hidden_size": 704, "max_seq_len": 64, "moe_num_experts": 4, "moe_top_k": 2,
+                "moe_ffn_hidden_size": 704},
     # TinyLlama's layer shape, 8 layers, seq 1024: on the 4 x H200 hosts lent here every plan is host-bound
     # (a layer's forward enqueues in 1.1-2.5 ms, the device runs it in 0.5 ms), so the host's own speed sets it
     "tinyllama": {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 8, "num_heads": 16, "num_kv_heads": 4,
@@ -52,10 +57,21 @@ DEFAULT_MODEL = {"cpu": "cpu-small", "cuda": "llama3-8b-layers"}
 PRECISION = {"cpu": "fp32", "cuda": "bf16-mixed"}
 
 
-def plans(backend: str) -> list[tuple[str, dict[str, Any]]]:
-    """The measured plans: 4 ranks in every tp/dp/stage split, schedule, micro-batching and recompute tried."""
+def plans(backend: str, model: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The measured plans: 4 ranks in every tp/dp/stage split, schedule, micro-batching and recompute tried; for an
+    MoE model (``model``), expert parallelism too."""
     one = {"backend": backend, "devices": 1}
     two = {"backend": backend, "devices": 2}
+    four = {"backend": backend, "devices": 4, "dp": 4, "layers": 8}
+    moe = [
+        ("dp2 ep2 | dp2 ep2 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2,
+                                       "stages": [{**two, "dp": 2, "ep": 2, "layers": 4}] * 2}),
+        ("dp4 one stage M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4, "stages": [four]}),
+        ("dp4 ep2 one stage M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
+                                  "stages": [{**four, "ep": 2}]}),
+        ("dp4 ep4 one stage M4", {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 4,
+                                  "stages": [{**four, "ep": 4}]}),
+    ] if model and MODELS[model].get("moe_num_experts") else []
     return [
         ("4 stages 1f1b M8", {"schedule": "1f1b", "micro_batches": 8, "micro_batch_size": 2, "stages": [{**one, "layers": 2}] * 4}),
         ("4 stages zero-bubble M8", {"schedule": "zero-bubble", "micro_batches": 8, "micro_batch_size": 2,
@@ -73,7 +89,7 @@ def plans(backend: str) -> list[tuple[str, dict[str, Any]]]:
                                     "stages": [{**two, "dp": 2, "layers": 6}, {**two, "dp": 2, "layers": 2}]}),
         ("tp2 dp2 one stage M2", {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 8,
                                   "stages": [{"backend": backend, "devices": 4, "tp": 2, "dp": 2, "layers": 8}]}),
-    ]
+    ] + moe
 
 
 PLANS = plans("cpu")
@@ -261,7 +277,7 @@ def benchmark(argv: list[str] | None = None) -> int:
     from hal.parallel.planner.profiler import make_profile
     from hal.parallel.run_config import load_run_config
 
-    todo = plans(args.backend)
+    todo = plans(args.backend, model)
     if args.compile:
         todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo
                 if not splits_backward(parallel["schedule"])]
