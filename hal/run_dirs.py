@@ -82,9 +82,12 @@ def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes | None:
 
 def read_limited(path: str | os.PathLike[str], limit: int, what: str, fix: str) -> bytes:
     """The bytes of a file a user named, at most ``limit`` of them (checked before any read): one ConfigError line,
-    ``what: ...; fix``, where it cannot be read or holds more."""
+    ``what: ...; fix``, where it is not a regular file (a pipe would block the read forever), cannot be read or
+    holds more."""
     from .errors import ConfigError
 
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ConfigError(f"{what}: is not a regular file (a directory, pipe or device); {fix}")
     try:
         raw = read_at_most(path, limit)
     except OSError as exc:

@@ -129,8 +129,6 @@ MAX_JOB_BYTES = 16 * 2**20  # a job file is kilobytes: the model, the plan, the 
 def load_job(path: str | os.PathLike[str]) -> Job:
     """The job ``hal train`` wrote at ``path``; one ConfigError line if it is missing, damaged or of another schema."""
     fix = "start ranks with the job.json that hal train wrote"
-    if Path(path).exists() and not Path(path).is_file():  # a pipe would block this rank forever
-        raise ConfigError(f"job file {path}: is not a regular file (a directory, pipe or device); {fix}")
     raw = read_limited(path, MAX_JOB_BYTES, f"job file {path}", fix)
     try:
         data = json.loads(raw.decode("utf-8"))

@@ -58,9 +58,6 @@ def load_tokenizer(path: str | Path) -> Any:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"--tokenizer {p}: no such file; give a Hugging Face tokenizer.json")
-    if not p.is_file():
-        raise ConfigError(f"--tokenizer {p}: is not a regular file (a directory, pipe or device); give a Hugging Face "
-                          "tokenizer.json")
     raw = read_limited(p, MAX_TOKENIZER_BYTES, f"--tokenizer {p}", "give the model's Hugging Face tokenizer.json")
     try:
         return Tokenizer.from_str(raw.decode("utf-8"))
