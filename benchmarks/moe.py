@@ -1,7 +1,7 @@
 """Expert parallelism: the dispatch + combine against raw all-to-alls of the same bytes, and an MoE model's
 throughput at ep = world against ep = 1. Both measured in the same run, on the same ranks, card named.
 
-1. **Dispatch + combine** (``parallel.moe.dispatch`` / ``combine``): every rank routes T tokens (hidden H,
+1. **Dispatch + combine** (``parallel.models.moe.dispatch`` / ``combine``): every rank routes T tokens (hidden H,
    top-k of E experts, drawn from a softmax router over random logits, so the splits are uneven) to the
    ranks holding their experts and back — counts exchange, one host read, one uneven all-to-all per local
    expert each way (rows land grouped by expert: no regrouping copies). The baseline is one
@@ -17,7 +17,7 @@ throughput at ep = world against ep = 1. Both measured in the same run, on the s
 2. **An MoE model** (one stage, dp = world; default 8 experts top-2, about 1.2B total parameters, 0.35B
    active): forward + backward steps through hal's engine at ep = world (each rank holds E / world
    experts, tokens cross ranks) and at ep = 1 (every rank holds every expert; no all-to-all). Reported:
-   tokens/s and MFU on the active parameters (``parallel.flops``), peak memory per rank.
+   tokens/s and MFU on the active parameters (``parallel.config.flops``), peak memory per rank.
 
     python benchmarks/moe.py [--backend cuda] [--world-size 4] [--tokens 8192] [--hidden 2048] [--experts 8]
         [--top-k 2] [--model-steps 4] [--seq 2048] [--micro-batch-size 1] [--json]
@@ -73,7 +73,7 @@ def _back_to_back(fn: Callable[[], Any], sync: Callable[[], None], repeats: int)
 def _routing(opts: dict[str, Any], tokens: int, rank: int, world: int, device: torch.device,
              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's rows (T·k, H) in dispatch order and per-expert counts, from a softmax top-k of random logits."""
-    from hal.parallel.moe import dispatch_key
+    from hal.parallel.models.moe import dispatch_key
 
     gen = torch.Generator().manual_seed(100 + rank)
     T, H, E, k = tokens, opts["hidden"], opts["experts"], opts["top_k"]
@@ -86,7 +86,7 @@ def _routing(opts: dict[str, Any], tokens: int, rank: int, world: int, device: t
 
 def _expert_of_rows(opts: dict[str, Any], tokens: int, rank: int, world: int, device: torch.device) -> torch.Tensor:
     """The global expert of each of ``_routing``'s rows (the same draw), for the symmetric exchange."""
-    from hal.parallel.moe import dispatch_key
+    from hal.parallel.models.moe import dispatch_key
 
     gen = torch.Generator().manual_seed(100 + rank)
     logits = torch.randn(tokens, opts["experts"], generator=gen) * 2.0
@@ -117,7 +117,7 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
               sync: Callable[[], None]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from hal.parallel.moe import CountExchange, combine, dispatch
+    from hal.parallel.models.moe import CountExchange, combine, dispatch
 
     dtype = getattr(torch, opts["dtype"])
     rows, load = _routing(opts, tokens, rank, world, device, dtype)
@@ -180,10 +180,10 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
 def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.device, backend: Any,
            sync: Callable[[], None]) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model_config import ModelConfig
-    from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     model = ModelConfig(**opts["model"])
     mbs = opts["micro_batch_size"] * world
@@ -264,8 +264,8 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
 
 
 def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[str, Any]:
-    from hal.parallel.flops import flops_per_token, model_parameters
-    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.config.flops import flops_per_token, model_parameters
+    from hal.parallel.config.model import ModelConfig
 
     world = len(reports)
     r0 = reports[0]

@@ -24,7 +24,7 @@ Reported, with the card:
 — for both schedules, so ``hal train``'s throughput has a baseline in its own precision.
 
 ``--fused-head`` makes the last stage return the head's input and the loss apply the head through the
-fused linear + cross-entropy (``parallel.fused_head``) — for both schedules, which share the loss.
+fused linear + cross-entropy (``parallel.models.fused_head``) — for both schedules, which share the loss.
 The ratio ours/torch is also given round by round, with its spread (min..max).
 
 ``--schedule interleaved-1f1b --virtual-stages V`` gives every rank V chunks of its layers and compares with
@@ -64,17 +64,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # --- model arithmetic ----------------------------------------------------------------------------------
 def parameter_counts(m: dict[str, Any]) -> dict[str, int]:
-    """Parameters of the untied decoder: total, and the embedding table's share (hal.parallel.flops)."""
-    from hal.parallel.flops import model_parameters
-    from hal.parallel.model_config import ModelConfig
+    """Parameters of the untied decoder: total, and the embedding table's share (hal.parallel.config.flops)."""
+    from hal.parallel.config.flops import model_parameters
+    from hal.parallel.config.model import ModelConfig
 
     return {"total": model_parameters(ModelConfig(**m)), "embedding": m["vocab_size"] * m["hidden_size"]}
 
 
 def flops_per_token(m: dict[str, Any], seq: int) -> float:
-    """Training FLOPs per token (forward + backward): hal.parallel.flops's convention, as hal train reports."""
-    from hal.parallel.flops import flops_per_token as per_token
-    from hal.parallel.model_config import ModelConfig
+    """Training FLOPs per token (forward + backward): hal.parallel.config.flops's convention, as hal train reports."""
+    from hal.parallel.config.flops import flops_per_token as per_token
+    from hal.parallel.config.model import ModelConfig
 
     return per_token(ModelConfig(**m), seq)
 
@@ -82,7 +82,7 @@ def flops_per_token(m: dict[str, Any], seq: int) -> float:
 # --- what every rank runs ------------------------------------------------------------------------------
 def _reference_ops_only() -> None:
     """Remove every implementation but the reference from hal's op registry (this rank only)."""
-    from hal.op_registry import REFERENCE
+    from hal.ops.registry import REFERENCE
     from hal.ops import registry
 
     for op in registry.names():
@@ -96,10 +96,10 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     import torch.distributed as dist
 
     from hal.collectives import init_distributed, shutdown
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.model_config import ModelConfig
-    from hal.parallel.plan import ParallelPlan, StagePlan, validate_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     torch.set_num_threads(max(1, opts["threads"]))
     if opts.get("reference_ops"):

@@ -126,7 +126,7 @@ def given_profile(path: str, run: Any, compile_backend: str | None) -> Any:
     or precision, has layers compiled differently from what this run's plans do, or a ``meta.host_op_us`` that is not
     two positive times — checked here, before any plan runs, not when the first row divides by it."""
     from hal.errors import ConfigError
-    from hal.parallel.planner.profile_file import load_profile
+    from hal.parallel.planner.profile_store import load_profile
 
     profile = load_profile(path, run.model, run.hal.precision)
     if not isinstance(profile.meta, dict):
@@ -271,11 +271,11 @@ def benchmark(argv: list[str] | None = None) -> int:
         check_creatable_file(Path(args.save_profile), "--save-profile")
 
     from hal.launch import run_function
-    from hal.parallel.plan import splits_backward
+    from hal.parallel.config.plan import splits_backward
     from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.plan_search import planning_cluster, planning_inputs
-    from hal.parallel.planner.profiler import make_profile
-    from hal.parallel.run_config import load_run_config
+    from hal.parallel.planner.run_search import planning_cluster, planning_inputs
+    from hal.parallel.planner.make_profile import make_profile
+    from hal.parallel.config.run import load_run_config
 
     todo = plans(args.backend, model)
     if args.compile:

@@ -94,7 +94,7 @@ def _list(the_plan: Any, as_json: bool) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hal.conformance import runner
-    from hal.conformance.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
+    from hal.conformance.reports.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
     from hal.launch import run_function
 
     seed = runner.DEFAULT_SEED if args.seed is None else args.seed
@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from hal.conformance.compare import compare_files, format_text
+    from hal.conformance.reports.compare import compare_files, format_text
 
     cmp, written = compare_files(args.a, args.b, factor=args.factor, floor=args.floor, report_dir=args.report,
                                  overwrite=args.overwrite)

@@ -1,6 +1,6 @@
 """``hal data prepare``: tokenize text and JSONL files into a token file that ``train.data`` reads.
 
-The library is ``hal.parallel.prepare_data`` (imported only when the command runs, so ``hal --help``
+The library is ``hal.parallel.data.prepare`` (imported only when the command runs, so ``hal --help``
 stays fast and ``tokenizers`` stays optional). Progress goes to stderr, the result to stdout; bad
 input is a HalError, which ``hal``'s main prints as one line and exit 2, with nothing written.
 """
@@ -65,7 +65,7 @@ class _Reporter:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hal.parallel.prepare_data import prepare_tokens
+    from hal.parallel.data.prepare import prepare_tokens
 
     reporter = _Reporter()
     try:

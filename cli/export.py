@@ -1,6 +1,6 @@
 """``hal export CHECKPOINT --to hf OUT_DIR``: a training checkpoint as a Hugging Face model directory.
 
-The library is ``hal.parallel.hf_export`` (imported only when the command runs, so ``hal --help``
+The library is ``hal.parallel.state.hf_export`` (imported only when the command runs, so ``hal --help``
 stays fast and ``safetensors`` stays optional). Bad input — a damaged checkpoint, an existing
 non-empty OUT_DIR without ``--force``, a tokenizer that is not the data's — is a HalError, which
 ``hal``'s main prints as one line and exit 2, with nothing written.
@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hal.errors import ConfigError
-    from hal.parallel.hf_export import export_hf
+    from hal.parallel.state.hf_export import export_hf
 
     if args.max_shard_mib < 1:
         raise ConfigError(f"--max-shard-mib {args.max_shard_mib} is not a size; give 1 or more (MiB)")

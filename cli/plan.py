@@ -69,7 +69,7 @@ def _moe_line(model: dict[str, Any]) -> str:
     """``; moe: 8 experts top-2 (ffn 64), layers 2-3`` for an MoE model, else nothing."""
     if not model.get("moe_num_experts"):
         return ""
-    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.config.model import ModelConfig
 
     layers = ModelConfig(**model).moe_layers()
     shared = f", shared expert ffn {model['moe_shared_ffn_size']}" if model.get("moe_shared_ffn_size") else ""
@@ -131,8 +131,8 @@ def run_search(args: argparse.Namespace) -> int:
     import sys
 
     from hal.errors import ConfigError
-    from hal.parallel.planner.plan_search import as_json, format_search, search, write_plan
-    from hal.parallel.run_config import load_run_config
+    from hal.parallel.planner.run_search import as_json, format_search, search, write_plan
+    from hal.parallel.config.run import load_run_config
 
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
@@ -148,8 +148,9 @@ def run_search(args: argparse.Namespace) -> int:
         write_plan(run, report.results[0], args.write, cost, args.profile)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
     if args.timeline is not None:
-        from hal.parallel.planner.planned import planned_section, planned_timeline, profile_label, read_planned
-        from hal.parallel.timeline import planned_document
+        from hal.parallel.config.planned import planned_section, profile_label, read_planned
+        from hal.parallel.observe.timeline import planned_timeline
+        from hal.parallel.observe.timeline import planned_document
 
         best = report.results[0]
         planned = read_planned(planned_section(best.plan, best.prediction, profile_label(args.profile)), best.plan, "plan #1")
@@ -168,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("cluster", "profile", "write", "use_all_types"):
         if getattr(args, flag):
             raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
-    from hal.parallel.plan_report import plan_report
-    from hal.parallel.run_config import load_run_config
-    from hal.parallel.train import check_training
+    from hal.parallel.observe.plan_report import plan_report
+    from hal.parallel.config.run import load_run_config
+    from hal.parallel.loop.job_runner import check_training
 
     if args.timeline is not None:
         _check_timeline(args.timeline)
@@ -179,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
     report = plan_report(run)
     print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:
-        from hal.parallel.planner.planned import mismatch_note, planned_timeline
-        from hal.parallel.timeline import plan_document, planned_document
+        from hal.parallel.config.planned import mismatch_note
+        from hal.parallel.observe.timeline import planned_timeline
+        from hal.parallel.observe.timeline import plan_document, planned_document
 
         if run.planned is not None and run.planned.matches:  # hal plan --search wrote it: its own prediction
             _draw(planned_document(run.plan, planned_timeline(run.planned, run.plan)), args.timeline,
@@ -193,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _draw(document: dict[str, Any], path: str, what: str) -> None:
-    from hal.parallel.timeline_plot import write_png
+    from hal.parallel.observe.timeline_plot import write_png
 
     print(f"hal plan: {what} {write_png(document, path)}", file=sys.stderr)
 
@@ -218,7 +220,7 @@ def _check_timeline(path: str) -> None:
     from pathlib import Path
 
     from hal.errors import HalError
-    from hal.parallel.timeline_plot import missing
+    from hal.parallel.observe.timeline_plot import missing
     from hal.run_dirs import check_creatable_file
 
     if not path.lower().endswith(".png"):

@@ -33,8 +33,8 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hal.parallel.planner.cluster import load_cluster
-    from hal.parallel.planner.profiler import make_profile
-    from hal.parallel.run_config import load_run_config
+    from hal.parallel.planner.make_profile import make_profile
+    from hal.parallel.config.run import load_run_config
 
     from hal.launch import run_function
     from hal.run_dirs import check_creatable_file

@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.print_multinode is not None:
         from hal.errors import ConfigError
-        from hal.parallel.train import prepare
+        from hal.parallel.loop.job_runner import prepare
 
         if args.print_multinode < 1:
             raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
@@ -52,13 +52,13 @@ def run(args: argparse.Namespace) -> int:
                       init_from=args.init_from)
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
-    from hal.parallel.train import describe, prepare, read_summary, run_local, write_job
+    from hal.parallel.loop.job_runner import describe, prepare, read_summary, run_local, write_job
 
     job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
                   init_from=args.init_from, cpu_binding=args.cpu_binding)
     print(f"hal train: {describe(job)}", file=sys.stderr)
     if job.planned is not None and not job.planned.matches:
-        from hal.parallel.planner.planned import mismatch_note
+        from hal.parallel.config.planned import mismatch_note
 
         print(f"hal train: {mismatch_note(args.config)}", file=sys.stderr)
     write_job(job)
@@ -75,9 +75,9 @@ def _draw_timeline(job: Any) -> None:
     where the config keeps one for this plan; without matplotlib, one line why."""
     from pathlib import Path
 
-    from hal.parallel.planner.planned import planned_timeline
-    from hal.parallel.timeline import check_document
-    from hal.parallel.timeline_plot import missing, write_png
+    from hal.parallel.observe.timeline import planned_timeline
+    from hal.parallel.observe.timeline import check_document
+    from hal.parallel.observe.timeline_plot import missing, write_png
     from hal.run_dirs import write_text_atomic
 
     source = Path(job.run_dir) / "timeline.json"
@@ -118,8 +118,8 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
     import shlex
 
     from hal.launch import torchrun
-    from hal.parallel.job import job_text
-    from hal.parallel.train import split_nodes
+    from hal.parallel.config.job import job_text
+    from hal.parallel.loop.job_runner import split_nodes
 
     marker = "HAL_JOB_EOF"
     lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
@@ -127,7 +127,7 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
     for node, ranks in enumerate(split_nodes(job.topology, nodes)):
         backends = sorted({job.topology.backend_of(r) for r in ranks})
         env = {"HAL_BACKEND": backends[0]} if len(backends) == 1 else {}  # mixed node: each rank takes its stage's
-        program = ["-m", "hal.parallel.trainer", *job.rank_args()]
+        program = ["-m", "hal.parallel.loop.trainer", *job.rank_args()]
         line = torchrun.static_line(nodes, node, len(ranks), program, env)
         lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{line}")
     return lines

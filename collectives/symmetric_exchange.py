@@ -1,6 +1,6 @@
 """MoE dispatch and combine over CUDA symmetric memory, with no host read of the token counts.
 
-The NCCL path (``hal.parallel.moe.dispatch``) must read the per-expert counts on the host before it can give
+The NCCL path (``hal.parallel.models.moe.dispatch``) must read the per-expert counts on the host before it can give
 NCCL its splits; that read waits for everything queued before it, and on 4 x H200 it held the exchange to
 0.35-0.45x of a raw all-to-all at 4096 tokens a rank (0.76x at best for any design that reads counts on the
 host). Here every rank maps the same buffers (``torch.distributed._symmetric_memory``) and Triton kernels

@@ -6,7 +6,7 @@ runs side by side.
 """
 if __name__ != "hal.conformance":
     raise ImportError(f"this folder installs as 'hal.conformance', not {__name__!r}: pip install -e . and import hal.conformance")
-from .suite_names import SUITES
+from hal.conformance.suite_names import SUITES
 
 __all__ = ["Case", "Context", "Outcome", "SUITES"]
 

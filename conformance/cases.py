@@ -16,7 +16,7 @@ import torch
 from hal.backend import Backend
 from hal.capabilities import DeviceCapabilities
 
-from .suite_names import SUITES
+from hal.conformance.suite_names import SUITES
 
 Status = Literal["pass", "fail", "error", "skip", "unsupported"]
 FAILING: frozenset[str] = frozenset({"fail", "error"})
@@ -67,7 +67,7 @@ class Context:
     seed: int = 1234
     max_world_size: int = 1  # process slots for collectives/training (devices, or CPU processes)
     options: dict[str, Any] = field(default_factory=dict)  # suite-specific knobs (e.g. steps, sizes)
-    launch: Callable[..., Any] | None = None  # starts multi-rank jobs (conformance.jobs); hal.launch.run_function
+    launch: Callable[..., Any] | None = None  # starts multi-rank jobs (conformance.jobs.launch); hal.launch.run_function
 
     @property
     def backend_name(self) -> str:

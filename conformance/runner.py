@@ -32,7 +32,7 @@ import torch
 
 from hal.errors import ConfigError, HalError
 
-from .cases import FAILING, SUITES, Case, Context, Outcome
+from hal.conformance.cases import FAILING, SUITES, Case, Context, Outcome
 
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "unsupported")
 DEFAULT_SEED = 1234
@@ -96,8 +96,8 @@ class RunResult:
         return {"by_suite": by_suite, "total": total}
 
     def to_dict(self) -> dict[str, Any]:
-        """The results.json document (see ``conformance.report`` for the schema)."""
-        from .results import json_safe
+        """The results.json document (see ``conformance.reports.report`` for the schema)."""
+        from hal.conformance.reports.results import json_safe
 
         return json_safe({**self.meta, "verdict": "fail" if self.failed else "pass", "counts": self.counts(),
                           "cases": [r.to_dict() for r in self.results]})
@@ -360,7 +360,7 @@ class Progress:
 
 
 def _meta(ctx: Context, backend_reason: str, the_plan: Plan, started: datetime.datetime) -> dict[str, Any]:
-    from .results import KIND, SCHEMA_VERSION
+    from hal.conformance.reports.results import KIND, SCHEMA_VERSION
 
     backend = ctx.backend
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import BackendUnavailable, ConfigError, FallbackRefused, HalError, UnsupportedError
+from hal.errors import BackendUnavailable, ConfigError, FallbackRefused, HalError, UnsupportedError
 
 __version__ = "0.1.0"
 

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator
 
 import torch
 
-from .capabilities import DeviceCapabilities
-from .errors import BackendUnavailable
+from hal.capabilities import DeviceCapabilities
+from hal.errors import BackendUnavailable
 
 if TYPE_CHECKING:
-    from .op_registry import OpRegistry
+    from hal.ops.registry import OpRegistry
 
 NOT_VERIFIED = "not verified on hardware"
 

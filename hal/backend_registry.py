@@ -13,9 +13,9 @@ import functools
 import importlib
 from importlib import metadata
 
-from .backend import Backend
-from .errors import ConfigError
-from .plugins import BUILTIN_DISTRIBUTION, LoadProblem, entry_points, is_builtin, origin
+from hal.backend import Backend
+from hal.errors import ConfigError
+from hal.plugins import BUILTIN_DISTRIBUTION, LoadProblem, entry_points, is_builtin, origin
 
 ENTRY_POINT_GROUP = "hal.backends"
 

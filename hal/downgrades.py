@@ -16,7 +16,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Iterator, Literal
 
-from .errors import FallbackRefused
+from hal.errors import FallbackRefused
 
 FallbackMode = Literal["error", "warn", "allow"]
 FALLBACK_MODES: tuple[str, ...] = ("error", "warn", "allow")

@@ -38,7 +38,7 @@ def check_creatable_dir(path: Path, what: str) -> None:
     Checked before a run starts, so a run directory under a file or in a read-only place fails at once,
     not after training, with a half-written run behind it.
     """
-    from .errors import ConfigError
+    from hal.errors import ConfigError
 
     pseudo = _pseudo_filesystem(path)
     if pseudo is not None:  # os.access says yes there for root, and the write fails later
@@ -61,7 +61,7 @@ def check_creatable_dir(path: Path, what: str) -> None:
 
 def check_creatable_file(path: Path, what: str) -> None:
     """``path`` can be written as a file: not a directory, and its directory writable or creatable."""
-    from .errors import ConfigError
+    from hal.errors import ConfigError
 
     if path.is_dir():
         raise ConfigError(f"{what} {path}: is a directory; give a file path")
@@ -84,7 +84,7 @@ def read_limited(path: str | os.PathLike[str], limit: int, what: str, fix: str) 
     """The bytes of a file a user named, at most ``limit`` of them (checked before any read): one ConfigError line,
     ``what: ...; fix``, where it is not a regular file (a pipe would block the read forever), cannot be read or
     holds more."""
-    from .errors import ConfigError
+    from hal.errors import ConfigError
 
     if os.path.exists(path) and not os.path.isfile(path):
         raise ConfigError(f"{what}: is not a regular file (a directory, pipe or device); {fix}")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backend import Backend
-from .backend_registry import all_backends, get_backend
-from .config import HalConfig
-from .downgrades import set_fallback_mode
-from .errors import BackendUnavailable, ConfigError
-from .precision import PrecisionPlan, resolve_precision
+from hal.backend import Backend
+from hal.backend_registry import all_backends, get_backend
+from hal.config import HalConfig
+from hal.downgrades import set_fallback_mode
+from hal.errors import BackendUnavailable, ConfigError
+from hal.precision import PrecisionPlan, resolve_precision
 
 BUILTIN_PREFERENCE: tuple[str, ...] = ("cuda", "rocm", "ascend", "cambricon")
 

@@ -23,7 +23,7 @@ from hal.downgrades import Downgrade, record_downgrade
 from hal.ops import _rms_norm, _rotary_embedding, _sdpa, _swiglu
 
 if TYPE_CHECKING:
-    from hal.op_registry import OpRegistry
+    from hal.ops.registry import OpRegistry
 
 NPU_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -26,7 +26,7 @@ from hal.kernels.triton import library  # the custom ops: torch.library only, no
 from hal.ops import _add_rms_norm, _linear_cross_entropy, _rms_norm, _rotary_embedding, _swiglu
 
 if TYPE_CHECKING:
-    from hal.op_registry import OpRegistry
+    from hal.ops.registry import OpRegistry
 
 TRITON_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 MIN_TRITON = (3, 0)  # torch 2.4's Triton; torch 2.11 ships 3.6, torch 2.13 3.9

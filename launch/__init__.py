@@ -4,13 +4,13 @@ Top floor (with ``cli/``): it may import every floor below, and nothing below im
 code that needs ranks gets them without an upward import:
 
 - commands (``hal launch``, ``hal train``, ``hal bench collectives``) live in ``cli/``, on this
-  floor, and call the launcher directly; ``parallel.train`` takes its spawner as an argument
+  floor, and call the launcher directly; ``parallel.loop.job_runner`` takes its spawner as an argument
   (``cli/train.py`` passes one built on ``spawn_ranks``);
 - a rank's work is a function named ``"module:function"`` (``run_function``): each rank is
   ``python -m hal.launch.entry``, which imports that name, so the library owning the function
-  (``hal.collectives.bench``, ``hal.conformance.worker``) never imports the launcher;
+  (``hal.collectives.bench``, ``hal.conformance.jobs.worker``) never imports the launcher;
 - the conformance suites start their multi-rank jobs through ``Context.launch``, a callable the
-  caller puts there (``hal conformance run`` passes ``run_function``; see ``conformance.jobs``).
+  caller puts there (``hal conformance run`` passes ``run_function``; see ``conformance.jobs.launch``).
 
 Local ranks (``spawn_ranks``): each rank is a subprocess in its own session (process group) with
 torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) plus the

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
 
-from hal.limits import check_local_ranks
+from hal.config.limits import check_local_ranks
 
 from .env import INIT_METHOD_ENV, free_port, import_path, rank_env
 from .names import result_path

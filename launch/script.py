@@ -35,7 +35,7 @@ from typing import IO, Mapping, Sequence
 
 from hal.backend import Backend
 from hal.errors import ConfigError, HalError
-from hal.limits import check_local_ranks
+from hal.config.limits import check_local_ranks
 
 from . import torchrun
 from .env import free_port, rank_env

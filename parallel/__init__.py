@@ -1,4 +1,13 @@
-"""Training across heterogeneous islands: model layers, parallel plans (data, tensor, pipeline,
-ZeRO), the engine and trainer that run them, and checkpoints that reshard between plans."""
+"""Training across heterogeneous islands, one room a job, bottom to top (a room imports only rooms below it):
+
+    schedules, data   schedule programs and their simulator; token files and batches
+    config            the run as checked data: plan, model, train, topology, job file
+    models, observe   parallel layers and model families; timer, timeline, reports
+    state             checkpoints and Hugging Face checks and export
+    pipeline          one rank's engine, resharding between stages, compile
+    loop              hal train's parent side and the rank's training loop
+    planner           profiles, cost model, search
+
+tests/cli/test_layout.py checks the order."""
 if __name__ != "hal.parallel":
     raise ImportError(f"this folder installs as 'hal.parallel', not {__name__!r}: pip install -e . and import hal.parallel")

@@ -1,5 +1,5 @@
 """Run in a process of its own, with Triton compiling (not interpreting, which keeps no parameter list): the
-checks of tests/test_cached_launch.py on the key CachedLauncher finds compiled kernels by. Needs no GPU: no
+checks of tests/unit/test_cached_launch.py on the key CachedLauncher finds compiled kernels by. Needs no GPU: no
 kernel is launched. Prints 'ok' when every check holds."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hal.parallel.model_config import ModelConfig
+from hal.parallel.config.model import ModelConfig
 
 SEED = 5
 
@@ -49,7 +49,7 @@ class CountingComm:
 
 def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, layers: range | None = None) -> dict[str, Any]:
     """Loss, gradients (local shards, and the input's when not first), saved tensors and collectives."""
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import build_stage
 
     cfg = config(seq)
@@ -100,9 +100,9 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     """A 2-stage plan (tp1 → tp2+sp, 1F1B) with every stage checkpointed; losses to compare with one process."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     from .engine_cases import MODEL, batch
 

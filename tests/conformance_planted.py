@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from hal.conformance.cases import Case, Context, Outcome, skip, unsupported
-from hal.conformance.tolerances import judge, tolerance_for
+from hal.conformance.verdicts.tolerances import judge, tolerance_for
 
 EXPECTED = {"pass": 5, "fail": 1, "error": 1, "skip": 1, "unsupported": 1}  # what cases() yields on cpu
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hal.parallel.model_config import ModelConfig
+from hal.parallel.config.model import ModelConfig
 
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2,
                     ffn_hidden_size=64, max_seq_len=8)
@@ -24,9 +24,9 @@ def model_config(tied: bool, num_layers: int = MODEL.num_layers) -> ModelConfig:
 def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
               num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
-    from hal.parallel.plan import parse_plan
+    from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
     model = full_model(model_config(tied, num_layers), seed)
@@ -50,10 +50,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
                num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.llama import gather_full_grads
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
@@ -86,9 +86,9 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     import torch.distributed as dist
 
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
@@ -114,7 +114,7 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
 
 def first_half_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """A loss other than the default: the mean cross-entropy of each sequence's first half only."""
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     masked = labels.clone()
     masked[:, labels.shape[1] // 2:] = -100
@@ -124,9 +124,9 @@ def first_half_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     """One stage on one rank: the step loss with the default loss and with ``first_half_loss``, and what it saw."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     plan = parse_plan({"schedule": "1f1b", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]})

@@ -90,7 +90,7 @@ def tp2_then_dp2(rank: int, world: int, directories: list[str]) -> dict[str, Any
     """Per checkpoint: stage 0 (all layers but the last) tp2 on ranks 0-1, stage 1 (the last layer, norm, head) dp2
     on ranks 2-3, each rank loading only its slices; a stage-1 replica returns the full logits of its row."""
     from hal.collectives import world_communicator
-    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.config.model import ModelConfig
     from hal.parallel.models.llama import build_stage
 
     comm = world_communicator()
@@ -140,7 +140,7 @@ def _reset_peak() -> bool:
 def load_peak(rank: int, world: int, directory: str) -> dict[str, Any]:
     """Load the whole model as a tp=world stage; this rank's peak host memory while loading, and its shard's size."""
     from hal.collectives import world_communicator
-    from hal.parallel.model_config import ModelConfig
+    from hal.parallel.config.model import ModelConfig
     from hal.parallel.models.llama import build_stage
 
     comm = world_communicator()

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hal.parallel.model_config import ModelConfig
+from hal.parallel.config.model import ModelConfig
 
 from .engine_cases import batch
 
@@ -22,9 +22,9 @@ def model_config(moe: dict[str, Any]) -> ModelConfig:
 def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
     """The single-process run, one micro-batch at a time (the balancing loss is per micro-batch, over all
     its rows): losses per step, step-1 gradients and each MoE layer's step-1 load."""
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model
-    from hal.parallel.plan import parse_plan
+    from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
     config = model_config(moe)
@@ -54,10 +54,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
                seed: int = 0) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.llama import gather_full_grads
-    from hal.parallel.plan import parse_plan, validate_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.config.plan import parse_plan, validate_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     plan = parse_plan(plan_raw)
     config = model_config(moe)
@@ -85,10 +85,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
 def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], scale: float) -> dict[str, Any]:
     """One step with the engine's loss scale set to ``scale`` (what fp16-mixed's scaler does): the gradients."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
+    from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.llama import gather_full_grads
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
 
     plan = parse_plan(plan_raw)
     config = model_config(moe)

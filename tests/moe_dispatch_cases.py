@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_moe_dispatch.py: expert-parallel dispatch and combine on real gloo ranks."""
+"""Rank bodies for tests/ranks/test_moe_dispatch.py: expert-parallel dispatch and combine on real gloo ranks."""
 from __future__ import annotations
 
 from typing import Any
@@ -42,7 +42,7 @@ def exchange(rank: int, world: int, local: int, validate: bool = True, dtype: st
     import os
 
     from hal.collectives import world_communicator
-    from hal.parallel.moe import combine, dispatch
+    from hal.parallel.models.moe import combine, dispatch
 
     if pool_mib is not None:
         from hal.collectives.exchange_slots import POOL_ENV
@@ -162,7 +162,7 @@ def moe_block_paths(rank: int, world: int, tokens: int = 96, hidden: int = 256, 
 
     from hal.collectives import world_communicator
     from hal.collectives.symmetric_exchange import ENV
-    from hal.parallel.moe import MoE, MoEConfig
+    from hal.parallel.models.moe import MoE, MoEConfig
 
     comm = world_communicator(validate=False)
     device = comm.device

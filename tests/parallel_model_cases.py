@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hal.parallel.model_config import ModelConfig
+from hal.parallel.config.model import ModelConfig
 
 SEED = 1234
 BATCH, SEQ = 2, 16
@@ -27,7 +27,7 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(config: ModelConfig) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss, full grads, full params) of the single-process model."""
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import full_model, gather_full_grads, gather_full_params
 
     model = full_model(config, SEED)
@@ -50,7 +50,7 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[
 def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
     """tp=world over the whole model, for sp off/on and untied/tied embeddings."""
     from hal.collectives import world_communicator
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import build_stage, gather_full_grads, gather_full_params
 
     comm = world_communicator()
@@ -76,7 +76,7 @@ def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
 def pipeline_tied_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """Two stages on two processes (tp=1 each), tied embeddings summed by sync_tied_embedding_grads."""
     from hal.collectives import world_communicator
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()
@@ -111,7 +111,7 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         sum runs over all four ranks (different TP degrees: full-vocab path).
     """
     from hal.collectives import world_communicator
-    from hal.parallel.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.llama import build_stage, gather_full_grads, sync_tied_embedding_grads
 
     comm = world_communicator()

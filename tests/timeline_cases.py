@@ -7,11 +7,11 @@ from typing import Any
 def spans_run(rank: int, world: int, plan_raw: dict, steps: int) -> dict[str, Any]:
     """``steps`` steps of ``plan_raw`` on this rank; the last step's spans and this stage's program, as plain data."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.plan import parse_plan
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.plan import parse_plan
     from hal.parallel.schedules import P2PBatch
-    from hal.parallel.timeline import rank_record
-    from hal.parallel.topology import Topology, build_groups
+    from hal.parallel.observe.timeline import rank_record
+    from hal.parallel.config.topology import Topology, build_groups
 
     from .engine_cases import MODEL, batch, model_config
 

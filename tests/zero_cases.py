@@ -68,7 +68,7 @@ class _Run:
 
 
 def _step_all(runs: dict[str, _Run], ref: _Run, comm: Any, step: int, world: int) -> None:
-    from hal.parallel.zero import ZeroOne
+    from hal.parallel.loop.zero import ZeroOne
 
     ref.opt.zero_grad()
     summed_backward(ref.model, step, world)
@@ -88,7 +88,7 @@ def _step_all(runs: dict[str, _Run], ref: _Run, comm: Any, step: int, world: int
 def zero_vs_adamw(rank: int, world: int, comm: Any = None) -> dict[str, Any]:
     """dp = the whole world: both update paths against plain AdamW; state dict out and back in."""
     from hal.collectives import world_communicator
-    from hal.parallel.zero import Zero1AdamW
+    from hal.parallel.loop.zero import Zero1AdamW
 
     comm = comm or world_communicator()
     base = tiny_model()
@@ -109,7 +109,7 @@ def zero_vs_adamw(rank: int, world: int, comm: Any = None) -> dict[str, Any]:
 
 def _resume(trained: _Run, full: dict[str, Any], ref: _Run, comm: Any) -> dict[str, float]:
     """Load the full state into a fresh ZeRO optimizer and a plain AdamW; both continue like the reference."""
-    from hal.parallel.zero import Zero1AdamW
+    from hal.parallel.loop.zero import Zero1AdamW
 
     resumed = {"rs-loaded": _Run(trained.model, lambda ps: Zero1AdamW(ps, comm, **ADAMW)),
                "plain-loaded": _Run(trained.model, lambda ps: torch.optim.AdamW(ps, **ADAMW))}
@@ -130,7 +130,7 @@ def _resume(trained: _Run, full: dict[str, Any], ref: _Run, comm: Any) -> dict[s
 def dp1_identity(rank: int, world: int) -> dict[str, Any]:
     """A size-1 dp group: ZeroOne is the plain optimizer — bitwise equal parameters and state."""
     from hal.collectives import world_communicator
-    from hal.parallel.zero import Zero1AdamW
+    from hal.parallel.loop.zero import Zero1AdamW
 
     world_comm = world_communicator()
     singles = [world_comm.subgroup([r]) for r in range(world)]  # every rank creates every group
@@ -166,7 +166,7 @@ def world4(rank: int, world: int) -> dict[str, Any]:
 
 def _reshard_resume(dp4: Any, dp2: Any) -> float:
     """Train 2 steps at dp=4, save, resume at dp=2 on the same (world-summed) gradients: equal to AdamW."""
-    from hal.parallel.zero import Zero1AdamW
+    from hal.parallel.loop.zero import Zero1AdamW
 
     base = tiny_model()
     ref = _Run(base, lambda ps: torch.optim.AdamW(ps, **ADAMW))
@@ -195,10 +195,10 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     """The engine with Zero1AdamW, both ways: after its dp all-reduce (step) and instead of it (reduce-scatter)."""
     from hal.collectives import current_world
-    from hal.parallel.engine import PipelineEngine
-    from hal.parallel.plan import parse_plan
-    from hal.parallel.topology import Topology, build_groups
-    from hal.parallel.zero import Zero1AdamW
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.loop.zero import Zero1AdamW
 
     from .engine_cases import MODEL, batch
 

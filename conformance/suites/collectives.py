@@ -1,7 +1,7 @@
 """Collectives suite: every Communicator op, in every dtype the CCL serves, at the world sizes the machine allows.
 
-One multi-process job per world size (``conformance.collective_job``) runs ALL checks
-(``conformance.collective_checks``), then ``hal bench collectives``' measurement loop, and returns
+One multi-process job per world size (``conformance.jobs.collective_job``) runs ALL checks
+(``conformance.suites.collective_checks``), then ``hal bench collectives``' measurement loop, and returns
 every rank's verdicts; each check is still its own case (the cases of one world size share the job's
 cached result, so a ``-k`` filter that keeps one case starts one job). Process start-up costs seconds on a small host, a check costs
 milliseconds.
@@ -24,9 +24,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from ..cases import Case, Context, Outcome, skip
-from ..collective_checks import DTYPES, Check, merge_ranks, not_runnable, plan_checks
-from ..jobs import JobFailed, JobResult, run_job
+from hal.conformance.cases import Case, Context, Outcome, skip
+from hal.conformance.suites.collective_checks import DTYPES, Check, merge_ranks, not_runnable, plan_checks
+from hal.conformance.jobs.launch import JobFailed, JobResult, run_job
 
 SUITE = "collectives"
 CPU_BUSBW_SIZES = (1 << 10, 1 << 14, 1 << 18)

@@ -7,7 +7,7 @@ or compares the gradients of every float input, the reference's computed by auto
 
 Implementations come from the live registry, so a vendor kernel, a Triton kernel or a deliberately
 wrong implementation registered by a test is tested as it is registered; an op with no input
-generator (``conformance.inputs``) shows up as an ``unsupported`` case, never silently. TF32-style
+generator (``conformance.suites.inputs``) shows up as an ``unsupported`` case, never silently. TF32-style
 reduced-precision matmuls are switched off around each case so fp32 is judged as fp32.
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, Callable
 
 import torch
 
-from hal.op_registry import REFERENCE, OpDef, OpImpl, OpRegistry
+from hal.ops.registry import REFERENCE, OpDef, OpImpl, OpRegistry
 
-from .. import inputs
-from ..cases import Case, Context, Outcome, skip, unsupported
-from ..tolerances import Judgement, Tolerance, dtype_name, judge, op_category, override, tolerance_for
+from hal.conformance.suites import inputs
+from hal.conformance.cases import Case, Context, Outcome, skip, unsupported
+from hal.conformance.verdicts.tolerances import Judgement, Tolerance, dtype_name, judge, op_category, override, tolerance_for
 
 SUITE = "ops"
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -45,7 +45,7 @@ def cases_for(ctx: Context, registry: OpRegistry) -> list[Case]:
     for op in registry.names():
         definition = registry.definition(op)
         if not inputs.has_generator(op):
-            why = f"no input generator for op {op!r}: add one to conformance/inputs.py (GENERATORS) to test it"
+            why = f"no input generator for op {op!r}: add one to conformance/suites/inputs.py (GENERATORS) to test it"
             out.append(Case(SUITE, f"{op}/no_input_generator", partial(_unsupported, why), why, (op,)))
             continue
         out.extend(_op_cases(ctx, definition))

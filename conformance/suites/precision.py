@@ -3,12 +3,12 @@
 Five groups of cases (``cases(ctx)``):
 
 * ``autocast/<dtype>/<op>``: inside ``backend.autocast(dtype)`` each op's output dtype follows
-  PyTorch's autocast op lists for the device type (lists in ``conformance.precision_checks``);
+  PyTorch's autocast op lists for the device type (lists in ``conformance.suites.precision_checks``);
 * ``grad_scaler/skip_backoff_growth``: ``backend.grad_scaler()`` skips steps with inf/NaN gradients,
   backs the scale off, grows it after clean steps, and clean steps equal an unscaled reference step;
 * ``matmul/<dtype>/K<k>`` and ``matmul/<dtype>/exactness_probe``: low-precision ``hal.ops.matmul``
   against the fp64 product of the same rounded inputs, its result dtype, and a probe that exposes a
-  matmul computed in another format than asked; ``matmul/float8_e4m3fn/K<k>`` via hal.fp8;
+  matmul computed in another format than asked; ``matmul/float8_e4m3fn/K<k>`` via hal.precision.fp8;
 * ``reduced_precision/...``: fp32 matmuls are IEEE fp32 with the switch off; TF32/HF32 on really
   lowers the precision to the format's level and off restores it; no format means the switch refuses;
 * ``policy/<mode>/<fallback>``: ``hal.precision.resolve_precision`` obeys rules over the device's
@@ -31,9 +31,9 @@ from hal.downgrades import DowngradeWarning, recorded_downgrades
 from hal.errors import UnsupportedError
 from hal.precision import resolve_precision
 
-from .. import precision_checks as pc
-from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
-from ..tolerances import dtype_name, judge, tolerance_for
+from hal.conformance.suites import precision_checks as pc
+from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
+from hal.conformance.verdicts.tolerances import dtype_name, judge, tolerance_for
 
 SUITE = "precision"
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -262,7 +262,7 @@ def _matmul_cases(ctx: Context) -> list[Case]:
             desc = (
                 f"hal.ops.matmul of {MATMUL_MN}x{k} by {k}x{MATMUL_MN} {name} inputs (fixed seed) against the float64 product of "
                 f"the same rounded inputs: result dtype must be {name}; tol_ratio <= 1 under the matmul bound of "
-                f"conformance.tolerances; rel_l2 <= {pc.REL_L2_CONSTANT:g}*sqrt(K)*u with u = 2^{int(math.log2(u))} "
+                f"conformance.verdicts.tolerances; rel_l2 <= {pc.REL_L2_CONSTANT:g}*sqrt(K)*u with u = 2^{int(math.log2(u))} "
                 f"(probabilistic dot-product bound, Higham & Mary 2019)"
             )
             out.append(_case(f"matmul/{name}/K{k}", functools.partial(_run_matmul, dtype=dtype, k=k), desc, "matmul"))
@@ -277,7 +277,7 @@ def _matmul_cases(ctx: Context) -> list[Case]:
     fp8 = getattr(torch, "float8_e4m3fn", None)
     for k in MATMUL_K:
         desc = (
-            f"hal.fp8.scaled_linear (e4m3, per-tensor scale) of {MATMUL_MN}x{k} by {k}x{MATMUL_MN}; inputs are exact e4m3 "
+            f"hal.precision.fp8.scaled_linear (e4m3, per-tensor scale) of {MATMUL_MN}x{k} by {k}x{MATMUL_MN}; inputs are exact e4m3 "
             "values with amax 448 so the scale is 1 and quantisation exact; bfloat16 output against the float64 product: "
             "tol_ratio <= 1 under the float8_e4m3fn matmul bound; rel_l2 <= sqrt(K)*2^-8 (only accumulation and the "
             "bfloat16 output rounding remain)"
@@ -348,7 +348,7 @@ def _run_fp8_matmul(ctx: Context, k: int, fp8: torch.dtype | None) -> Outcome:
                            "hal's fp8 path (torch._scaled_mm) needs native fp8")
     if fp8 is None or not hasattr(torch, "_scaled_mm"):
         return unsupported(f"torch {torch.__version__} lacks torch.float8_e4m3fn or torch._scaled_mm")
-    from hal.fp8 import scaled_linear
+    from hal.precision.fp8 import scaled_linear
 
     gen = _generator(ctx, 51 + k)
     x = _fp8_inputs(MATMUL_MN, k, gen, fp8)

@@ -1,6 +1,6 @@
 """Training suite: the reference model trained on the backend agrees with the CPU reference, step by step.
 
-Cases (``conformance.training_run`` holds the runs, ``conformance.pipeline_check`` the parallel one):
+Cases (``conformance.suites.training_run`` holds the runs, ``conformance.jobs.pipeline_check`` the parallel one):
 
 - ``loss_curve/<precision>``: N AdamW steps on the backend against the fp32 CPU reference run (same
   seed, same corpus batches, reference operators). Metric: mean relative loss deviation over the
@@ -41,10 +41,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
-from ..pipeline_check import choose_plan, compare, moe_model, single_device_run, world_of
-from ..jobs import JobFailed, run_job
-from ..training_run import (
+from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
+from hal.conformance.jobs.pipeline_check import choose_plan, compare, moe_model, single_device_run, world_of
+from hal.conformance.jobs.launch import JobFailed, run_job
+from hal.conformance.suites.training_run import (
     PRECISIONS, RunResult, Settings, grad_agreement, host_threads, plain_fp32_matmul, reference_curve, reference_grads, train,
 )
 

@@ -27,10 +27,10 @@ active the patches are process-wide (module attributes), so every thread sees th
 """
 from __future__ import annotations
 
-from .mapping import MAPPING, CudaLocationMap, Kind, Patch, map_ccl, map_device, plan, rewrite_map_location
-from .runner import run_script
-from .scope import migrate
-from .session import MigrationUnsupported, MigrationWarning
+from hal.migration.mapping import MAPPING, CudaLocationMap, Kind, Patch, map_ccl, map_device, plan, rewrite_map_location
+from hal.migration.runner import run_script
+from hal.migration.scope import migrate
+from hal.migration.session import MigrationUnsupported, MigrationWarning
 
 __all__ = [
     "MAPPING",

@@ -11,9 +11,9 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from ..backend_registry import get_backend
-    from ..errors import HalError
-    from .runner import run_script
+    from hal.backend_registry import get_backend
+    from hal.errors import HalError
+    from hal.migration.runner import run_script
 
     if not argv:
         print("usage: python -m hal.migration SCRIPT [ARGS...]  (backend from HAL_BACKEND, default cpu)", file=sys.stderr)

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from .mapping import CUDA, _REAL_DEVICE, Patch, _location, rewrite_map_location
-from .session import Session, called_by_torch, cuda_function, replace_callable, rewrite_arguments
+from hal.migration.mapping import CUDA, _REAL_DEVICE, Patch, _location, rewrite_map_location
+from hal.migration.session import Session, called_by_torch, cuda_function, replace_callable, rewrite_arguments
 
 # The real objects, taken before any patch (the shim calls them with the target's names).
 _REAL_AUTOCAST: type = torch.amp.autocast_mode.autocast
@@ -157,7 +157,7 @@ def cuda_grad_scaler(row: Patch, session: Session, original: Any) -> Any:
 
 def bf16_supported(row: Patch, session: Session, original: Any) -> Any:
     """CUDA's answer: native bf16, or (including_emulation, the default) bf16 computed some other way."""
-    from ..capabilities import DtypeSupport
+    from hal.capabilities import DtypeSupport
 
     def impl(including_emulation: bool = True) -> bool:
         support = session.backend.capabilities().support("bf16")

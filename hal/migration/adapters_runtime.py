@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .mapping import CUDA, Patch
-from .session import Session, called_by_torch, cuda_function, is_proxy, replace_callable
+from hal.migration.mapping import CUDA, Patch
+from hal.migration.session import Session, called_by_torch, cuda_function, is_proxy, replace_callable
 
 # CUDA legacy type name -> dtype, from the real classes ("torch.<cuda>.FloatTensor" -> float32).
 _LEGACY_DTYPES: dict[str, torch.dtype] = {}
@@ -29,7 +29,7 @@ def _legacy_dtype(value: Any) -> torch.dtype | None:
     if not name.startswith(f"torch.{CUDA}."):
         return None
     if not _LEGACY_DTYPES:
-        from .mapping import _LEGACY_TYPES
+        from hal.migration.mapping import _LEGACY_TYPES
 
         real = getattr(torch, CUDA)
         _LEGACY_DTYPES.update({f"torch.{CUDA}.{n}": getattr(real, n).dtype for n in _LEGACY_TYPES})

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..backend import Backend
+from hal.backend import Backend
 
 CUDA = "cuda"
 # The real class, taken from a path the shim never patches.

@@ -7,9 +7,9 @@ import sys
 import traceback
 from typing import Any
 
-from ..backend import Backend
-from ..errors import HalError
-from .scope import migrate
+from hal.backend import Backend
+from hal.errors import HalError
+from hal.migration.scope import migrate
 
 
 def run_script(backend: Backend, path: str, argv: list[str], *, device_count: int | None = None) -> int:

@@ -20,11 +20,11 @@ import threading
 import warnings
 from typing import Any, Callable, Iterator
 
-from ..backend import Backend
-from ..errors import ConfigError, UnsupportedError
+from hal.backend import Backend
+from hal.errors import ConfigError, UnsupportedError
 from . import adapters, adapters_runtime
-from .mapping import Kind, Patch, _resolve, map_ccl, plan
-from .session import (Session, cuda_function, parse_arguments, relocating_showwarning, replace_callable,
+from hal.migration.mapping import Kind, Patch, _resolve, map_ccl, plan
+from hal.migration.session import (Session, cuda_function, parse_arguments, relocating_showwarning, replace_callable,
                       rewrite_arguments, swap)
 
 _log = logging.getLogger("hal.migration")

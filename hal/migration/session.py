@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..backend import Backend
-from ..errors import UnsupportedError
-from .mapping import _REAL_DEVICE, Patch, map_device
+from hal.backend import Backend
+from hal.errors import UnsupportedError
+from hal.migration.mapping import _REAL_DEVICE, Patch, map_device
 
 _MISSING = object()
 # Modules whose frames are never "the script's line": hal, torch and the standard library's plumbing.

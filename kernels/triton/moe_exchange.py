@@ -16,7 +16,7 @@ on the host:
 - ``push_rows``: rows to their experts' ranks; ``push_back``: expert outputs back to their sources;
 - ``copy_arrived``: the rows that arrived out of a shared slot (when the next exchange reuses it).
 
-Rows are sorted by ``hal.parallel.moe.dispatch_key`` (local expert first, then the owning rank), and land
+Rows are sorted by ``hal.parallel.models.moe.dispatch_key`` (local expert first, then the owning rank), and land
 grouped by local expert, each source's rows in rank order: the layout the NCCL path gives, so both paths feed
 the experts the same blocks. Every store is bounds-checked against the buffer's capacity.
 

@@ -3,7 +3,7 @@
     stage = build_stage(config, range(0, 3), first=True, last=False, tp_comm=tp, sp=True, seed=0)
     hidden = stage(ids)                 # first stage: token ids (B, S) → hidden
     logits = last_stage(hidden)         # last stage: hidden → logits (this TP rank's vocab slice)
-    loss = vocab_parallel_cross_entropy(logits, labels, tp)   # the loss is the caller's (parallel.loss)
+    loss = vocab_parallel_cross_entropy(logits, labels, tp)   # the loss is the caller's (parallel.models.loss)
 
 Parameter names are global and independent of the split: ``embed.weight``,
 ``layers.<i>.attn_norm.weight``, ``layers.<i>.attn.qkv.weight``, ``layers.<i>.attn.out.weight``,
@@ -16,7 +16,7 @@ sha256(seed, name), then this rank keeps its TP shard. The weights therefore dep
 (seed, name) — never on the pipeline split, the TP degree or the device — so a single-process
 model and any split start identical, which the equivalence tests rely on. The cost is one full
 parameter in host memory at a time during construction. With ``init_from`` (a Hugging Face
-checkpoint) nothing is drawn: each rank reads only its slices (``parallel.hf_weights``).
+checkpoint) nothing is drawn: each rank reads only its slices (``parallel.models.hf_weights``).
 """
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from hal import ops
 from hal.errors import ConfigError
 
-from ..layers import (
+from hal.parallel.models.layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
 )
-from ..model_config import ROPE_SCALING_KEYS, ModelConfig
-from ..moe import MoE, attach_aux_loss
-from ..tp_comm import TPComm, tp_rank, tp_size
-from ..weight_grad import split_linear
+from hal.parallel.config.model import ROPE_SCALING_KEYS, ModelConfig
+from hal.parallel.models.moe import MoE, attach_aux_loss
+from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
+from hal.parallel.models.weight_grad import split_linear
 
 # --- deterministic initialisation ---------------------------------------------------------------
 
@@ -241,9 +241,9 @@ class Stage(nn.Module):
     (B, S/tp, H), this rank's contiguous seq chunk, under SP. Returns the hidden state in the same
     layout, or on the last stage the logits (B, S, V/tp) of this TP rank's vocab slice over the full
     sequence. The loss is not the stage's: the engine (or any caller) applies a loss function to the
-    logits (``parallel.loss``), so torch's ``PipelineStage`` can run this module as it is.
+    logits (``parallel.models.loss``), so torch's ``PipelineStage`` can run this module as it is.
     With ``fused_head`` the last stage stops before the head: it returns the normalised hidden state
-    (B, S, H) as the head sees it, and the loss function applies the head (``parallel.fused_head``).
+    (B, S, H) as the head sees it, and the loss function applies the head (``parallel.models.fused_head``).
 
     Interleaved plans give a stage several model chunks (``layer_range`` a tuple of ranges): the
     engine runs one at a time with ``forward_chunk(x, v)``; the embedding belongs to chunk 0 of the
@@ -356,7 +356,7 @@ def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, 
     every decoder layer (``Stage._run_layer`` says what it saves and what it costs). ``fused_head``:
     the last stage returns the head's input, not logits (``Stage``). ``init_from``: a Hugging Face
     checkpoint directory whose safetensors replace the seeded init — each parameter filled with this
-    rank's slices only (``parallel.hf_weights``), no full tensor drawn. Weights are made in fp32 on the
+    rank's slices only (``parallel.models.hf_weights``), no full tensor drawn. Weights are made in fp32 on the
     host, then moved to ``device``/``dtype``.
     """
     for part in (layer_range,) if isinstance(layer_range, range) else layer_range:
@@ -368,7 +368,7 @@ def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, 
     if init_from is None:
         init_stage(stage, seed, tp_comm)
     else:
-        from ..hf_weights import load_stage
+        from hal.parallel.models.hf_weights import load_stage
 
         load_stage(stage, init_from, tp_comm)
     return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage

@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..model_config import ModelConfig
-from .profile import DeviceProfile
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.planner.device_profile import DeviceProfile
 
 STEPS = 5  # timed steps (the median is kept) a calibration run, after one warm-up step
 LAYERS, MICRO_BATCHES_PER_STAGE = 4, 4  # a stage's layers; micro-batches = 4 × stages: busy ranks, as in real plans
@@ -44,7 +44,7 @@ def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1, layers: 
                      per_stage: int = MICRO_BATCHES_PER_STAGE, sp: bool = False) -> Any:
     """The calibration pipeline: ``stages`` stages of ``tp`` ranks (sequence parallel when ``sp``) and ``layers``
     layers, 1F1B, ``per_stage`` × stages micro-batches of ``rows`` rows."""
-    from ..plan import ParallelPlan, StagePlan
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
 
     return ParallelPlan(tuple(StagePlan(backend, tp, layers, tp=tp, sp=sp) for _ in range(stages)), "1f1b",
                         per_stage * stages, rows)
@@ -60,9 +60,9 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
     ``hal train`` times it (``steps_s``: this rank's wall time of each step, its device unsynchronized)."""
-    from ..engine import PipelineEngine
-    from ..topology import Topology, build_groups
-    from .measure import profiling_rank
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.planner.measure import profiling_rank
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -92,13 +92,13 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
 
 
 def _trainer_steps(engine: Any, config: ModelConfig, plan: Any, seq: int, steps: int) -> list[float]:
-    """``steps`` + 1 steps the way ``parallel.trainer`` runs them; this rank's wall seconds of each after the first."""
+    """``steps`` + 1 steps the way ``parallel.loop.trainer`` runs them; this rank's wall seconds of each after the first."""
     import time
 
     import torch.distributed as dist
 
-    from ..data import global_batch
-    from ..optim_schedule import decoupled_adamw
+    from hal.parallel.data.batches import global_batch
+    from hal.parallel.loop.optim_schedule import decoupled_adamw
 
     optimizer = decoupled_adamw([p for p in engine.module.parameters() if p.requires_grad], engine.device, lr=1e-4)
     out = []
@@ -155,7 +155,7 @@ def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1
     """The simulator's view of one calibration pipeline: its makespan is about linear in a slowdown s on compute
     and a wait w added to each action (equal stages keep one critical path), so two plays give both coefficients;
     a third gives what the transfers (``p2p_s`` each, timed as the cost model times them) add."""
-    from ..schedules import get_schedule, simulate
+    from hal.parallel.schedules import get_schedule, simulate
 
     layers, per_stage, rows = shape
     M = per_stage * stages
@@ -275,7 +275,7 @@ def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int
     """Seconds per tp exchange with which the simulator — each stage's solo compute × the node's slowdown at
     this occupancy and its wait per action, plus TP_EXCHANGES[sp] exchanges a layer each way a micro-batch —
     reproduces the tp run's measured schedule."""
-    from ..schedules import get_schedule, simulate
+    from hal.parallel.schedules import get_schedule, simulate
 
     M = MICRO_BATCHES_PER_STAGE * stages
     stretch = device.stretch(occupancy) or 1.0
@@ -307,8 +307,8 @@ def calibrate_host(device: DeviceProfile, cluster: Any, kind: Any, model: ModelC
     import dataclasses
     import sys
 
-    from .cost import CostModel, Placement
-    from .profile import Profile
+    from hal.parallel.planner.cost import CostModel, Placement
+    from hal.parallel.planner.device_profile import Profile
 
     run = launch(f"{__name__}:calibration_rank", HOST_STAGES,
                  {"model": model.to_dict(), "rows": HOST_ROWS, "seq": seq, "threads": None, "steps": steps,

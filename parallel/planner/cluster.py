@@ -29,9 +29,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from hal import limits
+from hal.config import limits
 from hal.capabilities import DTYPE_KEYS, CatalogEntry, load_catalog
-from hal.config_schema import (Custom, NonNegativeInt, Nullable, Number, PositiveInt, ListOf, did_you_mean, key,
+from hal.config.schema import (Custom, NonNegativeInt, Nullable, Number, PositiveInt, ListOf, did_you_mean, key,
                                parse_section, require_mapping)
 from hal.errors import ConfigError
 
@@ -58,7 +58,7 @@ def _device_id(origin: str, name: str, value: Any) -> str:
 def _backend(origin: str, name: str, value: Any) -> str:
     """A backend name; it need not be available here (a declared cluster is planned, not run, on this host)."""
     from hal.backend_registry import backend_names
-    from hal.config_schema import check_choice
+    from hal.config.schema import check_choice
 
     return check_choice(origin, name, value, backend_names())
 
@@ -354,7 +354,7 @@ def load_cluster(raw_cluster: Any, origin: str, cluster_file: str | None = None)
 def check_holds(cluster: Cluster, parameters: int, origin: str) -> None:
     """Refuse a cluster whose memory, all of it together, cannot hold the model's training state (16 B a
     parameter: fp32 weights and gradients, AdamW's two moments, even fully sharded). One line."""
-    from hal.parallel.memory_check import GIB, OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES
+    from hal.parallel.config.memory import GIB, OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES
 
     total, unknown = 0.0, []
     for t in cluster.types:

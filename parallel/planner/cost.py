@@ -37,14 +37,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..memory_check import rank_bytes, routed_expert_parameters, stage_parameters
-from ..model_config import ModelConfig
-from ..plan import ParallelPlan
-from ..schedules import get_schedule, simulate
-from .cluster import Cluster, DeviceType, Figure
-from .profile import DeviceProfile, Profile
+from hal.parallel.config.memory import rank_bytes, routed_expert_parameters, stage_parameters
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.schedules import get_schedule, simulate
+from hal.parallel.planner.cluster import Cluster, DeviceType, Figure
+from hal.parallel.planner.device_profile import DeviceProfile, Profile
 
-BUCKET_BYTES = 16 * 2**20  # the engine's gradient bucket (parallel.engine.BUCKET_BYTES)
+BUCKET_BYTES = 16 * 2**20  # the engine's gradient bucket (parallel.pipeline.engine.BUCKET_BYTES)
 BOUNDARY_BYTES = 4  # boundary activations travel in the weights' dtype: fp32
 GRAD_BYTES = 4
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from hal.errors import ConfigError
 
-from ..flops import PEAK_KEY
-from ..memory_check import layer_parameters
-from ..model_config import ModelConfig
-from .cluster import DeviceType
-from .profile import ESTIMATED, DeviceProfile, LayerPoint, PerToken, Profile
+from hal.parallel.config.flops import PEAK_KEY
+from hal.parallel.config.memory import layer_parameters
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.planner.cluster import DeviceType
+from hal.parallel.planner.device_profile import ESTIMATED, DeviceProfile, LayerPoint, PerToken, Profile
 
 DEFAULT_EFFICIENCY = 0.4  # dense-peak share of a tuned decoder layer on an accelerator (published large runs: 35-55 % MFU)
 BANDWIDTH_EFFICIENCY = 0.7  # share of the datasheet memory bandwidth a streaming kernel reaches

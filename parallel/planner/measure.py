@@ -20,12 +20,12 @@ import torch
 
 from hal.backend import Backend
 
-from ..flops import PEAK_KEY
-from ..memory_check import layer_parameters
-from ..model_config import ModelConfig
-from ..models.llama import build_stage
-from ..optim_schedule import decoupled_adamw
-from .profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
+from hal.parallel.config.flops import PEAK_KEY
+from hal.parallel.config.memory import layer_parameters
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.models.llama import build_stage
+from hal.parallel.loop.optim_schedule import decoupled_adamw
+from hal.parallel.planner.device_profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 
 Progress = Callable[[str], None]
 MIN_MEASURED_S, MAX_REPEATS = 0.3, 50
@@ -195,7 +195,7 @@ def _fwd_bwd_each(backend: Backend, forward: Callable[[], torch.Tensor], repeats
 def compile_for_profiling(stage: Any, compile_backend: str, first_forward: Callable[[], torch.Tensor]) -> None:
     """Compile ``stage``'s layers as ``hal train`` does (``compile_stage``), after one eager forward and backward that
     fill hal's op caches, with static shapes: each row count then gets the graph a run of that shape compiles."""
-    from ..compile_stage import compile_layers, eager_first_forward
+    from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
 
     with eager_first_forward():
         out = first_forward()
@@ -321,14 +321,14 @@ def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: 
 
 
 def _layer_flops(model: ModelConfig, tokens: int, seq: int) -> float:
-    """Forward + backward FLOPs of one layer (parallel.flops' convention: 6·params + 12·heads·head_dim·seq a token)."""
+    """Forward + backward FLOPs of one layer (parallel.config.flops' convention: 6·params + 12·heads·head_dim·seq a token)."""
     return tokens * (6.0 * layer_parameters(model) + 12.0 * model.num_heads * model.head_dim * seq)
 
 
 def _ends(backend: Backend, model: ModelConfig, device: torch.device, seq: int, rows: int,
           autocast: Callable[[], ContextManager[Any]], repeats: int) -> tuple[PerToken, PerToken]:
     """The embedding (first stage) and the final norm + head + loss (last stage), per token."""
-    from ..loss import token_sum_cross_entropy
+    from hal.parallel.models.loss import token_sum_cross_entropy
 
     tokens = rows * seq
     first = build_stage(model, range(0, 0), first=True, last=False, tp_comm=None, sp=False, seed=0, device=device)

@@ -1,14 +1,14 @@
 """Pipeline schedules as data: per-stage action lists, one registry by name, and a simulator to check them."""
 from __future__ import annotations
 
-from .action import Action, Kind, P2PBatch, Step
-from .base import Schedule
-from .gpipe import GPipe
-from .interleaved import Interleaved1F1B
-from .one_f_one_b import OneFOneB
-from .registry import get_schedule, schedule_names
-from .simulator import Deadlock, Simulation, Span, simulate
-from .zero_bubble import ZeroBubbleH1
+from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.base import Schedule
+from hal.parallel.schedules.gpipe import GPipe
+from hal.parallel.schedules.interleaved import Interleaved1F1B
+from hal.parallel.schedules.one_f_one_b import OneFOneB
+from hal.parallel.schedules.registry import get_schedule, schedule_names
+from hal.parallel.schedules.simulator import Deadlock, Simulation, Span, simulate
+from hal.parallel.schedules.zero_bubble import ZeroBubbleH1
 
 __all__ = [
     "Action", "Deadlock", "GPipe", "Interleaved1F1B", "Kind", "OneFOneB", "P2PBatch", "Schedule", "Simulation", "Span", "Step",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from .action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
 
 
 class Schedule(ABC):

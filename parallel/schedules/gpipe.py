@@ -1,8 +1,8 @@
 """GPipe: every forward, then every backward (all M micro-batches' activations live at once)."""
 from __future__ import annotations
 
-from .action import Action, Kind
-from .base import Schedule
+from hal.parallel.schedules.action import Action, Kind
+from hal.parallel.schedules.base import Schedule
 
 
 class GPipe(Schedule):

@@ -23,10 +23,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from .action import Action, Kind, P2PBatch, Step
-from .base import Schedule, _check
-from .placement import position, virtual_index
-from .simulator import Deadlock
+from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.base import Schedule, _check
+from hal.parallel.schedules.placement import position, virtual_index
+from hal.parallel.schedules.simulator import Deadlock
 
 
 class Interleaved1F1B(Schedule):

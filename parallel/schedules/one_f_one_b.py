@@ -7,8 +7,8 @@ neighbour posts the mirror batch at the same time, so blocking P2P (gloo) cannot
 """
 from __future__ import annotations
 
-from .action import Action, Kind
-from .base import Schedule
+from hal.parallel.schedules.action import Action, Kind
+from hal.parallel.schedules.base import Schedule
 
 
 def warmup(num_stages: int, num_micro_batches: int, stage: int) -> int:

@@ -1,12 +1,12 @@
 """The one table of schedules by name: the plan validates against it and the engine runs from it."""
 from __future__ import annotations
 
-from .base import Schedule
-from .gpipe import GPipe
-from .interleaved import Interleaved1F1B, InterleavedZeroBubble
-from .one_f_one_b import OneFOneB
-from .zbv import ZeroBubbleV
-from .zero_bubble import ZeroBubbleH1
+from hal.parallel.schedules.base import Schedule
+from hal.parallel.schedules.gpipe import GPipe
+from hal.parallel.schedules.interleaved import Interleaved1F1B, InterleavedZeroBubble
+from hal.parallel.schedules.one_f_one_b import OneFOneB
+from hal.parallel.schedules.zbv import ZeroBubbleV
+from hal.parallel.schedules.zero_bubble import ZeroBubbleH1
 
 _SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1, InterleavedZeroBubble,
                                                                   ZeroBubbleV)}

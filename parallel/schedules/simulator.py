@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from .action import Action, Kind, P2PBatch, Step
-from .base import Schedule
-from .placement import position, virtual_index
+from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.base import Schedule
+from hal.parallel.schedules.placement import position, virtual_index
 
 Times = Union[float, Sequence[float]]  # one value for every stage, or one per stage
 

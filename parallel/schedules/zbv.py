@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import functools
 
-from .action import Action, Kind
-from .interleaved import Interleaved1F1B, choose, tick_program
-from .placement import virtual_index
+from hal.parallel.schedules.action import Action, Kind
+from hal.parallel.schedules.interleaved import Interleaved1F1B, choose, tick_program
+from hal.parallel.schedules.placement import virtual_index
 
 
 class ZeroBubbleV(Interleaved1F1B):

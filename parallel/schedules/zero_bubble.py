@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import math
 
-from .action import Action, Kind
-from .base import Schedule
+from hal.parallel.schedules.action import Action, Kind
+from hal.parallel.schedules.base import Schedule
 
 
 class ZeroBubbleH1(Schedule):

@@ -1,0 +1,158 @@
+"""The run config: the whole YAML file of a training run — hal's keys plus ``model:``, ``parallel:`` and ``train:``.
+
+``hal.config`` reads the file and checks the top level; the sections are parsed here with the same
+schema machinery (``hal.config.schema``): ``model:`` by ``ModelConfig``, ``parallel:`` by
+``ParallelPlan`` (``parallel.config.plan``, which also checks the plan against the model), and ``train:``
+declared below. Every problem is one ``ConfigError`` line, before any process starts.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from hal.config import HalConfig
+from hal.config import limits
+from hal.config.schema import Choice, Custom, Flag, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
+from hal.errors import ConfigError
+
+from hal.parallel.config.hf_config import model_keys_from_hf
+from hal.parallel.config.model import ModelConfig, weights_source
+from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
+from hal.parallel.config.planned import Planned, read_planned
+
+DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
+MAX_VALIDATION = 0.5
+LR_SCHEDULES = ("constant", "cosine", "linear")  # after warm-up (``loop.optim_schedule``)
+
+
+def _data_source(origin: str, key: str, value: Any) -> str:
+    """A built-in source, or a token file: a path ending in ``.bin`` (read and checked by check_training)."""
+    if isinstance(value, str) and (value in DATA_SOURCES or (value.endswith(".bin") and len(value) > len(".bin"))):
+        return value
+    hint = did_you_mean(value, DATA_SOURCES) if isinstance(value, str) else ""
+    raise ConfigError(f"{origin}: key '{key}': {value!r} is not allowed{hint}; use one of {', '.join(DATA_SOURCES)}, "
+                      "or a token file path ending in .bin (see hal data prepare)")
+
+
+def _fraction(origin: str, key: str, value: Any) -> float:
+    """A share of the token file held out for validation: 0 ≤ value < 0.5 (training keeps the larger part)."""
+    number: float = Number(positive=False).check(origin, key, value, "validation: 0.05")
+    if number >= MAX_VALIDATION:
+        raise ConfigError(f"{origin}: key '{key}' is {number}, not below {MAX_VALIDATION}: training must keep most of the "
+                          "tokens; e.g. validation: 0.05")
+    return number
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The ``train:`` section: how long, how fast, on what data, and where results go."""
+
+    steps: int = key(PositiveInt(limits.STEPS), 20)
+    lr: float = key(Number(positive=True), 1e-3)
+    seed: int = key(NonNegativeInt(limits.SEED), 0)
+    weight_decay: float = key(Number(positive=False), 0.0)  # AdamW's, on matrices only (not norms, not biases)
+    warmup_steps: int = key(NonNegativeInt(limits.STEPS), 0)  # linear lr warm-up from 0 (parallel.loop.optim_schedule)
+    lr_schedule: str = key(Choice(LR_SCHEDULES), "constant")  # after warm-up: constant | cosine | linear decay
+    min_lr: float = key(Number(positive=False), 0.0)  # where cosine / linear decay ends, at the last step
+    grad_clip: float | None = key(Nullable(Number(positive=True)), None, example="grad_clip: 1.0")  # global norm
+    # synthetic | corpus (the byte-level text shipped with the repository) | PATH.bin (a token file: hal data prepare)
+    data: str = key(Custom(_data_source), "synthetic")
+    # the last fraction of a token file's tokens, held out for validation (training never draws from it)
+    validation: float = key(Custom(_fraction), 0.0, example="validation: 0.05")
+    # evaluate on the validation part every N steps (loss and perplexity in the log); None: never
+    eval_every: int | None = key(Nullable(PositiveInt(limits.STEPS)), None, example="eval_every: 50")
+    eval_batches: int = key(PositiveInt(limits.MICRO_BATCHES), 1, example="eval_batches: 4")  # global batches per evaluation
+    seq_len: int | None = key(Nullable(PositiveInt(limits.SEQUENCE)), None, example="seq_len: 64")  # tokens per row; None means model.max_seq_len
+    log_file: str | None = key(Nullable(PathStr()), None)  # per-step JSON lines (default: <run dir>/train.jsonl)
+    # the step lines' scalars also as a TensorBoard event file in <run dir>/tensorboard (needs the tensorboard package)
+    tensorboard: bool = key(Flag(), False)
+    checkpoint_dir: str | None = key(Nullable(PathStr()), None)  # device-agnostic checkpoints (default: <run dir>/checkpoints)
+    # save every N steps as well as at the end (None: at the end only)
+    checkpoint_every: int | None = key(Nullable(PositiveInt(limits.STEPS)), None, example="checkpoint_every: 10")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_train(raw: Any, origin: str = "config") -> TrainConfig:
+    """The ``train:`` section (absent means the defaults)."""
+    if raw is None:
+        return TrainConfig()
+    train: TrainConfig = parse_section(origin, "train", raw, TrainConfig)
+    return train
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs from its YAML file, parsed and validated."""
+
+    origin: str
+    hal: HalConfig  # backend, devices, precision, fallback (and the raw sections)
+    model: ModelConfig
+    plan: ParallelPlan
+    train: TrainConfig
+    init_from: str | None = None  # a Hugging Face checkpoint directory the weights come from (model.weights / --init-from)
+    planned: Planned | None = None  # the planner's prediction a written plan keeps (``planner.planned``)
+
+
+def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, where: str) -> None:
+    """``--init-from DIR``: DIR's config.json describes this run's model (any sequence length): one line naming a difference."""
+    theirs = ModelConfig.from_mapping({**model_keys_from_hf(str(directory), where), "max_seq_len": model.max_seq_len}, where)
+    mine, other = model.to_dict(), theirs.to_dict()
+    for key, value in mine.items():
+        if other[key] != value:
+            raise ConfigError(f"{where}: its config.json gives model.{key} {other[key]!r} but the run's model has {value!r}; "
+                              "use model: {hf: DIR, weights: true} or make the model section match")
+
+
+def load_run_config(
+    path: str | os.PathLike[str],
+    *,
+    world_size: int | None = None,
+    check_backends: bool = True,
+    single_host: bool = True,
+    env: Mapping[str, str] | None = None,
+    init_from: str | None = None,
+) -> RunConfig:
+    """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise.
+
+    ``init_from`` (``hal train --init-from DIR``) means ``model: {hf: DIR, weights: true}``: DIR's
+    config.json must describe the section's model. The weight files are checked by ``hal train``.
+    """
+    from hal.config import load_config
+
+    origin = str(path)
+    config = load_config(path, env=env)
+    if config.parallel is None:
+        raise ConfigError(f"{origin}: no 'parallel' section; add one with a list of stages (see examples/hetero_cpu.yaml)")
+    model = ModelConfig.from_mapping(config.model or {}, origin)
+    weights = weights_source(config.model, origin)
+    if init_from is not None:
+        check_same_model(init_from, model, f"--init-from {init_from}")
+        weights = init_from
+    plan = parse_plan(config.parallel, origin)
+    train = parse_train(config.train, origin)
+    if train.seq_len is not None and train.seq_len > model.max_seq_len:
+        raise ConfigError(
+            f"{origin}: train.seq_len {train.seq_len} exceeds model.max_seq_len {model.max_seq_len}; "
+            f"lower seq_len or raise max_seq_len"
+        )
+    _check_data(origin, train, model)
+    validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
+                  single_host=single_host, origin=origin, precision=config.precision)
+    planned = read_planned(config.planned, plan, origin)
+    return RunConfig(origin, config, model, plan, train, weights, planned)
+
+
+def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:
+    """The corpus is byte-level text: exactly 256 token ids, so the model's vocabulary must be 256; only a
+    token file has a part to hold out. (A token file itself is read and checked by check_training.)"""
+    if train.validation and not train.data.endswith(".bin"):
+        raise ConfigError(f"{origin}: train.validation {train.validation} holds out the end of a token file, but "
+                          f"train.data is {train.data!r}; set validation: 0 or train on a .bin token file")
+    if train.data == "corpus" and model.vocab_size != 256:
+        raise ConfigError(
+            f"{origin}: train.data 'corpus' is byte-level text (token ids 0..255) but model.vocab_size is "
+            f"{model.vocab_size}; set model.vocab_size: 256 or use data: synthetic"
+        )

@@ -1,0 +1,325 @@
+"""Topology: the disjoint union of per-stage meshes, and the communicators each rank needs.
+
+A homogeneous engine forces one TP×DP×PP grid on every stage. Here each stage k has its own
+grid ``dp_k × tp_k`` on its own backend, and the world is their disjoint union
+``⊔_k ({k} × D_intra^(k))``. The convention (every part of the engine relies on it):
+
+- **Stages own contiguous ranks, in pipeline order.** Stage k owns the global ranks
+  ``[offset_k, offset_k + devices_k)`` with ``offset_0 = 0`` and
+  ``offset_{k+1} = offset_k + devices_k``. Launchers therefore start the ranks of stage 0
+  first; on several nodes, a node's ranks belong to the stages its backend runs.
+- **TP is innermost inside a stage.** The rank at coordinate ``(dp_index, tp_index)`` of stage
+  k is ``offset_k + dp_index * tp_k + tp_index``. So a TP group is ``tp_k`` consecutive ranks
+  (the chattiest group stays on neighbouring devices, e.g. one NVLink island) and a DP group is
+  strided by ``tp_k``.
+- **Layers are contiguous too**: stage k runs layers ``[sum(layers_<k), sum(layers_≤k))``. With
+  ``virtual_stages`` V > 1 (interleaved schedules) a stage holds V chunks instead: chunk v of stage
+  k is virtual stage ``v*S + k`` (zbv's V: stage k holds virtual stages k and 2S-1-k, see
+  ``schedules.placement``), and the virtual stages take the layers in model order, so stage k's
+  chunks are V separate runs of layers (``StageMesh.chunks``).
+
+``Topology.from_plan`` is pure (no processes); ``build_groups`` creates the communicators
+collectively: every rank's TP, DP and stage groups, and for each boundary k→k+1 a group over
+the union of both stages' ranks (boundary resharding runs inside it). Groups are made with
+``collectives.process_groups.make_layout``, which splits any rank set into islands by backend,
+so a boundary between a CUDA stage and a CPU stage is bridged by the collectives with no
+special case here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+
+from hal.errors import ConfigError
+
+from hal.parallel.config.plan import ParallelPlan
+
+if TYPE_CHECKING:  # collectives (torch.distributed) is loaded only when groups are built
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import World
+
+
+class Coord(NamedTuple):
+    """Where a rank sits: its stage, and its (dp, tp) coordinate inside that stage's grid."""
+
+    stage: int
+    dp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class StageMesh:
+    """Stage ``index``'s grid: ``dp × tp`` ranks starting at global rank ``offset``."""
+
+    index: int
+    backend: str
+    offset: int
+    tp: int
+    dp: int
+    sp: bool
+    checkpoint: bool
+    chunks: tuple[tuple[int, int], ...]  # (first layer, end) of each model chunk, in chunk order
+    compile: bool = False  # regional torch.compile of the stage's decoder layers
+    compile_backend: str = "inductor"
+    ep: int = 1  # expert parallelism: groups of ep consecutive dp replicas share out the experts
+
+    def __post_init__(self) -> None:  # a job file gives lists; keep the mesh hashable and comparable
+        object.__setattr__(self, "chunks", tuple((int(a), int(b)) for a, b in self.chunks))
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def layer_ranges(self) -> tuple[range, ...]:
+        """Each chunk's layers (one range unless the plan interleaves)."""
+        return tuple(range(a, b) for a, b in self.chunks)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        """Every layer the stage holds, in chunk order."""
+        return [i for r in self.layer_ranges for i in r]
+
+    @property
+    def layers(self) -> int:
+        return sum(b - a for a, b in self.chunks)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.offset, self.offset + self.size))
+
+    @property
+    def layer_range(self) -> range:
+        """The stage's layers as one range: only a stage of one chunk has that."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"stage {self.index} holds {len(self.chunks)} chunks of layers; use layer_ranges")
+        return self.layer_ranges[0]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The rank ↔ (stage, dp, tp) map of a plan; pure data, the same on every rank."""
+
+    stages: tuple[StageMesh, ...]
+    placement: str = "loop"  # where the chunks sit (``schedules.placement``): "v" under zbv
+
+    @classmethod
+    def from_plan(cls, plan: ParallelPlan) -> "Topology":
+        """Lay the stages out on consecutive ranks. Assumes ``devices == tp * dp`` (validate_plan checks it)."""
+        chunks = plan.layer_chunks()  # virtual stage v*S + k takes the next layers
+        meshes, offset = [], 0
+        for k, s in enumerate(plan.stages):
+            if s.devices != s.tp * s.dp:
+                raise ConfigError(f"stage {k}: devices {s.devices} != tp {s.tp} × dp {s.dp}; validate the plan first")
+            meshes.append(StageMesh(k, s.backend, offset, s.tp, s.dp, s.sp, s.checkpoint, tuple(chunks[k]),
+                                    plan.stage_compiles(k), plan.compile_backend, s.ep))
+            offset += s.devices
+        return cls(tuple(meshes), plan.placement)
+
+    # --- sizes and lookups ----------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return sum(m.size for m in self.stages)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def _stage(self, stage: int) -> StageMesh:
+        if not 0 <= stage < len(self.stages):
+            raise ValueError(f"stage {stage} does not exist; the plan has stages 0..{len(self.stages) - 1}")
+        return self.stages[stage]
+
+    def stage_of(self, rank: int) -> int:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside the plan's world 0..{self.world_size - 1}")
+        return next(m.index for m in self.stages if m.offset <= rank < m.offset + m.size)
+
+    def coord(self, rank: int) -> Coord:
+        mesh = self.stages[self.stage_of(rank)]
+        dp, tp = divmod(rank - mesh.offset, mesh.tp)
+        return Coord(mesh.index, dp, tp)
+
+    def rank_of(self, stage: int, dp: int, tp: int) -> int:
+        mesh = self._stage(stage)
+        if not (0 <= dp < mesh.dp and 0 <= tp < mesh.tp):
+            raise ValueError(f"stage {stage} has dp 0..{mesh.dp - 1} and tp 0..{mesh.tp - 1}; got dp {dp}, tp {tp}")
+        return mesh.offset + dp * mesh.tp + tp
+
+    def backend_of(self, rank: int) -> str:
+        return self.stages[self.stage_of(rank)].backend
+
+    # --- rank sets ---------------------------------------------------------------------------------
+    def stage_ranks(self, stage: int) -> tuple[int, ...]:
+        return self._stage(stage).ranks
+
+    def tp_ranks(self, stage: int, dp: int) -> tuple[int, ...]:
+        """The TP group of replica ``dp`` of ``stage``: ``tp`` consecutive ranks."""
+        mesh = self._stage(stage)
+        return tuple(self.rank_of(stage, dp, t) for t in range(mesh.tp))
+
+    def dp_ranks(self, stage: int, tp: int) -> tuple[int, ...]:
+        """The DP group of TP position ``tp`` of ``stage``: ranks strided by the stage's tp."""
+        mesh = self._stage(stage)
+        return tuple(self.rank_of(stage, d, tp) for d in range(mesh.dp))
+
+    def boundary_ranks(self, boundary: int) -> tuple[int, ...]:
+        """Boundary ``k`` joins stage k and stage k+1: the union of their ranks."""
+        if not 0 <= boundary < len(self.stages) - 1:
+            raise ValueError(f"boundary {boundary} does not exist; the plan has boundaries 0..{len(self.stages) - 2}")
+        return self.stage_ranks(boundary) + self.stage_ranks(boundary + 1)
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks per stage (every stage holds the same number)."""
+        return len(self.stages[0].chunks)
+
+    @property
+    def last_stage(self) -> int:
+        """The stage holding the model's last chunk: the head, the loss, the losses a run reports."""
+        from hal.parallel.schedules.placement import last_stage
+
+        return last_stage(self.num_stages, self.placement)
+
+    @property
+    def has_wrap(self) -> bool:
+        """Whether the last stage feeds the first (Megatron's loop of chunks; the V turns round in place)."""
+        return self.virtual_stages > 1 and self.placement == "loop"
+
+    def wrap_ranks(self) -> tuple[int, ...]:
+        """The wrap-around link of an interleaved pipeline: the last stage's chunk v feeds the first stage's v+1."""
+        return self.stages[0].ranks + self.stages[-1].ranks
+
+    def stage_islands(self) -> tuple[int, ...]:
+        """One island number per rank, the stage's index: declares each stage an island on one backend
+        (``init_distributed(islands=...)`` / ``HAL_ISLANDS``), so a CPU-only run exercises the bridge
+        at every boundary as a mixed-vendor run would."""
+        return tuple(self.stage_of(r) for r in range(self.world_size))
+
+    # --- reports -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "placement": self.placement,
+            "stages": [
+                {"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "ep": m.ep, "sp": m.sp,
+                 "checkpoint": m.checkpoint, "compile": m.compile, "layers": m.layer_ids,
+                 "chunks": [list(r) for r in m.layer_ranges]}
+                for m in self.stages
+            ],
+            "ranks": [
+                {"rank": r, **self.coord(r)._asdict(), "backend": self.backend_of(r)} for r in range(self.world_size)
+            ],
+            "boundaries": [
+                {"boundary": k, "from_stage": k, "to_stage": k + 1, "ranks": list(self.boundary_ranks(k)),
+                 "backends": [self.stages[k].backend, self.stages[k + 1].backend]}
+                for k in range(self.num_stages - 1)
+            ] + ([{"boundary": self.num_stages - 1, "from_stage": self.num_stages - 1, "to_stage": 0,
+                   "ranks": list(self.wrap_ranks()), "backends": [self.stages[-1].backend, self.stages[0].backend]}]
+                 if self.has_wrap else []),
+        }
+
+
+# --- communicators -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankGroups:
+    """The communicators one rank uses. Groups of one rank are real (size-1) communicators, so the
+    engine can call them unconditionally; the same rank set is one shared communicator."""
+
+    coord: Coord
+    stage: "Communicator"  # every rank of my stage
+    tp: "Communicator"  # my TP group (tp consecutive ranks)
+    dp: "Communicator"  # my DP group (dp ranks strided by tp)
+    boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
+    embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
+    wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
+    ep: "Communicator | None" = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
+    edp: "Communicator | None" = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
+
+    @property
+    def prev_boundary(self) -> "Communicator | None":
+        """The boundary I receive activations on (None on stage 0)."""
+        return self.boundaries.get(self.coord.stage - 1)
+
+    @property
+    def next_boundary(self) -> "Communicator | None":
+        """The boundary I send activations on (None on the last stage)."""
+        return self.boundaries.get(self.coord.stage)
+
+    def link(self, peer_stage: int) -> "Communicator":
+        """The communicator I share with ``peer_stage``: a neighbour's boundary, else the wrap-around link.
+
+        With two stages the wrap-around traffic rides boundary 0 (the same ranks), on both sides alike.
+        """
+        me = self.coord.stage
+        comm = self.boundaries.get(me) if peer_stage == me + 1 else self.boundaries.get(me - 1) if peer_stage == me - 1 else self.wrap
+        if comm is None:
+            raise ValueError(f"stage {me} has no link to stage {peer_stage} (the wrap link exists only in interleaved plans)")
+        return comm
+
+
+def _check_world_matches(topology: Topology, world: "World") -> None:
+    """Same answer on every rank (world.backends is gathered at init), so every rank raises together."""
+    if world.size != topology.world_size:
+        raise ConfigError(
+            f"the plan needs {topology.world_size} ranks but the world has {world.size}; launch {topology.world_size} ranks"
+        )
+    for rank in range(world.size):
+        wanted, running = topology.backend_of(rank), world.backends[rank]
+        if wanted != running:
+            raise ConfigError(
+                f"rank {rank} runs backend '{running}' but the plan puts it in stage {topology.stage_of(rank)} on "
+                f"'{wanted}'; start rank {rank} with HAL_BACKEND={wanted} (stages own consecutive ranks)"
+            )
+
+
+def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """Every group of the job, in the one order all ranks create them: (kind, stage/boundary, index, ranks)."""
+    sets: list[tuple[str, int, int, tuple[int, ...]]] = []
+    for m in topology.stages:
+        sets.append(("stage", m.index, 0, m.ranks))
+        sets += [("tp", m.index, d, topology.tp_ranks(m.index, d)) for d in range(m.dp)]
+        sets += [("dp", m.index, t, topology.dp_ranks(m.index, t)) for t in range(m.tp)]
+        if m.ep > 1:  # expert parallelism: ep groups (consecutive dp replicas) and the replicas of each expert shard
+            for t in range(m.tp):
+                dp = topology.dp_ranks(m.index, t)
+                sets += [("ep", m.index, t, dp[g:g + m.ep]) for g in range(0, m.dp, m.ep)]
+                sets += [("edp", m.index, t, dp[e::m.ep]) for e in range(m.ep)]
+    sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
+    if tied_embeddings and topology.last_stage != 0:
+        # ``parallel.models.llama.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
+        # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
+        sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
+    if topology.has_wrap and topology.num_stages > 2:
+        sets.append(("wrap", 0, 0, topology.wrap_ranks()))  # the same rank set as "embedding": one communicator
+    return sets
+
+
+def build_groups(topology: Topology, world: "World | None" = None, *, validate: bool = True,
+                 tied_embeddings: bool = False) -> RankGroups:
+    """Create every stage, TP, DP and boundary communicator; return the ones this rank belongs to.
+
+    Collective: every rank of the world calls it with the same topology (torch creates groups
+    collectively, in the same order everywhere). Each distinct rank set becomes one layout.
+    """
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import current_world, make_layout
+
+    world = world or current_world()
+    _check_world_matches(topology, world)
+    made: dict[tuple[int, ...], Communicator | None] = {}
+    mine: dict[tuple[str, int], Communicator] = {}
+    for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
+        if ranks not in made:
+            layout = make_layout(world, ranks)  # every rank calls this, member or not
+            made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
+        comm = made[ranks]
+        if comm is not None:
+            mine[(kind, where)] = comm
+    coord = topology.coord(world.rank)
+    boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
+    return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
+                      mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
+                      mine.get(("edp", coord.stage)))

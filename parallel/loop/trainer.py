@@ -1,0 +1,538 @@
+"""One rank of ``hal train``: build this rank's stage, train, log, checkpoint.
+
+Started by ``hal train`` (``parallel.loop.job_runner``) once per rank of the plan, or by plain torchrun on
+several nodes (``hal train --print-multinode``):
+
+    python -m hal.parallel.loop.trainer RUN_DIR/job.json
+
+with the torchrun environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``)
+and ``HAL_BACKEND`` = the backend of this rank's stage (taken from the topology when unset). The job
+file (``parallel.config.job``) is the run ``hal train`` validated before starting anything: a rank never
+reads the YAML and validates nothing again. It resolves its backend once, joins the world
+(``collectives.init_distributed``), builds the topology's groups and its ``PipelineEngine`` (handed
+that backend object), and steps AdamW over batches that are a pure function of (seed, step)
+(``parallel.data.batches``).
+
+The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
+breakdown each step (one small gather on the host group), prints the progress line on stderr and
+appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
+in ``RUN_DIR/tensorboard``, ``parallel.observe.tensorboard``); at the end it writes ``summary.json`` in the run
+directory, which ``hal train`` prints with ``--json``.
+
+Under ``--profile`` the last step is also recorded as a timeline: every rank passes one barrier
+before it and marks its start beside the host clock (the previous profiled step already drained the
+device, so the mark is taken at once), and after it sends its spans — each compute action and P2P post or wait, read from the
+step's timer marks — to the writer, which writes ``RUN_DIR/timeline.json`` (``parallel.observe.timeline``)
+for ``hal train`` to draw.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+import torch
+import torch.distributed as dist
+
+from hal import strict_json
+from hal.errors import HalError
+
+from hal.parallel.data.batches import global_batch
+from hal.parallel.config.job import Job
+from hal.parallel.models.layers import expert_shard
+from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
+from hal.parallel.config.topology import Topology
+
+# Per-rank timing row gathered to the writer each step (seconds).
+# "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
+TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed",
+                                "peak_memory")
+
+
+@dataclass
+class RankRun:
+    """Everything one rank trains with."""
+
+    job: Job
+    topology: Topology
+    engine: Any  # PipelineEngine
+    optimizer: Any  # torch.optim.AdamW or parallel.loop.zero.Zero1AdamW
+    rank: int
+    writer: int  # global rank that logs (first rank of the last stage)
+    seq: int
+    start: int  # steps already done (from a checkpoint)
+    steps: int  # the run stops after this many steps in total
+    peak_tflops: float = float("nan")  # this rank's device's dense peak for the run's precision (catalog)
+    scaler: Any = None  # parallel.loop.loss_scale.PipelineLossScaler when any stage runs fp16, else None
+    grad_norm: float | None = None  # the last clipped step's global gradient norm (train.grad_clip)
+    clip_skip: frozenset[str] = frozenset()  # parameters another rank counts in the global norm (a tied head copy)
+
+
+# --- setup ---------------------------------------------------------------------------------------------
+
+
+def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
+    """AdamW with the config's lr and weight decay; state sharded over the stage's dp group under zero1."""
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
+    if job.plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
+        from hal.parallel.loop.zero import Zero1AdamW, Zero1Experts
+
+        if engine.mesh.ep > 1:  # expert shards differ across dp: their state shards over the replicas of each shard
+            return Zero1Experts(params, expert_shard, groups.dp, groups.edp, lambda ps: torch.optim.AdamW(ps, **hyper))
+        return Zero1AdamW(params, groups.dp, **hyper)
+    return decoupled_adamw(params, engine.device, **hyper)
+
+
+def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
+    """This rank's precision plan, switches applied: the one ``hal train`` resolved for this stage.
+
+    Only where the job leaves it open (``--print-multinode``: the printing host could not see this
+    stage's devices) is it resolved here, under the run's fallback policy.
+    """
+    from hal.precision import PrecisionPlan, resolve_precision
+
+    given = job.stage_precision[stage]
+    if given is not None:
+        plan = PrecisionPlan.from_dict(given)
+    else:
+        requested = job.plan.stages[stage].precision or job.precision
+        plan = resolve_precision(requested, backend, backend.capabilities(), job.fallback)  # type: ignore[arg-type]
+    plan.apply(backend)
+    return plan
+
+
+def setup(job: Job) -> RankRun:
+    """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
+    from hal.backend_registry import get_backend
+    from hal.collectives import init_distributed
+
+    from hal.parallel.state.checkpoint import load_checkpoint
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.config.topology import build_groups
+
+    topology = job.topology
+    rank = int(os.environ.get("RANK", "0"))
+    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or topology.backend_of(rank)))
+    backend = world.backend  # resolved once; everything below is handed this object
+    groups = build_groups(topology, world, validate=False,  # the engine's calls are fixed by the plan
+                          tied_embeddings=job.model.tie_embeddings)
+    torch.manual_seed(job.train.seed)
+    seq = job.train.seq_len or job.model.max_seq_len
+    precision = _precision_plan(backend, job, topology.stage_of(world.rank))
+    engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
+                            seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
+                            init_from=job.init_from if job.resume is None else None)
+    engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
+    optimizer = _make_optimizer(engine, groups, job)
+    # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
+    # except where a tied embedding must be summed across stages first (that needs the full dp sum).
+    engine.reduce_dp_grads = not (job.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
+    scaler = _loss_scaler(precision.loss_scaling)
+    start = 0
+    if job.resume is not None:
+        meta = load_checkpoint(job.resume, engine, optimizer)
+        start = int(meta["step"])
+        if scaler is not None and meta.get("loss_scale"):
+            scaler.load_state_dict(meta["loss_scale"])
+    writer = topology.stages[topology.last_stage].offset  # holds the loss (the first stage under zbv)
+    peak = _peak_tflops(backend, world.device, precision.mode)
+    # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
+    skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
+    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
+                   clip_skip=skip)
+
+
+def _loss_scaler(mine: bool) -> Any:
+    """The pipeline's loss scaler if any rank's stage runs fp16 (agreed over the world: one MAX of a flag)."""
+    from hal.parallel.loop.loss_scale import PipelineLossScaler
+
+    flag = torch.tensor([1.0 if mine else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return PipelineLossScaler() if flag.item() > 0 else None
+
+
+def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
+    """This rank's device's dense peak for the run's precision (the catalog's figure), NaN if unknown."""
+    from hal.parallel.config.flops import PEAK_KEY
+
+    index = device.index if device.index is not None else 0
+    peak = backend.capabilities(index).peak_tflops.get(PEAK_KEY.get(precision, "fp32"))
+    return float("nan") if peak is None else float(peak)
+
+
+# --- one step ------------------------------------------------------------------------------------------
+
+
+def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
+    """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
+    plan, train = r.job.plan, r.job.train
+    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size,
+                          validation=train.validation)
+    timer = r.engine.timer
+    started, wall_started = timer.mark(), time.perf_counter()
+    r.grad_norm = None
+    set_learning_rate(r.optimizer, learning_rate(step, lr=train.lr, steps=r.steps, warmup_steps=train.warmup_steps,
+                                                 schedule=train.lr_schedule, min_lr=train.min_lr))
+    r.optimizer.zero_grad(set_to_none=True)
+    if r.scaler is not None:
+        r.engine.loss_scale = r.scaler.scale
+    loss = r.engine.step(tokens)
+    update = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
+
+    def optimizer_step() -> None:
+        if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
+            r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
+                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.mesh.ep)
+        update()
+
+    with timer.phase("optimizer"):
+        if r.scaler is None:
+            optimizer_step()
+        else:  # unscale, agree on inf/NaN over the world, step or skip together
+            r.scaler.step([p for p in r.engine.module.parameters() if p.requires_grad], optimizer_step)
+    timer.add("step", started, timer.mark())
+    t = r.engine.times  # with device events: the one wait of a profiled step
+    timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
+    # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
+    step_s = t.step if timed else time.perf_counter() - wall_started
+    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r)]
+
+
+def _peak_memory(r: RankRun) -> float:
+    """This rank's peak memory so far: the device allocator's high-water mark (the cpu: the process's peak RSS)."""
+    try:
+        return float(r.engine.backend.max_memory_allocated(r.engine.device.index))
+    except (RuntimeError, OSError):  # a runtime without allocator statistics: unknown, not zero
+        return float("nan")
+
+
+def evaluate(r: RankRun) -> float | None:
+    """The mean loss over ``train.eval_batches`` fixed validation batches (forward only); the last stage's, else None.
+
+    Batch k is the same at every evaluation (``validation_batch`` seeds it by k), so the numbers compare.
+    """
+    from hal.parallel.data.batches import validation_batch
+
+    train, plan = r.job.train, r.job.plan
+    losses = []
+    for k in range(train.eval_batches):
+        rows = validation_batch(train.data, train.seed, k, plan.global_batch_size, r.seq, train.validation)
+        loss = r.engine.evaluate(rows.view(plan.micro_batches, plan.micro_batch_size, r.seq + 1))
+        if loss is not None:
+            losses.append(float(loss))
+    r.engine.module.take_moe_tally()  # routing seen by evaluation is not the next step's load
+    return sum(losses) / len(losses) if losses else None
+
+
+def gather_times(row: list[float], writer: int) -> torch.Tensor | None:
+    """Every rank's timing row on the writer, (world, len(TIME_FIELDS)); None elsewhere.
+
+    Over the default group, which ``init_distributed`` always starts on gloo: host tensors travel
+    the same way whatever device a rank drives.
+    """
+    mine = torch.tensor(row, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if dist.get_rank() == writer else None
+    dist.gather(mine, out, dst=writer)
+    return None if out is None else torch.stack(out)
+
+
+def gather_moe(r: RankRun) -> dict[str, Any] | None:
+    """The step's expert load on the writer (an MoE model; None elsewhere and for a dense model).
+
+    Every rank hands in its MoE layers' tallies (``Stage.take_moe_tally``: one host read per layer per
+    step); a layer's load is summed over the dp replicas that split its micro-batches, its losses averaged.
+    ``min_max``: the least-loaded expert's tokens over the most-loaded one's (1.0 = even).
+    """
+    if not r.job.model.is_moe:
+        return None
+    mine = r.engine.module.take_moe_tally()
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == r.writer else None
+    dist.gather_object(mine, out, dst=r.writer)
+    if out is None:
+        return None
+    return merge_moe_tallies(out)
+
+
+def merge_moe_tallies(tallies: list[dict[int, dict[str, Any]] | None]) -> dict[str, Any]:
+    """Per-rank tallies → {"layers": {i: {load, min_max, aux_loss, z_loss, exchange}}, "min_max", "aux_loss", "exchange"}
+    (see gather_moe; ``exchange``: under ep, the path tokens took between ranks, None without ep)."""
+    layers: dict[int, dict[str, Any]] = {}
+    for tally in tallies:
+        for layer, t in (tally or {}).items():
+            got = layers.setdefault(int(layer), {"load": [0] * len(t["load"]), "aux": [], "z": [], "exchange": set()})
+            got["load"] = [a + b for a, b in zip(got["load"], t["load"])]
+            if t.get("exchange"):
+                got["exchange"].add(t["exchange"])
+            got["aux"].append(t["aux_loss"])
+            got["z"].append(t["z_loss"])
+    report: dict[str, Any] = {}
+    for layer, got in sorted(layers.items()):
+        load = got["load"]
+        report[str(layer)] = {"load": load, "min_max": min(load) / max(max(load), 1),
+                              "aux_loss": sum(got["aux"]) / len(got["aux"]), "z_loss": sum(got["z"]) / len(got["z"]),
+                              "exchange": "+".join(sorted(got["exchange"])) or None}
+    if not report:
+        return {"layers": {}, "min_max": None, "aux_loss": None, "exchange": None}
+    paths = sorted({v["exchange"] for v in report.values() if v["exchange"]})
+    return {"layers": report, "min_max": min(v["min_max"] for v in report.values()),
+            "aux_loss": sum(v["aux_loss"] for v in report.values()) / len(report), "exchange": "+".join(paths) or None}
+
+
+def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology, tokens: int) -> dict[str, Any]:
+    """One JSON line: loss, throughput, and each stage's breakdown (mean over its ranks).
+
+    Without ``--profile`` an accelerator is never synchronized for timing, so the phases of its
+    asynchronous step are not measured: a stage on one has null phases (a host stage's are exact;
+    with ``--profile`` they are device events, ``parallel.observe.phase_timer``),
+    and ``step_s`` is the host's wall time of the step (the last stage reads its loss, so the host
+    cannot run a step ahead).
+
+    ``schedule_s`` is the pipeline's forward/backward wall time (the slowest rank's); a stage's
+    ``bubble_s`` = schedule_s − its compute − its p2p: the part of the schedule it neither computed
+    nor spent in send/recv. Waiting for a neighbour stage inside a blocking send/recv is counted in
+    ``p2p_s`` (the transfer and the wait cannot be told apart there). Gradient sync and the
+    optimizer come after the schedule and are reported on their own.
+    """
+    col = {name: i for i, name in enumerate(TIME_FIELDS)}
+    step_s = float(times[:, col["step"]].max())
+    schedule_s = float(times[:, col["schedule"]].max())
+    stages = []
+    for mesh in topology.stages:
+        mine = times[list(mesh.ranks)].mean(dim=0)
+        compute, p2p = float(mine[col["compute"]]), float(mine[col["p2p"]])
+        phases: dict[str, float | None] = {
+            "compute_s": compute, "p2p_s": p2p, "bubble_s": max(0.0, schedule_s - compute - p2p),
+            "grad_sync_s": float(mine[col["grad_sync"]]), "optimizer_s": float(mine[col["optimizer"]]),
+        }
+        if float(times[list(mesh.ranks), col["timed"]].min()) < 1.0:
+            phases = dict.fromkeys(phases)
+        memory = float(times[list(mesh.ranks), col["peak_memory"]].max()) if "peak_memory" in col else float("nan")
+        stages.append({"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), **phases,
+                       "peak_memory_bytes": None if math.isnan(memory) else int(memory)})
+    peak = float(times[:, col["peak_tflops"]].sum())
+    all_timed = float(times[:, col["timed"]].min()) >= 1.0
+    return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s if all_timed else None,
+            "tokens_per_s": tokens / step_s if step_s > 0 else None, "stages": stages,
+            "peak_tflops": None if math.isnan(peak) else peak}
+
+
+# --- what the writer shows -------------------------------------------------------------------------------
+
+
+class Progress:
+    """``step 7/20 loss 4.1234 1234 tok/s``: in place on a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.total, self.stream = total, stream
+        self.tty = stream.isatty()
+
+    def update(self, record: dict[str, Any]) -> None:
+        rate = record["tokens_per_s"] or 0.0
+        line = f"step {record['step']}/{self.total} loss {record['loss']:.4f} {rate:.0f} tok/s {record['step_s'] * 1e3:.0f} ms/step"
+        moe = record.get("moe")
+        if moe and moe.get("min_max") is not None:  # the expert balance: worst layer's least/most loaded expert
+            line += f" · experts min/max {moe['min_max']:.2f} aux {moe['aux_loss']:.3f}"
+            if moe.get("exchange"):  # under ep: how tokens crossed ranks (symmetric memory or all-to-alls)
+                line += f" via {moe['exchange']}"
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def steady_rate(records: list[dict[str, Any]]) -> float | None:
+    """Tokens per second of the steps after the first: the first step's warm-up (allocator, kernels,
+    autotuning) and checkpoint writes (outside ``step_s``) are not training speed. One step: that step."""
+    steady = records[1:] or records
+    seconds = sum(rec["step_s"] for rec in steady)
+    return sum(rec["tokens"] for rec in steady) / seconds if seconds > 0 else None
+
+
+def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoint: str | None) -> dict[str, Any]:
+    from hal.parallel.config.flops import flops_per_token, mfu
+
+    tokens = sum(rec["tokens"] for rec in records)
+    rate = steady_rate(records)
+    peak = records[0]["peak_tflops"] if records else None
+    return {
+        "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
+        "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
+        "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
+        "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
+        "tokens_per_s": rate, "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
+        "mfu": mfu(rate, r.job.model, r.seq, peak), "peak_tflops": peak,
+        "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
+        "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
+        "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
+                    "layers": m.layer_ids,
+                    # the allocator's high-water mark over the run, the stage's largest rank (cpu: peak RSS)
+                    "peak_memory_bytes": max((rec["stages"][m.index].get("peak_memory_bytes") or 0 for rec in records), default=None)}
+                   for m in r.topology.stages],
+    }
+
+
+# --- the profiled step's timeline ---------------------------------------------------------------------------
+
+
+def _common_start(r: RankRun) -> tuple[Any, float]:
+    """One barrier over the world, then this rank's timer mark and the host clock beside it (``parallel.observe.timeline``
+    lines ranks up by that clock where they share a host, by the barrier elsewhere)."""
+    dist.barrier()
+    return r.engine.timer.mark(), time.perf_counter()
+
+
+def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
+    """Gather every rank's spans of the step just run on the writer, which writes RUN_DIR/timeline.json."""
+    import socket
+
+    from hal.parallel.observe.timeline import measured_document, rank_record
+
+    coord = r.engine.coord
+    mine = rank_record(r.rank, coord.stage, coord.dp, coord.tp, r.engine.step_spans(origin[0]),
+                       host=socket.gethostname(), clock_at_origin=origin[1],
+                       clock="events" if r.engine.measure_on_device else "host")
+    everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == r.writer else None
+    dist.gather_object(mine, everyone, dst=r.writer)
+    if everyone is None:
+        return
+    doc = measured_document(r.job.plan, r.topology, everyone, step=step)
+    Path(r.job.run_dir, "timeline.json").write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+
+
+def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
+    train = r.job.train
+    meta = {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
+            "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq},
+            "init_from": None if r.job.init_from is None else str(r.job.init_from)}
+    if r.scaler is not None:
+        meta["loss_scale"] = r.scaler.state_dict()
+    return meta
+
+
+def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
+    from hal.parallel.state.checkpoint import save_checkpoint
+
+    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done)))
+
+
+def _open_log(path: Path, resumed: bool) -> TextIO:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a" if resumed else "w", encoding="utf-8")
+
+
+def _open_board(r: RankRun) -> Any:
+    """The TensorBoard event file under the run directory with ``train.tensorboard`` (checked before ranks start), else None."""
+    if not r.job.train.tensorboard:
+        return None
+    from hal.parallel.observe.tensorboard import TensorBoardLog, log_dir
+
+    return TensorBoardLog(log_dir(r.job.run_dir))
+
+
+def train(r: RankRun) -> None:
+    """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
+    is_writer = r.rank == r.writer
+    save_every, eval_every = r.job.train.checkpoint_every, r.job.train.eval_every
+    plan = r.job.plan
+    checkpoint_dir = r.job.checkpoint_dir
+    tokens = plan.global_batch_size * r.seq
+    log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
+    board = _open_board(r) if is_writer else None
+    progress = Progress(r.steps) if is_writer else None
+    records: list[dict[str, Any]] = []
+    checkpoint = None
+    skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
+    began = time.perf_counter()
+    timeline_step = r.steps - 1 if r.job.profile else None
+    try:
+        for step in range(r.start, r.steps):
+            origin = _common_start(r) if step == timeline_step else None
+            loss, row = train_step(r, step)
+            times = gather_times(row, r.writer)
+            moe = gather_moe(r)
+            if origin is not None:
+                write_timeline(r, step + 1, origin)
+            evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
+            if is_writer:
+                assert loss is not None and times is not None and log is not None and progress is not None
+                record = step_record(step + 1, loss, times, r.topology, tokens)
+                record["lr"] = r.optimizer.param_groups[0]["lr"]
+                if r.job.train.grad_clip is not None:
+                    record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)
+                if evaluation is not None:
+                    record["eval_loss"], record["eval_ppl"] = evaluation, math.exp(min(evaluation, 80.0))
+                if moe is not None:
+                    record["moe"] = moe
+                if r.scaler is not None:  # the scale the step ran with; the same on every rank
+                    record["loss_scale"] = r.engine.loss_scale
+                    record["skipped"] = r.scaler.skipped_steps > skipped_before
+                    record["skipped_steps"] = skipped_before = r.scaler.skipped_steps
+                records.append(record)
+                log.write(strict_json.dumps(record) + "\n")
+                log.flush()
+                if board is not None:
+                    board.write(record)
+                progress.update(record)
+            done = step + 1
+            if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
+                checkpoint = _save(r, checkpoint_dir, done)
+    finally:
+        if progress is not None:
+            progress.close()
+        if log is not None:
+            log.close()
+        if board is not None:
+            board.close()
+    if is_writer:
+        summary = _summary(r, records, time.perf_counter() - began, checkpoint)
+        Path(r.job.run_dir, "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+# --- entry point ----------------------------------------------------------------------------------------------
+
+
+USAGE = "usage: python -m hal.parallel.loop.trainer RUN_DIR/job.json  (one rank of hal train, started by hal train or torchrun)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
+    from hal.collectives import shutdown
+    from hal.cpu_binding import bind_from_env, cpulist
+
+    from hal.parallel.config.job import load_job
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    rank = os.environ.get("RANK", "?")
+    try:
+        bound = bind_from_env()  # before torch starts its threads: they inherit the rank's cores
+        if bound is not None:
+            print(f"hal train: rank {rank}: pinned to cpus {cpulist(sorted(os.sched_getaffinity(0)))}", file=sys.stderr)
+        train(setup(load_job(args[0])))
+        return 0
+    except HalError as exc:
+        print(f"hal train: rank {rank}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        print(f"hal train: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, end="")
+        return 1
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""A validated run config and its topology as plain data: what ``hal plan`` shows and ``--json`` prints."""
+from __future__ import annotations
+
+from typing import Any
+
+from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.config.run import RunConfig
+from hal.parallel.schedules import get_schedule, simulate
+from hal.parallel.observe.timeline import layer_proportional
+from hal.parallel.config.topology import Topology
+
+
+def plan_report(run: RunConfig) -> dict[str, Any]:
+    """The validated plan and its topology as plain data (``--json`` prints exactly this)."""
+    return {
+        "config": run.origin,
+        "model": run.model.to_dict(),
+        "plan": run.plan.to_dict(),
+        "train": run.train.to_dict(),
+        "global_batch_size": run.plan.global_batch_size,
+        "precision": run.hal.precision,
+        "stage_precision": [s.precision or run.hal.precision for s in run.plan.stages],
+        "topology": Topology.from_plan(run.plan).to_dict(),
+        "schedule": schedule_prediction(run.plan),
+    }
+
+
+def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
+    """The schedule played with each stage's time proportional to its layers (backward = 2 x forward).
+
+    A first look, not a profile: devices of different speed, the head and the boundaries are left out
+    (the planner's cost model adds them). Gives each stage's idle share and most micro-batches in flight.
+    """
+    V = plan.virtual_stages
+    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, virtual_stages=V,
+                   **layer_proportional(plan))
+    return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
+            "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
+            "in_flight": list(sim.peak_in_flight), "virtual_stages": V}

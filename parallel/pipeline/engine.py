@@ -1,0 +1,530 @@
+"""The pipeline engine: one rank's share of a training step under a registered schedule (GPipe, 1F1B).
+
+Each rank runs its stage's module on the micro-batches its (stage, dp) coordinate owns.
+Activations cross stage boundaries through ``parallel.pipeline.reshard`` (slice intersection, batched P2P,
+the collectives bridge between islands); gradients return the same way. What a rank does, in which
+order, is data: the plan's schedule (``parallel.schedules``: GPipe, 1F1B) gives each stage a
+program of compute actions and P2P batches, and ``step_lazy`` executes it. 1F1B follows Megatron's
+non-interleaved structure: warm-up forwards, a steady phase whose sends and receives are posted
+together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so blocking P2P cannot
+deadlock), and cool-down backwards. Batches that only send are left in flight while the rank
+computes on (``_post``) and waited for at the end of the schedule.
+
+Timing: every step fills ``engine.times`` (``StepTimes``): forward/backward compute, time inside boundary
+send/recv (transfer plus waiting for the neighbour stage), the dp gradient sync, and the schedule's wall
+time, through ``engine.timer`` (``parallel.observe.phase_timer``). On the CPU the host clock is exact. On an
+accelerator set ``engine.measure_on_device = True`` (``hal train --profile``): the phases are then device
+events read once at the end of the step, so the step is not slowed by a synchronization per phase.
+Each compute and P2P interval carries the schedule step it ran (a reference, no extra work): the
+step's timeline, ``engine.step_spans()`` (``parallel.observe.timeline``), is read from those on demand.
+
+Loss convention (``parallel.pipeline.reshard`` explains why): the last stage returns logits and the engine
+applies ``loss_fn`` (``parallel.models.loss``); a micro-batch's loss is its token sum over the token count of
+the whole micro-batch, divided by the number of micro-batches; weight gradients are
+then SUMMED over a stage's dp replicas (bucketed all-reduce), so every split computes the gradient of
+the same global loss.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from hal.backend import Backend
+from hal.collectives import Communicator
+
+from hal.parallel.models.fused_head import fused_head_cross_entropy
+from hal.parallel.models.linear import fp8_matmuls
+from hal.parallel.models.loss import LossFn, token_sum_cross_entropy
+from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
+from hal.parallel.models.llama import Stage, build_stage, sync_tied_embedding_grads
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.models.layers import expert_shard
+from hal.parallel.observe.phase_timer import PhaseTimer
+from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
+from hal.parallel.schedules import Action, Kind, P2PBatch, get_schedule
+from hal.parallel.schedules.gpipe import ForwardOnly
+from hal.parallel.schedules.interleaved import InterleavedForwardOnly
+from hal.parallel.schedules.placement import neighbours
+from hal.parallel.schedules.zbv import ZeroBubbleVForwardOnly
+from hal.parallel.config.topology import RankGroups, Topology
+from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
+
+BUCKET_BYTES = 16 * 2**20
+
+
+@dataclass
+class _InFlight:
+    """A micro-batch whose forward ran here (through one model chunk) and whose backward is pending."""
+
+    inputs: torch.Tensor | None  # received activation (requires grad), None for the model's first chunk
+    output: torch.Tensor  # the chunk's output (or the scaled loss after the model's last chunk)
+    is_loss: bool = False  # the output is the loss: its backward starts the gradient
+
+
+Key = tuple[int, int]  # (chunk, micro-batch): what per-micro-batch state is filed under
+
+
+@dataclass
+class _Posted:
+    """A batch posted without waiting (interleaved programs): its receives are claimed by the computes that need them."""
+
+    handle: Any
+    receives: list[tuple[Any, Any]]  # (receive action, its PostedOps)
+    results: dict[tuple[Kind, int, int], torch.Tensor] | None = None
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent per category in one step on this rank (compute vs waiting on P2P).
+
+    ``schedule`` is the wall time of the forward/backward schedule (everything but ``grad_sync``);
+    ``schedule - compute - p2p`` is what this rank spent neither computing nor in send/recv.
+    ``optimizer`` and ``step`` are filled by a caller that times them through the same timer.
+    """
+
+    compute: float = 0.0
+    p2p: float = 0.0
+    grad_sync: float = 0.0
+    schedule: float = 0.0
+    optimizer: float = 0.0
+    step: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_totals(cls, totals: dict[str, float], counts: dict[str, int]) -> "StepTimes":
+        known = {name: totals[name] for name in ("compute", "p2p", "grad_sync", "schedule", "optimizer", "step") if name in totals}
+        return cls(**known, counts=dict(counts))
+
+
+class PipelineEngine:
+    """This rank's stage module and the schedule that drives it."""
+
+    def __init__(
+        self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
+        backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
+        autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
+        fp8_dtype: torch.dtype | None = None, init_from: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
+        ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
+        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
+        ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
+        (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
+        over the whole micro-batch's token count (``parallel.models.loss``). ``fp8_dtype``: an fp8-mixed
+        stage's format: its decoder layers' forward matmuls run in it (``parallel.models.linear``). ``init_from``:
+        a Hugging Face checkpoint directory this rank's weights are sliced from instead of the seed."""
+        self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
+        self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
+        self.coord = groups.coord
+        self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
+        self.mesh = topology.stages[self.coord.stage]
+        self.first = self.coord.stage == 0  # holds the model's first chunk (the embedding)
+        self.last = self.coord.stage == topology.last_stage  # holds its last chunk (the head, the loss)
+        self.backend, self.device, self.dtype = backend, device, dtype
+        self.autocast = autocast or contextlib.nullcontext
+        self.fp8_dtype = fp8_dtype
+        self.seq = seq_len or model.max_seq_len
+        tp_comm = groups.tp if self.mesh.tp > 1 else None
+        self.chunks = topology.virtual_stages  # model chunks this stage runs (interleaved schedules: > 1)
+        self.module: Stage = build_stage(
+            model, self.mesh.layer_ranges, first=self.first, last=self.last, tp_comm=tp_comm,
+            sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
+            fused_head=plan.fused_head, init_from=init_from, ep_comm=groups.ep if self.mesh.ep > 1 else None,
+        )
+        # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
+        # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
+        self._moe_share = 1.0 / (plan.micro_batches * self.mesh.dp)
+        self._moe_group = groups.dp if self.mesh.dp > 1 else None
+        self.module.configure_moe(self._moe_share, self._moe_group)
+        self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
+        if self.mesh.compile:
+            compile_layers(self.module, self.mesh.compile_backend)
+        if loss_fn is None and self.module.fused_head:
+            loss_fn = fused_head_cross_entropy(self.module, self._token_count())
+        self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
+        if self.module.needs_tied_grad_sync and groups.embedding is None:
+            raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
+        layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
+        mbs = plan.micro_batch_size
+        k, S, V = self.coord.stage, topology.num_stages, self.chunks
+        # Per chunk: the boundary its input arrives over and the one its output leaves over, from the
+        # virtual stages before and after it (``schedules.placement``). None: the model's end, or the
+        # neighbour chunk is on this stage (the V's turn), whose tensors are handed over in memory.
+        self.recv_boundaries: list[Boundary | None] = []
+        self.send_boundaries: list[Boundary | None] = []
+        self.local_prev: list[int | None] = []  # the chunk of this stage feeding chunk v, if one does
+        for v in range(V):
+            before, after = neighbours(k, v, S, V, topology.placement)
+            self.local_prev.append(before[1] if before is not None and before[0] == k else None)
+            self.recv_boundaries.append(None if before is None or before[0] == k else
+                                        Boundary(layouts[before[0]], layouts[k], mbs, self.seq))
+            self.send_boundaries.append(None if after is None or after[0] == k else
+                                        Boundary(layouts[k], layouts[after[0]], mbs, self.seq))
+        self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+        # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
+        self.program = self.schedule.program(S, plan.micro_batches, k, V)
+        self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
+        self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
+        self._step_origin: Any = None  # the timer's mark at the last step's schedule start (step_spans)
+        self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
+        self._weight_grads: dict[Key, WeightGradStore] = {}  # split backwards: W halves still to run
+        self._deferred: dict[tuple[Kind, int, int], _Posted] = {}  # receives posted, not yet claimed (interleaved)
+        self.loss_scale = 1.0  # the pipeline's dynamic loss scale (parallel.loop.loss_scale), applied by the last stage
+        # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
+        # traffic of the all-reduce); p.grad then holds this replica's part only.
+        self.reduce_dp_grads = True
+
+    # --- timing -------------------------------------------------------------------------------------
+    @property
+    def measure_on_device(self) -> bool:
+        """Whether phases are device events (an accelerator under ``--profile``); the host clock otherwise."""
+        return self.timer.mode == "events"
+
+    @measure_on_device.setter
+    def measure_on_device(self, on: bool) -> None:
+        self.timer.mode = "events" if on and self.device.type != "cpu" else "host"
+
+    @property
+    def times(self) -> StepTimes:
+        """The last step's breakdown (with device events, the first read waits for the step to finish)."""
+        if self._times is None:
+            self._times = StepTimes.from_totals(self.timer.totals(), self.timer.counts)
+        return self._times
+
+    def _timed(self, category: str, label: Any = None) -> ContextManager[None]:
+        """Count the enclosed region under ``category`` (see ``times``); ``label``: the schedule step it runs."""
+        self._times = None
+        return self.timer.phase(category, label)
+
+    def step_spans(self, origin: Any = None) -> list[Any]:
+        """The last step's labelled intervals (``PhaseTimer.spans``): the schedule, each compute action and
+        P2P post or wait, the gradient sync; in seconds after ``origin`` (a timer mark; default: the
+        schedule's start). With device events this is the step's one wait (as ``times`` is)."""
+        origin = self._step_origin if origin is None else origin
+        return [] if origin is None else self.timer.spans(origin)
+
+    # --- data --------------------------------------------------------------------------------------
+    def _inputs(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
+        return tokens[m, self.rows, :-1].to(self.device)
+
+    def _labels(self, tokens: torch.Tensor, m: int) -> torch.Tensor:
+        return tokens[m, self.rows, 1:].to(self.device)
+
+    def _tokens_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The step's tokens on this rank's device, in one asynchronous copy (a first or last stage only).
+
+        Why: a pageable host tensor copied per micro-batch makes the host wait until the device
+        drained everything queued before it (twice per micro-batch on a stage holding both ends),
+        so the launch of the next kernels is no longer hidden behind the running ones. One pinned,
+        non-blocking copy per step keeps the queue full.
+        """
+        if tokens.device == self.device or not (self.first or self.last):
+            return tokens
+        if self.device.type != "cpu" and tokens.device.type == "cpu":
+            tokens = tokens.pin_memory()  # a non-blocking copy from pageable memory would still block
+        return tokens.to(self.device, non_blocking=True)
+
+    # --- point to point -------------------------------------------------------------------------------
+    def _post(self, comm: Communicator | None, *posted: Any, label: Any = None) -> list[Any]:
+        """Post ``posted`` in one batch; wait for it only when it receives something.
+
+        A batch of pure sends is left in flight (``_sends_in_flight``) so this rank goes on computing
+        while the neighbour receives — the overlap torch.distributed.pipelining's schedules also do.
+        Its buffers stay referenced by the handle until ``_drain_sends`` waits at the end of the
+        schedule. A batch with a receive is waited on at once: the next compute needs its data (on
+        NCCL that wait orders the compute stream after the transfer; the host does not block).
+        """
+        ops = [op for p in posted if p is not None for op in p.ops]
+        if not ops:
+            return [None if p is None else p.finish() for p in posted]
+        assert comm is not None
+        with self._timed("p2p", label):
+            if all(op.kind == "send" for op in ops):
+                self._sends_in_flight.append(comm.batch_p2p(ops, async_op=True))
+                return [None for _ in posted]
+            comm.batch_p2p(ops)
+            return [None if p is None else p.finish() for p in posted]
+
+    def _drain_sends(self) -> None:
+        """Wait for every send still in flight (the end of a schedule: nothing may outlive the step)."""
+        if not self._sends_in_flight:
+            return
+        with self._timed("p2p", "wait for sends"):
+            for handle in self._sends_in_flight:
+                handle.wait()
+            self._sends_in_flight.clear()
+
+    def _recv_fwd_ops(self, chunk: int = 0) -> Any:
+        b = self.recv_boundaries[chunk]
+        return None if b is None else p2p_ops(b.forward, self.rank, tail=(self.model_config.hidden_size,),
+                                               dtype=self.dtype, device=self.device)
+
+    def _send_fwd_ops(self, out: torch.Tensor, chunk: int = 0) -> Any:
+        b = self.send_boundaries[chunk]
+        return None if b is None else p2p_ops(b.forward, self.rank, out)
+
+    def _recv_bwd_ops(self, like: torch.Tensor, chunk: int = 0) -> Any:
+        b = self.send_boundaries[chunk]
+        if b is None:
+            return None
+        return p2p_ops(b.backward, self.rank, tail=tuple(like.shape[2:]), dtype=like.dtype,
+                       device=self.device, accumulate=b.accumulate_grads)
+
+    def _send_bwd_ops(self, grad: torch.Tensor | None, chunk: int = 0) -> Any:
+        b = self.recv_boundaries[chunk]
+        return None if b is None or grad is None else p2p_ops(b.backward, self.rank, grad)
+
+    # --- one micro-batch ---------------------------------------------------------------------------------
+    def _forward(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None, label: Any = None) -> _InFlight:
+        with self._timed("compute", label):
+            return self._forward_untimed(tokens, key, received)
+
+    def _forward_untimed(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
+        warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
+        self._eager_warmup = False
+        with self.autocast(), warmup, splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
+            item = self._forward_stage(tokens, key, received)
+        if not item.is_loss and item.output.dtype != self.dtype:
+            # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
+            item = _InFlight(item.inputs, item.output.to(self.dtype))
+        return item
+
+    def _forward_stage(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
+        chunk, m = key
+        # One chunk: call the module itself (its forward hooks fire, as for any nn.Module).
+        run = self.module if self.chunks == 1 else functools.partial(self.module.forward_chunk, chunk=chunk)
+        if self.first and chunk == 0:
+            x: torch.Tensor | None = None
+            out = run(self._inputs(tokens, m))
+        else:
+            assert received is not None
+            x = received.requires_grad_(True)
+            out = run(x)
+        if self.last and chunk == self.chunks - 1:
+            return _InFlight(x, self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches, True)
+        return _InFlight(x, out)
+
+    def _token_count(self) -> int:
+        return self.plan.micro_batch_size * self.seq
+
+    def _backward(self, item: _InFlight, grad: torch.Tensor | None, label: Any = None) -> torch.Tensor | None:
+        with self._timed("compute", label):
+            return self._backward_untimed(item, grad)
+
+    def _backward_input(self, key: Key, item: _InFlight, grad: torch.Tensor | None, label: Any = None) -> torch.Tensor | None:
+        """The input-gradient half of a split backward: the linear layers' weight gradients wait in a store."""
+        store = self._weight_grads.setdefault(key, WeightGradStore())
+        with self._timed("compute", label), collecting(store):
+            return self._backward_untimed(item, grad)
+
+    def _backward_weight(self, key: Key, label: Any = None) -> None:
+        """The weight-gradient half: the products the input half left in that micro-batch's store."""
+        with self._timed("compute", label):
+            self._weight_grads.pop(key).run()
+
+    def _backward_untimed(self, item: _InFlight, grad: torch.Tensor | None) -> torch.Tensor | None:
+        if item.is_loss:
+            # fp16 anywhere in the pipeline: the loss is scaled here, once, and every gradient with it
+            (item.output * self.loss_scale if self.loss_scale != 1.0 else item.output).backward()
+        else:
+            assert grad is not None
+            item.output.backward(grad)
+        return None if item.inputs is None else item.inputs.grad
+
+    # --- the schedule ---------------------------------------------------------------------------------------
+    def step(self, tokens: torch.Tensor) -> float | None:
+        """Forward and backward every micro-batch of ``tokens`` (M, micro_batch_size, S+1); sync gradients.
+
+        Returns the step's loss on last-stage ranks (the mean over all tokens), None elsewhere.
+        """
+        loss = self.step_lazy(tokens)
+        return None if loss is None else float(loss.item())
+
+    def step_lazy(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """``step`` without reading the loss back: a 1-element float64 tensor on the device (last stage).
+
+        Reading a device value makes the host wait for the whole step, so the next step's first
+        kernels are queued only after the device ran dry; throughput loops read losses later.
+        """
+        self.timer.reset()
+        self._times = None
+        self._step_origin = start = self.timer.mark()
+        # the auxiliary MoE losses' gradients carry the step's loss scale, as the language-model loss's do
+        self.module.configure_moe(self._moe_share * self.loss_scale, self._moe_group)
+        losses = self._execute(tokens)
+        self.timer.add("schedule", start, self.timer.mark(), "schedule")
+        with self._timed("grad_sync", "grad sync"):
+            self._fill_idle_experts()
+            if self.reduce_dp_grads:
+                self._sync_dp_grads()
+            if self.module.needs_tied_grad_sync:
+                sync_tied_embedding_grads(self.module, self.groups.embedding)
+        return self._step_loss(losses)
+
+    def evaluate(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The loss of ``tokens`` (M, micro_batch_size, S+1) without gradients: every forward, no backward.
+
+        Same loss as ``step_lazy`` gives for these tokens and weights (last stage: a 1-element float64
+        tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
+        """
+        S, M, k = self.topology.num_stages, self.plan.micro_batches, self.coord.stage
+        forward_only = (ZeroBubbleVForwardOnly() if self.topology.placement == "v" else InterleavedForwardOnly()
+                        if self.chunks > 1 else ForwardOnly())
+        program = forward_only.program(S, M, k, self.chunks)
+        with torch.no_grad():
+            return self._step_loss(self._execute(tokens, program))
+
+    def _execute(self, tokens: torch.Tensor, program: list[Any] | None = None) -> list[torch.Tensor]:
+        """Run this stage's program (``self.program``) in order; the last stage's scaled losses, by micro-batch.
+
+        Compute actions run the stage; a ``P2PBatch`` is posted as one batch over its link
+        (``_post``: pure sends stay in flight, a batch that receives is waited on; an interleaved
+        program's batches are all posted without waiting, ``_post_deferred``). State lives per
+        (chunk, micro-batch) only between the action that makes it and the one that consumes it.
+        """
+        pending: dict[Key, _InFlight] = {}  # forwarded, backward still to come
+        received: dict[Key, torch.Tensor] = {}  # RECV_F results, waiting for their forward
+        grads: dict[Key, torch.Tensor] = {}  # RECV_B results, waiting for their backward
+        input_grads: dict[Key, torch.Tensor | None] = {}  # backward results, waiting for SEND_B
+        losses: list[torch.Tensor] = []
+        tokens = self._tokens_on_device(tokens)
+        for step in self.program if program is None else program:
+            if isinstance(step, P2PBatch):
+                self._communicate(step, pending, received, grads, input_grads)
+                continue
+            key = (step.chunk, step.micro_batch)
+            if step.kind is Kind.FORWARD:
+                feeder = self.local_prev[step.chunk]
+                given = (self._claim(Kind.RECV_FORWARD, key, received) if feeder is None
+                         else pending[(feeder, step.micro_batch)].output.detach())  # the V's turn: in memory
+                item = self._forward(tokens, key, given, step)
+                if item.is_loss:
+                    losses.append(item.output.detach())
+                pending[key] = item
+            elif step.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+                item = pending.pop(key)
+                grad = self._claim(Kind.RECV_BACKWARD, key, grads)
+                done = (self._backward(item, grad, step) if step.kind is Kind.BACKWARD
+                        else self._backward_input(key, item, grad, step))
+                if self.local_prev[step.chunk] is None:
+                    input_grads[key] = done
+                else:  # the feeding chunk is here: its backward takes this gradient as if received
+                    grads[(self.local_prev[step.chunk], step.micro_batch)] = done
+            elif step.kind is Kind.BACKWARD_WEIGHT:
+                self._backward_weight(key, step)
+            else:
+                raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
+        self._drain_sends()
+        if self._weight_grads:  # a schedule that leaves W halves behind would lose those gradients
+            raise RuntimeError(f"schedule {self.schedule.name!r} left weight gradients of micro-batches "
+                               f"{sorted(self._weight_grads)} unrun on stage {self.coord.stage}")
+        if self._deferred:
+            raise RuntimeError(f"schedule {self.schedule.name!r} received {sorted(self._deferred)} on stage "
+                               f"{self.coord.stage} and never used it")
+        return losses
+
+    def _claim(self, kind: Kind, key: Key, filed: dict[Key, torch.Tensor]) -> torch.Tensor | None:
+        """A compute's received input: filed already, or (deferred batch) waited for now."""
+        posted = self._deferred.pop((kind, *key), None)
+        if posted is not None:
+            if posted.results is None:
+                with self._timed("p2p", Action(kind, key[1], key[0])):  # a wait for this receive
+                    posted.handle.wait()
+                posted.results = {(a.kind, a.chunk, a.micro_batch): ops.finish() for a, ops in posted.receives}
+            return posted.results.pop((kind, *key))
+        return filed.pop(key, None)
+
+    def _communicate(self, batch: P2PBatch, pending: dict[Key, _InFlight], received: dict[Key, torch.Tensor],
+                     grads: dict[Key, torch.Tensor], input_grads: dict[Key, torch.Tensor | None]) -> None:
+        """Post one P2P batch and file what it received under its (chunk, micro-batch)."""
+        posted = []
+        for a in batch.actions:
+            key = (a.chunk, a.micro_batch)
+            if a.kind is Kind.RECV_FORWARD:
+                posted.append(self._recv_fwd_ops(a.chunk))
+            elif a.kind is Kind.SEND_FORWARD:
+                posted.append(self._send_fwd_ops(pending[key].output, a.chunk))
+            elif a.kind is Kind.RECV_BACKWARD:
+                posted.append(self._recv_bwd_ops(pending[key].output, a.chunk))
+            else:
+                posted.append(self._send_bwd_ops(input_grads.pop(key), a.chunk))
+        if batch.peer_stage is not None:
+            self._post_deferred(self.groups.link(batch.peer_stage), batch, posted)
+            return
+        comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
+        for a, value in zip(batch.actions, self._post(comm, *posted, label=batch)):
+            if a.kind is Kind.RECV_FORWARD:
+                received[(a.chunk, a.micro_batch)] = value
+            elif a.kind is Kind.RECV_BACKWARD:
+                grads[(a.chunk, a.micro_batch)] = value
+
+    def _post_deferred(self, comm: Communicator, batch: P2PBatch, posted: list[Any]) -> None:
+        """Post a batch without waiting; its receives wait in ``_deferred`` for the compute that needs them."""
+        ops = [op for p in posted if p is not None for op in p.ops]
+        if not ops:
+            return
+        with self._timed("p2p", batch):
+            handle = comm.batch_p2p(ops, async_op=True)
+        receives = [(a, p) for a, p in zip(batch.actions, posted)
+                    if a.kind in (Kind.RECV_FORWARD, Kind.RECV_BACKWARD) and p is not None]
+        if not receives:
+            self._sends_in_flight.append(handle)
+            return
+        entry = _Posted(handle, receives)
+        for a, _ in receives:
+            self._deferred[(a.kind, a.chunk, a.micro_batch)] = entry
+
+    # --- after the schedule -----------------------------------------------------------------------------------
+    def _sync_dp_grads(self) -> None:
+        """SUM gradients over this stage's dp replicas, in buckets of flattened gradients.
+
+        Under expert parallelism an expert shard's replicas are the dp ranks holding the same experts (the
+        ``edp`` group, dp / ep of them); every other parameter is summed over the whole dp group."""
+        experts: list[torch.nn.Parameter] = []
+        others: list[torch.nn.Parameter] = []
+        for p in self.module.parameters():
+            if p.grad is not None:
+                (experts if expert_shard(p) else others).append(p)
+        self._sum_grads(self.groups.dp, others)
+        if experts:
+            self._sum_grads(self.groups.edp if self.groups.edp is not None else self.groups.dp, experts)
+
+    def _fill_idle_experts(self) -> None:
+        """A zero gradient for every expert shard no token reached here this step, as one device would have: its
+        replicas' sums (and ZeRO-1's reduce-scatter) then take part whatever the routing."""
+        for p in self.module.parameters():
+            if p.grad is None and p.requires_grad and expert_shard(p):
+                p.grad = torch.zeros_like(p)
+
+    @staticmethod
+    def _sum_grads(dp: Communicator, params: list[torch.nn.Parameter]) -> None:
+        if dp.size == 1:
+            return
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in params + [None]:  # type: ignore[list-item]
+            if p is not None:
+                bucket.append(p.grad)
+                size += p.grad.numel() * p.grad.element_size()
+            if bucket and (p is None or size >= BUCKET_BYTES):
+                flat = torch.cat([g.reshape(-1) for g in bucket])
+                dp.all_reduce(flat, "sum")
+                at = 0
+                for g in bucket:
+                    g.copy_(flat[at:at + g.numel()].view_as(g))
+                    at += g.numel()
+                bucket, size = [], 0
+
+    def _step_loss(self, losses: list[torch.Tensor]) -> torch.Tensor | None:
+        if not self.last:
+            return None
+        total = torch.stack(losses).sum().reshape(1).to(torch.float64)
+        if self.groups.dp.size > 1:
+            self.groups.dp.all_reduce(total, "sum")  # each replica's loss covers its rows only
+        return total

@@ -1,0 +1,149 @@
+"""Make a profile for a cluster: measure the device types this host has, estimate the others, measure the links.
+
+Why one place: ``hal profile`` and ``hal plan --search`` (which profiles the present devices itself when
+given no ``--profile``) must agree on what is measured and what is estimated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import platform
+import time
+from typing import Any, Callable
+
+from hal.errors import ConfigError
+
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.planner.calibrate import calibrate_host, calibrate_node, calibrate_tp
+from hal.parallel.planner.cluster import Cluster, DeviceType
+from hal.parallel.planner.estimate import estimate_device
+from hal.parallel.planner.measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_loaded_collectives, measure_tp_layers
+from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Profile
+
+QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
+MAX_QUICK_LAYER_FLOPS = 5e11  # a present device is measured only when one layer's forward at the largest point is below this
+
+
+def present(kind: DeviceType) -> bool:
+    """Whether this host runs ``kind`` (its backend is available and its device 0 is that catalog model)."""
+    from hal.backend_registry import get_backend
+
+    backend = get_backend(kind.backend)
+    if not backend.is_available() or backend.device_count() == 0:
+        return False
+    return backend.capabilities(0).catalog_id == kind.device
+
+
+def cpu_threads(kind: DeviceType) -> int:
+    """Threads each cpu rank computes with in a run (hal train: the node's cores over its ranks)."""
+    return max(1, (kind.cores or 1) // kind.per_node)
+
+
+def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
+                 links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
+                 fallback: str = "warn", launch: Callable[..., Any] | None = None, calibrate: bool = True,
+                 compile_backend: str | None = None) -> Profile:
+    """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too.
+
+    A cpu node with several ranks also gets its in-run slowdown (``planner.calibrate``) unless ``calibrate``
+    is off or no ``launch`` is given.
+
+    ``launch`` (``hal.launch.run_function``) starts the two ranks a link is timed between; links are measured
+    only when it is given (the command hands it in: the launcher is above this floor). ``compile_backend``: the
+    layers are timed compiled (a plan that compiles them runs another program); the calibration pipelines stay
+    eager — they measure the node's slowdown and the engine's own work, ratios and per-action costs the layer's
+    program does not set."""
+    from hal.backend_registry import get_backend
+    from hal.precision import resolve_precision
+
+    say = progress or (lambda _: None)
+    started = time.monotonic()
+    rows = QUICK_ROWS if quick else ROWS
+    reps = repeats or (1 if quick else 3)
+    measured_links: dict[str, LinkProfile] = {}
+    if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
+        for bridged in (False, True):
+            say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
+            link = measure_link("cpu", bridged, launch)
+            measured_links[f"cpu-{link.kind}"] = link
+        ranks = max((k.per_node for k in cluster.types if k.is_cpu and present(k)), default=1)
+        if ranks >= 2:
+            say(f"cpu: dp-sync collectives, {ranks} ranks in pairs at once")
+            loaded = measure_loaded_collectives("cpu", ranks - ranks % 2, launch)
+            island = measured_links["cpu-island"]
+            measured_links["cpu-island"] = dataclasses.replace(
+                island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
+                basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
+    devices: dict[str, DeviceProfile] = {}
+    for kind in cluster.types:
+        if not present(kind):
+            continue
+        backend = get_backend(kind.backend)
+        plan = resolve_precision(precision, backend, backend.capabilities(0), fallback)  # type: ignore[arg-type]
+        plan.apply(backend)
+        _check_size(model, seq, max(rows), kind)
+        measured = measure_device(
+            backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
+            repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say, compile_backend=compile_backend)
+        if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
+            say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
+            boundary = boundary_time(cluster, kind, measured_links, model, seq)
+            points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
+                                    rows=max(rows), seq=seq, launch=launch, boundary=boundary)
+            measured = dataclasses.replace(measured, contention=points)
+            tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
+                                     rows=max(rows), seq=seq, launch=launch, boundary=boundary)
+            measured = dataclasses.replace(measured, tp_all_reduce=tp_points,
+                                           basis=measured.basis + "; in-run slowdown and waits from calibration pipelines")
+        elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE:
+            say(f"{kind.device}: one layer at tp {TP_DEGREE} (sp off and on) on {TP_DEGREE} devices")
+            tp_layers = measure_tp_layers(kind.backend, model, seq=seq, rows=rows, precision=precision, repeats=reps,
+                                          launch=launch, fallback=fallback, compile_backend=compile_backend)
+            measured = dataclasses.replace(measured, layers=measured.layers + tp_layers)
+            say(f"{kind.device}: calibration pipeline (the engine's host work per action)")
+            per_action = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
+                                        fallback=fallback)
+            measured = dataclasses.replace(measured, action_host_s=per_action,
+                                           basis=measured.basis + f"; tp {TP_DEGREE} layers measured with their group; "
+                                           "the engine's host work from a calibration pipeline")
+        devices[kind.device] = measured
+    reference = Profile(model.to_dict(), precision, dict(devices), seq=seq)
+    for kind in cluster.types:
+        if kind.device not in devices:
+            say(f"{kind.device}: not on this host — estimated from the catalog")
+            devices[kind.device] = estimate_device(kind, model, precision, seq, reference)
+    meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps, "compiled_layers": compile_backend,
+            "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
+    return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)
+
+
+def boundary_time(cluster: Cluster, kind: DeviceType, links: dict[str, LinkProfile], model: ModelConfig,
+                  seq: int) -> Callable[[int], float]:
+    """Seconds to send a micro-batch of ``rows`` rows' boundary activations between two ranks of ``kind`` on one
+    node, timed as the cost model will time them (the measured island link where there is one, else the cluster's
+    figure): a calibration pipeline's transfers are played with it, so its fitted waits do not count them twice."""
+    from hal.parallel.planner.cost import BOUNDARY_BYTES, transfer_s
+
+    bw, latency = cluster.between(kind, kind, True)
+    gbps, lat = bw.value, latency.value
+    island = links.get("cpu-island") if kind.is_cpu else None
+    if island is not None:  # as ``CostModel.link``: a measured island replaces a default figure, not a declared one
+        gbps = island.bandwidth_gbps if bw.source == "default" else gbps
+        lat = island.latency_us if latency.source == "default" else lat
+    return lambda rows: transfer_s(rows * seq * model.hidden_size * BOUNDARY_BYTES, gbps, lat)
+
+
+def _check_size(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> None:
+    """Refuse, before allocating, a layer too big to time in seconds on this host (a 70B layer on a laptop cpu)."""
+    from hal.parallel.config.memory import layer_parameters
+
+    flops = 2.0 * layer_parameters(model) * rows * seq
+    if kind.is_cpu and flops > MAX_QUICK_LAYER_FLOPS:
+        raise ConfigError(f"hal profile: one layer of this model at {rows} row(s) × {seq} tokens is {flops:.2g} FLOPs, too "
+                          f"much to time on the cpu (limit {MAX_QUICK_LAYER_FLOPS:.0e}); profile with a shorter train.seq_len, "
+                          "or plan with the cpu left out of the cluster")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

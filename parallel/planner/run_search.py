@@ -1,0 +1,158 @@
+"""``hal plan --search`` as a library: cluster + profile + cost model + search, the written config, the table.
+
+Why here and not in cli/: the accuracy benchmark and the tests run the same steps without a shell.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import yaml
+
+from hal.run_dirs import write_text_atomic
+
+from hal.parallel.config.run import RunConfig
+from hal.parallel.planner.cluster import Cluster, check_holds, load_cluster
+from hal.parallel.planner.cost import CostModel
+from hal.parallel.planner.device_profile import Profile
+from hal.parallel.planner.profile_store import load_profile
+from hal.parallel.config.planned import planned_section, profile_label
+from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.search import Result, Search, SearchReport, report_dict
+
+
+def planning_cluster(run: RunConfig, cluster_file: str | None) -> Cluster:
+    """The cluster to plan for (``cluster_file``'s, the config's, or the devices present), refused in one line where
+    its devices cannot hold the model."""
+    from hal.parallel.config.flops import model_parameters
+
+    cluster = load_cluster(run.hal.cluster, run.origin, cluster_file)
+    check_holds(cluster, model_parameters(run.model), cluster_file or run.origin)
+    return cluster
+
+
+def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str | None,
+                    progress: Callable[[str], None] | None = None) -> tuple[Cluster, Profile, CostModel]:
+    """The cluster (declared or probed), the profile (given, or measured now in quick mode) and the cost model."""
+    cluster = planning_cluster(run, cluster_file)
+    seq = run.train.seq_len or run.model.max_seq_len
+    if profile_file is not None:
+        profile = load_profile(profile_file, run.model, run.hal.precision)
+        missing = [t for t in cluster.types if t.device not in profile.devices]
+        if missing:  # estimate them beside the measured ones, labelled as every estimate is
+            extra = make_profile(Cluster(tuple(missing), cluster.links, cluster.origin), run.model, run.hal.precision, seq,
+                                 links=False, progress=progress)
+            profile.devices.update(extra.devices)
+    else:
+        profile = make_profile(cluster, run.model, run.hal.precision, seq, quick=True, links=False, progress=progress)
+    return cluster, profile, CostModel(cluster, profile, run.model, seq)
+
+
+def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, top: int,
+           progress: Callable[[str], None] | None = None, use_all_types: bool = False) -> tuple[SearchReport, CostModel]:
+    cluster, profile, cost = planning_inputs(run, cluster_file, profile_file, progress)
+    report = Search(cost, run.plan, progress=progress, use_all_types=use_all_types).run(top)
+    if not profile_file:
+        report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
+    if cluster.probed:
+        report.notes.append("no cluster declared: planned for the devices present")
+    moe = moe_note(run)
+    if moe:
+        report.notes.append(moe)
+    left_out = left_out_note(report, cluster)
+    if left_out and not use_all_types:
+        report.notes.append(left_out)
+    shared = [t.device for t in cluster.types if t.is_cpu and t.per_node > 1 and t.device in profile.devices
+              and not profile.devices[t.device].estimated and not profile.devices[t.device].contention]
+    if shared:
+        report.notes.append(f"{', '.join(shared)}: ranks sharing a node's cores without calibration — each busy rank is "
+                            "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
+                            "pipeline runs (pass its file with --profile)")
+    return report, cost
+
+
+def moe_note(run: RunConfig) -> str | None:
+    """What the search's cost model leaves out of an MoE model, said beside its plans."""
+    if not run.model.is_moe:
+        return None
+    return ("MoE model: ep is searched (the experts sharded over ep of a stage's dp ranks: their memory, and each MoE "
+            "layer's four exchanges as bytes over the stage's link with balanced routing); not modelled: uneven "
+            "routing, and on CUDA the symmetric exchange's buffers (up to 2 x 512 MiB staging and "
+            "HAL_MOE_EXCHANGE_POOL_MIB, 1 GiB by default, an exchange shape) -- benchmarks/moe.py measures both")
+
+
+def left_out_note(report: SearchReport, cluster: Cluster) -> str | None:
+    """Which device types the top plan leaves idle, said: half a cluster doing nothing needs its reason on screen."""
+    if not report.results:
+        return None
+    used = {kind.device for kind in report.results[0].placement.kinds}
+    idle = [t for t in cluster.types if t.device not in used]
+    if not idle:
+        return None
+    return (f"plan #1 leaves out {', '.join(f'{t.count}× {t.device}' for t in idle)}: the plans giving "
+            f"{'it' if len(idle) == 1 else 'them'} stages ranked slower (--use-all-types: every type holds a stage)")
+
+
+def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cost: CostModel,
+               profile: str | None = None) -> None:
+    """The config with its parallel: section replaced by the chosen plan: ``hal train PATH`` runs it as is.
+    Its ``planned:`` section keeps the prediction (``planner.planned``; ``profile``: the file it came from)."""
+    with open(run.origin, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data["parallel"] = result.plan.to_dict()
+    data["planned"] = planned_section(result.plan, result.prediction, profile_label(profile))
+    # hal train refuses a top-level backend its stages contradict: the plan's own, or none where it mixes backends
+    backends = sorted({stage.backend for stage in result.plan.stages})
+    if "backend" in data and data["backend"] != "auto":
+        if len(backends) == 1:
+            data["backend"] = backends[0]
+        else:
+            del data["backend"]
+    p = result.prediction
+    head = [f"# written by hal plan --search from {run.origin}: predicted {p.step_s:.4g} s a step, "
+            f"{p.tokens_per_s:,.0f} tokens/s, idle share {p.bubble_overall:.1%}, bound by {p.bound}",
+            f"# stages on: {', '.join(k.device for k in result.placement.kinds)}"]
+    if p.estimated:
+        head.append(f"# ESTIMATED (not measured): {'; '.join(p.estimated)}")
+    write_text_atomic(path, "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def stage_text(result: Result) -> str:
+    parts = []
+    for stage, kind in zip(result.plan.stages, result.placement.kinds):
+        grid = (f"tp{stage.tp}" + ("+sp" if stage.sp else "") + (f" dp{stage.dp}" if stage.dp > 1 else "")
+                + (f" ep{stage.ep}" if stage.ep > 1 else ""))
+        layers = stage.layers if isinstance(stage.layers, int) else "+".join(map(str, stage.layers))
+        parts.append(f"{kind.device}×{stage.devices}[{grid} L{layers}{' rc' if stage.checkpoint else ''}]")
+    return " → ".join(parts)
+
+
+def format_search(report: SearchReport, cost: CostModel) -> str:
+    data = report_dict(report, cost)
+    lines = [f"hal plan --search: {cost.cluster.device_count} device(s) ({', '.join(f'{t.count}× {t.device}' for t in cost.cluster.types)}), "
+             f"{report.considered} candidates ranked by the closed form, best {report.confirmed} re-predicted with the "
+             f"schedule simulator, {report.pruned_memory} dropped for memory; {report.seconds:.2f} s"]
+    for i, r in enumerate(report.results, 1):
+        p, plan = r.prediction, r.plan
+        mem: dict[str, tuple[int, int | None]] = {}
+        for s in p.stages:
+            have = mem.get(s.device, (0, s.capacity_bytes))
+            mem[s.device] = (max(have[0], s.memory_bytes), s.capacity_bytes)
+        memory = ", ".join(f"{d} {_gib(m)} GiB" + (f" of {_gib(c)}" if c else "") for d, (m, c) in mem.items())
+        lines += ["", f"#{i}  {p.tokens_per_s:,.0f} tokens/s  step {p.step_s:.4g} s  idle {p.bubble_overall:.1%}  "
+                      f"{plan.schedule}{f' V={plan.virtual_stages}' if plan.virtual_stages > 1 else ''}  "
+                      f"{plan.micro_batches} × {plan.micro_batch_size} rows{'  zero1' if plan.zero1 else ''}",
+                  f"    {stage_text(r)}", f"    memory a rank: {memory}; bound by {p.bound}"]
+        if p.estimated:
+            lines.append(f"    ESTIMATED: {'; '.join(p.estimated)}")
+    for note in data["notes"]:
+        lines.append(f"\nnote: {note}")
+    return "\n".join(lines)
+
+
+def as_json(report: SearchReport, cost: CostModel) -> dict[str, Any]:
+    return report_dict(report, cost)

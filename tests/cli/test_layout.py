@@ -1,0 +1,316 @@
+"""The layout's two promises, checked mechanically: one installed top-level name (``hal``), and
+imports that never run back up a floor (contracts → vendors/kernels → collectives → parallel →
+conformance → commands). Each checker is also run on a planted violation, so the test can fail."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# repository folder -> (installed package, floor). Lower floors never import higher ones.
+FOLDERS: dict[str, tuple[str, int]] = {
+    "hal": ("hal", 0),
+    "backends": ("hal.backends", 1),
+    "kernels": ("hal.kernels", 1),
+    "collectives": ("hal.collectives", 2),
+    "parallel": ("hal.parallel", 3),
+    "conformance": ("hal.conformance", 4),
+    "cli": ("hal.cli", 5),
+    "launch": ("hal.launch", 5),
+}
+# module -> imported package it may reach although higher, and why. Keep this empty or explained.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("hal/__main__.py", "hal.cli"): "`python -m hal` must live in the hal package; it is the command, the top floor",
+}
+
+
+def _floor_of(module: str) -> int | None:
+    """Floor of an absolute module name inside hal.*; None for anything outside the project."""
+    if module != "hal" and not module.startswith("hal."):
+        return None
+    best = 0
+    for package, floor in FOLDERS.values():
+        if package != "hal" and (module == package or module.startswith(package + ".")):
+            best = floor
+    return best
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every absolute import in a module, function-level ones included (they run just the same)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            # `from hal import cli` reaches hal.cli
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'file:line imports X (floor a -> b)' for each import from a lower floor to a higher one."""
+    problems = []
+    for folder, (_package, floor) in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")) if (root / folder).is_dir() else []:
+            rel = path.relative_to(root).as_posix()
+            reported: set[int] = set()
+            for lineno, module in _imports(ast.parse(path.read_text(encoding="utf-8"), rel)):
+                target = _floor_of(module)
+                if target is None or target <= floor or lineno in reported:
+                    continue
+                reached = next(p for p, f in FOLDERS.values() if f == target and (module == p or module.startswith(p + ".")))
+                if (rel, reached) not in ALLOWED_UPWARD:
+                    reported.add(lineno)
+                    problems.append(f"{rel}:{lineno} imports {module} (floor {floor} -> {target})")
+    return sorted(problems)
+
+
+# parallel/'s rooms -> floor. A room imports only rooms on a lower floor (two rooms on one floor never import
+# each other); the flat modules of parallel/ itself are none but its __init__.
+ROOMS: dict[str, int] = {
+    "schedules": 0, "data": 0,
+    "config": 1,
+    "models": 2, "observe": 2,
+    "state": 3,
+    "pipeline": 4,
+    "loop": 5,
+    "planner": 6,
+}
+MAX_FLAT_MODULES = 15  # a folder with more modules than this side by side wants rooms
+
+
+def _room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["hal", "parallel"] and parts[2] in ROOMS else None
+
+
+def room_violations(root: Path) -> list[str]:
+    """'file:line imports X (room a, floor f -> room b, floor g)' for each import into a room not below."""
+    problems = []
+    base = root / "parallel"
+    for path in sorted(base.rglob("*.py")) if base.is_dir() else []:
+        rel = path.relative_to(root)
+        if len(rel.parts) < 3:
+            if path.name != "__init__.py":
+                problems.append(f"{rel.as_posix()} sits flat in parallel/: give it a room")
+            continue
+        room = rel.parts[1]
+        if room not in ROOMS:
+            problems.append(f"{rel.as_posix()} is in parallel/{room}/, a room tests/cli/test_layout.py does not know")
+            continue
+        reported: set[int] = set()
+        for lineno, module in _imports(ast.parse(path.read_text(encoding="utf-8"), rel.as_posix())):
+            target = _room_of(module)
+            if target is None or target == room or ROOMS[target] < ROOMS[room] or lineno in reported:
+                continue
+            reported.add(lineno)
+            problems.append(f"{rel.as_posix()}:{lineno} imports {module} "
+                            f"(room {room}, floor {ROOMS[room]} -> room {target}, floor {ROOMS[target]})")
+    return sorted(set(problems))
+
+
+def crowded_folders(root: Path) -> list[str]:
+    """'folder: N modules' for every source folder holding more than MAX_FLAT_MODULES modules side by side."""
+    crowded = []
+    for folder in FOLDERS:
+        for directory in [root / folder, *(p for p in (root / folder).rglob("*") if p.is_dir())] if (root / folder).is_dir() else []:
+            modules = [p for p in directory.glob("*.py") if p.name != "__init__.py"]
+            if len(modules) > MAX_FLAT_MODULES:
+                crowded.append(f"{directory.relative_to(root).as_posix()}: {len(modules)} modules")
+    return sorted(crowded)
+
+
+def bare_top_level_imports(root: Path) -> list[str]:
+    """Imports of a mapped folder by its bare, generic name (``import kernels``) anywhere in the repo."""
+    bare = {f for f in FOLDERS if f != "hal"}
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        for lineno, module in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if module.split(".")[0] in bare:
+                problems.append(f"{path.relative_to(root)}:{lineno} imports {module}; use hal.{module}")
+    return problems
+
+
+def test_no_import_runs_back_up_a_floor() -> None:
+    assert upward_imports(REPO) == []
+
+
+def test_nothing_imports_a_folder_by_its_generic_name() -> None:
+    assert bare_top_level_imports(REPO) == []
+
+
+def test_the_checkers_catch_planted_violations(tmp_path: Path) -> None:
+    (tmp_path / "hal").mkdir()
+    (tmp_path / "collectives").mkdir()
+    (tmp_path / "hal" / "precision.py").write_text("def f():\n    from hal.parallel.pipeline.engine import PipelineEngine\n")
+    (tmp_path / "collectives" / "x.py").write_text("from hal import cli\nimport hal.backends.cpu\nimport kernels\n")
+    assert upward_imports(tmp_path) == [
+        "collectives/x.py:1 imports hal.cli (floor 2 -> 5)",
+        "hal/precision.py:2 imports hal.parallel.pipeline.engine (floor 0 -> 3)",
+    ]
+    assert bare_top_level_imports(tmp_path) == ["collectives/x.py:3 imports kernels; use hal.kernels"]
+
+
+def test_parallel_rooms_import_only_rooms_below() -> None:
+    assert room_violations(REPO) == []
+
+
+def test_no_folder_holds_more_than_fifteen_modules_flat() -> None:
+    assert crowded_folders(REPO) == []
+
+
+def test_the_room_checkers_catch_planted_violations(tmp_path: Path) -> None:
+    (tmp_path / "parallel" / "config").mkdir(parents=True)
+    (tmp_path / "parallel" / "models").mkdir()
+    (tmp_path / "parallel" / "observe").mkdir()
+    (tmp_path / "parallel" / "config" / "plan.py").write_text(
+        "from hal.parallel.schedules import get_schedule\n"
+        "def f():\n    from hal.parallel.loop.trainer import main\n")
+    (tmp_path / "parallel" / "models" / "llama.py").write_text("import hal.parallel.observe.timeline\n")
+    (tmp_path / "parallel" / "stray.py").write_text("")
+    for i in range(MAX_FLAT_MODULES + 1):
+        (tmp_path / "parallel" / "observe" / f"m{i}.py").write_text("")
+    assert room_violations(tmp_path) == [
+        "parallel/config/plan.py:3 imports hal.parallel.loop.trainer (room config, floor 1 -> room loop, floor 5)",
+        "parallel/models/llama.py:1 imports hal.parallel.observe.timeline (room models, floor 2 -> room observe, floor 2)",
+        "parallel/stray.py sits flat in parallel/: give it a room",
+    ]
+    assert crowded_folders(tmp_path) == [f"parallel/observe: {MAX_FLAT_MODULES + 1} modules"]
+
+
+# --- what the distribution installs ----------------------------------------------------------------
+
+
+def _build_wheel(out: Path) -> Path:
+    """Build from a copy, so setuptools' build/ and egg-info never land in the checkout."""
+    source = out / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "runs", "__pycache__", "*.egg-info"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-w", str(out), str(source)], check=True, timeout=300,
+                   capture_output=True)
+    (wheel,) = out.glob("hetero_hal-*.whl")
+    return wheel
+
+
+def top_level_names(wheel: Path) -> set[str]:
+    """Importable top-level names a wheel installs (its dist-info aside)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = {n.split("/")[0] for n in archive.namelist()}
+    return {n.removesuffix(".py") for n in names if not n.endswith((".dist-info", ".data"))}
+
+
+def installed_sources(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {n for n in archive.namelist() if n.endswith(".py")}
+
+
+def expected_sources(root: Path) -> set[str]:
+    """Every .py of the mapped folders, under the name it must be installed as."""
+    expected = set()
+    for folder, (package, _floor) in FOLDERS.items():
+        for path in (root / folder).rglob("*.py") if (root / folder).is_dir() else []:
+            expected.add("/".join([*package.split("."), *path.relative_to(root / folder).parts]))
+    return expected
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_installs_only_hal_and_every_source_file(wheel: Path) -> None:
+    assert top_level_names(wheel) == {"hal"}
+    missing = expected_sources(REPO) - installed_sources(wheel)
+    assert not missing, f"source files the wheel leaves out (add their package to pyproject.toml): {sorted(missing)}"
+
+
+def test_the_checker_catches_a_second_top_level_name(tmp_path: Path) -> None:
+    planted = tmp_path / "planted-0-py3-none-any.whl"
+    with zipfile.ZipFile(planted, "w") as archive:
+        for name in ("hal/__init__.py", "kernels/__init__.py", "planted-0.dist-info/METADATA"):
+            archive.writestr(name, "")
+    assert top_level_names(planted) == {"hal", "kernels"}
+
+
+def test_a_regular_install_imports_hal_star_and_no_generic_name(wheel: Path, tmp_path: Path) -> None:
+    """Installed from the wheel (not editable): hal.kernels works, the generic names do not exist."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--disable-pip-version-check",
+                    "--target", str(target), str(wheel)], check=True, timeout=300, capture_output=True)
+    code = (
+        "import importlib.util, hal, hal.kernels, hal.parallel, hal.backends, hal.cli\n"
+        "print(hal.kernels.__file__)\n"
+        "print(hal.backend_names())\n"
+        "print([n for n in ('kernels', 'parallel', 'backends', 'collectives', 'conformance') if importlib.util.find_spec(n)])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    kernels_file, backends, generic = out.stdout.splitlines()
+    assert kernels_file.startswith(str(target)), kernels_file
+    assert backends == "['cpu', 'cuda', 'rocm', 'ascend', 'cambricon']"
+    assert generic == "[]"
+
+
+def test_a_bare_folder_name_refuses_with_the_fix() -> None:
+    out = subprocess.run([sys.executable, "-c", "import parallel"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode != 0 and "import hal.parallel" in out.stderr
+    # ``kernels`` is also Hugging Face's package, which libraries probe by importing it: the bare name imports
+    # as an inert module without a version (probes say "not installed"), and using it is the same refusal.
+    out = subprocess.run([sys.executable, "-c", "import kernels; print(getattr(kernels, '__version__', 'none')); "
+                          "kernels.triton_ops"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.stdout.strip() == "none" and out.returncode != 0 and "import hal.kernels" in out.stderr
+
+
+# --- what a command loads ----------------------------------------------------------------------------
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sorted(sys.modules)))"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_help_loads_no_torch() -> None:
+    """`hal --help` and `hal <cmd> --help` answer without importing torch (that import alone is 1-3 s)."""
+    for argv in ([], ["train"], ["conformance", "run"]):
+        loaded = _loaded_after(
+            "from hal.cli import main\ntry:\n    main([*%r, '--help'])\nexcept SystemExit:\n    pass" % (argv,))
+        assert "torch" not in loaded, argv
+
+
+def test_hal_devices_loads_neither_the_engine_nor_conformance() -> None:
+    loaded = _loaded_after("import io, contextlib\nfrom hal.cli import main\n"
+                           "with contextlib.redirect_stdout(io.StringIO()):\n    main(['devices'])")
+    heavy = sorted(m for m in loaded if m.startswith(("hal.parallel", "hal.conformance.", "hal.collectives")))
+    assert heavy == ["hal.conformance.suite_names"]
+
+
+# --- the fast lane -------------------------------------------------------------------------------------
+
+pytest_plugins = ["pytester"]
+
+
+def test_the_fast_lane_refuses_a_test_that_starts_a_process(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_sneaky="""
+        import subprocess, sys
+        def test_starts_one():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        def test_stays_in_process():
+            assert sum(range(4)) == 6
+    """)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_starts_one starts a process: move its module to tests/ranks or tests/cli*"])

@@ -1,0 +1,70 @@
+"""The pipeline benchmark runs end to end on CPU/gloo (tiny model): both schedules, every stage reports."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_parameter_count_matches_the_built_model() -> None:
+    from hal.parallel.models.llama import full_model
+    from hal.parallel.config.model import ModelConfig
+
+    model = PRESETS["tiny"]
+    built = sum(p.numel() for p in full_model(ModelConfig(**model), seed=0).parameters())
+    assert parameter_counts(model)["total"] == built
+    assert flops_per_token(model, 64) > 6 * (built - parameter_counts(model)["embedding"])
+
+
+def test_tiny_pipeline_benchmark_on_cpu() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--micro-batches", "4", "--micro-batch-size", "2", "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["stages"] == 4 and len(summary["per_stage"]) == 4
+    assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
+    assert summary["bubble_ideal"] == pytest.approx(3 / 7)
+    assert all(0.0 <= s["idle_fraction"] < 1.0 for s in summary["per_stage"])
+    assert all(0.0 <= s["idle_simulated"] < 1.0 for s in summary["per_stage"])
+
+
+@pytest.mark.parametrize("schedule,torch_schedule,ideal", [("interleaved-1f1b", "ScheduleInterleaved1F1B", 1 / 9),
+                                                              ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5)])
+def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", schedule,
+         "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == torch_schedule
+    assert summary["bubble_ideal"] == pytest.approx(ideal) and summary["tokens_per_s"]["torch"] > 0
+
+
+def test_master_weights_runs_both_schedules_in_hal_trains_precision() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--stages", "2",
+         "--steps", "1", "--rounds", "1", "--warmup", "1", "--micro-batches", "2", "--master-weights", "--json", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["master_weights"] is True and summary["tokens_per_s"]["torch"] > 0
+
+
+def test_zero_bubble_with_a_fused_head_is_refused_in_one_line() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny",
+                          "--schedule", "zero-bubble", "--fused-head"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "drop --fused-head" in out.stderr.strip().splitlines()[-1]

@@ -1,0 +1,300 @@
+"""Parallel plans: a table of invalid plans through the real ``hal plan`` (one line, exit 2, nothing
+started), the issue's valid plans (a)-(d) with their rank ↔ coordinate maps, and the checks that
+need a world size or an accelerator (in-process, with a stand-in backend)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hal.config import load_config
+from hal.errors import ConfigError
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.config.plan import ParallelPlan, StagePlan, parse_plan, validate_plan
+from hal.parallel.config.run import TrainConfig, load_run_config, parse_train
+from hal.parallel.config.topology import Coord, Topology
+
+from ..conftest import REPO, run_hal
+
+MODEL = "model: {num_layers: 4, num_heads: 4, num_kv_heads: 2, hidden_size: 64, ffn_hidden_size: 128, vocab_size: 256, max_seq_len: 64}\n"
+TP2_DP2 = "  stages:\n    - {backend: cpu, devices: 2, layers: 3, tp: 2}\n    - {backend: cpu, devices: 2, layers: 1, dp: 2}\n"
+
+
+def _parallel(body: str = TP2_DP2, head: str = "  schedule: 1f1b\n  micro_batches: 4\n  micro_batch_size: 2\n") -> str:
+    return "parallel:\n" + head + body
+
+
+def _stages(*stages: str, head: str = "  schedule: 1f1b\n  micro_batches: 4\n  micro_batch_size: 2\n") -> str:
+    return _parallel("  stages:\n" + "".join(f"    - {s}\n" for s in stages), head)
+
+
+# (id, YAML text, words the one `hal: error:` line must contain)
+INVALID = [
+    ("top-level-typo", MODEL + _parallel().replace("parallel:", "paralel:"), ["unknown key 'paralel'", "did you mean 'parallel'"]),
+    ("no-parallel-section", MODEL, ["no 'parallel' section", "stages"]),
+    ("parallel-not-mapping", MODEL + "parallel: [1, 2]\n", ["section 'parallel' must be a mapping", "list"]),
+    ("parallel-key-typo", MODEL + _parallel(TP2_DP2.replace("stages:", "stagse:")), ["'parallel.stagse'", "did you mean 'stages'"]),
+    ("stage-key-typo", MODEL + _stages("{backend: cpu, devices: 4, layers: 4, tpp: 4}"), ["'parallel.stages[0].tpp'", "did you mean 'tp'"]),
+    ("stages-empty", MODEL + _parallel("  stages: []\n"), ["'parallel.stages' is empty", "at least one stage"]),
+    ("stages-not-list", MODEL + _parallel("  stages: {backend: cpu}\n"), ["'parallel.stages' must be a list", "dict"]),
+    ("stage-missing-layers", MODEL + _stages("{backend: cpu, devices: 4}"), ["'parallel.stages[0]' is missing key 'layers'"]),
+    ("devices-zero", MODEL + _stages("{backend: cpu, devices: 0, layers: 4}"), ["'parallel.stages[0].devices'", "positive integer", "0"]),
+    ("tp-not-int", MODEL + _stages("{backend: cpu, devices: 2, layers: 4, tp: two}"), ["'parallel.stages[0].tp'", "'two'"]),
+    ("sp-not-bool", MODEL + _stages("{backend: cpu, devices: 2, layers: 4, tp: 2, sp: 1}"), ["'parallel.stages[0].sp'", "true or false"]),
+    ("backend-typo", MODEL + _stages("{backend: cpx, devices: 2, layers: 3, tp: 2}", "{backend: cpu, devices: 2, layers: 1, dp: 2}"),
+     ["'parallel.stages[0].backend'", "'cpx'", "did you mean 'cpu'"]),
+    ("backend-auto", MODEL + _stages("{backend: auto, devices: 4, layers: 4, dp: 4}"), ["'parallel.stages[0].backend'", "'auto' is not allowed"]),
+    ("backend-unavailable", MODEL + _stages("{backend: cpu, devices: 2, layers: 3, tp: 2}", "{backend: ascend, devices: 2, layers: 1, dp: 2}"),
+     ["stage 1", "backend 'ascend' is not available", "torch_npu", "hal devices"]),
+    ("devices-not-tp-times-dp", MODEL + _stages("{backend: cpu, devices: 2, layers: 3, tp: 2}", "{backend: cpu, devices: 3, layers: 1, dp: 2}"),
+     ["stage 1", "devices 3 but tp 1 × dp 2 = 2", "set devices: 2"]),
+    ("layers-do-not-add-up", MODEL + _stages("{backend: cpu, devices: 2, layers: 3, tp: 2}", "{backend: cpu, devices: 2, layers: 2, dp: 2}"),
+     ["layers add up to 5 (3 + 2)", "model.num_layers is 4"]),
+    ("tp-does-not-divide-heads", MODEL + _stages("{backend: cpu, devices: 3, layers: 4, tp: 3}"),
+     ["stage 0", "tp 3 does not divide model.num_heads 4", "use tp in {1, 2}"]),
+    ("tp-does-not-divide-kv-heads", MODEL + _stages("{backend: cpu, devices: 4, layers: 4, tp: 4}", head="  micro_batches: 1\n"),
+     ["tp 4 does not divide model.num_kv_heads 2"]),
+    ("tp-does-not-divide-vocab", MODEL.replace("vocab_size: 256", "vocab_size: 257") + _stages("{backend: cpu, devices: 2, layers: 4, tp: 2}", head="  micro_batches: 1\n"),
+     ["tp 2 does not divide model.vocab_size 257"]),
+    ("sp-without-tp", MODEL + _stages("{backend: cpu, devices: 2, layers: 4, dp: 2, sp: true}"), ["stage 0", "sp needs tp ≥ 2", "got tp 1"]),
+    ("dp-does-not-divide-micro-batch", MODEL + _stages("{backend: cpu, devices: 2, layers: 3, tp: 2}", "{backend: cpu, devices: 2, layers: 1, dp: 2}",
+                                                      head="  micro_batches: 4\n  micro_batch_size: 3\n"),
+     ["stage 1", "dp 2 does not divide parallel.micro_batch_size 3", "e.g. 6"]),
+    ("sp-sequence-not-divisible", MODEL + _stages("{backend: cpu, devices: 2, layers: 4, tp: 2, sp: true}", head="  micro_batches: 1\n")
+     + "train: {seq_len: 31}\n", ["stage 0", "sequence length divisible by 2", "train.seq_len 31"]),
+    ("schedule-typo", MODEL + _parallel(head="  schedule: 1f1f\n  micro_batches: 4\n"), ["'parallel.schedule'", "did you mean '1f1b'"]),
+    ("1f1b-too-few-micro-batches", MODEL + _stages("{backend: cpu, devices: 1, layers: 2}", "{backend: cpu, devices: 1, layers: 1}",
+                                                  "{backend: cpu, devices: 1, layers: 1}", head="  micro_batches: 2\n"),
+     ["micro_batches 2 is fewer than the 3 stages", "schedule: gpipe"]),
+    ("train-key-typo", MODEL + _parallel() + "train: {stpes: 10}\n", ["'train.stpes'", "did you mean 'steps'"]),
+    ("train-seq-too-long", MODEL + _parallel() + "train: {seq_len: 128}\n", ["train.seq_len 128 exceeds model.max_seq_len 64"]),
+    ("model-key-typo", MODEL.replace("num_layers", "num_layer") + _parallel(), ["unknown key 'model.num_layer'", "did you mean 'num_layers'"]),
+]
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Live processes whose environment carries ``marker``: anything the command started and left behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_plan_gives_one_line_exit_2_and_starts_nothing(tmp_path, case) -> None:
+    name, text, needles = case
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    marker = f"hal-plan-test-{uuid.uuid4().hex}"
+    result = run_hal("plan", "--config", str(path), env={"HAL_TEST_MARKER": marker})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error:"), result.stderr
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert _marked_processes(marker) == [], "hal plan left a process running"
+
+
+@pytest.fixture
+def nothing_may_start(monkeypatch):
+    """Make starting a process or a process group fail loudly: validation must not need either."""
+    import torch.distributed as dist
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("validation started a process or process group")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.Process, "start", refuse)
+    monkeypatch.setattr(dist, "init_process_group", refuse)
+    monkeypatch.setattr(dist, "new_group", refuse)
+
+
+@pytest.mark.parametrize("case", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_plans_are_refused_before_anything_starts(tmp_path, nothing_may_start, case) -> None:
+    """The same table in-process: the ConfigError comes from validation alone, with no process or group."""
+    _name, text, needles = case
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path, env={})
+    assert all(n in str(info.value) for n in needles), str(info.value)
+
+
+# --- the issue's valid plans ------------------------------------------------------------------------
+
+VALID = {
+    "a": ("  schedule: 1f1b\n  micro_batches: 4\n  micro_batch_size: 2\n  stages:\n"
+          "    - {backend: cpu, devices: 2, layers: 3, tp: 2}\n"
+          "    - {backend: cpu, devices: 2, layers: 1, dp: 2}\n"),
+    "b": ("  schedule: 1f1b\n  micro_batches: 4\n  micro_batch_size: 2\n  stages:\n"
+          "    - {backend: cpu, devices: 2, layers: 2, dp: 2}\n"
+          "    - {backend: cpu, devices: 2, layers: 2, tp: 2, sp: true}\n"),
+    "c": ("  schedule: gpipe\n  micro_batches: 4\n  micro_batch_size: 2\n  stages:\n"
+          "    - {backend: cpu, devices: 1, layers: 1}\n"
+          "    - {backend: cpu, devices: 2, layers: 2, dp: 2}\n"
+          "    - {backend: cpu, devices: 1, layers: 1}\n"),
+    "d": ("  schedule: 1f1b\n  micro_batches: 2\n  micro_batch_size: 2\n  stages:\n"
+          "    - {backend: cpu, devices: 4, layers: 4, tp: 2, dp: 2}\n"),
+}
+
+# (stage, dp, tp) of ranks 0..3, by the convention: stages own consecutive ranks, TP innermost.
+EXPECTED_COORDS = {
+    "a": [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 1, 0)],
+    "b": [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 0, 1)],
+    "c": [(0, 0, 0), (1, 0, 0), (1, 1, 0), (2, 0, 0)],
+    "d": [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)],
+}
+EXPECTED_TP_GROUPS = {"a": [(0, 1), (2,), (3,)], "b": [(0,), (1,), (2, 3)], "c": [(0,), (1,), (2,), (3,)], "d": [(0, 1), (2, 3)]}
+EXPECTED_DP_GROUPS = {"a": [(0,), (1,), (2, 3)], "b": [(0, 1), (2,), (3,)], "c": [(0,), (1, 2), (3,)], "d": [(0, 2), (1, 3)]}
+
+
+def _load_valid(tmp_path: Path, key: str):
+    path = tmp_path / f"plan_{key}.yaml"
+    path.write_text(MODEL + "parallel:\n" + VALID[key])
+    return load_run_config(path, world_size=4, env={})
+
+
+@pytest.mark.parametrize("key", sorted(VALID))
+def test_valid_plan_topology(tmp_path, key) -> None:
+    run = _load_valid(tmp_path, key)
+    topo = Topology.from_plan(run.plan)
+    assert topo.world_size == 4 == run.plan.world_size
+    # every rank exactly once, stages contiguous and in order
+    flat = [r for k in range(topo.num_stages) for r in topo.stage_ranks(k)]
+    assert flat == [0, 1, 2, 3]
+    assert [tuple(topo.coord(r)) for r in range(4)] == EXPECTED_COORDS[key]
+    for r in range(4):
+        c = topo.coord(r)
+        assert topo.rank_of(*c) == r and topo.backend_of(r) == "cpu"
+    tp_groups = [topo.tp_ranks(m.index, d) for m in topo.stages for d in range(m.dp)]
+    dp_groups = [topo.dp_ranks(m.index, t) for m in topo.stages for t in range(m.tp)]
+    assert tp_groups == EXPECTED_TP_GROUPS[key] and dp_groups == EXPECTED_DP_GROUPS[key]
+    for group in tp_groups:  # TP innermost: consecutive ranks
+        assert list(group) == list(range(group[0], group[0] + len(group)))
+    for groups in (tp_groups, dp_groups):  # each a partition of the world
+        assert sorted(r for g in groups for r in g) == [0, 1, 2, 3]
+    # layers: contiguous, covering the model once
+    assert [layer for m in topo.stages for layer in m.layer_range] == list(range(run.model.num_layers))
+
+
+def test_plan_a_details(tmp_path) -> None:
+    run = _load_valid(tmp_path, "a")
+    assert run.plan.stages == (StagePlan("cpu", 2, 3, tp=2), StagePlan("cpu", 2, 1, dp=2))
+    topo = Topology.from_plan(run.plan)
+    assert topo.coord(3) == Coord(stage=1, dp=1, tp=0)
+    assert topo.boundary_ranks(0) == (0, 1, 2, 3)
+    assert topo.stage_islands() == (0, 0, 1, 1)
+    assert [m.layer_range for m in topo.stages] == [range(0, 3), range(3, 4)]
+
+
+def test_topology_lookups_refuse_out_of_range() -> None:
+    topo = Topology.from_plan(ParallelPlan((StagePlan("cpu", 4, 4, tp=2, dp=2),), "1f1b", 1, 2))
+    for call in (lambda: topo.coord(4), lambda: topo.rank_of(0, 2, 0), lambda: topo.stage_ranks(1), lambda: topo.boundary_ranks(0)):
+        with pytest.raises(ValueError):
+            call()
+
+
+def test_defaults_and_train_section() -> None:
+    plan = parse_plan({"stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                                  {"backend": "cpu", "devices": 3, "layers": 2, "dp": 3}]})
+    assert (plan.schedule, plan.micro_batches, plan.micro_batch_size, plan.zero1) == ("1f1b", 2, 6, False)
+    assert parse_train(None) == TrainConfig()
+    train = parse_train({"steps": 5, "lr": "1e-3", "data": "corpus", "checkpoint_dir": "ckpt"})
+    assert (train.steps, train.lr, train.data, train.checkpoint_dir) == (5, 1e-3, "corpus", "ckpt")
+    with pytest.raises(ConfigError, match="'train.data'.*did you mean 'corpus'"):
+        parse_train({"data": "corpse"})
+
+
+# --- checks that need a world size or an accelerator -----------------------------------------------
+
+
+def _plan(*stages: StagePlan, micro_batches: int = 4, micro_batch_size: int = 2) -> ParallelPlan:
+    return ParallelPlan(tuple(stages), "1f1b", micro_batches, micro_batch_size)
+
+
+def test_world_size_must_match() -> None:
+    plan = _plan(StagePlan("cpu", 2, 3, tp=2), StagePlan("cpu", 2, 1, dp=2))
+    validate_plan(plan, ModelConfig(), world_size=4)
+    with pytest.raises(ConfigError, match=r"the stages use 4 devices \(2 \+ 2\) but the world has 3 ranks"):
+        validate_plan(plan, ModelConfig(), world_size=3)
+
+
+class _FakeAccelerator:
+    """Stands in for an available accelerator backend with a fixed number of devices."""
+
+    name, device_type = "cuda", "cuda"
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def availability(self):
+        from hal.backend import Availability
+
+        return Availability(True, "stand-in")
+
+    def device_count(self) -> int:
+        return self.count
+
+
+def test_accelerator_device_count_is_checked_per_backend(monkeypatch) -> None:
+    import hal.backend_registry as registry
+
+    real = registry.get_backend
+    monkeypatch.setattr(registry, "get_backend", lambda name: _FakeAccelerator(2) if name == "cuda" else real(name))
+    plan = _plan(StagePlan("cuda", 2, 2, tp=2), StagePlan("cpu", 2, 1, dp=2), StagePlan("cuda", 1, 1), micro_batches=4)
+    with pytest.raises(ConfigError, match=r"stage\(s\) 0, 2 put 3 ranks on backend 'cuda'.*this host has 2 cuda device"):
+        validate_plan(plan, ModelConfig(), world_size=5)
+    validate_plan(plan, ModelConfig(), world_size=5, single_host=False)  # several nodes: each checks its own
+    fits = _plan(StagePlan("cuda", 2, 3, tp=2), StagePlan("cpu", 4, 1, dp=4), micro_batch_size=4)
+    validate_plan(fits, ModelConfig(), world_size=6)  # cpu ranks share the host: any number fits
+
+
+def test_hal_config_keeps_sections_as_plain_dicts(tmp_path) -> None:
+    path = tmp_path / "hal.yaml"
+    path.write_text("backend: cpu\n" + MODEL + "parallel:\n" + VALID["a"] + "train: {steps: 3}\n")
+    config = load_config(path, env={})
+    assert config.backend == "cpu" and config.train == {"steps": 3}
+    assert config.model["num_layers"] == 4 and config.parallel["schedule"] == "1f1b"
+    assert config.origins["parallel"] == str(path)
+    assert load_config(env={}).parallel is None
+    result = run_hal("config", "--config", str(path))  # hal config is unchanged by the sections
+    assert result.returncode == 0, result.stderr
+
+
+def test_hal_does_not_import_parallel() -> None:
+    """The data flows config → plan: importing hal (and its config) leaves parallel unloaded."""
+    code = "import sys, hal, hal.config, hal.cli; print(any(m == 'hal.parallel' or m.startswith('hal.parallel.') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+# --- the shipped example ----------------------------------------------------------------------------
+
+
+def test_example_config_is_accepted() -> None:
+    result = run_hal("plan", "--config", "examples/hetero_cpu.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "boundary 0->1: ranks 0-3" in result.stdout
+    report = json.loads(run_hal("plan", "--config", "examples/hetero_cpu.yaml", "--json").stdout)
+    assert report["topology"]["world_size"] == 4
+    assert [r["tp"] for r in report["topology"]["ranks"]] == [0, 1, 0, 0]
+    assert [s["layers"] for s in report["topology"]["stages"]] == [[0, 1, 2], [3]]
+
+
+def test_plan_needs_a_config() -> None:
+    result = run_hal("plan")
+    assert result.returncode == 2 and "give a config file" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,306 @@
+"""``hal train`` end to end: real rank processes started through the CLI, as a user runs it.
+
+Each run starts one Python process per rank (~2 s each here), so the runs are few and short: the
+main job for 2 steps, and one 3-step run whose checkpoint several tests resume.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ..conftest import REPO, run_hal
+
+MAIN_JOB = "examples/hetero_cpu.yaml"
+PLAN_D = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4,  # same 8 rows per step as plan (a)
+          "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]}
+TIMEOUT = 240
+
+
+def _config(directory: Path, name: str, *, parallel: dict[str, Any] | None = None, **train: Any) -> Path:
+    """The main job's config with some train keys (or the whole parallel section) replaced."""
+    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
+    raw["train"].pop("checkpoint_every", None)
+    raw["train"].update(train)
+    if parallel is not None:
+        raw["parallel"] = parallel
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def _train(*args: str) -> dict[str, Any]:
+    result = run_hal("train", *args, "--json", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _log(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (every rank's names its run directory)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd and "pytest" not in cmd:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _assert_close(got: list[float], want: list[float], rel: float) -> None:
+    assert len(got) == len(want), (got, want)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= rel * abs(w), (got, want)
+
+
+# --- the main job --------------------------------------------------------------------------------------
+
+
+def test_main_job_trains_logs_breakdown_and_shows_progress(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_hal("train", MAIN_JOB, "--steps", "2", "--run-dir", str(run_dir), "--json", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["world_size"] == 4 and [s["tp"] for s in summary["stages"]] == [2, 1]
+    assert [s["dp"] for s in summary["stages"]] == [1, 2]
+    # every stage reports its peak memory (cpu ranks: their peak RSS), at least the weights it holds
+    assert all(s["peak_memory_bytes"] > 1 << 20 for s in summary["stages"])
+    # progress: not a terminal here, so one plain line per step
+    assert "step 1/2 loss " in result.stderr and "step 2/2 loss " in result.stderr and "tok/s" in result.stderr
+    records = _log(run_dir / "train.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["loss"] == pytest.approx(math.log(256), rel=0.05)  # byte-level tokens, untrained model
+    assert [r["loss"] for r in records] == summary["losses"]
+    for record in records:
+        assert record["tokens"] == 8 * 64 and record["tokens_per_s"] > 0 and record["step_s"] > 0
+        assert [s["stage"] for s in record["stages"]] == [0, 1]
+        assert [s["ranks"] for s in record["stages"]] == [[0, 1], [2, 3]]
+        for stage in record["stages"]:
+            for key in ("compute_s", "p2p_s", "bubble_s", "grad_sync_s", "optimizer_s"):
+                assert stage[key] >= 0, (key, stage)
+            assert stage["compute_s"] > 0 and stage["p2p_s"] > 0  # every stage computes and crosses the boundary
+            assert stage["bubble_s"] <= record["schedule_s"]
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == "step-000002" and summary["checkpoint"].endswith(latest)
+    meta = json.loads((run_dir / "checkpoints" / latest / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["plan"]["stages"][0]["tp"] == 2 and meta["model"]["vocab_size"] == 256
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+# --- checkpoints and resume ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def half_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Plan (a) for 3 of 6 steps (checkpoint at the end), and the same 6 steps uninterrupted."""
+    root = tmp_path_factory.mktemp("resume")
+    config = _config(root, "plan_a", steps=6)
+    full = _train(str(config), "--run-dir", str(root / "full"))
+    half = _train(str(config), "--steps", "3", "--run-dir", str(root / "half"))
+    return {"root": root, "config": config, "full": full, "half": half, "checkpoints": root / "half" / "checkpoints"}
+
+
+def test_resume_same_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    full, half = half_run["full"]["losses"], half_run["half"]["losses"]
+    assert half == full[:3]
+    run_dir = half_run["root"] / "resumed_a"
+    resumed = _train(str(half_run["config"]), "--resume", str(half_run["checkpoints"]), "--run-dir", str(run_dir))
+    assert resumed["resumed_from_step"] == 3 and resumed["first_step"] == 4 and resumed["last_step"] == 6
+    _assert_close(resumed["losses"], full[3:], 1e-6)
+    assert [r["step"] for r in _log(run_dir / "train.jsonl")] == [4, 5, 6]
+
+
+def test_resume_into_another_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Trained with plan (a): tp2 -> dp2 over 2 stages; resumed with plan (d): one stage, tp2 x dp2."""
+    config_d = _config(half_run["root"], "plan_d", steps=6, parallel=PLAN_D)
+    step_dir = half_run["checkpoints"] / "step-000003"
+    resumed = _train(str(config_d), "--resume", str(step_dir), "--run-dir", str(half_run["root"] / "resumed_d"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+
+
+PLAN_IL = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+           "stages": [{"backend": "cpu", "devices": 2, "layers": [1, 1], "tp": 2},
+                      {"backend": "cpu", "devices": 2, "layers": [1, 1], "dp": 2}]}
+
+
+def test_resume_into_an_interleaved_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Trained with plan (a) (1F1B, layers 0-2 | 3); resumed with two chunks per stage (layers 0 | 1 and 2 | 3)."""
+    config = _config(half_run["root"], "plan_il", steps=6, parallel=PLAN_IL)
+    resumed = _train(str(config), "--resume", str(half_run["checkpoints"]), "--run-dir", str(half_run["root"] / "resumed_il"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+    assert [s["layers"] for s in resumed["stages"]] == [[0, 2], [1, 3]]
+
+
+def test_resume_into_a_zbv_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
+    """Resumed with zbv: the V puts layers 0 | 3 on stage 0 (with the head: the loss is logged from there)."""
+    config = _config(half_run["root"], "plan_zbv", steps=6, parallel={**PLAN_IL, "schedule": "zbv"})
+    resumed = _train(str(config), "--resume", str(half_run["checkpoints"]), "--run-dir", str(half_run["root"] / "resumed_zbv"))
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+    assert [s["layers"] for s in resumed["stages"]] == [[0, 3], [1, 2]]
+
+
+def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
+    from hal.cli.train import spawn_ranks
+    from hal.parallel.loop.job_runner import prepare, run_local, write_job
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for item in (half_run["checkpoints"] / "step-000003").iterdir():
+        (damaged / item.name).write_bytes(item.read_bytes())
+    run_dir = tmp_path / "run"
+    job = prepare(str(half_run["config"]), resume=str(damaged), run_dir=str(run_dir))  # passes: the files are intact
+    write_job(job)
+    (damaged / "stage-1.pt").write_bytes(b"not a checkpoint")
+    assert run_local(job, spawn_ranks) == 2
+    err = capfd.readouterr().err
+    assert "stage-1.pt is unreadable" in err and "the checkpoint is damaged" in err
+    assert "hal train: rank" in err
+    assert not _processes_mentioning(str(run_dir))
+
+
+# --- refused before anything starts ----------------------------------------------------------------------------
+
+BAD = {
+    "corpus-needs-vocab-256": ({"model": {"vocab_size": 64}}, [], "train.data 'corpus' is byte-level text"),
+    "layers-do-not-add-up": ({"model": {"num_layers": 5}}, [], "layers add up to 4"),
+    "precision-fp8": ({"precision": "fp8-mixed"}, [], "needs native fp8"),
+    "resume-missing": ({}, ["--resume", "no/such/checkpoint"], "no such directory"),
+    "steps-zero": ({}, ["--steps", "0"], "--steps 0 is not a step count"),
+    "backend-not-used": ({"backend": "cuda"}, [], "backend 'cuda' is not used by hal train"),
+    "log-file-a-directory": ({"train": {"log_file": "examples"}}, [], "train.log_file examples: is a directory"),
+    "checkpoint-dir-under-a-file": ({"train": {"checkpoint_dir": "README.md/ckpt"}}, [], "README.md is a file"),
+    "run-dir-a-file": ({}, ["--run-dir", "README.md"], "--run-dir README.md: exists and is not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path: Path) -> None:
+    changes, extra, message = BAD[case]
+    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            raw[key].update(value)
+        else:
+            raw[key] = value
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(config), "--run-dir", str(run_dir), *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error: "), result.stderr
+    assert message in lines[0]
+    assert not run_dir.exists() and not _processes_mentioning(str(run_dir))
+
+
+def test_bf16_mixed_follows_the_fp32_curve(half_run: dict[str, Any]) -> None:
+    """Plan (a) under bf16 autocast on every stage: the same 3 steps, loss within bf16's reach of fp32's."""
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["precision"] = "bf16-mixed"
+    config = half_run["root"] / "plan_a_bf16.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    bf16 = _train(str(config), "--steps", "3", "--run-dir", str(half_run["root"] / "bf16"))
+    fp32 = half_run["half"]["losses"]
+    assert bf16["precision"] == "bf16-mixed"
+    assert bf16["losses"] != fp32  # autocast really ran: bf16 rounding moves the loss
+    _assert_close(bf16["losses"], fp32, 2e-2)
+
+
+def test_zero1_reduce_scatter_follows_the_plain_run(half_run: dict[str, Any]) -> None:
+    """Plan (a) with zero1 through hal train equals the plain run (the reduce-scatter step itself is
+    checked against plain AdamW in tests/ranks/test_zero.py)."""
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["parallel"]["zero1"] = True
+    config = half_run["root"] / "plan_a_zero1.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    zero1 = _train(str(config), "--steps", "3", "--run-dir", str(half_run["root"] / "zero1"))
+    _assert_close(zero1["losses"], half_run["half"]["losses"], 1e-5)
+
+
+def test_resume_with_another_model_is_refused(half_run: dict[str, Any]) -> None:
+    raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))
+    raw["model"]["hidden_size"] = 128
+    config = half_run["root"] / "wider.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = run_hal("train", str(config), "--resume", str(half_run["checkpoints"]))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "model.hidden_size is 64 but this config's is 128" in result.stderr
+
+
+# --- several nodes, and the progress line on a terminal ----------------------------------------------------------
+
+
+def test_a_diverged_run_still_logs_json(tmp_path: Path) -> None:
+    """An lr that blows the weights up gives a NaN loss: the log and the summary (what --json prints) say null, not NaN,
+    and the summary line says the run diverged."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+    config = _config(tmp_path, "diverge", steps=3, lr=1e30, warmup_steps=0)
+    result = run_hal("train", str(config), "--run-dir", str(tmp_path / "run"), timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert "loss nan" in result.stderr  # the progress line says it, and so does the summary line
+    assert "-> not finite (diverged)," in result.stdout, result.stdout
+    records = [json.loads(line, parse_constant=refuse) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    assert records[-1]["loss"] is None
+    assert json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=refuse)["final_loss"] is None
+
+
+def test_print_multinode_gives_one_torchrun_line_per_node_and_starts_nothing(tmp_path: Path) -> None:
+    result = run_hal("train", MAIN_JOB, "--print-multinode", "2", "--run-dir", str(tmp_path / "shared"))
+    assert result.returncode == 0, result.stderr
+    commands = [line for line in result.stdout.splitlines() if "torchrun" in line]
+    assert len(commands) == 2
+    for node, line in enumerate(commands):
+        assert line.startswith("HAL_BACKEND=cpu torchrun ") and f"--node-rank={node}" in line
+        assert "--nproc-per-node=2" in line and "--nnodes=2" in line
+        assert line.endswith(f"-m hal.parallel.loop.trainer {tmp_path / 'shared' / 'job.json'}")  # the job file, no YAML
+    assert f"cat > {tmp_path / 'shared' / 'job.json'} <<" in result.stdout  # how the job file reaches every node
+    assert not (tmp_path / "shared").exists()
+
+
+def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.loop.job_runner import split_nodes
+
+    topology = Topology.from_plan(parse_plan({"stages": [
+        {"backend": "cpu", "devices": 2, "layers": 3, "tp": 2}, {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]}))
+    assert split_nodes(topology, 1) == [range(0, 4)]
+    assert split_nodes(topology, 2) == [range(0, 2), range(2, 4)]
+    assert split_nodes(topology, 3) == [range(0, 2), range(2, 3), range(3, 4)]
+
+
+def test_progress_updates_in_place_on_a_terminal() -> None:
+    from hal.parallel.loop.trainer import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress(20, stream)
+    for step in (1, 2):
+        progress.update({"step": step, "loss": 4.0, "tokens_per_s": 1234.0, "step_s": 0.1})
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and text.count("\n") == 1 and "step 2/20 loss 4.0000 1234 tok/s" in text
+
+
+def test_the_summary_rate_leaves_out_the_first_step_and_checkpoint_writes() -> None:
+    from hal.parallel.loop.trainer import steady_rate
+
+    records = [{"tokens": 100, "step_s": 10.0}, {"tokens": 100, "step_s": 1.0}, {"tokens": 100, "step_s": 1.0}]
+    assert steady_rate(records) == 100.0  # not 300 / 12 (warm-up included) nor less (wall time with a checkpoint)
+    assert steady_rate(records[:1]) == 10.0 and steady_rate([]) is None

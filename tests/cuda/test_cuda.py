@@ -1,0 +1,132 @@
+"""CUDA-marked tests: run on an NVIDIA machine (``pytest -m cuda``); skipped where no GPU is visible."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hal import get_backend, ops
+from hal.capabilities import DtypeSupport
+from hal.precision import resolve_precision
+
+from ..conftest import has_cuda, run_hal
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not has_cuda(), reason="no NVIDIA GPU visible")]
+
+CUDA = get_backend("cuda")
+
+
+def test_devices_reports_model_memory_and_native_dtypes() -> None:
+    result = run_hal("devices", "--json")
+    assert result.returncode == 0, result.stderr
+    cuda = next(b for b in json.loads(result.stdout)["backends"] if b["name"] == "cuda")
+    assert cuda["available"] and cuda["device_count"] >= 1
+    device = cuda["devices"][0]
+    assert device["memory_total_bytes"] > 10 * 2**30
+    assert device["dtypes"]["bf16"] == "native"
+    if "H100" in device["name"] or "H200" in device["name"]:
+        assert device["catalog_id"].startswith(("nvidia-h100", "nvidia-h200"))
+        assert device["dtypes"]["fp8_e4m3"] == "native" and device["dtypes"]["tf32"] == "native"
+    assert json.loads(run_hal("devices", "--json").stdout)["auto"]["backend"] == "cuda"
+
+
+def test_streams_events_and_synchronize() -> None:
+    stream = CUDA.Stream()
+    start, end = CUDA.Event(enable_timing=True), CUDA.Event(enable_timing=True)
+    a = torch.randn(2048, 2048, device=CUDA.device(0))
+    with CUDA.stream(stream):
+        start.record()
+        b = a @ a
+        end.record()
+    CUDA.synchronize()
+    assert start.elapsed_time(end) > 0 and torch.isfinite(b).all()
+
+
+def test_memory_statistics_follow_allocations() -> None:
+    CUDA.empty_cache()
+    CUDA.reset_peak_memory_stats()
+    before = CUDA.memory_allocated()
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device=CUDA.device(0))
+    assert CUDA.memory_allocated() - before >= 256 * 2**20
+    assert CUDA.max_memory_allocated() >= CUDA.memory_allocated()
+    assert CUDA.memory_reserved() >= CUDA.memory_allocated()
+    del block
+    free, total = CUDA.mem_get_info()
+    assert 0 < free <= total
+
+
+def test_rng_state_round_trip() -> None:
+    CUDA.manual_seed_all(7)
+    state = CUDA.get_rng_state()
+    first = torch.rand(4, device=CUDA.device(0))
+    CUDA.set_rng_state(state)
+    assert torch.equal(first, torch.rand(4, device=CUDA.device(0)))
+
+
+def test_tf32_switch_really_changes_results() -> None:
+    if not CUDA.capabilities().is_native("tf32"):
+        pytest.skip("no TF32 on this GPU")
+    a = torch.randn(1024, 1024, device=CUDA.device(0))
+    exact = (a.double() @ a.double())
+    try:
+        CUDA.set_reduced_precision_matmul(False)
+        err_fp32 = ((a @ a).double() - exact).abs().max().item()
+        CUDA.set_reduced_precision_matmul(True)
+        assert CUDA.reduced_precision_matmul_enabled()
+        err_tf32 = ((a @ a).double() - exact).abs().max().item()
+    finally:
+        CUDA.set_reduced_precision_matmul(False)
+    assert err_tf32 > 10 * err_fp32
+
+
+def test_deterministic_mode_gives_bitwise_equal_runs() -> None:
+    try:
+        CUDA.set_deterministic(True)
+        x = torch.randn(4096, 512, device=CUDA.device(0))
+        index = torch.randint(0, 64, (4096,), device=CUDA.device(0))
+        runs = [torch.zeros(64, 512, device=CUDA.device(0)).index_add_(0, index, x) for _ in range(3)]
+    finally:
+        CUDA.set_deterministic(False)
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+
+
+def test_precision_policy_on_the_real_device() -> None:
+    caps = CUDA.capabilities()
+    plan = resolve_precision("bf16-mixed", CUDA, caps, "error")
+    assert plan.autocast_dtype is torch.bfloat16 and not plan.downgrades
+    x = torch.randn(64, 64, device=CUDA.device(0))
+    with plan.autocast(CUDA):
+        assert (x @ x).dtype is torch.bfloat16
+    if caps.support("fp8_e4m3") is DtypeSupport.NATIVE:
+        assert resolve_precision("fp8-mixed", CUDA, caps, "error").fp8_dtype is torch.float8_e4m3fn
+
+
+def test_fp8_scaled_linear_is_close_to_fp64() -> None:
+    if not CUDA.capabilities().is_native("fp8_e4m3"):
+        pytest.skip("no fp8 on this GPU")
+    from hal.precision.fp8 import scaled_linear
+
+    x = torch.randn(256, 512, device=CUDA.device(0), dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(384, 512, device=CUDA.device(0), dtype=torch.bfloat16, requires_grad=True)
+    y = scaled_linear(x, w)
+    ref = x.double() @ w.double().t()
+    rel = ((y.double() - ref).norm() / ref.norm()).item()
+    assert rel < 0.08, rel  # e4m3 has a 3-bit mantissa: a few percent relative error is expected
+    y.float().sum().backward()
+    assert x.grad is not None and w.grad is not None
+
+
+def test_ops_dispatch_on_cuda_tensors() -> None:
+    x = torch.randn(8, 64, device=CUDA.device(0), dtype=torch.bfloat16)
+    w = torch.ones(64, device=CUDA.device(0), dtype=torch.bfloat16)
+    y = ops.rms_norm(x, w)
+    assert y.device.type == "cuda" and y.dtype is torch.bfloat16
+    torch.testing.assert_close(y.float().cpu(), ops.rms_norm(x.float().cpu(), w.float().cpu()), rtol=2e-2, atol=2e-2)
+
+
+def test_example_script_runs_under_hal_run_cuda() -> None:
+    result = run_hal("run", "--backend", "cuda", "examples/cuda_train.py", "--steps", "5", "--amp", timeout=300)
+    assert result.returncode == 0, result.stderr
+    losses = [json.loads(line)["loss"] for line in result.stdout.splitlines() if line.startswith('{"step"')]
+    assert len(losses) == 5 and all(l == l for l in losses)

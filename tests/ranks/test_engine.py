@@ -1,0 +1,140 @@
+"""The heterogeneous pipeline engine equals a single-process run of the same model, seed and data."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..dist_harness import ok_values, run_world
+from ..engine_cases import reference
+
+PLANS = {
+    "a: 2 stages 3/1, tp2 -> dp2, 1f1b": {
+        "schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 2, "layers": 3, "tp": 2},
+                   {"backend": "cpu", "devices": 2, "layers": 1, "dp": 2}]},
+    "b: 2 stages, dp2 -> tp2 sp, 1f1b": {
+        "schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                   {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2, "sp": True}]},
+    "c: 3 stages dp1/dp2/dp1, gpipe": {
+        "schedule": "gpipe", "micro_batches": 3, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 1, "layers": 1},
+                   {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                   {"backend": "cpu", "devices": 1, "layers": 1}]},
+    "d: 1 stage tp2 x dp2": {
+        "schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
+        "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]},
+}
+TIED = "e: tied embeddings, 2 stages tp2 -> dp2 (the two copies' gradients summed)"
+PLANS[TIED] = PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"]
+# The fused head (parallel.models.fused_head) against the same unfused single-process reference: the
+# vocab-parallel chunked path (tp2 sp last stage) and the registry's linear_cross_entropy (tp1, tied).
+FUSED_TP = "f: fused head on a tp2 sp last stage (vocab-parallel linear + cross-entropy)"
+PLANS[FUSED_TP] = {**PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "fused_head": True}
+FUSED_TIED = "g: fused head, tied embeddings, tp1 dp2 last stage"
+PLANS[FUSED_TIED] = {**PLANS["a: 2 stages 3/1, tp2 -> dp2, 1f1b"], "fused_head": True}
+# Zero-bubble (split backward, weight gradients deferred): the tp -> dp and dp -> tp boundaries,
+# a 3-stage uneven split with a dp2 middle, and tied embeddings.
+for key in ("a: 2 stages 3/1, tp2 -> dp2, 1f1b", "b: 2 stages, dp2 -> tp2 sp, 1f1b"):
+    PLANS[f"zb {key[:1]}: {key[3:].replace('1f1b', 'zero-bubble')}"] = {**PLANS[key], "schedule": "zero-bubble"}
+PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"] = {**PLANS["c: 3 stages dp1/dp2/dp1, gpipe"], "schedule": "zero-bubble"}
+ZB_TIED = "zb e: tied embeddings, 2 stages tp2 -> dp2, zero-bubble"
+PLANS[ZB_TIED] = {**PLANS[TIED], "schedule": "zero-bubble"}
+# Interleaved 1F1B: two chunks per stage, uneven chunks, the wrap-around link crossing tp -> dp and
+# dp -> tp sp layouts, three stages with a dp2 middle (a separate wrap communicator), tied embeddings.
+IL_UNEVEN = "il a: interleaved, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2"
+PLANS[IL_UNEVEN] = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+                    "stages": [{"backend": "cpu", "devices": 2, "layers": [2, 1], "tp": 2},
+                               {"backend": "cpu", "devices": 2, "layers": [1, 2], "dp": 2}]}
+PLANS["il b: interleaved, 2 stages x 2 chunks, dp2 -> tp2 sp"] = {
+    **PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "schedule": "interleaved-1f1b", "virtual_stages": 2}
+IL_THREE = "il c: interleaved, 3 stages x 2 chunks, dp1/dp2/dp1"
+PLANS[IL_THREE] = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches": 3, "micro_batch_size": 2,
+                   "stages": [{"backend": "cpu", "devices": 1, "layers": 2},
+                              {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                              {"backend": "cpu", "devices": 1, "layers": 2}]}
+IL_TIED = "il d: interleaved, tied embeddings, uneven chunks, tp2 -> dp2"
+PLANS[IL_TIED] = PLANS[IL_UNEVEN]
+IL_BRIDGED = "il e: interleaved, 3 stages x 2 chunks, every stage its own island (every link bridged)"
+PLANS[IL_BRIDGED] = PLANS[IL_THREE]
+ISLANDS = {IL_BRIDGED: [0, 1, 1, 2]}  # bridged links post blocking batches: the link order keeps the ring free of waits
+IZB_UNEVEN = "izb a: interleaved zero-bubble, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
+PLANS[IZB_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "interleaved-zero-bubble"}
+IZB_THREE = "izb c: interleaved zero-bubble, 3 stages x 2 chunks, dp1/dp2/dp1"
+PLANS[IZB_THREE] = {**PLANS[IL_THREE], "schedule": "interleaved-zero-bubble"}
+PLANS["izb b: interleaved zero-bubble, 2 stages x 2 chunks, dp2 -> tp2 sp"] = {
+    **PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "schedule": "interleaved-zero-bubble", "virtual_stages": 2}
+# ZB-V: two chunks a stage in a V (the first stage holds the embedding and the head, the last stage
+# turns each micro-batch round in memory): tp -> dp and dp -> tp sp layouts, uneven chunks, tied
+# embeddings on one stage, three stages with a dp2 middle, every link bridged.
+ZBV_UNEVEN = "zbv a: zbv, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
+PLANS[ZBV_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "zbv"}
+PLANS["zbv b: zbv, 2 stages x 2 chunks, dp2 -> tp2 sp"] = {
+    **PLANS["b: 2 stages, dp2 -> tp2 sp, 1f1b"], "schedule": "zbv", "virtual_stages": 2}
+ZBV_THREE = "zbv c: zbv, 3 stages x 2 chunks, dp1/dp2/dp1, 5 micro-batches"
+PLANS[ZBV_THREE] = {**PLANS[IL_THREE], "schedule": "zbv", "micro_batches": 5}
+ZBV_BRIDGED = "zbv d: zbv, 3 stages x 2 chunks, every stage its own island"
+PLANS[ZBV_BRIDGED] = PLANS[ZBV_THREE]
+ISLANDS[ZBV_BRIDGED] = [0, 1, 1, 2]
+LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
+          ZBV_BRIDGED: 6}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN}
+STEPS, LR = 20, 3e-3
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_plan_matches_single_process(name: str) -> None:
+    plan = PLANS[name]
+    tied = name in TIED_PLANS
+    world = sum(s["devices"] for s in plan["stages"])
+    layers = LAYERS.get(name, 4)
+    ref = reference(plan, STEPS, LR, tied=tied, num_layers=layers)
+    results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=STEPS, lr=LR,
+                        tied=tied, num_layers=layers, islands=ISLANDS.get(name))
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    values = [outcome[1] for outcome in results.values()]
+    losses = [v["losses"] for v in values if v["losses"][0] is not None]  # the stage holding the head (zbv: the first)
+    head = plan["stages"][0 if plan["schedule"] == "zbv" else -1]
+    assert len(losses) == head["devices"], f"{len(losses)} ranks reported a loss; the head's stage has {head['devices']}"
+    for run in losses:
+        assert abs(run[0] - ref["losses"][0]) <= 1e-5 * abs(ref["losses"][0]), (run[0], ref["losses"][0])
+        for got, want in zip(run, ref["losses"]):
+            assert abs(got - want) <= 1e-4 * abs(want), (run, ref["losses"])
+    seen = set()
+    for v in values:
+        for pname, grad in v["grads"].items():
+            want = ref["grads"][pname]
+            got = torch.tensor(grad, dtype=want.dtype)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{name}: gradient of {pname}")
+            seen.add(pname)
+    assert seen == set(ref["grads"]), set(ref["grads"]) - seen
+
+
+def test_sends_overlap_compute(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Stage 0 computes every forward before stage 1 receives any (see ``engine_cases.overlap_run``)."""
+    results = run_world("tests.engine_cases", "overlap_run", 2, deadline_s=120, gate=str(tmp_path / "gate"), micro_batches=4)
+    values = ok_values(results, 2)
+    ref = reference({"schedule": "gpipe", "micro_batches": 4, "micro_batch_size": 2,
+                     "stages": [{"backend": "cpu", "devices": 2, "layers": 4}]}, 1, 0.0)
+    assert values[0] is None and abs(values[1] - ref["losses"][0]) <= 1e-5 * ref["losses"][0]
+
+
+def test_loss_fn_is_the_engines_to_choose() -> None:
+    """The last stage returns logits; ``loss_fn`` turns each micro-batch's into its loss (default: the token mean)."""
+    from hal.parallel.models.llama import full_model
+
+    from ..engine_cases import MODEL, batch, first_half_loss
+
+    M = 3
+    values = ok_values(run_world("tests.engine_cases", "loss_fn_run", 1, deadline_s=120, micro_batches=M), 1)
+    got = values[0]
+    assert got["seen"] == [((2, MODEL.max_seq_len, MODEL.vocab_size), (2, MODEL.max_seq_len))] * M
+    ref = reference({"schedule": "1f1b", "micro_batches": M, "micro_batch_size": 2,
+                     "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}, 1, 0.0)
+    assert abs(got["losses"]["default"] - ref["losses"][0]) <= 1e-5 * ref["losses"][0]
+    model, tokens = full_model(MODEL, 0), batch(0, 0, M, 2, MODEL.max_seq_len, MODEL.vocab_size)
+    with torch.no_grad():
+        want = sum(float(first_half_loss(model(tokens[m, :, :-1]), tokens[m, :, 1:])) for m in range(M)) / M
+    assert abs(got["losses"]["first_half"] - want) <= 1e-5 * want
+    assert abs(want - ref["losses"][0]) > 1e-3  # the two losses differ: the test can tell them apart

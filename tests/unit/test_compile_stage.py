@@ -1,0 +1,121 @@
+"""Compiled stages (``compile: true``): each decoder layer through torch.compile, the first forward eager
+to fill hal's op caches, then no graph break and the same losses and gradients as the eager stage."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hal.errors import ConfigError
+from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
+from hal.parallel.models.loss import token_sum_cross_entropy
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.models.llama import full_model
+from hal.parallel.config.plan import ParallelPlan, StagePlan, parse_plan
+from hal.parallel.config.topology import Topology
+
+from ..conftest import has_cuda
+
+MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_hidden_size=48, max_seq_len=16)
+
+
+def _steps(stage: torch.nn.Module, batches: list[torch.Tensor], warm: bool) -> tuple[list[float], list[torch.Tensor]]:
+    device = next(stage.parameters()).device
+    batches = [b.to(device) for b in batches]
+    loss_fn = token_sum_cross_entropy(None)
+    losses = []
+    for i, batch in enumerate(batches):
+        context = eager_first_forward() if warm and i == 0 else torch.enable_grad()
+        with context:
+            logits = stage(batch[:, :-1])
+        loss = loss_fn(logits, batch[:, 1:])
+        loss.backward()
+        losses.append(float(loss))
+    return losses, [p.grad.clone() for p in stage.parameters()]
+
+
+def _compiled_matches_eager(backend: str, device: str, rel: float, grad_rtol: float, grad_atol: float) -> None:
+    _compiled_matches_eager_for(MODEL, backend, device, rel, grad_rtol, grad_atol)
+
+
+def _compiled_matches_eager_for(model: ModelConfig, backend: str, device: str, rel: float, grad_rtol: float,
+                                grad_atol: float) -> None:
+    """Eager and compiled copies of one model, 3 steps each: no graph break, real graphs, the same numbers."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    batches = [torch.randint(0, model.vocab_size, (2, 17)) for _ in range(3)]
+    eager = full_model(model, seed=3).to(device)
+    compiled = full_model(model, seed=3).to(device)
+    compile_layers(compiled, backend)
+    torch._dynamo.reset()
+    counters.clear()
+    want_losses, want_grads = _steps(eager, batches, warm=False)
+    got_losses, got_grads = _steps(compiled, batches, warm=True)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] >= 1  # the layers really were compiled (after the eager first forward)
+    assert got_losses == pytest.approx(want_losses, rel=rel, abs=rel)
+    for got, want in zip(got_grads, want_grads):
+        torch.testing.assert_close(got, want, rtol=grad_rtol, atol=grad_atol)
+
+
+def test_compiled_layers_match_eager_with_no_graph_break() -> None:
+    _compiled_matches_eager("aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
+
+
+def test_moe_layers_compile_around_their_experts_visibly() -> None:
+    """An MoE model compiled: attention, router and shared expert compiled, the experts eager — no graph break,
+    the eager stage's losses and gradients, and the partial compile recorded as a downgrade."""
+    from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
+
+    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
+                         "moe_shared_ffn_size": 16})
+    clear_downgrades()
+    with fallback_policy("allow"):
+        _compiled_matches_eager_for(moe, "aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
+    seen = [d for d in recorded_downgrades() if d.subject.startswith("compile of MoE layers")]
+    assert [d.subject for d in seen] == ["compile of MoE layers [1, 2]"] and "experts eager" in seen[0].used
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess  # inductor starts ptxas
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_inductor_compiled_layers_with_the_triton_kernels_match_eager() -> None:
+    """The GPU path: inductor, the registry's Triton kernels (traced into where they are triton ops), fp32;
+    no graph break, and the losses and gradients of the eager stage."""
+    from hal import ops
+
+    assert ops.registry.choose("rms_norm", "cuda", torch.float32).impl.name == "triton"
+    _compiled_matches_eager("inductor", "cuda", rel=1e-4, grad_rtol=1e-3, grad_atol=1e-5)
+
+
+def test_plan_compile_is_global_with_a_per_stage_override() -> None:
+    raw = {"compile": True, "compile_backend": "aot_eager",
+           "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 1, "compile": False}]}
+    plan = parse_plan(raw)
+    assert [plan.stage_compiles(k) for k in range(2)] == [True, False]
+    topology = Topology.from_plan(plan)
+    assert [(m.compile, m.compile_backend) for m in topology.stages] == [(True, "aot_eager"), (False, "aot_eager")]
+    assert ParallelPlan.from_dict(plan.to_dict()) == plan
+    assert not parse_plan({"stages": [{"backend": "cpu", "devices": 1, "layers": 1}]}).stage_compiles(0)
+    with pytest.raises(ConfigError, match="compile_backend"):
+        parse_plan({**raw, "compile_backend": "tvm"})
+    with pytest.raises(ConfigError, match="true or false"):
+        parse_plan({"stages": [{"backend": "cpu", "devices": 1, "layers": 1, "compile": "yes"}]})
+
+
+@pytest.mark.cuda
+@pytest.mark.multiprocess  # inductor starts ptxas
+@pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_inductor_compiles_around_the_moe_experts() -> None:
+    """The MoE compile path on a GPU: inductor compiles attention, router and shared expert, the experts (grouped
+    matmul, data-dependent sizes) stay eager; the eager stage's losses and gradients."""
+    from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
+
+    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
+                         "moe_shared_ffn_size": 16})
+    clear_downgrades()
+    with fallback_policy("allow"):
+        _compiled_matches_eager_for(moe, "inductor", "cuda", rel=1e-4, grad_rtol=1e-3, grad_atol=1e-5)
+    assert any(d.subject.startswith("compile of MoE layers") for d in recorded_downgrades())

@@ -1,0 +1,93 @@
+"""Profiles: measured on this host's cpu, estimated from the catalog elsewhere (and labelled), refused for another model."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from hal.errors import ConfigError
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.planner.cluster import parse_cluster, resolve
+from hal.parallel.planner.estimate import estimate_device
+from hal.parallel.planner.profile_store import load_profile
+from hal.parallel.planner.make_profile import make_profile
+
+MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
+CLUSTER = {"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": 2},
+                      {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}]}
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return make_profile(resolve(parse_cluster(CLUSTER)), MODEL, "fp32", 32, quick=True, links=False)
+
+
+def test_profile_round_trip_and_labels(profile, tmp_path) -> None:
+    path = tmp_path / "p.json"
+    profile.save(path)
+    back = load_profile(path, MODEL, "fp32")
+    cpu, h100 = back.devices["cpu-generic"], back.devices["nvidia-h100-sxm"]
+    assert cpu.source == "measured" and cpu.threads == 1 and back.estimated() == ["nvidia-h100-sxm"]
+    assert h100.estimated and "estimated from the catalog" in h100.basis and "documented default" in h100.basis
+    assert back.to_dict() == profile.to_dict()
+    f1, b1, a1 = cpu.layer(1, 1, 32, False)
+    f2, b2, a2 = cpu.layer(1, 2, 32, False)
+    assert f1 > 0 and f2 > 0 and b1 > 0 and 0 < a1 < a2  # more rows: more saved activations (times: no order asserted)
+    assert cpu.layer(1, 2, 32, True)[2] < a2  # recompute keeps the layer input only
+    assert cpu.layer(1, 2, 32, True)[2] == 2 * 32 * 64 * 4
+    assert h100.layer(1, 1, 32, False)[0] < f1  # an H100 estimate beats one cpu thread
+    assert h100.layer(1, 1, 32, False)[2] == pytest.approx(a1)  # activations: the measured device's bytes
+
+
+def test_a_profile_for_another_model_or_precision_is_refused(profile, tmp_path) -> None:
+    path = tmp_path / "p.json"
+    profile.save(path)
+    with pytest.raises(ConfigError, match=r"measured for another model \(differs in hidden_size\)"):
+        load_profile(path, dataclasses.replace(MODEL, hidden_size=128), "fp32")
+    with pytest.raises(ConfigError, match="measured at precision fp32, the config trains bf16-mixed"):
+        load_profile(path, MODEL, "bf16-mixed")
+    load_profile(path, dataclasses.replace(MODEL, max_seq_len=64), "fp32")  # sequence length: points carry it
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not a profile"):
+        load_profile(tmp_path / "bad.json", MODEL, "fp32")
+    damaged = json.loads(path.read_text())
+    damaged["devices"]["cpu-generic"]["layers"] = [{"tp": 1}]  # the right stamp, a broken body
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    with pytest.raises(ConfigError, match=r"a damaged profile \(TypeError: .*\); run hal profile again"):
+        load_profile(tmp_path / "damaged.json", MODEL, "fp32")
+
+
+def test_a_device_without_catalog_figures_is_not_invented() -> None:
+    ascend = resolve(parse_cluster({"groups": [{"backend": "ascend", "device": "huawei-ascend-910b", "count": 8}]})).types[0]
+    with pytest.raises(ConfigError, match=r"no dense bf16 peak .* declare it on the cluster group"):
+        estimate_device(ascend, MODEL, "bf16-mixed", 32, None)
+
+
+def test_a_compiling_config_gets_its_layers_timed_compiled() -> None:
+    """A compiled layer is another program: hal profile of a config that compiles times the layers compiled (here
+    aot_eager: traced, no code generated), the profile says so, and the cost model labels a plan whose stages
+    were timed the other way."""
+    import torch
+
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
+    from hal.parallel.planner.cost import CostModel, Placement
+
+    cluster = resolve(parse_cluster({"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 1, "cores": 2}]}))
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    before = sum(counters["stats"].values())
+    compiled = make_profile(cluster, MODEL, "fp32", 32, quick=True, links=False, compile_backend="aot_eager")
+    assert sum(counters["stats"].values()) > before  # dynamo traced the layers
+    assert compiled.meta["compiled_layers"] == "aot_eager" and "layers compiled (aot_eager)" in compiled.devices["cpu-generic"].basis
+    assert all(p.forward_s > 0 and p.backward_s > 0 for p in compiled.devices["cpu-generic"].layers)
+    eager = make_profile(cluster, MODEL, "fp32", 32, quick=True, links=False)
+    assert eager.meta["compiled_layers"] is None
+    plan = ParallelPlan((StagePlan("cpu", 1, 4),), "1f1b", 2, 1)
+    kinds = Placement.pack(plan, (cluster.types[0],))
+    for profile, stage_compiles, label in ((compiled, True, None), (eager, False, None),
+                                           (compiled, False, "run eager layers, timed compiled"),
+                                           (eager, True, "compile their layers, timed eager")):
+        pred = CostModel(cluster, profile, MODEL, 32).predict(dataclasses.replace(plan, compile=stage_compiles), kinds)
+        notes = [e for e in pred.estimated if "timed" in e]
+        assert (notes == []) if label is None else (label in notes[0]), (stage_compiles, notes)
