@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from benchmarks.spawn import failures, launch_ranks  # noqa: E402
+from hal.parallel.schedules import get_schedule, schedule_names  # noqa: E402
 
 PRESETS: dict[str, dict[str, Any]] = {
     # TinyLlama-1.1B's shapes with 24 layers (6 per stage at P=4): 1.10e9 parameters untied.
@@ -267,27 +268,25 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     """A closure running one step of torch's schedule (Schedule1F1B, or ScheduleInterleaved1F1B over the
     engine's chunks) over the same modules and tokens."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
-    from torch.distributed.pipelining import ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
     from hal.parallel.schedules.placement import virtual_index
 
     group = dist.new_group(list(range(world_size)), backend=backend.process_group_backend())
     M, V = tokens.shape[0], engine.chunks
+    kind = getattr(pipelining, engine.schedule.torch_class)  # the schedule names torch's class of the same order
     # The engine's loss: the token sum over one micro-batch's tokens, the mean of each of torch's chunks.
     placement = engine.topology.placement
     if V > 1:  # one PipelineStage per chunk, numbered in model order (zbv: the V's numbering, as torch's ZBV places them)
         stages = [PipelineStage(_ChunkView(engine.module, v), virtual_index(rank, v, world_size, placement), V * world_size,
                                 engine.device, group=group) for v in range(V)]
-        kind = (ScheduleZBVZeroBubble if placement == "v" else
-                ScheduleInterleavedZeroBubble if engine.schedule.splits_backward else ScheduleInterleaved1F1B)
         schedule: Any = kind(stages, n_microbatches=M, loss_fn=engine.loss_fn)
-    elif engine.schedule.splits_backward:  # zero-bubble: torch's ZB1P with one stage per rank
+    else:  # one stage a rank; zero-bubble: torch's ZB1P (a multi-stage class) over that one stage
         stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
-        schedule = ScheduleInterleavedZeroBubble([stage], n_microbatches=M, loss_fn=engine.loss_fn)
-    else:
-        stage = PipelineStage(engine.module, rank, world_size, engine.device, group=group)
-        schedule = Schedule1F1B(stage, n_microbatches=M, loss_fn=engine.loss_fn)
+        schedule = kind([stage] if issubclass(kind, PipelineScheduleMulti) else stage, n_microbatches=M,
+                        loss_fn=engine.loss_fn)
     x = tokens[:, :, :-1].reshape(-1, tokens.shape[-1] - 1).contiguous()  # torch checks input strides
     y = tokens[:, :, 1:].reshape(-1, tokens.shape[-1] - 1).contiguous()
 
@@ -320,14 +319,16 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     peak = r0.get("peak_bf16_tflops")
     fpt = flops_per_token(opts["model"], seq)
     mfu = {name: (t * fpt / (P * peak * 1e12) if peak else None) for name, t in tps.items()}
-    from hal.parallel.schedules import get_schedule, simulate
+    from hal.parallel.schedules import simulate
+
+    schedule = get_schedule(opts.get("schedule", "1f1b"))
 
     V = opts.get("virtual_stages", 1)
     compute = [r["bubble"]["compute_s"] / (3 * M) for _, r in sorted(reports.items())]  # F per micro-batch, B = 2F
     chunk_layers = [r["layers"] for _, r in sorted(reports.items())]
     shares = ([[c / sum(n) for c in n] if isinstance(n, list) else [1.0 / V] * V for n in chunk_layers]
               if V > 1 else None)  # uneven chunks ('3+4'): a chunk's share of its stage's time
-    predicted = simulate(get_schedule(opts.get("schedule", "1f1b")), P, M, forward_s=compute,
+    predicted = simulate(schedule, P, M, forward_s=compute,
                          backward_s=[2 * c for c in compute], virtual_stages=V, chunk_share=shares).bubble
     stages = [{"stage": r["stage"], "layers": r["layers"], "device": r["device_name"],
                "peak_mem_gib_ours": r["peak_memory_bytes"]["ours"] / 2**30,
@@ -343,14 +344,12 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
-        "torch_schedule": ("ScheduleZBVZeroBubble" if opts.get("schedule") == "zbv" else
-                           "ScheduleInterleavedZeroBubble" if "zero-bubble" in opts.get("schedule", "1f1b") else
-                           "ScheduleInterleaved1F1B" if V > 1 else "Schedule1F1B"),
+        "torch_schedule": schedule.torch_class,
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
         # equal stages (F = 1, B = 2): 1F1B's (P-1)/(M+P-1), interleaving's (P-1)/(VM+P-1), the zero-bubble family less
-        "bubble_ideal": simulate(get_schedule(opts.get("schedule", "1f1b")), P, M, forward_s=1.0, backward_s=2.0,
+        "bubble_ideal": simulate(schedule, P, M, forward_s=1.0, backward_s=2.0,
                                  virtual_stages=V).bubble_overall,
         "bubble_measured_mean": statistics.mean(s["idle_fraction"] for s in stages),
     }
@@ -407,9 +406,10 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                         help="the head and the loss as one fused linear + cross-entropy (both schedules)")
     parser.add_argument("--layers", help="decoder layers per stage, comma-separated (default: as equal as possible)")
     parser.add_argument("--schedule", default="1f1b",
-                        choices=["1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv", "gpipe"],
-                        help="hal's schedule (torch's Schedule1F1B is the baseline, ScheduleInterleaved1F1B for "
-                             "interleaved-1f1b); zero-bubble refuses --compile")
+                        choices=list(schedule_names()),
+                        help="hal's schedule; the baseline is torch's class of the same order (the schedule's "
+                             "torch_class: Schedule1F1B for 1f1b, ScheduleGPipe for gpipe, ...); the zero-bubble family "
+                             "refuses --compile")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
     parser.add_argument("--trace", metavar="DIR",
@@ -421,7 +421,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.stages < 2:
         parser.error("--stages must be at least 2 (a pipeline)")
-    splits = "zero-bubble" in args.schedule or args.schedule == "zbv"
+    schedule = get_schedule(args.schedule)
+    splits = schedule.splits_backward
     if splits and args.compile:
         parser.error(f"--schedule {args.schedule} splits each backward in eager autograd; drop --compile")
     if splits and args.fused_head:
@@ -429,12 +430,11 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
         parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
                      "inside the loss; drop --fused-head")
-    interleaved = args.schedule.startswith("interleaved") or args.schedule == "zbv"
-    virtual = args.virtual_stages or (2 if interleaved else 1)
-    if (virtual > 1) != interleaved or virtual < 1 or (args.schedule == "zbv" and virtual != 2):
-        parser.error("--virtual-stages: 2 or more with an interleaved --schedule (zbv: 2), else 1")
-    if virtual > 1 and args.schedule != "zbv" and args.micro_batches % args.stages:
-        parser.error(f"--micro-batches {args.micro_batches}: interleaved-1f1b needs a multiple of --stages {args.stages}")
+    virtual = args.virtual_stages or schedule.chunks()
+    problem = schedule.chunk_problem(virtual) or schedule.problem(args.stages, args.micro_batches)
+    if virtual < 1 or problem:
+        parser.error((problem or f"--virtual-stages {virtual} must be at least 1").replace("parallel.virtual_stages", "--virtual-stages")
+                     .replace("parallel.micro_batches", "--micro-batches"))
     model = dict(PRESETS[args.preset])
     seq = args.seq or model["max_seq_len"]
     model["max_seq_len"] = max(model["max_seq_len"], seq)

@@ -271,7 +271,7 @@ def benchmark(argv: list[str] | None = None) -> int:
         check_creatable_file(Path(args.save_profile), "--save-profile")
 
     from hal.launch import run_function
-    from hal.parallel.config.plan import splits_backward
+    from hal.parallel.schedules import get_schedule
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.run_search import planning_cluster, planning_inputs
     from hal.parallel.planner.make_profile import make_profile
@@ -280,7 +280,7 @@ def benchmark(argv: list[str] | None = None) -> int:
     todo = plans(args.backend, model)
     if args.compile:
         todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo
-                if not splits_backward(parallel["schedule"])]
+                if get_schedule(parallel["schedule"]).compiles]
     outside = [n for n in args.only or () if not 1 <= n <= len(todo)]
     if outside:  # 0 would be Python's index -1, the last plan
         raise ConfigError(f"--only {', '.join(map(str, outside))}: the plans{' with --compile' if args.compile else ''} "

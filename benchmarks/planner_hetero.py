@@ -118,7 +118,7 @@ def main() -> int:
             say(f"training {name}: {stages}")
             step = train(path, Path(tmp, f"run{i}"), args.steps)
             rows.append({"plan": name, "stages": stages,
-                         "schedule": plan.schedule, "micro_batches": plan.micro_batches, "predicted_s": pred.step_s,
+                         "schedule": plan.schedule.name, "micro_batches": plan.micro_batches, "predicted_s": pred.step_s,
                          "measured_s": step, "error": (pred.step_s - step) / step})
     tokens = BATCH["micro_batches"] * BATCH["micro_batch_size"] * MODEL["max_seq_len"]
     for r in rows:

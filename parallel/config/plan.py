@@ -53,7 +53,12 @@ from hal.errors import ConfigError
 from hal.precision import PRECISIONS
 
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.schedules import schedule_names
+from hal.parallel.schedules import Schedule, get_schedule, schedule_names
+
+def _schedule(origin: str, key_name: str, value: Any) -> Schedule:
+    """``parallel.schedule``: a registered name, parsed here once into the Schedule every later step asks."""
+    return get_schedule(check_choice(origin, key_name, value, schedule_names()))
+
 
 def _stage_backend(origin: str, name: str, value: Any) -> str:
     """A stage names a registered backend explicitly: 'auto' would make the topology depend on the host."""
@@ -122,7 +127,7 @@ class ParallelPlan:
     """
 
     stages: tuple[StagePlan, ...] = key(ListOf(StagePlan, "stage"), example="stages: [{backend: cpu, devices: 1, layers: 4}]")
-    schedule: str = key(Choice(schedule_names), "1f1b", positional=True)
+    schedule: Schedule = key(Custom(_schedule), get_schedule("1f1b"), positional=True)  # a name in YAML and JSON
     micro_batches: int = key(PositiveInt(limits.MICRO_BATCHES), example="micro_batches: 8", derive=lambda v: len(v["stages"]))
     micro_batch_size: int = key(PositiveInt(limits.ROWS), example="micro_batch_size: 4",
                                 derive=lambda v: math.lcm(*(s.dp for s in v["stages"])))
@@ -130,7 +135,12 @@ class ParallelPlan:
     compile: bool = key(Flag(), False)  # regional torch.compile of every decoder layer (stages may override)
     compile_backend: str = key(Choice(COMPILE_BACKENDS), "inductor")
     fused_head: bool = key(Flag(), False)  # last stage: head + cross-entropy chunked over tokens (parallel.models.fused_head)
-    virtual_stages: int = key(PositiveInt(limits.CHUNKS), 1)  # interleaved schedules
+    virtual_stages: int = key(PositiveInt(limits.CHUNKS), 1,
+                              derive=lambda v: v["schedule"].chunks())  # model chunks a stage; YAML default: the schedule's
+
+    def __post_init__(self) -> None:
+        if isinstance(self.schedule, str):  # built in code from a name (a job file, a test): parse it here, once
+            object.__setattr__(self, "schedule", get_schedule(self.schedule))
 
     @property
     def num_stages(self) -> int:
@@ -149,7 +159,7 @@ class ParallelPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "stages": [s.to_dict() for s in self.stages],
-            "schedule": self.schedule,
+            "schedule": self.schedule.name,
             "micro_batches": self.micro_batches,
             "micro_batch_size": self.micro_batch_size,
             "zero1": self.zero1,
@@ -171,16 +181,12 @@ class ParallelPlan:
     @property
     def placement(self) -> str:
         """Where the schedule puts the chunks (``schedules.placement``): "loop", or "v" for zbv."""
-        from hal.parallel.schedules import get_schedule
-
-        return get_schedule(self.schedule).placement
+        return self.schedule.placement
 
     @property
     def last_stage(self) -> int:
         """The stage holding the model's last layers, the head and the loss (the first one under zbv)."""
-        from hal.parallel.schedules.placement import last_stage
-
-        return last_stage(self.num_stages, self.placement)
+        return self.schedule.head_stage(self.num_stages)
 
     def layer_chunks(self) -> list[list[tuple[int, int]]]:
         """Per stage, the (first layer, end) of each of its chunks: the virtual stages take the layers in
@@ -271,15 +277,10 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig, precisi
             f"{origin}: parallel.stages layers add up to {total} ({parts}) but model.num_layers is {model.num_layers}; "
             f"make the stages' layers sum to {model.num_layers}"
         )
-    if plan.schedule == "1f1b" and plan.micro_batches < plan.num_stages:
-        raise ConfigError(
-            f"{origin}: parallel.micro_batches {plan.micro_batches} is fewer than the {plan.num_stages} stages, which "
-            f"schedule 1f1b needs to fill the pipeline; set micro_batches ≥ {plan.num_stages} or use schedule: gpipe"
-        )
     _check_chunks(origin, plan)
     _check_moe(origin, plan, model, precision)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
-    if splits_backward(plan.schedule) and compiled:
+    if not plan.schedule.compiles and compiled:
         plain = "interleaved-1f1b" if plan.virtual_stages > 1 else "1f1b"
         raise ConfigError(
             f"{origin}: schedule {plan.schedule} splits every backward into input and weight halves, which a compiled "
@@ -326,28 +327,12 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
                               "have no fp8 path — give that stage precision: bf16-mixed")
 
 
-def splits_backward(schedule: str) -> bool:
-    """Whether ``schedule`` runs every backward as input and weight halves (the zero-bubble family)."""
-    from hal.parallel.schedules import get_schedule
-
-    return get_schedule(schedule).splits_backward
-
-
 def _check_chunks(origin: str, plan: ParallelPlan) -> None:
-    """virtual_stages and per-chunk layer lists agree, and the schedule runs chunks (interleaved) or not."""
-    from hal.parallel.schedules import get_schedule
-
-    V, S, M = plan.virtual_stages, plan.num_stages, plan.micro_batches
-    interleaved = get_schedule(plan.schedule).interleaved
-    if interleaved and V < 2:
-        raise ConfigError(f"{origin}: schedule {plan.schedule} runs several model chunks per stage; set "
-                          "parallel.virtual_stages ≥ 2 (and each stage's layers divisible by it, or a list per chunk)")
-    if not interleaved and V > 1:
-        raise ConfigError(f"{origin}: parallel.virtual_stages {V} needs an interleaved schedule; set schedule: "
-                          "interleaved-1f1b or virtual_stages: 1")
-    if get_schedule(plan.schedule).placement == "v" and V != 2:
-        raise ConfigError(f"{origin}: schedule zbv places exactly 2 chunks on every stage (a V); set "
-                          f"parallel.virtual_stages: 2 (got {V}), or use interleaved-zero-bubble for {V} chunks")
+    """The schedule's own rules on stages, micro-batches and chunks, then per-chunk layer lists that agree."""
+    V = plan.virtual_stages
+    problem = plan.schedule.problem(plan.num_stages, plan.micro_batches) or plan.schedule.chunk_problem(V)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
     for k, stage in enumerate(plan.stages):
         where = f"stage {k} (parallel.stages[{k}].layers)"
         if isinstance(stage.layers, tuple) and len(stage.layers) != V:
@@ -357,14 +342,6 @@ def _check_chunks(origin: str, plan: ParallelPlan) -> None:
             raise ConfigError(f"{origin}: {where}: {stage.layers} layers do not split into {V} equal chunks "
                               f"(virtual_stages); use a multiple of {V} or a list per chunk such as "
                               f"{[stage.layers // V + (i < stage.layers % V) for i in range(V)]}")
-    if interleaved:
-        if S < 2:
-            raise ConfigError(f"{origin}: schedule {plan.schedule} needs at least 2 stages, the plan has {S}; use 1f1b")
-        if get_schedule(plan.schedule).placement == "v":
-            return  # the V runs any number of micro-batches
-        if M < S or M % S:
-            raise ConfigError(f"{origin}: schedule {plan.schedule} runs micro-batches in groups of the {S} stages: "
-                              f"parallel.micro_batches {M} must be a multiple of {S}, e.g. {max(S, -(-M // S) * S)}")
 
 
 def _check_world(origin: str, plan: ParallelPlan, world_size: int) -> None:

@@ -41,7 +41,6 @@ from hal.config.limits import check_local_ranks
 from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 from hal.parallel.config.job import Job, write_job
-from hal.parallel.config.plan import splits_backward
 from hal.parallel.config.run import RunConfig
 from hal.parallel.config.topology import Topology
 
@@ -157,7 +156,7 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
                  else f"{run.hal.origins.get('precision', 'config')}: precision")
         if precision not in TRAIN_PRECISIONS:
             raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
-        if precision == "fp8-mixed" and splits_backward(run.plan.schedule):
+        if precision == "fp8-mixed" and run.plan.schedule.splits_backward:
             raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
                               f"{run.plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
         backend = get_backend(stage.backend)

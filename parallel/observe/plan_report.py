@@ -5,7 +5,7 @@ from typing import Any
 
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
-from hal.parallel.schedules import get_schedule, simulate
+from hal.parallel.schedules import simulate
 from hal.parallel.observe.timeline import layer_proportional
 from hal.parallel.config.topology import Topology
 
@@ -32,8 +32,8 @@ def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
     (the planner's cost model adds them). Gives each stage's idle share and most micro-batches in flight.
     """
     V = plan.virtual_stages
-    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, virtual_stages=V,
+    sim = simulate(plan.schedule, plan.num_stages, plan.micro_batches, virtual_stages=V,
                    **layer_proportional(plan))
-    return {"name": plan.schedule, "assumes": "stage time proportional to its layers, backward = 2 x forward",
+    return {"name": plan.schedule.name, "assumes": "stage time proportional to its layers, backward = 2 x forward",
             "bubble": [round(b, 4) for b in sim.bubble], "bubble_overall": round(sim.bubble_overall, 4),
             "in_flight": list(sim.peak_in_flight), "virtual_stages": V}

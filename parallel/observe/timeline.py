@@ -185,7 +185,7 @@ def planned_document(plan: ParallelPlan, planned: dict[str, Any]) -> dict[str, A
 
 
 def _header(plan: ParallelPlan, topology: Topology, unit: str) -> dict[str, Any]:
-    return {"version": VERSION, "schedule": plan.schedule, "num_stages": plan.num_stages,
+    return {"version": VERSION, "schedule": plan.schedule.name, "num_stages": plan.num_stages,
             "micro_batches": plan.micro_batches, "virtual_stages": plan.virtual_stages, "unit": unit,
             "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks)} for m in topology.stages],
             "ranks": []}
@@ -201,7 +201,7 @@ def check_document(doc: Any, where: str) -> dict[str, Any]:
 def planned_timeline(planned: Planned, plan: ParallelPlan) -> dict[str, Any]:
     """The planner's timeline of ``plan``: the simulator replaying the inputs the cost model played, in the
     timeline document's ``predicted`` form (``parallel.observe.timeline``), plus the step it predicted."""
-    sim = simulate(get_schedule(plan.schedule), plan.num_stages, plan.micro_batches, **dict(planned.inputs))
+    sim = simulate(plan.schedule, plan.num_stages, plan.micro_batches, **dict(planned.inputs))
     n = len(planned.estimated)
     estimated = f", {n} figure{'s' if n > 1 else ''} estimated (the plan file says which)" if n else ""
     return {"assumes": f"hal plan --search's cost model ({planned.profile or 'its profile'}), step "

@@ -47,11 +47,8 @@ from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
-from hal.parallel.schedules import Action, Kind, P2PBatch, get_schedule
-from hal.parallel.schedules.gpipe import ForwardOnly
-from hal.parallel.schedules.interleaved import InterleavedForwardOnly
+from hal.parallel.schedules import Action, Kind, P2PBatch
 from hal.parallel.schedules.placement import neighbours
-from hal.parallel.schedules.zbv import ZeroBubbleVForwardOnly
 from hal.parallel.config.topology import RankGroups, Topology
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 
@@ -119,7 +116,7 @@ class PipelineEngine:
         over the whole micro-batch's token count (``parallel.models.loss``). ``fp8_dtype``: an fp8-mixed
         stage's format: its decoder layers' forward matmuls run in it (``parallel.models.linear``). ``init_from``:
         a Hugging Face checkpoint directory this rank's weights are sliced from instead of the seed."""
-        self.schedule = get_schedule(plan.schedule)  # ValueError naming the known ones
+        self.schedule = plan.schedule
         self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
         self.coord = groups.coord
         self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
@@ -374,8 +371,7 @@ class PipelineEngine:
         tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
         """
         S, M, k = self.topology.num_stages, self.plan.micro_batches, self.coord.stage
-        forward_only = (ZeroBubbleVForwardOnly() if self.topology.placement == "v" else InterleavedForwardOnly()
-                        if self.chunks > 1 else ForwardOnly())
+        forward_only = self.schedule.forward_only()
         program = forward_only.program(S, M, k, self.chunks)
         with torch.no_grad():
             return self._step_loss(self._execute(tokens, program))

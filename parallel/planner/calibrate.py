@@ -155,7 +155,7 @@ def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1
     """The simulator's view of one calibration pipeline: its makespan is about linear in a slowdown s on compute
     and a wait w added to each action (equal stages keep one critical path), so two plays give both coefficients;
     a third gives what the transfers (``p2p_s`` each, timed as the cost model times them) add."""
-    from hal.parallel.schedules import get_schedule, simulate
+    from hal.parallel.schedules import OneFOneB, simulate
 
     layers, per_stage, rows = shape
     M = per_stage * stages
@@ -163,9 +163,9 @@ def play(device: DeviceProfile, stages: int, shape: Shape, seq: int, tp: int = 1
     share = f1 / (f1 + b1) if f1 + b1 > 0 else 1 / 3
     solo = [solo_compute_s(device, stages, k, rows, seq, tp, layers, per_stage) / M for k in range(stages)]
     times = {"forward_s": [c * share for c in solo], "backward_s": [c * (1 - share) for c in solo]}
-    compute = simulate(get_schedule("1f1b"), stages, M, **times)
-    waits = simulate(get_schedule("1f1b"), stages, M, forward_s=0.0, backward_s=0.0, action_s=1.0)
-    sent = simulate(get_schedule("1f1b"), stages, M, p2p_s=p2p_s, **times).makespan if p2p_s else compute.makespan
+    compute = simulate(OneFOneB(), stages, M, **times)
+    waits = simulate(OneFOneB(), stages, M, forward_s=0.0, backward_s=0.0, action_s=1.0)
+    sent = simulate(OneFOneB(), stages, M, p2p_s=p2p_s, **times).makespan if p2p_s else compute.makespan
     return Played(compute.makespan, waits.makespan, statistics.mean(1.0 - b for b in compute.bubble),
                   sent - compute.makespan)
 
@@ -275,7 +275,7 @@ def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int
     """Seconds per tp exchange with which the simulator — each stage's solo compute × the node's slowdown at
     this occupancy and its wait per action, plus TP_EXCHANGES[sp] exchanges a layer each way a micro-batch —
     reproduces the tp run's measured schedule."""
-    from hal.parallel.schedules import get_schedule, simulate
+    from hal.parallel.schedules import OneFOneB, simulate
 
     M = MICRO_BATCHES_PER_STAGE * stages
     stretch = device.stretch(occupancy) or 1.0
@@ -285,7 +285,7 @@ def tp_wait_s(device: DeviceProfile, values: list[dict[str, float]], stages: int
     target = max(v["schedule_s"] for v in values)
 
     def makespan(wait: float) -> float:  # linear in ``wait``: forward and backward each take half the calls
-        return simulate(get_schedule("1f1b"), stages, M, forward_s=[c / 3 + wait * calls / 2 for c in solo],
+        return simulate(OneFOneB(), stages, M, forward_s=[c / 3 + wait * calls / 2 for c in solo],
                         backward_s=[2 * c / 3 + wait * calls / 2 for c in solo], action_s=per_action, p2p_s=p2p_s).makespan
 
     base, slope = makespan(0.0), makespan(1e-3) - makespan(0.0)

@@ -40,7 +40,7 @@ from typing import Any
 from hal.parallel.config.memory import rank_bytes, routed_expert_parameters, stage_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.schedules import get_schedule, simulate
+from hal.parallel.schedules import simulate
 from hal.parallel.planner.cluster import Cluster, DeviceType, Figure
 from hal.parallel.planner.device_profile import DeviceProfile, Profile
 
@@ -282,7 +282,7 @@ class CostModel:
         base = [self._compute(plan, place, k) for k in range(S)]
         tails = [self._tail(plan, place, k) for k in range(S)]
         p2p = self._p2p(plan, place)
-        schedule = get_schedule(plan.schedule)
+        schedule = plan.schedule
         shares = [[n / s.layer_count for n in s.chunk_layers(V)] for s in plan.stages] if V > 1 else None
         occupancy = self._occupancy(plan, place, [1.0] * S)
         # An accelerator's host enqueues its program without waiting on its neighbours (receives wait on the device):

@@ -41,14 +41,13 @@ from hal.errors import ConfigError
 
 from hal.parallel.config.memory import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters, routed_expert_parameters
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.config.plan import ParallelPlan, StagePlan, moe_stages, splits_backward, validate_plan
+from hal.parallel.config.plan import ParallelPlan, StagePlan, moe_stages, validate_plan
 from hal.parallel.planner.cluster import Cluster, DeviceType
+from hal.parallel.schedules import Schedule, get_schedule
 from hal.parallel.planner.cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, expert_exchange_s, ring_all_reduce_s, transfer_s
 
-SCHEDULES = ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv")
+SCHEDULES = tuple(get_schedule(name) for name in ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv"))
 CONFIRM = 200  # candidates the simulator re-predicts
-BUBBLE_DIVISOR = {"1f1b": 1.0, "zero-bubble": 3.0, "interleaved-1f1b": 2.0, "interleaved-zero-bubble": 6.0,
-                  "zbv": 12.0}  # zbv: the simulator's bubble at S=4, M=8 is half interleaved zero-bubble's
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ class Search:
         self._mean_expert_params = sum(routed_expert_parameters(m, i) for i in range(m.num_layers)) / m.num_layers
         self._moe_share = len(m.moe_layers()) / m.num_layers  # MoE layers' share of the layers
         # a compiled layer's backward is one graph: the zero-bubble family (split backward) cannot run it
-        self.schedules = tuple(s for s in SCHEDULES if not (base.compile and splits_backward(s)))
+        self.schedules = tuple(s for s in SCHEDULES if s.compiles or not base.compile)
 
     # --- enumeration ------------------------------------------------------------------------------
     def grids(self, kind: DeviceType) -> list[Grid]:
@@ -172,14 +171,14 @@ class Search:
                 continue
             M = self.rows_total // mbs
             for schedule in self.schedules:
-                V = 2 if schedule.startswith("interleaved") or schedule == "zbv" else 1
-                if M < S or (V > 1 and (S < 2 or (M % S and schedule != "zbv") or L < S * V)):
+                V = schedule.chunks()
+                if M < S or schedule.problem(S, M) or L < S * V:
                     continue
                 built = self._build(stages, kinds, mbs, M, schedule, V, stretch)
                 if built is not None:
                     yield built
 
-    def _build(self, stages: list[Grid], kinds: tuple[DeviceType, ...], mbs: int, M: int, schedule: str, V: int,
+    def _build(self, stages: list[Grid], kinds: tuple[DeviceType, ...], mbs: int, M: int, schedule: Schedule, V: int,
                stretch: dict[str, tuple[float, float]]) -> tuple[float, ParallelPlan, tuple[DeviceType, ...]] | None:
         S, m = len(stages), self.model
         recompute = [False] * S
@@ -199,11 +198,11 @@ class Search:
                     tp_s += ((4 + 2 * recompute[k]) * self._moe_share
                              * expert_exchange_s(rows * self.seq, m, g.ep, gbps, lat))
                 per_layer.append((f + b) * c + tp_s)
-                actions = V * (3 if splits_backward(schedule) else 2)  # a micro-batch's compute actions on this stage
+                actions = V * (3 if schedule.splits_backward else 2)  # a micro-batch's compute actions on this stage
                 prof, tokens, e = self.cost.device(g.kind), rows * self.seq, actions * wait
                 if k == 0:
                     e += tokens * (prof.embedding.forward_s + prof.embedding.backward_s) * c
-                if k == (0 if schedule == "zbv" else S - 1):  # the stage holding the head
+                if k == schedule.head_stage(S):
                     e += tokens * (prof.head.forward_s + prof.head.backward_s) * c / g.tp
                 extra.append(e)
             layers = balance(per_layer, extra, m.num_layers, V)
@@ -222,7 +221,7 @@ class Search:
         times = [n * c + e for n, c, e in zip(layers, per_layer, extra)]
         p2p = self._p2p(stages, mbs)
         slowest = max(times)
-        step = sum(times) / BUBBLE_DIVISOR[schedule] + (M - 1) * slowest + 2 * (S * V - 1) * p2p + self._tail(stages, layers, zero1)
+        step = sum(times) / schedule.bubble_divisor + (M - 1) * slowest + 2 * (S * V - 1) * p2p + self._tail(stages, layers, zero1)
         plan_stages = tuple(
             StagePlan(g.kind.backend, g.devices, _chunks(n, V), g.tp, g.dp, g.sp, recompute[k], None, None, g.ep)
             for k, (g, n) in enumerate(zip(stages, layers)))
@@ -285,7 +284,7 @@ class Search:
     def run(self, top: int = 5) -> SearchReport:
         started = time.monotonic()
         self.pruned_memory = 0
-        skipped = [s for s in SCHEDULES if s not in self.schedules]
+        skipped = [s.name for s in SCHEDULES if s not in self.schedules]
         if skipped:
             self.say(f"schedules {', '.join(skipped)} not searched: they split the backward, which compiled layers cannot "
                      "(compile: false searches them too)")

@@ -10,21 +10,89 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.placement import last_stage
 
 
 class Schedule(ABC):
-    """A pipeline schedule without parameters of its own: everything follows from (S, M, stage)."""
+    """A pipeline schedule without parameters of its own: everything follows from (S, M, stage).
+
+    Parsed once (``ParallelPlan`` holds the object, never its name again), a schedule owns its rules and
+    everything else asks it: how many model chunks a stage runs (``chunks``), which stage holds the head
+    (``head_stage``), whether backwards split into input and weight halves (``splits_backward``) and so
+    whether a compiled layer can run under it (``compiles``), its ideal bubble against 1F1B's
+    (``bubble_divisor``), the forward-only program evaluation runs (``forward_only``), the plan shapes it
+    cannot run (``problem``) and torch's own class of the same order (``torch_class``, for benchmarks).
+    A new schedule is one module with its subclass plus its line in ``registry``.
+    """
 
     name: ClassVar[str]
     splits_backward: ClassVar[bool] = False  # True: backwards are I + W halves (the engine defers weight grads)
     interleaved: ClassVar[bool] = False  # True: each stage runs ``virtual_stages`` model chunks (``program``'s last argument)
     placement: ClassVar[str] = "loop"  # where the chunks sit (``placement``): Megatron's loop, or ZB-V's "v"
+    fixed_chunks: ClassVar[int | None] = None  # interleaved schedules that run exactly this many chunks a stage (zbv: 2)
+    fills_pipeline: ClassVar[bool] = False  # True: needs micro_batches >= stages to fill the pipeline (1f1b)
+    bubble_divisor: ClassVar[float] = 1.0  # the planner's screen: ideal bubble = 1F1B's / this
+    torch_class: ClassVar[str | None] = None  # torch.distributed.pipelining's schedule of the same order, if any
 
     def __eq__(self, other: object) -> bool:  # no parameters: every instance of a class is the same schedule
         return type(other) is type(self)
 
     def __hash__(self) -> int:
         return hash(type(self))
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<schedule {self.name}>"
+
+    @property
+    def compiles(self) -> bool:
+        """Whether a compiled layer can run under it: a split backward needs two graphs where compile makes one."""
+        return not self.splits_backward
+
+    def chunks(self, virtual_stages: int | None = None) -> int:
+        """Model chunks a stage runs: 1 unless interleaved; an interleaved one runs ``virtual_stages`` (its
+        fixed count, or 2, when none is given)."""
+        if not self.interleaved:
+            return 1
+        return self.fixed_chunks or virtual_stages or 2
+
+    def head_stage(self, num_stages: int) -> int:
+        """The stage holding the model's last layers, the head and the loss (the first one under the V)."""
+        return last_stage(num_stages, self.placement)
+
+    def forward_only(self) -> "Schedule":
+        """The schedule evaluation runs: every forward in this schedule's order and placement, nothing else."""
+        return ForwardOnly()
+
+    def chunk_problem(self, virtual_stages: int) -> str | None:
+        """Why ``virtual_stages`` chunks a stage cannot run under this schedule (the fix included), or None."""
+        V = virtual_stages
+        if self.interleaved and V < 2:
+            return (f"schedule {self.name} runs several model chunks per stage; set parallel.virtual_stages ≥ 2 (and "
+                    "each stage's layers divisible by it, or a list per chunk)")
+        if not self.interleaved and V > 1:
+            return (f"parallel.virtual_stages {V} needs an interleaved schedule; set schedule: interleaved-1f1b or "
+                    "virtual_stages: 1")
+        if self.fixed_chunks is not None and V != self.fixed_chunks:
+            return (f"schedule {self.name} places exactly {self.fixed_chunks} chunks on every stage (a V); set "
+                    f"parallel.virtual_stages: {self.fixed_chunks} (got {V}), or use interleaved-zero-bubble for {V} chunks")
+        return None
+
+    def problem(self, num_stages: int, micro_batches: int) -> str | None:
+        """Why S stages and M micro-batches cannot run under this schedule (the fix included), or None."""
+        S, M = num_stages, micro_batches
+        if self.fills_pipeline and M < S:
+            return (f"parallel.micro_batches {M} is fewer than the {S} stages, which schedule {self.name} needs to fill "
+                    f"the pipeline; set micro_batches ≥ {S} or use schedule: gpipe")
+        if self.interleaved:
+            if S < 2:
+                return f"schedule {self.name} needs at least 2 stages, the plan has {S}; use 1f1b"
+            if self.placement == "loop" and (M < S or M % S):
+                return (f"schedule {self.name} runs micro-batches in groups of the {S} stages: parallel.micro_batches "
+                        f"{M} must be a multiple of {S}, e.g. {max(S, -(-M // S) * S)}")
+        return None
 
     @abstractmethod
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
@@ -60,6 +128,15 @@ class Schedule(ABC):
             if batch:
                 steps.append(P2PBatch(tuple(batch)))
         return steps
+
+
+class ForwardOnly(Schedule):
+    """Every forward and nothing else: evaluation (not registered: no training step runs it)."""
+
+    name = "forward-only"
+
+    def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
+        return [Action(Kind.FORWARD, m) for m in range(num_micro_batches)]
 
 
 def _recv(action: Action, first: bool, last: bool) -> Action | None:

@@ -7,16 +7,8 @@ from hal.parallel.schedules.base import Schedule
 
 class GPipe(Schedule):
     name = "gpipe"
+    torch_class = "ScheduleGPipe"
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
         forwards = [Action(Kind.FORWARD, m) for m in range(num_micro_batches)]
         return forwards + [Action(Kind.BACKWARD, m) for m in range(num_micro_batches)]
-
-
-class ForwardOnly(Schedule):
-    """Every forward and nothing else: evaluation (not registered: no training step runs it)."""
-
-    name = "forward-only"
-
-    def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
-        return [Action(Kind.FORWARD, m) for m in range(num_micro_batches)]

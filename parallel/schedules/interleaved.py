@@ -32,6 +32,11 @@ from hal.parallel.schedules.simulator import Deadlock
 class Interleaved1F1B(Schedule):
     name = "interleaved-1f1b"
     interleaved = True
+    bubble_divisor = 2.0
+    torch_class = "ScheduleInterleaved1F1B"
+
+    def forward_only(self) -> Schedule:
+        return InterleavedForwardOnly()
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:
@@ -184,6 +189,8 @@ class InterleavedZeroBubble(Interleaved1F1B):
 
     name = "interleaved-zero-bubble"
     splits_backward = True
+    bubble_divisor = 6.0
+    torch_class = "ScheduleInterleavedZeroBubble"
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:

@@ -18,6 +18,8 @@ def warmup(num_stages: int, num_micro_batches: int, stage: int) -> int:
 
 class OneFOneB(Schedule):
     name = "1f1b"
+    fills_pipeline = True
+    torch_class = "Schedule1F1B"
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
         w = warmup(num_stages, num_micro_batches, stage)

@@ -34,6 +34,12 @@ class ZeroBubbleV(Interleaved1F1B):
     interleaved = True
     splits_backward = True
     placement = "v"
+    fixed_chunks = 2
+    bubble_divisor = 12.0  # the simulator's bubble at S=4, M=8 is half interleaved zero-bubble's
+    torch_class = "ScheduleZBVZeroBubble"
+
+    def forward_only(self) -> "ZeroBubbleV":
+        return ZeroBubbleVForwardOnly()
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:

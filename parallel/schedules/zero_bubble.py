@@ -28,6 +28,8 @@ from hal.parallel.schedules.base import Schedule
 class ZeroBubbleH1(Schedule):
     name = "zero-bubble"
     splits_backward = True
+    bubble_divisor = 3.0
+    torch_class = "ScheduleInterleavedZeroBubble"  # torch has no flat ZB-H1: its interleaved one at one chunk
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
         return list(_orders(num_stages, num_micro_batches)[stage])

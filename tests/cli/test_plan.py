@@ -211,7 +211,7 @@ def test_topology_lookups_refuse_out_of_range() -> None:
 def test_defaults_and_train_section() -> None:
     plan = parse_plan({"stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
                                   {"backend": "cpu", "devices": 3, "layers": 2, "dp": 3}]})
-    assert (plan.schedule, plan.micro_batches, plan.micro_batch_size, plan.zero1) == ("1f1b", 2, 6, False)
+    assert (plan.schedule.name, plan.micro_batches, plan.micro_batch_size, plan.zero1) == ("1f1b", 2, 6, False)
     assert parse_train(None) == TrainConfig()
     train = parse_train({"steps": 5, "lr": "1e-3", "data": "corpus", "checkpoint_dir": "ckpt"})
     assert (train.steps, train.lr, train.data, train.checkpoint_dir) == (5, 1e-3, "corpus", "ckpt")

@@ -47,6 +47,6 @@ def test_one_wording_per_kind_of_problem(cls: type, where: str, raw: dict, needl
 
 def test_defaults_and_derived_defaults_come_from_the_declaration() -> None:
     plan = parse_section("f.yaml", "parallel", {"stages": [STAGE, {**STAGE, "devices": 2, "dp": 2}]}, ParallelPlan)
-    assert (plan.schedule, plan.micro_batches, plan.micro_batch_size, plan.zero1) == ("1f1b", 2, 2, False)
+    assert (plan.schedule.name, plan.micro_batches, plan.micro_batch_size, plan.zero1) == ("1f1b", 2, 2, False)
     assert parse_section("f.yaml", "model", {"rope_theta": "1e4"}, ModelConfig).rope_theta == 1e4  # YAML 1.1 reads 1e4 as text
     assert parse_section("f.yaml", "train", {}, TrainConfig) == TrainConfig()

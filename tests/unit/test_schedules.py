@@ -104,7 +104,7 @@ def test_registry_names_and_unknown_names() -> None:
     with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
-    assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule == "gpipe"
+    assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule.name == "gpipe"
     with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
         parse_plan({"schedule": "gpipee", "stages": stages})
 

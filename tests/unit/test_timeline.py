@@ -79,7 +79,7 @@ def test_the_predicted_timeline_runs_each_stage_program_in_order(name: str) -> N
     plan = parse_plan(SCHEDULES[name])
     doc = plan_document(plan)
     S, M, V = plan.num_stages, plan.micro_batches, plan.virtual_stages
-    schedule = get_schedule(plan.schedule)
+    schedule = plan.schedule
     for s in range(S):
         program = schedule.program(S, M, s, V) if V > 1 else schedule.program(S, M, s)
         want = [(a.kind.value, a.micro_batch, a.chunk) for a in program if not isinstance(a, P2PBatch)]
