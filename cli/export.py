@@ -21,7 +21,7 @@ def add_parser(sub: Any) -> None:
         NAME, help="write a training checkpoint as a Hugging Face model directory (config.json + sharded safetensors)",
         description="Write CHECKPOINT (a step-N directory, or a checkpoint_dir: its latest — as --resume takes it) as a "
         "Hugging Face model directory that transformers' AutoModelForCausalLM.from_pretrained loads: config.json "
-        "(model_type llama, or qwen2 when the model has a qkv bias), model-0000k-of-0000N.safetensors shards and "
+        "(model_type of the model's family: llama, qwen2, mixtral or qwen2_moe), model-0000k-of-0000N.safetensors shards and "
         "model.safetensors.index.json, plus the tokenizer files when one is known. The checkpoint is checked first; "
         "everything is written to a temporary directory and renamed into place when complete.",
     )

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from hal.errors import ConfigError
 from hal.run_dirs import read_limited
 
-FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+from hal.parallel.families.registry import family_names, get_family
+
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
 
 
@@ -64,27 +65,14 @@ def _rope(hf: dict[str, Any]) -> tuple[Any, Any]:
     return theta, scaling
 
 
-def _sliding_layers(hf: dict[str, Any], family: str, layers: int) -> list[int]:
-    """The layers whose attention is windowed, as transformers decides it for this family."""
-    types = hf.get("layer_types")
-    if isinstance(types, list):
-        return [i for i, kind in enumerate(types) if kind != "full_attention"]
-    if hf.get("sliding_window") is None:
-        return []
-    if family in ("qwen2", "qwen2_moe"):  # windowed only when switched on, and then from max_window_layers up
-        if not hf.get("use_sliding_window", False):
-            return []
-        return list(range(int(hf.get("max_window_layers", 0) or 0), layers))
-    return list(range(layers))
-
-
 def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
     """The ``model:`` keys (``parallel.config.model.ModelConfig``) a Hugging Face config.json describes."""
     hf = _read(path, where)
-    family = hf.get("model_type")
-    if family not in FAMILIES:
-        raise ConfigError(f"{where}: model_type {family!r} is not one hal's decoder represents; "
-                          f"supported: {', '.join(FAMILIES)}")
+    model_type = hf.get("model_type")
+    if not isinstance(model_type, str) or model_type not in family_names():
+        raise ConfigError(f"{where}: model_type {model_type!r} is not one hal's decoder represents; "
+                          f"supported: {', '.join(family_names())}")
+    family = get_family(model_type)
 
     def need(name: str) -> Any:
         if name not in hf:
@@ -102,7 +90,7 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
     if head_dim is not None and head_dim != hidden // heads:
         refuse("head_dim", f"the head size is hidden_size / num_attention_heads = {hidden // heads}")
     window, context = hf.get("sliding_window"), need("max_position_embeddings")
-    windowed = _sliding_layers(hf, family, layers)
+    windowed = family.windowed_layers(hf, layers)
     if windowed and (window is None or window < context):
         name = "layer_types" if isinstance(hf.get("layer_types"), list) and window is None else "sliding_window"
         refuse(name, f"layers {windowed[0]}..{windowed[-1]} would attend through a window shorter than the context; "
@@ -113,44 +101,12 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
         "num_heads": heads, "num_kv_heads": hf.get("num_key_value_heads") or heads,
         "ffn_hidden_size": need("intermediate_size"), "max_seq_len": context,
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
-        "rope_theta": theta, "norm_eps": hf.get("rms_norm_eps", 1e-6), "qkv_bias": family == "qwen2",
+        "rope_theta": theta, "norm_eps": hf.get("rms_norm_eps", 1e-6),
     }
     if scaling is not None:
         keys["rope_scaling"] = scaling
-    if family in ("mixtral", "qwen2_moe"):
-        keys["qkv_bias"] = family == "qwen2_moe"
-        keys.update(_moe_keys(hf, family, need, refuse, where))
+    keys.update(family.config_keys(hf, need, refuse, where))
     return keys
-
-
-def _moe_keys(hf: dict[str, Any], family: str, need: Callable[[str], Any], refuse: Callable[[str, str], None],
-              where: str) -> dict[str, Any]:
-    """The ``moe_*`` keys of a Mixtral or Qwen2-MoE config (both route with softmax over every expert)."""
-    if hf.get("router_jitter_noise"):
-        refuse("router_jitter_noise", "the router adds no noise")
-
-    def count(name: str, default: int | None = None) -> int:
-        """A config.json count that must be a whole number >= 1 (0 would turn into a dense model or a default)."""
-        value = need(name) if default is None else hf.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{where}: {name} = {value!r} in config.json is not a whole number >= 1, which a "
-                              f"{family} model needs; fix config.json")
-        return value
-
-    if family == "mixtral":  # every layer MoE, top-k weights renormalised, experts intermediate_size wide
-        return {"moe_num_experts": count("num_local_experts"), "moe_top_k": count("num_experts_per_tok"),
-                "moe_ffn_hidden_size": need("intermediate_size"),
-                "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.02), "moe_normalize_top_k": True}
-    dense_only = hf.get("mlp_only_layers") or []
-    if list(dense_only) != list(range(len(dense_only))):
-        refuse("mlp_only_layers", "dense layers can only be the first ones (model.moe_first_dense)")
-    shared = hf.get("shared_expert_intermediate_size") or 0
-    if not shared:
-        refuse("shared_expert_intermediate_size", "a Qwen2-MoE layer's shared expert is always there")
-    return {"moe_num_experts": count("num_experts"), "moe_top_k": count("num_experts_per_tok"),
-            "moe_ffn_hidden_size": count("moe_intermediate_size"), "moe_shared_ffn_size": shared, "moe_shared_gate": True,
-            "moe_normalize_top_k": bool(hf.get("norm_topk_prob", False)), "moe_every": count("decoder_sparse_step", 1),
-            "moe_first_dense": len(dense_only), "moe_aux_loss_weight": hf.get("router_aux_loss_coef", 0.001)}
 
 
 def _refuser(hf: dict[str, Any], where: str) -> Callable[[str, str], None]:
@@ -160,4 +116,4 @@ def _refuser(hf: dict[str, Any], where: str) -> Callable[[str, str], None]:
     return refuse
 
 
-__all__ = ["FAMILIES", "config_file", "model_keys_from_hf"]
+__all__ = ["config_file", "model_keys_from_hf"]

@@ -34,7 +34,8 @@ import torch
 
 from hal.errors import ConfigError
 
-from hal.parallel.models.hf_names import Piece, hf_family, pieces
+from hal.parallel.families.registry import family_of
+from hal.parallel.models.hf_names import Piece, pieces
 from hal.parallel.models.layers import param_meta
 from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
 
@@ -165,7 +166,7 @@ def load_stage(stage: torch.nn.Module, directory: str | os.PathLike[str], tp_com
     """Fill every parameter of ``stage`` with this rank's slices of the checkpoint in ``directory``."""
     entries = catalog(directory, f"weights {directory}")
     rank, size = tp_rank(tp_comm), tp_size(tp_comm)
-    family = hf_family(stage.config)
+    family = family_of(stage.config)
     ep_comm = getattr(stage, "ep_comm", None)
     for name, param in stage.named_parameters():
         meta = param_meta(param)

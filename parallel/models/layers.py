@@ -3,7 +3,7 @@
 Every parameter carries a ``ParamMeta``: its full (unsharded) shape, how it is split over the TP
 group (``ShardSpec``, or None when replicated) and how to initialise it. That one record lets the
 model initialise the full tensor from the seed and keep only this rank's shard (so every split
-starts from the same weights), and lets ``parallel.models.llama.gather_full_grads`` put shards back
+starts from the same weights), and lets ``parallel.models.decoder.gather_full_grads`` put shards back
 together. All math goes through ``hal.ops`` so vendor and Triton implementations plug in.
 
 Activations are (batch, seq, hidden); under sequence parallelism (SP) the residual stream is
@@ -83,7 +83,7 @@ def expert_shard(param: torch.Tensor) -> bool:
 
 
 def _new_param(meta: ParamMeta, comm: TPComm) -> nn.Parameter:
-    """An uninitialised local parameter (the model fills it from the seed; see ``parallel.models.llama``)."""
+    """An uninitialised local parameter (the model fills it from the seed; see ``parallel.models.decoder``)."""
     shape = list(meta.full_shape)
     if meta.spec is not None:
         meta.spec.check(tp_size(comm), f"parameter of shape {tuple(shape)}")

@@ -17,7 +17,7 @@ import torch
 from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
 
-from hal.parallel.models.llama import Stage
+from hal.parallel.models.decoder import Stage
 from hal.parallel.models.moe import MoE
 
 

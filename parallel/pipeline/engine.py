@@ -41,7 +41,7 @@ from hal.parallel.models.fused_head import fused_head_cross_entropy
 from hal.parallel.models.linear import fp8_matmuls
 from hal.parallel.models.loss import LossFn, token_sum_cross_entropy
 from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
-from hal.parallel.models.llama import Stage, build_stage, sync_tied_embedding_grads
+from hal.parallel.models.decoder import Stage, build_stage, sync_tied_embedding_grads
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.phase_timer import PhaseTimer

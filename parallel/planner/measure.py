@@ -23,7 +23,7 @@ from hal.backend import Backend
 from hal.parallel.config.flops import PEAK_KEY
 from hal.parallel.config.memory import layer_parameters
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.llama import build_stage
+from hal.parallel.models.decoder import build_stage
 from hal.parallel.loop.optim_schedule import decoupled_adamw
 from hal.parallel.planner.device_profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 

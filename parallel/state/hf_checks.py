@@ -12,7 +12,8 @@ import torch
 
 from hal.errors import ConfigError, HalError
 
-from hal.parallel.models.hf_names import Piece, hf_family, pieces
+from hal.parallel.families.registry import family_of
+from hal.parallel.models.hf_names import Piece, pieces
 from hal.parallel.models.hf_weights import FLOAT_DTYPES, catalog
 from hal.parallel.models.layers import param_meta
 from hal.parallel.config.model import ModelConfig
@@ -20,11 +21,11 @@ from hal.parallel.config.model import ModelConfig
 
 def model_pieces(config: ModelConfig) -> dict[str, list[Piece]]:
     """{hal name: its Hugging Face pieces} for the whole model, from the model built on the meta device."""
-    from hal.parallel.models.llama import full_model
+    from hal.parallel.models.decoder import full_model
 
     with torch.device("meta"):
         module = full_model(config, 0)
-    out, family = {}, hf_family(config)
+    out, family = {}, family_of(config)
     for name, param in module.named_parameters():
         meta = param_meta(param)
         if meta is None:

@@ -2,7 +2,7 @@
 
 What is written — what ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` reads:
 
-    config.json                              model_type llama (qwen2 when the model has a qkv bias), the sizes,
+    config.json                              its family's model_type (``parallel.families``: llama, qwen2, mixtral, qwen2_moe), the sizes,
                                              rope theta and Llama 3 scaling, tie_word_embeddings, torch_dtype
     model-00001-of-0000N.safetensors ...     the tensors under Hugging Face's names (``parallel.models.hf_names``),
                                              fused qkv / gate_up split back into q, k, v / gate, up
@@ -41,7 +41,7 @@ from hal.errors import ConfigError, HalError
 from hal.run_dirs import check_creatable_dir
 
 from hal.parallel.state.hf_checks import model_pieces
-from hal.parallel.models.hf_names import hf_family
+from hal.parallel.families.registry import family_of
 from hal.parallel.config.model import ModelConfig
 
 FLAG = "hal export"
@@ -77,20 +77,15 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Source:
     return Source(checkpoint, meta, model, params)
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen2_moe": "Qwen2MoeForCausalLM"}
-
-
 def hf_config(model: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
-    """config.json for ``model``: Llama's, or Qwen2's when the q, k, v projections have a bias; an MoE model
-    as Mixtral (or Qwen2-MoE, with the bias), its MoE keys in that family's names (``parallel.models.hf_names.hf_family``)."""
-    family = hf_family(model)
-    qwen2 = model.qkv_bias
+    """config.json for ``model`` in its family's keys (``families.registry.family_of``: Llama's, or Qwen2's when
+    the q, k, v projections have a bias; an MoE model as Mixtral, or Qwen2-MoE with the bias)."""
+    family = family_of(model)
     scaling = None if model.rope_scaling is None else {"rope_type": "llama3", **model.rope_scaling}
     if scaling is not None:
         scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
     config: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[family]], "model_type": family,
+        "architectures": [family.architecture], "model_type": family.model_type,
         "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
         "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
         "num_key_value_heads": model.num_kv_heads, "hidden_act": "silu", "max_position_embeddings": model.max_seq_len,
@@ -98,37 +93,8 @@ def hf_config(model: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
         "tie_word_embeddings": model.tie_embeddings, "attention_dropout": 0.0, "initializer_range": 0.02,
         "use_cache": True, "torch_dtype": DTYPE_NAMES[dtype],
     }
-    if qwen2:  # the window is declared off, so no layer is windowed
-        config.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": model.num_layers})
-    else:
-        config.update({"head_dim": model.head_dim, "attention_bias": False, "mlp_bias": False})
-    if family in ("mixtral", "qwen2_moe"):
-        config.update(moe_config_keys(model, family))
+    config.update(family.export_keys(model, FLAG))
     return config
-
-
-def moe_config_keys(model: ModelConfig, family: str) -> dict[str, Any]:
-    """The MoE keys of a Mixtral or Qwen2-MoE config.json for ``model`` (refused where the family cannot say it)."""
-    expert = model.moe_ffn_hidden_size or model.ffn_hidden_size
-    if model.moe_scoring != "softmax":
-        raise ConfigError(f"{FLAG}: the model's router scores with {model.moe_scoring}; {family} routes with softmax")
-    if family == "mixtral":
-        if model.moe_shared_ffn_size or model.moe_every != 1 or model.moe_first_dense or not model.moe_normalize_top_k:
-            raise ConfigError(f"{FLAG}: Mixtral has every layer MoE, no shared expert and renormalised top-k weights; "
-                              "this model differs (export needs a config Mixtral's config.json can state)")
-        if model.moe_ffn_hidden_size and model.moe_ffn_hidden_size != model.ffn_hidden_size:
-            raise ConfigError(f"{FLAG}: Mixtral's experts are intermediate_size wide; set moe_ffn_hidden_size to "
-                              "ffn_hidden_size (or 0)")
-        return {"num_local_experts": model.moe_num_experts, "num_experts_per_tok": model.moe_top_k,
-                "router_aux_loss_coef": model.moe_aux_loss_weight, "router_jitter_noise": 0.0,
-                "output_router_logits": False, "sliding_window": None}
-    if not model.moe_shared_ffn_size or not model.moe_shared_gate:
-        raise ConfigError(f"{FLAG}: Qwen2-MoE layers have a gated shared expert; this model has none")
-    return {"num_experts": model.moe_num_experts, "num_experts_per_tok": model.moe_top_k,
-            "moe_intermediate_size": expert, "shared_expert_intermediate_size": model.moe_shared_ffn_size,
-            "norm_topk_prob": model.moe_normalize_top_k, "decoder_sparse_step": model.moe_every,
-            "mlp_only_layers": list(range(model.moe_first_dense)), "router_aux_loss_coef": model.moe_aux_loss_weight,
-            "output_router_logits": False}
 
 
 def hf_tensors(source: Source) -> list[tuple[str, torch.Tensor]]:
@@ -227,7 +193,7 @@ def export_hf(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"checkpoint": str(source.path), "step": source.meta["step"], "out_dir": str(out),
-            "model_type": hf_family(source.model), "files": files,
+            "model_type": family_of(source.model).model_type, "files": files,
             "shards": sum(f.endswith(".safetensors") for f in files), "tensors": len(tensors),
             "bytes": sum(t.numel() * t.element_size() for _, t in tensors),
             "tokenizer": [f.name for f in tokens] or None}
