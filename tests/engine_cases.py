@@ -25,7 +25,7 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
               num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
-    from hal.parallel.models.llama import full_model
+    from hal.parallel.models.decoder import full_model
     from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
@@ -51,7 +51,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
-    from hal.parallel.models.llama import gather_full_grads
+    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology, build_groups
 

@@ -23,7 +23,7 @@ def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: 
     """The single-process run, one micro-batch at a time (the balancing loss is per micro-batch, over all
     its rows): losses per step, step-1 gradients and each MoE layer's step-1 load."""
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
-    from hal.parallel.models.llama import full_model
+    from hal.parallel.models.decoder import full_model
     from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
@@ -55,7 +55,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
-    from hal.parallel.models.llama import gather_full_grads
+    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology, build_groups
 
@@ -86,7 +86,7 @@ def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], sca
     """One step with the engine's loss scale set to ``scale`` (what fp16-mixed's scaler does): the gradients."""
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
-    from hal.parallel.models.llama import gather_full_grads
+    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology, build_groups
 

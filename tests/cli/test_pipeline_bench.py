@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parameter_count_matches_the_built_model() -> None:
-    from hal.parallel.models.llama import full_model
+    from hal.parallel.models.decoder import full_model
     from hal.parallel.config.model import ModelConfig
 
     model = PRESETS["tiny"]

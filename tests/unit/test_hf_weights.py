@@ -12,7 +12,7 @@ import torch
 from hal.errors import ConfigError
 from hal.parallel.state.hf_checks import check_weights
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.llama import full_model
+from hal.parallel.models.decoder import full_model
 
 from .. import hf_cases as cases
 
