@@ -102,14 +102,47 @@ def _loss(value: float | None) -> str:
 
 
 def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    """The summary: --json's document as it is, else a line for the run, one per stage, one for the files."""
     if as_json:
         print(strict_json.dumps(summary, indent=2))
         return
     rate = summary["tokens_per_s"] or 0.0
-    mfu = f" ({summary['mfu']:.1%} MFU)" if summary.get("mfu") is not None else ""
+    mfu = f"MFU {summary['mfu']:.1%}" if summary.get("mfu") is not None else f"MFU n/a ({summary.get('mfu_note') or 'unknown'})"
     print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
-          f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s{mfu} steady, {summary['wall_s']:.1f} s wall; "
-          f"log {summary['log_file']}; checkpoint {summary['checkpoint']}")
+          f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s steady, {mfu}, "
+          f"{summary['wall_s']:.1f} s wall")
+    for stage in summary.get("stages", []):
+        print(f"hal train: {_stage_line(stage)}")
+    print(f"hal train: log {summary['log_file']}; checkpoint {summary['checkpoint']}")
+
+
+def _stage_line(stage: dict[str, Any]) -> str:
+    """``stage 0 cpu tp2, layers 0-2: computing 81% of the step, peak memory 212 MiB (peak RSS)``."""
+    grid = " × ".join(f"{name}{stage[name]}" for name in ("tp", "dp") if stage.get(name, 1) > 1) or "1 device"
+    layers = stage.get("layers") or []
+    share = stage.get("compute_share")
+    busy = "computing: not measured (--profile measures it)" if share is None else f"computing {share:.0%} of the step"
+    memory = stage.get("peak_memory_bytes")
+    kind = "peak RSS" if stage.get("backend") == "cpu" else "allocator peak"
+    held = "peak memory unknown" if memory is None else f"peak memory {_bytes(memory)} ({kind})"
+    return (f"stage {stage['stage']} {stage['backend']} {grid}{' sp' if stage.get('sp') else ''}, "
+            f"layer{'s' if len(layers) != 1 else ''} {_spans(layers)}: {busy}, {held}")
+
+
+def _spans(ids: Sequence[int]) -> str:
+    """``0-2``, ``0, 2`` or ``0-1, 4-5``: layer ids as runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+def _bytes(n: int) -> str:
+    """Bytes as MiB, or GiB from 1 GiB on."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def multinode_lines(job: Any, nodes: int) -> list[str]:
@@ -134,12 +167,22 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
 
 
 def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]]) -> int:
-    """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed."""
+    """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed.
+
+    A rank's stderr is a pipe to here, so the ranks write plain lines; where this process's stderr is a
+    terminal, their progress lines are redrawn in place on one line (``parallel.observe.progress.InPlace``),
+    ended with a newline before anything else is printed."""
     import os
 
     from hal.launch import spawn_ranks as spawn
+    from hal.parallel.observe.progress import InPlace, on_screen
 
     from .launch import print_report
 
-    report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=sys.stderr)
+    echo = on_screen(sys.stderr)
+    try:
+        report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=echo)  # type: ignore[arg-type]
+    finally:
+        if isinstance(echo, InPlace):
+            echo.close()
     return print_report(report, "hal train")

@@ -332,8 +332,8 @@ def run_local(job: Job, spawn: RankSpawner) -> int:
 
 
 def _layer_text(mesh: Any) -> str:
-    """``0-3``, or one span per chunk (``0-1+4-5``) when the stage interleaves."""
-    return "+".join(f"{r.start}-{r.stop - 1}" for r in mesh.layer_ranges)
+    """``0-3`` (``3`` for one layer), or one span per chunk (``0-1+4-5``) when the stage interleaves."""
+    return "+".join(f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start) for r in mesh.layer_ranges)
 
 
 def describe(job: Job) -> str:

@@ -14,8 +14,9 @@ that backend object), and steps AdamW over batches that are a pure function of (
 (``parallel.data.batches``).
 
 The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
-breakdown each step (one small gather on the host group), prints the progress line on stderr and
-appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
+breakdown each step (one small gather on the host group), prints the progress line on stderr (and a line
+per evaluation; ``parallel.observe.progress``: plain lines into ``hal train``'s pipe, which redraws them in
+place when its own stderr is a terminal) and appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
 in ``RUN_DIR/tensorboard``, ``parallel.observe.tensorboard``); at the end it writes ``summary.json`` in the run
 directory, which ``hal train`` prints with ``--json``.
 
@@ -45,6 +46,7 @@ from hal.errors import HalError
 from hal.parallel.data.batches import global_batch
 from hal.parallel.config.job import Job
 from hal.parallel.models.layers import expert_shard
+from hal.parallel.observe.progress import Progress
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.config.topology import Topology
 
@@ -313,8 +315,10 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
         if float(times[list(mesh.ranks), col["timed"]].min()) < 1.0:
             phases = dict.fromkeys(phases)
         memory = float(times[list(mesh.ranks), col["peak_memory"]].max()) if "peak_memory" in col else float("nan")
+        stage_peak = float(times[list(mesh.ranks), col["peak_tflops"]].sum())  # NaN where one rank's device has none
         stages.append({"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), **phases,
-                       "peak_memory_bytes": None if math.isnan(memory) else int(memory)})
+                       "peak_memory_bytes": None if math.isnan(memory) else int(memory),
+                       "peak_tflops": None if math.isnan(stage_peak) else stage_peak})
     peak = float(times[:, col["peak_tflops"]].sum())
     all_timed = float(times[:, col["timed"]].min()) >= 1.0
     return {"step": step, "loss": loss, "tokens": tokens, "step_s": step_s, "schedule_s": schedule_s if all_timed else None,
@@ -323,30 +327,6 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
 
 
 # --- what the writer shows -------------------------------------------------------------------------------
-
-
-class Progress:
-    """``step 7/20 loss 4.1234 1234 tok/s``: in place on a terminal, one line per step otherwise."""
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.total, self.stream = total, stream
-        self.tty = stream.isatty()
-
-    def update(self, record: dict[str, Any]) -> None:
-        rate = record["tokens_per_s"] or 0.0
-        line = f"step {record['step']}/{self.total} loss {record['loss']:.4f} {rate:.0f} tok/s {record['step_s'] * 1e3:.0f} ms/step"
-        moe = record.get("moe")
-        if moe and moe.get("min_max") is not None:  # the expert balance: worst layer's least/most loaded expert
-            line += f" · experts min/max {moe['min_max']:.2f} aux {moe['aux_loss']:.3f}"
-            if moe.get("exchange"):  # under ep: how tokens crossed ranks (symmetric memory or all-to-alls)
-                line += f" via {moe['exchange']}"
-        self.stream.write(f"\r{line}\x1b[K" if self.tty else line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def steady_rate(records: list[dict[str, Any]]) -> float | None:
@@ -363,21 +343,57 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     tokens = sum(rec["tokens"] for rec in records)
     rate = steady_rate(records)
     peak = records[0]["peak_tflops"] if records else None
+    stages = [_stage_summary(m, records) for m in r.topology.stages]
+    value = mfu(rate, r.job.model, r.seq, peak)
     return {
         "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
         "tokens_per_s": rate, "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
-        "mfu": mfu(rate, r.job.model, r.seq, peak), "peak_tflops": peak,
+        "mfu": value, "mfu_note": None if value is not None else mfu_note(records, stages, r.job.precision),
+        "peak_tflops": peak,
         "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
-        "stages": [{"stage": m.index, "backend": m.backend, "ranks": list(m.ranks), "tp": m.tp, "dp": m.dp, "sp": m.sp,
-                    "layers": m.layer_ids,
-                    # the allocator's high-water mark over the run, the stage's largest rank (cpu: peak RSS)
-                    "peak_memory_bytes": max((rec["stages"][m.index].get("peak_memory_bytes") or 0 for rec in records), default=None)}
-                   for m in r.topology.stages],
+        "stages": stages,
     }
+
+
+def _stage_summary(mesh: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One stage in the summary: its grid and layers, its largest rank's peak memory over the run (the
+    allocator's high-water mark; cpu: peak RSS), its devices' summed peak TFLOP/s (None: one has none in the
+    catalog) and the share of the steady steps it spent computing (None where its phases were not measured)."""
+    own = [rec["stages"][mesh.index] for rec in records]
+    memory = [s["peak_memory_bytes"] for s in own if s.get("peak_memory_bytes") is not None]
+    return {"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), "tp": mesh.tp, "dp": mesh.dp,
+            "sp": mesh.sp, "layers": mesh.layer_ids, "peak_memory_bytes": max(memory) if memory else None,
+            "peak_tflops": own[0].get("peak_tflops") if own else None, "compute_share": compute_share(records, mesh.index)}
+
+
+def compute_share(records: list[dict[str, Any]], stage: int) -> float | None:
+    """The share of the steady steps' time (after the first, as ``steady_rate``) that ``stage`` spent computing,
+    mean over its ranks: 1 − it is the stage's idle share (waiting in send/recv, bubble, sync, optimizer).
+    None where a step's phases were not measured (an accelerator without ``--profile``)."""
+    steady = records[1:] or records
+    compute = [rec["stages"][stage]["compute_s"] for rec in steady]
+    seconds = sum(rec["step_s"] for rec in steady)
+    if not steady or any(c is None for c in compute) or seconds <= 0:
+        return None
+    return min(1.0, sum(compute) / seconds)
+
+
+def mfu_note(records: list[dict[str, Any]], stages: list[dict[str, Any]], precision: str) -> str:
+    """Why the summary has no MFU, in a few words: no step ran, no rate, or a device whose peak the catalog lacks."""
+    from hal.parallel.config.flops import PEAK_KEY
+
+    if not records:
+        return "no step ran"
+    if not steady_rate(records):
+        return "no step time measured"
+    unknown = sorted({s["backend"] for s in stages if s.get("peak_tflops") is None})
+    if unknown:
+        return f"no {PEAK_KEY.get(precision, precision)} peak FLOP/s known for {', '.join(unknown)}"
+    return "no peak FLOP/s known"
 
 
 # --- the profiled step's timeline ---------------------------------------------------------------------------
@@ -485,6 +501,8 @@ def train(r: RankRun) -> None:
                 if board is not None:
                     board.write(record)
                 progress.update(record)
+                if evaluation is not None:
+                    progress.evaluated(step + 1, evaluation)
             done = step + 1
             if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
                 checkpoint = _save(r, checkpoint_dir, done)

@@ -326,6 +326,10 @@ def test_hal_train_runs_on_a_prepared_token_file(tmp_path: Path, tok: Any) -> No
     assert [("eval_loss" in r) for r in records] == [False, True, False]
     assert records[1]["eval_ppl"] == pytest.approx(math.exp(records[1]["eval_loss"]))
     assert records[1]["eval_loss"] == pytest.approx(math.log(vocab), rel=0.2)
+    # and on screen: one line per evaluation, after that step's progress line
+    shown = [line for line in result.stderr.splitlines() if line.startswith(("step ", "eval "))]
+    assert len(shown) == 4 and shown[1].startswith("step 2/3 "), result.stderr
+    assert shown[2] == f"eval step 2/3 loss {records[1]['eval_loss']:.4f} ppl {records[1]['eval_ppl']:.2f}"
     job = json.loads((run_dir / "job.json").read_text())
     assert job["train"]["data"] == str((tmp_path / "data" / "train.bin").resolve()) and job["train"]["validation"] == 0.1
 

@@ -45,6 +45,48 @@ def _log(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
 
 
+def _on_a_terminal(*args: str, timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    """``hal ARGS`` as a person at a terminal runs it: stderr on a pseudo-terminal (output processing off, so the
+    bytes read are the bytes written), stdout a pipe. The exit status, what the terminal got, and stdout."""
+    import pty
+    import select
+    import subprocess
+    import sys
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # no "\n" -> "\r\n": every "\r" read is one hal wrote
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for key in ("HAL_BACKEND", "HAL_PRECISION", "HAL_FALLBACK"):
+        env.pop(key, None)
+    with open(os.devnull, "rb") as nothing:
+        proc = subprocess.Popen([sys.executable, "-m", "hal", *args], stdin=nothing, stdout=subprocess.PIPE, stderr=slave,
+                                env=env, cwd=REPO)
+    os.close(slave)
+    terminal, deadline = bytearray(), time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([master], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: every process holding the terminal has gone
+                break
+            if not chunk:
+                break
+            terminal += chunk
+        out = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, terminal.decode("utf-8", errors="replace"), out.decode("utf-8")
+
+
 def _processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that contain ``text`` (every rank's names its run directory)."""
     found = []
@@ -68,16 +110,21 @@ def _assert_close(got: list[float], want: list[float], rel: float) -> None:
 
 
 def test_main_job_trains_logs_breakdown_and_shows_progress(tmp_path: Path) -> None:
+    """The README's command at a terminal (stderr on a pseudo-terminal): progress redrawn in place by hal train,
+    stdout still nothing but --json's document."""
     run_dir = tmp_path / "run"
-    result = run_hal("train", MAIN_JOB, "--steps", "2", "--run-dir", str(run_dir), "--json", timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr
-    summary = json.loads(result.stdout)
+    status, terminal, stdout = _on_a_terminal("train", MAIN_JOB, "--steps", "2", "--run-dir", str(run_dir), "--json")
+    assert status == 0, terminal
+    summary = json.loads(stdout)
+    # progress: each step's line drawn after a carriage return and cleared to the end, no newline between the
+    # steps, and one newline after the last (so what comes next starts on a line of its own)
+    first, second = terminal.index("\rstep 1/2 loss "), terminal.index("\rstep 2/2 loss ")
+    assert first < second and "\n" not in terminal[first:second] and terminal[first:second].endswith("\x1b[K"), terminal
+    assert terminal[second:].count("\n") >= 1 and terminal[second:].index("\x1b[K\n") > 0, terminal
     assert summary["world_size"] == 4 and [s["tp"] for s in summary["stages"]] == [2, 1]
     assert [s["dp"] for s in summary["stages"]] == [1, 2]
     # every stage reports its peak memory (cpu ranks: their peak RSS), at least the weights it holds
     assert all(s["peak_memory_bytes"] > 1 << 20 for s in summary["stages"])
-    # progress: not a terminal here, so one plain line per step
-    assert "step 1/2 loss " in result.stderr and "step 2/2 loss " in result.stderr and "tok/s" in result.stderr
     records = _log(run_dir / "train.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["loss"] == pytest.approx(math.log(256), rel=0.05)  # byte-level tokens, untrained model
@@ -252,6 +299,16 @@ def test_a_diverged_run_still_logs_json(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "loss nan" in result.stderr  # the progress line says it, and so does the summary line
     assert "-> not finite (diverged)," in result.stdout, result.stdout
+    # not a terminal: one plain line per step, nothing redrawn
+    assert "\r" not in result.stderr and "\x1b" not in result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["1/3", "2/3", "3/3"], result.stderr
+    # the summary says why there is no MFU, and shows each stage's share of the step computing and its peak memory
+    assert "MFU n/a (no fp32 peak FLOP/s known for cpu)" in result.stdout, result.stdout
+    stages = [line for line in result.stdout.splitlines() if line.startswith("hal train: stage ")]
+    assert len(stages) == 2, result.stdout
+    for line in stages:
+        assert "% of the step, peak memory " in line and line.endswith(" MiB (peak RSS)"), line
     records = [json.loads(line, parse_constant=refuse) for line in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
     assert records[-1]["loss"] is None
     assert json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=refuse)["final_loss"] is None
@@ -283,7 +340,7 @@ def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
 
 
 def test_progress_updates_in_place_on_a_terminal() -> None:
-    from hal.parallel.loop.trainer import Progress
+    from hal.parallel.observe.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -296,6 +353,51 @@ def test_progress_updates_in_place_on_a_terminal() -> None:
     progress.close()
     text = stream.getvalue()
     assert text.count("\r") == 2 and text.count("\n") == 1 and "step 2/20 loss 4.0000 1234 tok/s" in text
+    # an evaluation's line stays: it ends the progress line shown, and the next step's line starts a new one
+    stream = Terminal()
+    progress = Progress(20, stream)
+    progress.update({"step": 10, "loss": 4.0, "tokens_per_s": 1234.0, "step_s": 0.1})
+    progress.evaluated(10, 3.5)
+    progress.update({"step": 11, "loss": 3.9, "tokens_per_s": 1234.0, "step_s": 0.1})
+    progress.close()
+    assert stream.getvalue() == ("\rstep 10/20 loss 4.0000 1234 tok/s 100 ms/step\x1b[K\n"
+                                 f"eval step 10/20 loss 3.5000 ppl {math.exp(3.5):.2f}\n"
+                                 "\rstep 11/20 loss 3.9000 1234 tok/s 100 ms/step\x1b[K\n")
+    # off a terminal: the same lines, one each, nothing redrawn
+    plain = io.StringIO()
+    progress = Progress(20, plain)
+    progress.update({"step": 10, "loss": 4.0, "tokens_per_s": 1234.0, "step_s": 0.1})
+    progress.evaluated(10, 3.5)
+    progress.close()
+    assert plain.getvalue() == f"step 10/20 loss 4.0000 1234 tok/s 100 ms/step\neval step 10/20 loss 3.5000 ppl {math.exp(3.5):.2f}\n"
+
+
+def test_the_summary_shows_mfu_where_a_peak_is_known_and_why_not_elsewhere(capsys: pytest.CaptureFixture[str]) -> None:
+    from hal.cli.train import _print_summary
+    from hal.parallel.loop.trainer import compute_share, mfu_note
+
+    stage = {"stage": 0, "backend": "cuda", "ranks": [0, 1], "tp": 2, "dp": 1, "sp": False, "layers": [0, 1, 2],
+             "peak_memory_bytes": 3 << 30, "peak_tflops": 1978.0, "compute_share": 0.8}
+    summary = {"first_step": 1, "last_step": 20, "steps": 20, "first_loss": 5.5, "final_loss": 2.0, "tokens_per_s": 1e6,
+               "mfu": 0.1234, "mfu_note": None, "wall_s": 3.0, "log_file": "t.jsonl", "checkpoint": "c", "stages": [stage]}
+    _print_summary(summary, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert ", MFU 12.3%, " in lines[0]
+    assert lines[1] == "hal train: stage 0 cuda tp2, layers 0-2: computing 80% of the step, peak memory 3.00 GiB (allocator peak)"
+    # the reasons: a device without a catalog peak (named), no step; a stage whose phases were not measured
+    cpu = {"compute_s": 0.1, "peak_tflops": None, "backend": "cpu"}
+    records = [{"step_s": 1.0, "tokens": 10, "stages": [cpu]}, {"step_s": 0.5, "tokens": 10, "stages": [cpu]}]
+    assert mfu_note(records, [{"backend": "cpu", "peak_tflops": None}, {"backend": "cuda", "peak_tflops": 989.0}],
+                    "bf16-mixed") == "no bf16 peak FLOP/s known for cpu"
+    assert mfu_note([], [], "fp32") == "no step ran"
+    assert compute_share(records, 0) == pytest.approx(0.2)  # the steady steps only: 0.1 of 0.5 s
+    records[1]["stages"][0] = {**cpu, "compute_s": None}
+    assert compute_share(records, 0) is None
+    _print_summary({**summary, "mfu": None, "mfu_note": "no bf16 peak FLOP/s known for cpu",
+                    "stages": [{**stage, "compute_share": None, "peak_memory_bytes": None}]}, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert ", MFU n/a (no bf16 peak FLOP/s known for cpu), " in lines[0]
+    assert lines[1].endswith("computing: not measured (--profile measures it), peak memory unknown")
 
 
 def test_the_summary_rate_leaves_out_the_first_step_and_checkpoint_writes() -> None:
