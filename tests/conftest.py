@@ -13,15 +13,47 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_hal(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python -m hal ARGS`` in a fresh process; returns the completed process (text mode)."""
+    """``python -m hal ARGS`` in a process of its own; returns the completed process (text mode).
+
+    The process is forked from a server that imported torch and hal once (``tests/hal_child.py``), unless
+    ``env`` changes how an interpreter starts (``PYTHON*``) or ``HAL_TEST_FORK=0``: then a fresh interpreter."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for key in ("HAL_BACKEND", "HAL_PRECISION", "HAL_FALLBACK"):
         full_env.pop(key, None)
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "hal", *args],
-        capture_output=True, text=True, env=full_env, cwd=cwd or REPO, timeout=timeout,
-    )
+    where = str(cwd or REPO)
+    if os.environ.get("HAL_TEST_FORK", "1") == "0" or any(k.startswith("PYTHON") for k in env or {}):
+        return subprocess.run([sys.executable, "-m", "hal", *args], capture_output=True, text=True, env=full_env,
+                              cwd=where, timeout=timeout)
+    return _forked_hal(list(args), full_env, where, timeout)
+
+
+_SERVER: "multiprocessing.context.ForkServerContext | None" = None
+
+
+def _forked_hal(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``hal ARGV`` in a child of the fork server; a TimeoutExpired as subprocess.run raises, the child killed."""
+    import multiprocessing
+    import tempfile
+
+    global _SERVER
+    if _SERVER is None:
+        _SERVER = multiprocessing.get_context("forkserver")
+        _SERVER.set_forkserver_preload(["tests.hal_child"])
+    from tests.hal_child import run_command
+
+    with tempfile.TemporaryDirectory(prefix="hal-run-") as scratch:
+        out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
+        child = _SERVER.Process(target=run_command, args=(argv, env, cwd, out, err), daemon=False)
+        child.start()
+        child.join(timeout)
+        command = ["hal", *argv]
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(command, timeout)
+        read = lambda path: Path(path).read_text(encoding="utf-8", errors="backslashreplace") if os.path.exists(path) else ""
+        return subprocess.CompletedProcess(command, child.exitcode if child.exitcode is not None else -1, read(out), read(err))
 
 
 def has_cuda() -> bool:
