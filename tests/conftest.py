@@ -6,6 +6,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,23 +29,29 @@ def run_hal(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
     return _forked_hal(list(args), full_env, where, timeout)
 
 
-_SERVER: "multiprocessing.context.ForkServerContext | None" = None
+_SERVER: Any = None
 
 
-def _forked_hal(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``hal ARGV`` in a child of the fork server; a TimeoutExpired as subprocess.run raises, the child killed."""
+def fork_server() -> Any:
+    """The multiprocessing context whose server imported torch and hal once (``tests/hal_child.py``)."""
     import multiprocessing
-    import tempfile
 
     global _SERVER
     if _SERVER is None:
         _SERVER = multiprocessing.get_context("forkserver")
         _SERVER.set_forkserver_preload(["tests.hal_child"])
+    return _SERVER
+
+
+def _forked_hal(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``hal ARGV`` in a child of the fork server; a TimeoutExpired as subprocess.run raises, the child killed."""
+    import tempfile
+
     from tests.hal_child import run_command
 
     with tempfile.TemporaryDirectory(prefix="hal-run-") as scratch:
         out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
-        child = _SERVER.Process(target=run_command, args=(argv, env, cwd, out, err), daemon=False)
+        child = fork_server().Process(target=run_command, args=(argv, env, cwd, out, err), daemon=False)
         child.start()
         child.join(timeout)
         command = ["hal", *argv]

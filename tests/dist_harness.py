@@ -1,8 +1,10 @@
 """Run a function on N real processes (gloo, file:// rendezvous) and collect each rank's result.
 
-The ranks are hal.launch's local ranks (each in its own process group, the whole run bounded by
-``deadline_s``, every rank stopped and reaped on a crash or at the deadline), so a test never
-leaves a process behind. A rank's exception is its result (``("error", ...)``), not a crash.
+The ranks are processes of their own, forked from the tests' server that imported torch and hal once
+(``tests/hal_child.py``: a world of 4 then starts in a fraction of a second, not 4 interpreters' imports);
+``HAL_TEST_FORK=0`` starts them as hal.launch's local ranks instead (fresh interpreters). Either way the whole
+run is bounded by ``deadline_s``, every rank is stopped and reaped on a crash or at the deadline, so a test
+never leaves a process behind, and a rank's exception is its result (``("error", ...)``), not a crash.
 """
 from __future__ import annotations
 
@@ -35,16 +37,88 @@ def run_world(module: str, fn: str, world: int, *, deadline_s: float = 120, isla
     ``backend``: one hal backend for every rank, or one per rank (a mixed, multi-island world).
     A rank that dies (signal, exit) or a run past ``deadline_s`` fails with the launcher's report.
     """
-    from hal.launch import LaunchFailed, run_function
-
     args = {"module": module, "fn": fn, "islands": list(islands) if islands is not None else None,
             "timeout_s": collective_timeout_s, "backend": backend if isinstance(backend, str) else list(backend),
             "kwargs": kwargs}
+    what = f"{module}.{fn} on {world} rank(s)"
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        from hal.launch import LaunchFailed, run_function
+
+        try:
+            run = run_function("tests.dist_harness:_rank", world, args, deadline_s=deadline_s, what=what)
+        except LaunchFailed as exc:
+            raise AssertionError(str(exc)) from None
+        return dict(enumerate(run.values))
+    return _forked_world(world, args, deadline_s, what)
+
+
+def _forked_world(world: int, args: dict[str, Any], deadline_s: float, what: str) -> dict[int, tuple]:
+    """``_rank(**args)`` on ``world`` children of the fork server; AssertionError naming each rank's fate on a
+    crash (the others are killed at once) or past the deadline (all are killed)."""
+    import tempfile
+    import time
+
+    from hal.launch import free_port, rank_env
+
+    from .conftest import fork_server
+
+    with tempfile.TemporaryDirectory(prefix="hal-world-") as tmp:
+        base = {**os.environ, "HAL_INIT_METHOD": f"file://{os.path.join(tmp, 'store')}"}
+        port = free_port()
+        ranks = [fork_server().Process(target=_forked_rank, args=(rank_env(r, world, port, base=base), args,
+                                                                 os.path.join(tmp, f"rank{r}.pkl")), daemon=False)
+                 for r in range(world)]
+        for rank in ranks:
+            rank.start()
+        end, failed = time.monotonic() + deadline_s, False
+        while any(r.is_alive() for r in ranks) and time.monotonic() < end and not failed:
+            time.sleep(0.02)
+            failed = any(r.exitcode not in (None, 0) for r in ranks)
+        late = [i for i, r in enumerate(ranks) if r.is_alive()]
+        for rank in ranks:
+            if rank.is_alive():
+                rank.kill()
+            rank.join()
+        fates = [_fate(i, r.exitcode, i in late, failed) for i, r in enumerate(ranks)]
+        if failed or late:
+            why = "a rank failed" if failed else f"still running at the {deadline_s:g} s deadline"
+            raise AssertionError(f"{what}: {why}: " + "; ".join(fates))
+        return {r: _read(os.path.join(tmp, f"rank{r}.pkl")) for r in range(world)}
+
+
+def _fate(rank: int, code: int | None, late: bool, failed: bool) -> str:
+    if late:
+        return f"rank {rank} stopped ({'after another failed' if failed else 'deadline'})"
+    if code is not None and code < 0:
+        return f"rank {rank} killed by signal {-code}"
+    return f"rank {rank} exited with {code}"
+
+
+def _read(path: str) -> tuple:
+    import pickle
+
+    with open(path, "rb") as fh:
+        return pickle.load(fh)
+
+
+def _forked_rank(env: dict[str, str], args: dict[str, Any], out: str) -> None:
+    """One forked rank: its environment, ``_rank``'s outcome pickled to ``out`` (written aside, then renamed)."""
+    import pickle
+    import sys
+
+    os.environ.clear()
+    os.environ.update(env)
+    code = 1
     try:
-        run = run_function("tests.dist_harness:_rank", world, args, deadline_s=deadline_s, what=f"{module}.{fn} on {world} rank(s)")
-    except LaunchFailed as exc:
-        raise AssertionError(str(exc)) from None
-    return dict(enumerate(run.values))
+        outcome = _rank(**args)
+        with open(out + ".tmp", "wb") as fh:
+            pickle.dump(outcome, fh)
+        os.replace(out + ".tmp", out)
+        code = 0
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as hal.launch.entry: a broken collective must not hang interpreter teardown
 
 
 def ok_values(results: dict[int, tuple], world: int) -> dict[int, Any]:
