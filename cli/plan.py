@@ -169,14 +169,13 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("cluster", "profile", "write", "use_all_types"):
         if getattr(args, flag):
             raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
+    from hal.parallel.loop.preflight import PLAN, Request, preflight
     from hal.parallel.observe.plan_report import plan_report
-    from hal.parallel.config.run import load_run_config
-    from hal.parallel.loop.job_runner import check_training
 
     if args.timeline is not None:
         _check_timeline(args.timeline)
-    run = load_run_config(config_path(args))
-    check_training(run, run.hal.fallback)  # the verdict hal train would give, before anything starts
+    # hal train's checks but those of flags only it has: what passes here passes there, before anything starts
+    run = preflight(Request(config_path(args), writes=False), PLAN).loaded
     report = plan_report(run)
     print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:

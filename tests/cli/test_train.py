@@ -252,6 +252,24 @@ def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path
     assert not run_dir.exists() and not _processes_mentioning(str(run_dir))
 
 
+@pytest.mark.parametrize("case", [name for name, (_, extra, _) in BAD.items() if not extra])
+def test_hal_plan_refuses_what_hal_train_refuses(case: str, tmp_path: Path) -> None:
+    """One preflight: every config-only refusal of hal train is hal plan's too, in the same words."""
+    changes, _, message = BAD[case]
+    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            raw[key].update(value)
+        else:
+            raw[key] = value
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = run_hal("plan", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error: ") and message in lines[0], result.stderr
+
+
 def test_bf16_mixed_follows_the_fp32_curve(half_run: dict[str, Any]) -> None:
     """Plan (a) under bf16 autocast on every stage: the same 3 steps, loss within bf16's reach of fp32's."""
     raw = yaml.safe_load(half_run["config"].read_text(encoding="utf-8"))

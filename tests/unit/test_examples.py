@@ -12,7 +12,7 @@ import pytest
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.run import load_run_config
 from hal.parallel.data.token_file import is_token_file
-from hal.parallel.loop.job_runner import check_training
+from hal.parallel.loop.preflight import check_training
 
 from ..conftest import REPO
 from .test_hf_config import LLAMA_32_1B

@@ -10,7 +10,7 @@ from hal.parallel.config.memory import GIB, MemoryPool, check_memory, layer_para
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 from hal.parallel.config.run import load_run_config
-from hal.parallel.loop.job_runner import check_training
+from hal.parallel.loop.preflight import check_training
 
 REPO = Path(__file__).resolve().parents[2]
 
