@@ -183,7 +183,8 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     model = ModelConfig(**opts["model"])
     mbs = opts["micro_batch_size"] * world
@@ -191,7 +192,7 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
                         opts["micro_batches"], mbs)
     validate_plan(plan, model, world_size=world, check_backends=False, seq_len=opts["seq"])
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world(), validate=False)
+    groups = build_mesh(topology, current_world(), validate=False)
     dtype = getattr(torch, opts["dtype"])
     engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype,
                             seq_len=opts["seq"])

@@ -100,7 +100,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     torch.set_num_threads(max(1, opts["threads"]))
     if opts.get("reference_ops"):
@@ -116,7 +117,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
                             fused_head=opts.get("fused_head", False), virtual_stages=opts.get("virtual_stages", 1))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
         topology = Topology.from_plan(plan)
-        groups = build_groups(topology, world, validate=False)
+        groups = build_mesh(topology, world, validate=False)
         dtype = getattr(torch, opts["dtype"])
         autocast = None
         if opts.get("master_weights"):  # hal train's mixed precision: fp32 weights, the forward under autocast

@@ -102,14 +102,15 @@ def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from .engine_cases import MODEL, batch
 
     plan = parse_plan(ENGINE_PLAN)
     topology = Topology.from_plan(plan)
     joined = current_world()
-    groups = build_groups(topology, joined)
+    groups = build_mesh(topology, joined)
     engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     engine.module.checkpoint = True  # what build_stage(..., checkpoint=mesh.checkpoint) will set
     opt = torch.optim.AdamW(engine.module.parameters(), lr=ENGINE_LR)

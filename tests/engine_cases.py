@@ -53,12 +53,13 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
     world = current_world()
-    groups = build_groups(topology, world, tied_embeddings=tied)
+    groups = build_mesh(topology, world, tied_embeddings=tied)
     engine = PipelineEngine(model_config(tied, num_layers), plan, topology, groups, backend=world.backend, seed=seed,
                             device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
@@ -88,13 +89,14 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
     topology = Topology.from_plan(plan)
     joined = current_world()
-    groups = build_groups(topology, joined, validate=False)  # as hal train: peer checks would rendezvous too
+    groups = build_mesh(topology, joined, validate=False)  # as hal train: peer checks would rendezvous too
     engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     store = dist.FileStore(gate, world)
     if rank == 0:
@@ -126,12 +128,13 @@ def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan({"schedule": "1f1b", "micro_batches": micro_batches, "micro_batch_size": 2,
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]})
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world(), validate=False)
+    groups = build_mesh(topology, current_world(), validate=False)
     seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
     def recording(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -57,14 +57,15 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)
     config = model_config(moe)
     validate_plan(plan, config, world_size=world, check_backends=False)
     topology = Topology.from_plan(plan)
     world_ = current_world()
-    groups = build_groups(topology, world_)
+    groups = build_mesh(topology, world_)
     engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=seed, device=world_.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads, load = [], {}, {}
@@ -88,13 +89,14 @@ def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], sca
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)
     config = model_config(moe)
     topology = Topology.from_plan(plan)
     world_ = current_world()
-    groups = build_groups(topology, world_)
+    groups = build_mesh(topology, world_)
     engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=0, device=world_.device)
     engine.loss_scale = scale
     engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, config.max_seq_len, config.vocab_size))

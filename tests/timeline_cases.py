@@ -11,13 +11,14 @@ def spans_run(rank: int, world: int, plan_raw: dict, steps: int) -> dict[str, An
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.schedules import P2PBatch
     from hal.parallel.observe.timeline import rank_record
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from .engine_cases import MODEL, batch, model_config
 
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
+    groups = build_mesh(topology, current_world())
     engine = PipelineEngine(model_config(False, sum(s.layer_count for s in plan.stages)), plan, topology, groups,
                             backend=current_world().backend, seed=0, device=current_world().device)
     for step in range(steps):

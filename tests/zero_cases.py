@@ -197,7 +197,8 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
     from hal.parallel.loop.zero import Zero1AdamW
 
     from .engine_cases import MODEL, batch
@@ -205,7 +206,7 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     plan = parse_plan(ENGINE_PLAN)
     topology = Topology.from_plan(plan)
     joined = current_world()
-    groups = build_groups(topology, joined)
+    groups = build_mesh(topology, joined)
     out: dict[str, list[float]] = {}
     for how in ("step", "rs"):
         engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))

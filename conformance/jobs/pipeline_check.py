@@ -101,13 +101,14 @@ def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     model = ModelConfig(**spec["model"])
     plan = parse_plan(spec["plan"], origin="conformance pipeline plan")
     validate_plan(plan, model, world_size=world.size, check_backends=False, origin="conformance pipeline plan")
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, world)
+    groups = build_mesh(topology, world)
     engine = PipelineEngine(model, plan, topology, groups, backend=world.backend, seed=spec["seed"], device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=LR)
     losses: list[float] = []

@@ -1,4 +1,4 @@
-"""Topology: the disjoint union of per-stage meshes, and the communicators each rank needs.
+"""Topology: the disjoint union of per-stage meshes (data: which rank is where, no process group).
 
 A homogeneous engine forces one TP×DP×PP grid on every stage. Here each stage k has its own
 grid ``dp_k × tp_k`` on its own backend, and the world is their disjoint union
@@ -18,25 +18,18 @@ grid ``dp_k × tp_k`` on its own backend, and the world is their disjoint union
   ``schedules.placement``), and the virtual stages take the layers in model order, so stage k's
   chunks are V separate runs of layers (``StageMesh.chunks``).
 
-``Topology.from_plan`` is pure (no processes); ``build_groups`` creates the communicators
-collectively: every rank's TP, DP and stage groups, and for each boundary k→k+1 a group over
-the union of both stages' ranks (boundary resharding runs inside it). Groups are made with
-``collectives.process_groups.make_layout``, which splits any rank set into islands by backend,
-so a boundary between a CUDA stage and a CPU stage is bridged by the collectives with no
-special case here.
+``Topology.from_plan`` is pure (no processes): which rank is where. The communicators a rank uses
+are built from it collectively by ``parallel.pipeline.mesh.build_mesh``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 from hal.errors import ConfigError
 
 from hal.parallel.config.plan import ParallelPlan
 
-if TYPE_CHECKING:  # collectives (torch.distributed) is loaded only when groups are built
-    from hal.collectives.communicator import Communicator
-    from hal.collectives.process_groups import World
 
 
 class Coord(NamedTuple):
@@ -218,108 +211,3 @@ class Topology:
                    "ranks": list(self.wrap_ranks()), "backends": [self.stages[-1].backend, self.stages[0].backend]}]
                  if self.has_wrap else []),
         }
-
-
-# --- communicators -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RankGroups:
-    """The communicators one rank uses. Groups of one rank are real (size-1) communicators, so the
-    engine can call them unconditionally; the same rank set is one shared communicator."""
-
-    coord: Coord
-    stage: "Communicator"  # every rank of my stage
-    tp: "Communicator"  # my TP group (tp consecutive ranks)
-    dp: "Communicator"  # my DP group (dp ranks strided by tp)
-    boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
-    embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
-    wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
-    ep: "Communicator | None" = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
-    edp: "Communicator | None" = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
-
-    @property
-    def prev_boundary(self) -> "Communicator | None":
-        """The boundary I receive activations on (None on stage 0)."""
-        return self.boundaries.get(self.coord.stage - 1)
-
-    @property
-    def next_boundary(self) -> "Communicator | None":
-        """The boundary I send activations on (None on the last stage)."""
-        return self.boundaries.get(self.coord.stage)
-
-    def link(self, peer_stage: int) -> "Communicator":
-        """The communicator I share with ``peer_stage``: a neighbour's boundary, else the wrap-around link.
-
-        With two stages the wrap-around traffic rides boundary 0 (the same ranks), on both sides alike.
-        """
-        me = self.coord.stage
-        comm = self.boundaries.get(me) if peer_stage == me + 1 else self.boundaries.get(me - 1) if peer_stage == me - 1 else self.wrap
-        if comm is None:
-            raise ValueError(f"stage {me} has no link to stage {peer_stage} (the wrap link exists only in interleaved plans)")
-        return comm
-
-
-def _check_world_matches(topology: Topology, world: "World") -> None:
-    """Same answer on every rank (world.backends is gathered at init), so every rank raises together."""
-    if world.size != topology.world_size:
-        raise ConfigError(
-            f"the plan needs {topology.world_size} ranks but the world has {world.size}; launch {topology.world_size} ranks"
-        )
-    for rank in range(world.size):
-        wanted, running = topology.backend_of(rank), world.backends[rank]
-        if wanted != running:
-            raise ConfigError(
-                f"rank {rank} runs backend '{running}' but the plan puts it in stage {topology.stage_of(rank)} on "
-                f"'{wanted}'; start rank {rank} with HAL_BACKEND={wanted} (stages own consecutive ranks)"
-            )
-
-
-def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple[str, int, int, tuple[int, ...]]]:
-    """Every group of the job, in the one order all ranks create them: (kind, stage/boundary, index, ranks)."""
-    sets: list[tuple[str, int, int, tuple[int, ...]]] = []
-    for m in topology.stages:
-        sets.append(("stage", m.index, 0, m.ranks))
-        sets += [("tp", m.index, d, topology.tp_ranks(m.index, d)) for d in range(m.dp)]
-        sets += [("dp", m.index, t, topology.dp_ranks(m.index, t)) for t in range(m.tp)]
-        if m.ep > 1:  # expert parallelism: ep groups (consecutive dp replicas) and the replicas of each expert shard
-            for t in range(m.tp):
-                dp = topology.dp_ranks(m.index, t)
-                sets += [("ep", m.index, t, dp[g:g + m.ep]) for g in range(0, m.dp, m.ep)]
-                sets += [("edp", m.index, t, dp[e::m.ep]) for e in range(m.ep)]
-    sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
-    if tied_embeddings and topology.last_stage != 0:
-        # ``parallel.models.decoder.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
-        # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
-        sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
-    if topology.has_wrap and topology.num_stages > 2:
-        sets.append(("wrap", 0, 0, topology.wrap_ranks()))  # the same rank set as "embedding": one communicator
-    return sets
-
-
-def build_groups(topology: Topology, world: "World | None" = None, *, validate: bool = True,
-                 tied_embeddings: bool = False) -> RankGroups:
-    """Create every stage, TP, DP and boundary communicator; return the ones this rank belongs to.
-
-    Collective: every rank of the world calls it with the same topology (torch creates groups
-    collectively, in the same order everywhere). Each distinct rank set becomes one layout.
-    """
-    from hal.collectives.communicator import Communicator
-    from hal.collectives.process_groups import current_world, make_layout
-
-    world = world or current_world()
-    _check_world_matches(topology, world)
-    made: dict[tuple[int, ...], Communicator | None] = {}
-    mine: dict[tuple[str, int], Communicator] = {}
-    for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
-        if ranks not in made:
-            layout = make_layout(world, ranks)  # every rank calls this, member or not
-            made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
-        comm = made[ranks]
-        if comm is not None:
-            mine[(kind, where)] = comm
-    coord = topology.coord(world.rank)
-    boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
-    return RankGroups(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
-                      mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
-                      mine.get(("edp", coord.stage)))

@@ -78,16 +78,18 @@ class RankRun:
 # --- setup ---------------------------------------------------------------------------------------------
 
 
-def _make_optimizer(engine: Any, groups: Any, job: Job) -> Any:
-    """AdamW with the config's lr and weight decay; state sharded over the stage's dp group under zero1."""
+def _make_optimizer(engine: Any, job: Job) -> Any:
+    """AdamW with the config's lr and weight decay; under zero1 its state sharded over the groups the rank's mesh
+    names (``Mesh.optimizer_groups``: dense state over dp, expert shards' over their replicas)."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
     hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
     if job.plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
         from hal.parallel.loop.zero import Zero1AdamW, Zero1Experts
 
-        if engine.mesh.ep > 1:  # expert shards differ across dp: their state shards over the replicas of each shard
-            return Zero1Experts(params, expert_shard, groups.dp, groups.edp, lambda ps: torch.optim.AdamW(ps, **hyper))
-        return Zero1AdamW(params, groups.dp, **hyper)
+        dense, experts = engine.mesh.optimizer_groups()
+        if experts is not None:  # expert shards differ across dp: their state shards over the replicas of each shard
+            return Zero1Experts(params, expert_shard, dense, experts, lambda ps: torch.optim.AdamW(ps, **hyper))
+        return Zero1AdamW(params, dense, **hyper)
     return decoupled_adamw(params, engine.device, **hyper)
 
 
@@ -116,25 +118,25 @@ def setup(job: Job) -> RankRun:
 
     from hal.parallel.state.checkpoint import load_checkpoint
     from hal.parallel.pipeline.engine import PipelineEngine
-    from hal.parallel.config.topology import build_groups
+    from hal.parallel.pipeline.mesh import build_mesh
 
     topology = job.topology
     rank = int(os.environ.get("RANK", "0"))
     world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or topology.backend_of(rank)))
     backend = world.backend  # resolved once; everything below is handed this object
-    groups = build_groups(topology, world, validate=False,  # the engine's calls are fixed by the plan
+    mesh = build_mesh(topology, world, validate=False,  # the engine's calls are fixed by the plan
                           tied_embeddings=job.model.tie_embeddings)
     torch.manual_seed(job.train.seed)
     seq = job.train.seq_len or job.model.max_seq_len
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
-    engine = PipelineEngine(job.model, job.plan, topology, groups, backend=backend, seed=job.train.seed, device=world.device,
+    engine = PipelineEngine(job.model, job.plan, topology, mesh, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
                             init_from=job.init_from if job.resume is None else None)
     engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
-    optimizer = _make_optimizer(engine, groups, job)
+    optimizer = _make_optimizer(engine, job)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
     # except where a tied embedding must be summed across stages first (that needs the full dp sum).
-    engine.reduce_dp_grads = not (job.plan.zero1 and groups.dp.size > 1 and not engine.module.needs_tied_grad_sync)
+    engine.reduce_dp_grads = not (job.plan.zero1 and mesh.dp.size > 1 and not engine.module.needs_tied_grad_sync)
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
@@ -190,7 +192,7 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     def optimizer_step() -> None:
         if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
             r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
-                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.mesh.ep)
+                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.layout.ep)
         update()
 
     with timer.phase("optimizer"):

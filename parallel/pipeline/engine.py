@@ -49,7 +49,8 @@ from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
 from hal.parallel.schedules import Action, Kind, P2PBatch
 from hal.parallel.schedules.placement import neighbours
-from hal.parallel.config.topology import RankGroups, Topology
+from hal.parallel.config.topology import Topology
+from hal.parallel.pipeline.mesh import Mesh
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 
 BUCKET_BYTES = 16 * 2**20
@@ -103,7 +104,7 @@ class PipelineEngine:
     """This rank's stage module and the schedule that drives it."""
 
     def __init__(
-        self, model: ModelConfig, plan: ParallelPlan, topology: Topology, groups: RankGroups, *,
+        self, model: ModelConfig, plan: ParallelPlan, topology: Topology, mesh: Mesh, *,
         backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
         autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
         fp8_dtype: torch.dtype | None = None, init_from: str | os.PathLike[str] | None = None,
@@ -117,36 +118,35 @@ class PipelineEngine:
         stage's format: its decoder layers' forward matmuls run in it (``parallel.models.linear``). ``init_from``:
         a Hugging Face checkpoint directory this rank's weights are sliced from instead of the seed."""
         self.schedule = plan.schedule
-        self.model_config, self.plan, self.topology, self.groups = model, plan, topology, groups
-        self.coord = groups.coord
-        self.rank = groups.stage.rank  # global rank (transfer plans use global ranks)
-        self.mesh = topology.stages[self.coord.stage]
+        self.model_config, self.plan, self.topology, self.mesh = model, plan, topology, mesh
+        self.coord = mesh.coord
+        self.rank = mesh.stage.rank  # global rank (transfer plans use global ranks)
+        self.layout = topology.stages[self.coord.stage]  # this stage's grid, layers and options
         self.first = self.coord.stage == 0  # holds the model's first chunk (the embedding)
         self.last = self.coord.stage == topology.last_stage  # holds its last chunk (the head, the loss)
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
         self.fp8_dtype = fp8_dtype
         self.seq = seq_len or model.max_seq_len
-        tp_comm = groups.tp if self.mesh.tp > 1 else None
         self.chunks = topology.virtual_stages  # model chunks this stage runs (interleaved schedules: > 1)
         self.module: Stage = build_stage(
-            model, self.mesh.layer_ranges, first=self.first, last=self.last, tp_comm=tp_comm,
-            sp=self.mesh.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.mesh.checkpoint,
-            fused_head=plan.fused_head, init_from=init_from, ep_comm=groups.ep if self.mesh.ep > 1 else None,
+            model, self.layout.layer_ranges, first=self.first, last=self.last, tp_comm=mesh.tp_shards,
+            sp=self.layout.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.layout.checkpoint,
+            fused_head=plan.fused_head, init_from=init_from, ep_comm=mesh.expert_shards,
         )
         # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
         # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
-        self._moe_share = 1.0 / (plan.micro_batches * self.mesh.dp)
-        self._moe_group = groups.dp if self.mesh.dp > 1 else None
+        self._moe_share = 1.0 / (plan.micro_batches * self.layout.dp)
+        self._moe_group = mesh.balance_group
         self.module.configure_moe(self._moe_share, self._moe_group)
-        self._eager_warmup = self.mesh.compile  # the first forward fills the op caches eagerly (compile_stage)
-        if self.mesh.compile:
-            compile_layers(self.module, self.mesh.compile_backend)
+        self._eager_warmup = self.layout.compile  # the first forward fills the op caches eagerly (compile_stage)
+        if self.layout.compile:
+            compile_layers(self.module, self.layout.compile_backend)
         if loss_fn is None and self.module.fused_head:
             loss_fn = fused_head_cross_entropy(self.module, self._token_count())
         self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
-        if self.module.needs_tied_grad_sync and groups.embedding is None:
-            raise ValueError("tied embeddings over several stages need the embedding group: build_groups(..., tied_embeddings=True)")
+        if self.module.needs_tied_grad_sync and mesh.embedding is None:
+            raise ValueError("tied embeddings over several stages need the embedding group: build_mesh(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
         mbs = plan.micro_batch_size
         k, S, V = self.coord.stage, topology.num_stages, self.chunks
@@ -163,7 +163,7 @@ class PipelineEngine:
                                         Boundary(layouts[before[0]], layouts[k], mbs, self.seq))
             self.send_boundaries.append(None if after is None or after[0] == k else
                                         Boundary(layouts[k], layouts[after[0]], mbs, self.seq))
-        self.rows = slice(self.coord.dp * mbs // self.mesh.dp, (self.coord.dp + 1) * mbs // self.mesh.dp)
+        self.rows = slice(self.coord.dp * mbs // self.layout.dp, (self.coord.dp + 1) * mbs // self.layout.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
         self.program = self.schedule.program(S, plan.micro_batches, k, V)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
@@ -361,7 +361,7 @@ class PipelineEngine:
             if self.reduce_dp_grads:
                 self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
-                sync_tied_embedding_grads(self.module, self.groups.embedding)
+                sync_tied_embedding_grads(self.module, self.mesh.embedding)
         return self._step_loss(losses)
 
     def evaluate(self, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -451,9 +451,9 @@ class PipelineEngine:
             else:
                 posted.append(self._send_bwd_ops(input_grads.pop(key), a.chunk))
         if batch.peer_stage is not None:
-            self._post_deferred(self.groups.link(batch.peer_stage), batch, posted)
+            self._post_deferred(self.mesh.link(batch.peer_stage), batch, posted)
             return
-        comm = self.groups.next_boundary if batch.to_next_stage else self.groups.prev_boundary
+        comm = self.mesh.next_boundary if batch.to_next_stage else self.mesh.prev_boundary
         for a, value in zip(batch.actions, self._post(comm, *posted, label=batch)):
             if a.kind is Kind.RECV_FORWARD:
                 received[(a.chunk, a.micro_batch)] = value
@@ -478,18 +478,15 @@ class PipelineEngine:
 
     # --- after the schedule -----------------------------------------------------------------------------------
     def _sync_dp_grads(self) -> None:
-        """SUM gradients over this stage's dp replicas, in buckets of flattened gradients.
-
-        Under expert parallelism an expert shard's replicas are the dp ranks holding the same experts (the
-        ``edp`` group, dp / ep of them); every other parameter is summed over the whole dp group."""
-        experts: list[torch.nn.Parameter] = []
-        others: list[torch.nn.Parameter] = []
+        """SUM each gradient over the replicas the mesh names for it (``Mesh.grad_group``), in buckets of flattened
+        gradients, one group after another in the order the groups first appear."""
+        by_group: dict[int, tuple[Communicator, list[torch.nn.Parameter]]] = {}
         for p in self.module.parameters():
             if p.grad is not None:
-                (experts if expert_shard(p) else others).append(p)
-        self._sum_grads(self.groups.dp, others)
-        if experts:
-            self._sum_grads(self.groups.edp if self.groups.edp is not None else self.groups.dp, experts)
+                group = self.mesh.grad_group(p)
+                by_group.setdefault(id(group), (group, []))[1].append(p)
+        for group, params in by_group.values():
+            self._sum_grads(group, params)
 
     def _fill_idle_experts(self) -> None:
         """A zero gradient for every expert shard no token reached here this step, as one device would have: its
@@ -521,6 +518,6 @@ class PipelineEngine:
         if not self.last:
             return None
         total = torch.stack(losses).sum().reshape(1).to(torch.float64)
-        if self.groups.dp.size > 1:
-            self.groups.dp.all_reduce(total, "sum")  # each replica's loss covers its rows only
+        if self.mesh.loss_group.size > 1:
+            self.mesh.loss_group.all_reduce(total, "sum")  # each replica's loss covers its rows only
         return total

@@ -275,7 +275,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
         tmp.mkdir(parents=True)
     dist.barrier()
     by_name = _optimizer_state_by_name(engine.module, optimizer)  # every rank: collective under ZeRO-1
-    if coord.dp < engine.mesh.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
+    if coord.dp < engine.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
         params = {n: _cpu(t) for n, t in gather_full_params(engine.module).items()}
         state = _full_optimizer_state(engine.module, by_name)
         if coord.tp == 0 and coord.dp == 0:

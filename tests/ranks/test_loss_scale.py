@@ -48,13 +48,14 @@ def planted_body(rank: int, world: int, plant_on: int) -> dict[str, Any]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch
 
     plan = parse_plan(PLAN)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
+    groups = build_mesh(topology, current_world())
     engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
     params = list(engine.module.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)

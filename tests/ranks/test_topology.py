@@ -9,7 +9,8 @@ import pytest
 
 from hal.errors import ConfigError
 from hal.parallel.config.plan import ParallelPlan, StagePlan
-from hal.parallel.config.topology import Topology, build_groups
+from hal.parallel.config.topology import Topology
+from hal.parallel.pipeline.mesh import build_mesh
 
 from ..dist_harness import run_world
 
@@ -26,9 +27,11 @@ def _members(comm) -> list[int]:
 
 def build_and_report(rank: int, world: int) -> dict:
     """Runs on every rank: build plan (a)'s groups and report who is in each of mine."""
+    import torch
+
     from hal.collectives import current_world
 
-    groups = build_groups(Topology.from_plan(PLAN_A), current_world())
+    groups = build_mesh(Topology.from_plan(PLAN_A), current_world())
     return {
         "coord": tuple(groups.coord),
         "stage": _members(groups.stage),
@@ -38,6 +41,12 @@ def build_and_report(rank: int, world: int) -> dict:
         "prev": groups.prev_boundary is not None,
         "next": groups.next_boundary is not None,
         "boundary_path": groups.boundaries[0].path,
+        # the mesh's choices (Mesh): what the layers shard over, what sums a dense gradient, ZeRO-1, the loss
+        "tp_shards": None if groups.tp_shards is None else _members(groups.tp_shards),
+        "expert_shards": groups.expert_shards,
+        "grad_dense": _members(groups.grad_group(torch.zeros(1))),
+        "zero1": [None if g is None else _members(g) for g in groups.optimizer_groups()],
+        "loss": _members(groups.loss_group),
     }
 
 
@@ -62,6 +71,8 @@ def test_plan_a_groups_on_four_processes(islands) -> None:
         assert got["boundaries"] == {0: [0, 1, 2, 3]}, (rank, got)
         assert (got["prev"], got["next"]) == ((False, True) if rank < 2 else (True, False))
         assert got["boundary_path"] == ("native gloo" if islands is None else "bridge")
+        assert got["tp_shards"] == (tp if len(tp) > 1 else None) and got["expert_shards"] is None
+        assert got["grad_dense"] == got["loss"] == dp and got["zero1"] == [dp, None]
 
 
 def test_world_that_does_not_match_the_plan_is_refused_on_every_rank() -> None:
@@ -69,7 +80,7 @@ def test_world_that_does_not_match_the_plan_is_refused_on_every_rank() -> None:
     topo = Topology.from_plan(PLAN_A)
     wrong_size = SimpleNamespace(size=3, rank=0, backends=("cpu",) * 3)
     with pytest.raises(ConfigError, match="the plan needs 4 ranks but the world has 3"):
-        build_groups(topo, wrong_size)
+        build_mesh(topo, wrong_size)
     wrong_backend = SimpleNamespace(size=4, rank=0, backends=("cpu", "cpu", "cuda", "cuda"))
     with pytest.raises(ConfigError, match="rank 2 runs backend 'cuda' but the plan puts it in stage 1 on 'cpu'"):
-        build_groups(topo, wrong_backend)
+        build_mesh(topo, wrong_backend)

@@ -44,13 +44,14 @@ def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.loop.optim_schedule import clip_global_norm
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch, model_config
 
     plan = parse_plan(PLAN)
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world(), tied_embeddings=tied)
+    groups = build_mesh(topology, current_world(), tied_embeddings=tied)
     engine = PipelineEngine(model_config(tied), plan, topology, groups, backend=current_world().backend, seed=0,
                             device=torch.device("cpu"))
     engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size))
@@ -122,13 +123,14 @@ def eval_body(rank: int, world: int, schedule: str) -> dict[str, Any]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.engine import PipelineEngine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.config.topology import Topology, build_groups
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch
 
     plan = parse_plan({**PLAN, "schedule": schedule})
     topology = Topology.from_plan(plan)
-    groups = build_groups(topology, current_world())
+    groups = build_mesh(topology, current_world())
     engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
     tokens = batch(0, 3, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
     evaluated = engine.evaluate(tokens)
