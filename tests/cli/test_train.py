@@ -232,17 +232,23 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD))
-def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path: Path) -> None:
-    changes, extra, message = BAD[case]
+def _bad_config(case: str, tmp_path: Path) -> Path:
+    """The main job with ``BAD[case]``'s changes, as a file."""
     raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
-    for key, value in changes.items():
+    for key, value in BAD[case][0].items():
         if isinstance(value, dict):
             raw[key].update(value)
         else:
             raw[key] = value
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return config
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path: Path) -> None:
+    _, extra, message = BAD[case]
+    config = _bad_config(case, tmp_path)
     run_dir = tmp_path / "run"
     result = run_hal("train", str(config), "--run-dir", str(run_dir), *extra)
     assert result.returncode == 2, result.stderr
@@ -255,16 +261,8 @@ def test_bad_run_is_one_line_and_exit_2_with_nothing_started(case: str, tmp_path
 @pytest.mark.parametrize("case", [name for name, (_, extra, _) in BAD.items() if not extra])
 def test_hal_plan_refuses_what_hal_train_refuses(case: str, tmp_path: Path) -> None:
     """One preflight: every config-only refusal of hal train is hal plan's too, in the same words."""
-    changes, _, message = BAD[case]
-    raw = yaml.safe_load((REPO / MAIN_JOB).read_text(encoding="utf-8"))
-    for key, value in changes.items():
-        if isinstance(value, dict):
-            raw[key].update(value)
-        else:
-            raw[key] = value
-    config = tmp_path / "bad.yaml"
-    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    result = run_hal("plan", "--config", str(config))
+    result = run_hal("plan", "--config", str(_bad_config(case, tmp_path)))
+    message = BAD[case][2]
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hal: error: ") and message in lines[0], result.stderr
