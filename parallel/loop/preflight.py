@@ -187,10 +187,11 @@ def _paths(p: Preflight) -> None:
                             else "checkpoint directory")
 
 
-def _check_moe_compile(run: RunConfig, fallback: str) -> None:
+def _moe_compile(p: Preflight) -> None:
     """A compiled MoE stage compiles around its experts, a recorded downgrade: ``fallback: error`` refuses it here,
     before any rank starts (``compile_stage.compile_layers``)."""
-    if fallback != "error" or not run.model.moe_num_experts:
+    run = p.loaded
+    if p.fallback != "error" or not run.model.moe_num_experts:
         return
     for k, stage in enumerate(run.plan.stages):
         if run.plan.stage_compiles(k) and run.model.moe_layers(run.plan.stage_layers(k)):
@@ -199,17 +200,19 @@ def _check_moe_compile(run: RunConfig, fallback: str) -> None:
                               "set fallback: warn, or compile: false on that stage")
 
 
-def _check_token_file(run: RunConfig) -> None:
+def _token_file(p: Preflight) -> None:
     """A token file in train.data: exists, whole ids, index agrees, every id in the vocabulary, a row fits."""
     from hal.parallel.data.token_file import check_token_file, is_token_file
 
+    run = p.loaded
     if is_token_file(run.train.data):
         check_token_file(run.train.data, seq_len=run.train.seq_len or run.model.max_seq_len,
                          vocab_size=run.model.vocab_size, validation=run.train.validation, where=f"{run.origin}: train.data")
 
 
-def _check_loop(run: RunConfig) -> None:
+def _loop(p: Preflight) -> None:
     """The loop's options against the plan: what the trainer could not do right is refused here, in one line."""
+    run = p.loaded
     train = run.train
     if train.eval_every is not None and not (train.data.endswith(".bin") and train.validation > 0):
         raise ConfigError(f"{run.origin}: train.eval_every needs a validation part: train.data a token file (.bin, see "
@@ -226,12 +229,13 @@ def _check_loop(run: RunConfig) -> None:
                           "where it starts — lower min_lr")
 
 
-def _check_memory(run: RunConfig) -> None:
+def _memory(p: Preflight) -> None:
     """The training state's lower bound against each available stage's memory (hal.parallel.config.memory)."""
     from hal.backend_registry import get_backend
 
     from hal.parallel.config.memory import MemoryPool, check_memory
 
+    run = p.loaded
     pools: dict[int, MemoryPool | None] = {}
     for index, stage in enumerate(run.plan.stages):
         backend = get_backend(stage.backend)
@@ -277,22 +281,6 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
         except UnsupportedError as exc:
             raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
     return plans
-
-
-def _moe_compile(p: Preflight) -> None:
-    _check_moe_compile(p.loaded, p.fallback)
-
-
-def _loop(p: Preflight) -> None:
-    _check_loop(p.loaded)
-
-
-def _token_file(p: Preflight) -> None:
-    _check_token_file(p.loaded)
-
-
-def _memory(p: Preflight) -> None:
-    _check_memory(p.loaded)
 
 
 # The one order. Each command runs the checks it names, in this order.
