@@ -176,7 +176,7 @@ def test_the_room_checkers_catch_planted_violations(tmp_path: Path) -> None:
     (tmp_path / "parallel" / "config" / "plan.py").write_text(
         "from hal.parallel.schedules import get_schedule\n"
         "def f():\n    from hal.parallel.loop.trainer import main\n")
-    (tmp_path / "parallel" / "models" / "llama.py").write_text("import hal.parallel.observe.timeline\n")
+    (tmp_path / "parallel" / "models" / "decoder.py").write_text("import hal.parallel.observe.timeline\n")
     (tmp_path / "parallel" / "stray.py").write_text("")
     for i in range(MAX_FLAT_MODULES + 1):
         (tmp_path / "parallel" / "observe" / f"m{i}.py").write_text("")
