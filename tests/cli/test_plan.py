@@ -292,7 +292,7 @@ def test_example_config_is_accepted() -> None:
     report = json.loads(run_hal("plan", "--config", "examples/hetero_cpu.yaml", "--json").stdout)
     assert report["topology"]["world_size"] == 4
     assert [r["tp"] for r in report["topology"]["ranks"]] == [0, 1, 0, 0]
-    assert [s["layers"] for s in report["topology"]["stages"]] == [[0, 1, 2], [3]]
+    assert [s["layers"] for s in report["topology"]["stages"]] == [[0], [1, 2, 3]]
 
 
 def test_plan_needs_a_config() -> None:

@@ -122,9 +122,11 @@ def test_main_job_trains_logs_breakdown_and_shows_progress(tmp_path: Path) -> No
     assert first < second and "\n" not in terminal[first:second] and terminal[first:second].endswith("\x1b[K"), terminal
     assert terminal[second:].count("\n") >= 1 and terminal[second:].index("\x1b[K\n") > 0, terminal
     assert summary["world_size"] == 4 and [s["tp"] for s in summary["stages"]] == [2, 1]
-    assert [s["dp"] for s in summary["stages"]] == [1, 2]
-    # every stage reports its peak memory (cpu ranks: their peak RSS), at least the weights it holds
-    assert all(s["peak_memory_bytes"] > 1 << 20 for s in summary["stages"])
+    assert [s["dp"] for s in summary["stages"]] == [1, 2] and [s["layers"] for s in summary["stages"]] == [[0], [1, 2, 3]]
+    # every stage reports its peak memory (cpu ranks: their peak RSS), at least the weights it holds, and its share
+    # of the step spent computing; MFU is null on the cpu, and the summary says why
+    assert all(s["peak_memory_bytes"] > 1 << 20 and 0 < s["compute_share"] <= 1 for s in summary["stages"])
+    assert summary["mfu"] is None and summary["mfu_note"] == "no fp32 peak FLOP/s known for cpu"
     records = _log(run_dir / "train.jsonl")
     assert [r["step"] for r in records] == [1, 2]
     assert records[0]["loss"] == pytest.approx(math.log(256), rel=0.05)  # byte-level tokens, untrained model
@@ -182,7 +184,7 @@ PLAN_IL = {"schedule": "interleaved-1f1b", "virtual_stages": 2, "micro_batches":
 
 
 def test_resume_into_an_interleaved_plan_equals_uninterrupted(half_run: dict[str, Any]) -> None:
-    """Trained with plan (a) (1F1B, layers 0-2 | 3); resumed with two chunks per stage (layers 0 | 1 and 2 | 3)."""
+    """Trained with the main job's plan (1F1B, layers 0 | 1-3); resumed with two chunks per stage (layers 0 | 1 and 2 | 3)."""
     config = _config(half_run["root"], "plan_il", steps=6, parallel=PLAN_IL)
     resumed = _train(str(config), "--resume", str(half_run["checkpoints"]), "--run-dir", str(half_run["root"] / "resumed_il"))
     _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
