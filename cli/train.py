@@ -17,9 +17,11 @@ def add_parser(sub: Any) -> None:
         help="train a hybrid-parallel plan: one local process per rank, progress, JSON-lines log, checkpoints",
         description="Validate CONFIG (model, plan, train, backends, data, --resume checkpoint), then start one process "
         "per rank of the plan on this machine, each with HAL_BACKEND of its stage, and train: a progress line on "
-        "stderr, one JSON line per step (loss, tokens/s, per-stage compute / p2p / bubble) in train.log_file, and a "
-        "device-agnostic checkpoint at the end (and every train.checkpoint_every steps). Several nodes: see "
-        "--print-multinode.",
+        "stderr (redrawn in place when stderr is a terminal, one line a step otherwise) and a line per evaluation, "
+        "one JSON line per step (loss, tokens/s, per-stage compute / p2p / bubble) in train.log_file, a "
+        "device-agnostic checkpoint at the end (and every train.checkpoint_every steps), and a summary: tokens/s, "
+        "MFU (or why there is none), each stage's share of the step computing and its peak memory. Several nodes: "
+        "see --print-multinode.",
     )
     p.add_argument("config", help="YAML config with model:, parallel: and train: sections")
     p.add_argument("--steps", type=int, help="train until this many steps are done in total (default: train.steps)")
