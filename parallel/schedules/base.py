@@ -51,12 +51,12 @@ class Schedule(ABC):
         """Whether a compiled layer can run under it: a split backward needs two graphs where compile makes one."""
         return not self.splits_backward
 
-    def chunks(self, virtual_stages: int | None = None) -> int:
-        """Model chunks a stage runs: 1 unless interleaved; an interleaved one runs ``virtual_stages`` (its
-        fixed count, or 2, when none is given)."""
+    def chunks(self) -> int:
+        """Model chunks a stage runs unless the plan says otherwise: 1, or for an interleaved schedule its fixed
+        count (zbv: 2), else 2 (``parallel.virtual_stages`` may ask more of those)."""
         if not self.interleaved:
             return 1
-        return self.fixed_chunks or virtual_stages or 2
+        return self.fixed_chunks or 2
 
     def head_stage(self, num_stages: int) -> int:
         """The stage holding the model's last layers, the head and the loss (the first one under the V)."""
