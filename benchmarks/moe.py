@@ -180,7 +180,7 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
 def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.device, backend: Any,
            sync: Callable[[], None]) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
     from hal.parallel.config.topology import Topology
@@ -194,7 +194,7 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world(), validate=False)
     dtype = getattr(torch, opts["dtype"])
-    engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype,
+    engine = build_engine(model, plan, groups, backend=backend, seed=0, device=device, dtype=dtype,
                             seq_len=opts["seq"])
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, model.vocab_size, (opts["micro_batches"], mbs, opts["seq"] + 1), generator=gen).to(device)

@@ -97,7 +97,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     import torch.distributed as dist
 
     from hal.collectives import init_distributed, shutdown
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
     from hal.parallel.config.topology import Topology
@@ -122,7 +122,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         autocast = None
         if opts.get("master_weights"):  # hal train's mixed precision: fp32 weights, the forward under autocast
             autocast, dtype = (lambda d=dtype: backend.autocast(d)), torch.float32
-        engine = PipelineEngine(model, plan, topology, groups, backend=backend, seed=0, device=device, dtype=dtype,
+        engine = build_engine(model, plan, groups, backend=backend, seed=0, device=device, dtype=dtype,
                                 seq_len=opts["seq"], autocast=autocast)
         M, mbs, seq = plan.micro_batches, plan.micro_batch_size, opts["seq"]
         gen = torch.Generator().manual_seed(1)  # the same tokens on every rank
@@ -279,7 +279,7 @@ def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size:
     M, V = tokens.shape[0], engine.chunks
     kind = getattr(pipelining, engine.schedule.torch_class)  # the schedule names torch's class of the same order
     # The engine's loss: the token sum over one micro-batch's tokens, the mean of each of torch's chunks.
-    placement = engine.topology.placement
+    placement = engine.mesh.topology.placement
     if V > 1:  # one PipelineStage per chunk, numbered in model order (zbv: the V's numbering, as torch's ZBV places them)
         stages = [PipelineStage(_ChunkView(engine.module, v), virtual_index(rank, v, world_size, placement), V * world_size,
                                 engine.device, group=group) for v in range(V)]

@@ -100,7 +100,7 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     """A 2-stage plan (tp1 → tp2+sp, 1F1B) with every stage checkpointed; losses to compare with one process."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -111,7 +111,7 @@ def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     topology = Topology.from_plan(plan)
     joined = current_world()
     groups = build_mesh(topology, joined)
-    engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
+    engine = build_engine(MODEL, plan, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     engine.module.checkpoint = True  # what build_stage(..., checkpoint=mesh.checkpoint) will set
     opt = torch.optim.AdamW(engine.module.parameters(), lr=ENGINE_LR)
     losses = []

@@ -50,7 +50,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
                num_layers: int = MODEL.num_layers) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
@@ -60,7 +60,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     topology = Topology.from_plan(plan)
     world = current_world()
     groups = build_mesh(topology, world, tied_embeddings=tied)
-    engine = PipelineEngine(model_config(tied, num_layers), plan, topology, groups, backend=world.backend, seed=seed,
+    engine = build_engine(model_config(tied, num_layers), plan, groups, backend=world.backend, seed=seed,
                             device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads = [], {}
@@ -87,7 +87,7 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     import torch.distributed as dist
 
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -97,7 +97,7 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     topology = Topology.from_plan(plan)
     joined = current_world()
     groups = build_mesh(topology, joined, validate=False)  # as hal train: peer checks would rendezvous too
-    engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
+    engine = build_engine(MODEL, plan, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
     store = dist.FileStore(gate, world)
     if rank == 0:
         forwards = 0
@@ -126,7 +126,7 @@ def first_half_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     """One stage on one rank: the step loss with the default loss and with ``first_half_loss``, and what it saw."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -144,6 +144,6 @@ def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     tokens = batch(0, 0, micro_batches, 2, MODEL.max_seq_len, MODEL.vocab_size)
     losses = {}
     for name, fn in (("default", None), ("first_half", recording)):
-        engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"), loss_fn=fn)
+        engine = build_engine(MODEL, plan, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"), loss_fn=fn)
         losses[name] = engine.step(tokens)
     return {"losses": losses, "seen": seen}

@@ -54,7 +54,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
                seed: int = 0) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology
@@ -66,7 +66,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
     topology = Topology.from_plan(plan)
     world_ = current_world()
     groups = build_mesh(topology, world_)
-    engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=seed, device=world_.device)
+    engine = build_engine(config, plan, groups, backend=world_.backend, seed=seed, device=world_.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads, load = [], {}, {}
     for step in range(steps):
@@ -86,7 +86,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
 def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], scale: float) -> dict[str, Any]:
     """One step with the engine's loss scale set to ``scale`` (what fp16-mixed's scaler does): the gradients."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
@@ -97,7 +97,7 @@ def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], sca
     topology = Topology.from_plan(plan)
     world_ = current_world()
     groups = build_mesh(topology, world_)
-    engine = PipelineEngine(config, plan, topology, groups, backend=world_.backend, seed=0, device=world_.device)
+    engine = build_engine(config, plan, groups, backend=world_.backend, seed=0, device=world_.device)
     engine.loss_scale = scale
     engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, config.max_seq_len, config.vocab_size))
     return {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}

@@ -7,7 +7,7 @@ from typing import Any
 def spans_run(rank: int, world: int, plan_raw: dict, steps: int) -> dict[str, Any]:
     """``steps`` steps of ``plan_raw`` on this rank; the last step's spans and this stage's program, as plain data."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.schedules import P2PBatch
     from hal.parallel.observe.timeline import rank_record
@@ -19,7 +19,7 @@ def spans_run(rank: int, world: int, plan_raw: dict, steps: int) -> dict[str, An
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world())
-    engine = PipelineEngine(model_config(False, sum(s.layer_count for s in plan.stages)), plan, topology, groups,
+    engine = build_engine(model_config(False, sum(s.layer_count for s in plan.stages)), plan, groups,
                             backend=current_world().backend, seed=0, device=current_world().device)
     for step in range(steps):
         engine.step(batch(0, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size))

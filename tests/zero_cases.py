@@ -195,7 +195,7 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     """The engine with Zero1AdamW, both ways: after its dp all-reduce (step) and instead of it (reduce-scatter)."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -209,7 +209,7 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     groups = build_mesh(topology, joined)
     out: dict[str, list[float]] = {}
     for how in ("step", "rs"):
-        engine = PipelineEngine(MODEL, plan, topology, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
+        engine = build_engine(MODEL, plan, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
         if how == "rs":
             engine.reduce_dp_grads = False  # the reduce-scatter sums instead
         opt = Zero1AdamW(engine.module.parameters(), groups.dp, lr=ENGINE_LR)

@@ -98,7 +98,7 @@ def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.d
 
 def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     """This rank's share of the plan through the engine: last-stage losses, full step-1 gradients (one TP rank)."""
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology
@@ -109,7 +109,7 @@ def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     validate_plan(plan, model, world_size=world.size, check_backends=False, origin="conformance pipeline plan")
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, world)
-    engine = PipelineEngine(model, plan, topology, groups, backend=world.backend, seed=spec["seed"], device=world.device)
+    engine = build_engine(model, plan, groups, backend=world.backend, seed=spec["seed"], device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=LR)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}

@@ -117,7 +117,7 @@ def setup(job: Job) -> RankRun:
     from hal.collectives import init_distributed
 
     from hal.parallel.state.checkpoint import load_checkpoint
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     topology = job.topology
@@ -129,7 +129,7 @@ def setup(job: Job) -> RankRun:
     torch.manual_seed(job.train.seed)
     seq = job.train.seq_len or job.model.max_seq_len
     precision = _precision_plan(backend, job, topology.stage_of(world.rank))
-    engine = PipelineEngine(job.model, job.plan, topology, mesh, backend=backend, seed=job.train.seed, device=world.device,
+    engine = build_engine(job.model, job.plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
                             init_from=job.init_from if job.resume is None else None)
     engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile

@@ -25,7 +25,7 @@ import functools
 import hashlib
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -383,20 +383,26 @@ def full_model(config: ModelConfig, seed: int, init_from: str | os.PathLike[str]
 # --- full-shape views of a sharded stage ----------------------------------------------------------------
 
 
-def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    comm, out = stage.tp_comm, {}
-    params = dict(stage.named_parameters())
+def gather_full(params: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], tp: TPComm,
+                ep: TPComm = None) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` (each shaped like ``params[name]``, this rank's shard) in full shape: the TP shards over
+    ``tp``, then (expert shards) every ``ep`` rank's experts in order. Never returns a live tensor."""
+    out = {}
     for name, local in tensors.items():
         meta = param_meta(params[name])
         full = local.detach()
-        if meta is not None and meta.spec is not None and tp_size(comm) > 1:  # the TP shards, then (experts) the ep shares
+        if meta is not None and meta.spec is not None and tp_size(tp) > 1:
             dim = meta.spec.dim
-            gathered = comm.all_gather(full.movedim(dim, 0).contiguous())  # type: ignore[union-attr]
-            full = meta.spec.unshard([s.movedim(0, dim) for s in gathered.chunk(comm.size, dim=0)])  # type: ignore[union-attr]
-        if meta is not None and meta.expert_split and stage.ep_comm is not None:  # every ep rank's experts, in order
-            full = stage.ep_comm.all_gather(full.contiguous())
-        out[name] = full.clone() if full.data_ptr() == local.data_ptr() else full  # never the live tensor
+            gathered = tp.all_gather(full.movedim(dim, 0).contiguous())  # type: ignore[union-attr]
+            full = meta.spec.unshard([s.movedim(0, dim) for s in gathered.chunk(tp.size, dim=0)])  # type: ignore[union-attr]
+        if meta is not None and meta.expert_split and tp_size(ep) > 1:
+            full = ep.all_gather(full.contiguous())  # type: ignore[union-attr]
+        out[name] = full.clone() if full.data_ptr() == local.data_ptr() else full
     return out
+
+
+def _gather_full(stage: Stage, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return gather_full(dict(stage.named_parameters()), tensors, stage.tp_comm, stage.ep_comm)
 
 
 def gather_full_grads(stage: Stage) -> dict[str, torch.Tensor]:

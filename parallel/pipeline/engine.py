@@ -18,6 +18,10 @@ events read once at the end of the step, so the step is not slowed by a synchron
 Each compute and P2P interval carries the schedule step it ran (a reference, no extra work): the
 step's timeline, ``engine.step_spans()`` (``parallel.observe.timeline``), is read from those on demand.
 
+What the engine is handed: (stage, mesh, schedule, loss) -- the rank's module, its communicators and topology
+(``parallel.pipeline.mesh``), the plan's ``Schedule`` and the loss function; ``parallel.pipeline.build`` makes
+all four from a model, a plan and a mesh.
+
 Loss convention (``parallel.pipeline.reshard`` explains why): the last stage returns logits and the engine
 applies ``loss_fn`` (``parallel.models.loss``); a micro-batch's loss is its token sum over the token count of
 the whole micro-batch, divided by the number of micro-batches; weight gradients are
@@ -28,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
@@ -37,21 +40,17 @@ import torch
 from hal.backend import Backend
 from hal.collectives import Communicator
 
-from hal.parallel.models.fused_head import fused_head_cross_entropy
-from hal.parallel.models.linear import fp8_matmuls
-from hal.parallel.models.loss import LossFn, token_sum_cross_entropy
-from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
-from hal.parallel.models.decoder import Stage, build_stage, sync_tied_embedding_grads
-from hal.parallel.config.model import ModelConfig
+from hal.parallel.models.decoder import Stage, sync_tied_embedding_grads
 from hal.parallel.models.layers import expert_shard
-from hal.parallel.observe.phase_timer import PhaseTimer
-from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
-from hal.parallel.schedules import Action, Kind, P2PBatch
-from hal.parallel.schedules.placement import neighbours
-from hal.parallel.config.topology import Topology
-from hal.parallel.pipeline.mesh import Mesh
+from hal.parallel.models.linear import fp8_matmuls
+from hal.parallel.models.loss import LossFn
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
+from hal.parallel.observe.phase_timer import PhaseTimer
+from hal.parallel.pipeline.compile_stage import eager_first_forward
+from hal.parallel.pipeline.mesh import Mesh
+from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
+from hal.parallel.schedules import Action, Kind, P2PBatch, Schedule
+from hal.parallel.schedules.placement import neighbours
 
 BUCKET_BYTES = 16 * 2**20
 
@@ -104,51 +103,38 @@ class PipelineEngine:
     """This rank's stage module and the schedule that drives it."""
 
     def __init__(
-        self, model: ModelConfig, plan: ParallelPlan, topology: Topology, mesh: Mesh, *,
-        backend: Backend, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, seq_len: int | None = None,
-        autocast: Callable[[], ContextManager[Any]] | None = None, loss_fn: LossFn | None = None,
-        fp8_dtype: torch.dtype | None = None, init_from: str | os.PathLike[str] | None = None,
+        self, stage: Stage, mesh: Mesh, schedule: Schedule, loss_fn: LossFn, *, micro_batches: int,
+        micro_batch_size: int, seq_len: int, backend: Backend, device: torch.device, dtype: torch.dtype = torch.float32,
+        autocast: Callable[[], ContextManager[Any]] | None = None, fp8_dtype: torch.dtype | None = None,
     ) -> None:
-        """``backend``: this rank's backend object (the caller resolved it once; timing synchronizes it).
-        ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the
-        forward region's autocast context (``PrecisionPlan.autocast``); backward runs outside it.
-        ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean
-        (the engine divides it by the number of micro-batches); default: the token-sum cross-entropy
-        over the whole micro-batch's token count (``parallel.models.loss``). ``fp8_dtype``: an fp8-mixed
-        stage's format: its decoder layers' forward matmuls run in it (``parallel.models.linear``). ``init_from``:
-        a Hugging Face checkpoint directory this rank's weights are sliced from instead of the seed."""
-        self.schedule = plan.schedule
-        self.model_config, self.plan, self.topology, self.mesh = model, plan, topology, mesh
+        """``stage``: this rank's module, built over ``mesh``'s groups (``build_engine`` makes one from a plan).
+        ``mesh``: this rank's communicators and topology (``parallel.pipeline.mesh``). ``schedule``: the plan's.
+        ``loss_fn(logits, labels)``: one micro-batch's loss on the last stage, a term of the global mean (the
+        engine divides it by ``micro_batches``). ``backend``: this rank's backend object (timing synchronizes it).
+        ``dtype``: the weights' and boundary activations' dtype. ``autocast``: a factory of the forward region's
+        autocast context (``PrecisionPlan.autocast``); backward runs outside it. ``fp8_dtype``: an fp8-mixed
+        stage's format: its decoder layers' forward matmuls run in it (``parallel.models.linear``)."""
+        self.module, self.mesh, self.schedule, self.loss_fn = stage, mesh, schedule, loss_fn
+        self.micro_batches, self.micro_batch_size, self.seq = micro_batches, micro_batch_size, seq_len
+        topology = mesh.topology
         self.coord = mesh.coord
         self.rank = mesh.stage.rank  # global rank (transfer plans use global ranks)
-        self.layout = topology.stages[self.coord.stage]  # this stage's grid, layers and options
-        self.first = self.coord.stage == 0  # holds the model's first chunk (the embedding)
-        self.last = self.coord.stage == topology.last_stage  # holds its last chunk (the head, the loss)
+        self.layout = mesh.layout  # this stage's grid, layers and options
+        self.first, self.last = mesh.first, mesh.last  # the model's first chunk (embedding), its last (head, loss)
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
         self.fp8_dtype = fp8_dtype
-        self.seq = seq_len or model.max_seq_len
         self.chunks = topology.virtual_stages  # model chunks this stage runs (interleaved schedules: > 1)
-        self.module: Stage = build_stage(
-            model, self.layout.layer_ranges, first=self.first, last=self.last, tp_comm=mesh.tp_shards,
-            sp=self.layout.sp, seed=seed, device=device, dtype=dtype, checkpoint=self.layout.checkpoint,
-            fused_head=plan.fused_head, init_from=init_from, ep_comm=mesh.expert_shards,
-        )
+        self._eager_warmup = self.layout.compile  # the first forward fills the op caches eagerly (compile_stage)
         # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
         # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
-        self._moe_share = 1.0 / (plan.micro_batches * self.layout.dp)
+        self._moe_share = 1.0 / (micro_batches * self.layout.dp)
         self._moe_group = mesh.balance_group
         self.module.configure_moe(self._moe_share, self._moe_group)
-        self._eager_warmup = self.layout.compile  # the first forward fills the op caches eagerly (compile_stage)
-        if self.layout.compile:
-            compile_layers(self.module, self.layout.compile_backend)
-        if loss_fn is None and self.module.fused_head:
-            loss_fn = fused_head_cross_entropy(self.module, self._token_count())
-        self.loss_fn = loss_fn or token_sum_cross_entropy(self.module.tp_comm, token_count=self._token_count())
         if self.module.needs_tied_grad_sync and mesh.embedding is None:
             raise ValueError("tied embeddings over several stages need the embedding group: build_mesh(..., tied_embeddings=True)")
         layouts = [Layout.contiguous(m.dp, m.tp, m.sp, m.offset) for m in topology.stages]
-        mbs = plan.micro_batch_size
+        mbs = micro_batch_size
         k, S, V = self.coord.stage, topology.num_stages, self.chunks
         # Per chunk: the boundary its input arrives over and the one its output leaves over, from the
         # virtual stages before and after it (``schedules.placement``). None: the model's end, or the
@@ -165,7 +151,7 @@ class PipelineEngine:
                                         Boundary(layouts[k], layouts[after[0]], mbs, self.seq))
         self.rows = slice(self.coord.dp * mbs // self.layout.dp, (self.coord.dp + 1) * mbs // self.layout.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
-        self.program = self.schedule.program(S, plan.micro_batches, k, V)
+        self.program = self.schedule.program(S, micro_batches, k, V)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._step_origin: Any = None  # the timer's mark at the last step's schedule start (step_spans)
@@ -259,7 +245,7 @@ class PipelineEngine:
 
     def _recv_fwd_ops(self, chunk: int = 0) -> Any:
         b = self.recv_boundaries[chunk]
-        return None if b is None else p2p_ops(b.forward, self.rank, tail=(self.model_config.hidden_size,),
+        return None if b is None else p2p_ops(b.forward, self.rank, tail=(self.module.config.hidden_size,),
                                                dtype=self.dtype, device=self.device)
 
     def _send_fwd_ops(self, out: torch.Tensor, chunk: int = 0) -> Any:
@@ -304,11 +290,8 @@ class PipelineEngine:
             x = received.requires_grad_(True)
             out = run(x)
         if self.last and chunk == self.chunks - 1:
-            return _InFlight(x, self.loss_fn(out, self._labels(tokens, m)) / self.plan.micro_batches, True)
+            return _InFlight(x, self.loss_fn(out, self._labels(tokens, m)) / self.micro_batches, True)
         return _InFlight(x, out)
-
-    def _token_count(self) -> int:
-        return self.plan.micro_batch_size * self.seq
 
     def _backward(self, item: _InFlight, grad: torch.Tensor | None, label: Any = None) -> torch.Tensor | None:
         with self._timed("compute", label):
@@ -370,7 +353,7 @@ class PipelineEngine:
         Same loss as ``step_lazy`` gives for these tokens and weights (last stage: a 1-element float64
         tensor, summed over dp replicas; None elsewhere); nothing is accumulated into ``.grad``.
         """
-        S, M, k = self.topology.num_stages, self.plan.micro_batches, self.coord.stage
+        S, M, k = self.mesh.topology.num_stages, self.micro_batches, self.coord.stage
         forward_only = self.schedule.forward_only()
         program = forward_only.program(S, M, k, self.chunks)
         with torch.no_grad():

@@ -16,8 +16,9 @@ import torch
 
 from hal.errors import ConfigError
 
-from hal.parallel.config.topology import Coord, Topology
-from hal.parallel.models.layers import expert_shard
+from hal.parallel.config.topology import Coord, StageMesh, Topology
+from hal.parallel.models.decoder import gather_full
+from hal.parallel.models.layers import expert_shard, local_shard, param_meta
 
 if TYPE_CHECKING:  # collectives (torch.distributed) is loaded only when groups are built
     from hal.collectives.communicator import Communicator
@@ -38,6 +39,7 @@ class Mesh:
     ``optimizer_groups``; the step's loss is summed over ``loss_group``; the tied embedding's two copies meet
     over ``embedding``."""
 
+    topology: Topology  # the job's ranks and stages (data): my stage's grid is ``layout``
     coord: Coord
     stage: "Communicator"  # every rank of my stage
     tp: "Communicator"  # my TP group (tp consecutive ranks)
@@ -47,6 +49,21 @@ class Mesh:
     wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
     ep: "Communicator | None" = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
     edp: "Communicator | None" = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
+
+    @property
+    def layout(self) -> StageMesh:
+        """My stage's grid, layers and options."""
+        return self.topology.stages[self.coord.stage]
+
+    @property
+    def first(self) -> bool:
+        """My stage holds the model's first chunk (the embedding)."""
+        return self.coord.stage == 0
+
+    @property
+    def last(self) -> bool:
+        """My stage holds the model's last chunk (the head, the loss): the first stage under zbv."""
+        return self.coord.stage == self.topology.last_stage
 
     @property
     def tp_shards(self) -> "Communicator | None":
@@ -62,6 +79,16 @@ class Mesh:
         """The replicas whose gradients of ``param`` are summed: an expert shard's holders (``edp``, dp / ep of
         them), every other parameter's dp group."""
         return self.edp if self.edp is not None and expert_shard(param) else self.dp
+
+    def shard(self, full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """My piece of ``param``'s full tensor (a checkpoint's, an optimizer state's): its experts, then its TP shard."""
+        meta = param_meta(param)
+        return full if meta is None else local_shard(full, meta, self.tp_shards, self.expert_shards)
+
+    def gather_full(self, module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: tensor}`` shaped like ``module``'s parameters, each in its full shape: collective over my TP group
+        (and my ep group for expert shards); every rank of both calls it with the same names."""
+        return gather_full(dict(module.named_parameters()), tensors, self.tp_shards, self.expert_shards)
 
     def optimizer_groups(self) -> "tuple[Communicator, Communicator | None]":
         """ZeRO-1's shard groups: (dense parameters' dp group, expert shards' replica group or None without ep)."""
@@ -159,6 +186,6 @@ def build_mesh(topology: Topology, world: "World | None" = None, *, validate: bo
             mine[(kind, where)] = comm
     coord = topology.coord(world.rank)
     boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
-    return Mesh(coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)], boundaries,
-                      mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
-                      mine.get(("edp", coord.stage)))
+    return Mesh(topology, coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)],
+                boundaries, mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
+                mine.get(("edp", coord.stage)))

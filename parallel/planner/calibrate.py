@@ -60,7 +60,7 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
     ``hal train`` times it (``steps_s``: this rank's wall time of each step, its device unsynchronized)."""
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
     from hal.parallel.planner.measure import profiling_rank
@@ -75,7 +75,7 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
             plan = calibration_plan(backend_name, stages, shape_rows, tp, layers, per_stage, bool(sp and sp[0]))
             topology = Topology.from_plan(plan)
             groups = build_mesh(topology, world, validate=False)
-            engine = PipelineEngine(config, plan, topology, groups, backend=backend, seed=0, device=world.device,
+            engine = build_engine(config, plan, groups, backend=backend, seed=0, device=world.device,
                                     dtype=torch.float32, seq_len=seq, autocast=lambda: mode.autocast(backend))
             if trainer_step:
                 return {"steps_s": _trainer_steps(engine, config, plan, seq, steps)}

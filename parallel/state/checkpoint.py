@@ -14,9 +14,9 @@ A checkpoint does not depend on the plan, the TP/DP split or the devices that wr
 
 Parameters are stored unsharded under their global names (``parallel.models.decoder``: ``layers.3.mlp.down.weight``),
 AdamW's per-element state (``exp_avg``, ``exp_avg_sq``) in the same full shapes, all on the CPU.
-Inside a stage the TP group gathers its shards (``gather_full_params``); dp replicas are identical, so
-one rank per stage (dp 0, tp 0) writes. Loading cuts each full tensor back to this run's TP shard with
-the model's own ``ShardSpec`` (``parallel.models.layers.local_shard``), so any plan with the same model resumes.
+Inside a stage the rank's mesh gathers the shards (``Mesh.gather_full``: TP, then expert shards); dp replicas
+are identical, so one rank per stage (dp 0, tp 0) writes. Loading cuts each full tensor back to this run's shard
+(``Mesh.shard``, with the model's own ``ShardSpec``), so any plan with the same model resumes.
 
 Atomicity: files go to ``.tmp-step-N/`` (each written and fsynced, then renamed), and rank 0 renames the
 directory to ``step-N`` only after every writer is done, then points ``latest`` at it (temp file +
@@ -49,8 +49,7 @@ import torch.distributed as dist
 from hal.errors import ConfigError
 from hal.run_dirs import write_text_atomic
 
-from hal.parallel.models.layers import local_shard, param_meta
-from hal.parallel.models.decoder import _gather_full, gather_full_params
+from hal.parallel.models.layers import param_meta
 from hal.parallel.config.model import ModelConfig
 
 FORMAT = "hetero-hal-checkpoint/1"
@@ -233,12 +232,12 @@ def _state_order(module: torch.nn.Module, optimizer: Any) -> list[str]:
     return order if len(order) == len(named) else [n for n, _ in named]
 
 
-def _full_optimizer_state(module: torch.nn.Module, by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _full_optimizer_state(module: torch.nn.Module, mesh: Any, by_name: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-element entries gathered to full shape over TP like their parameters; scalars (step) as they are."""
     keys = sorted({k for s in by_name.values() for k, v in s.items() if _per_element(v)})
     full: dict[str, dict[str, Any]] = {n: {k: _cpu(v) for k, v in s.items() if not _per_element(v)} for n, s in by_name.items()}
     for key in keys:  # one gather per parameter and key, the same order on every TP rank
-        gathered = _gather_full(module, {n: s[key] for n, s in by_name.items() if key in s})  # type: ignore[arg-type]
+        gathered = mesh.gather_full(module, {n: s[key] for n, s in by_name.items() if key in s})
         for name, tensor in gathered.items():
             full[name][key] = _cpu(tensor)
     return full
@@ -275,9 +274,10 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
         tmp.mkdir(parents=True)
     dist.barrier()
     by_name = _optimizer_state_by_name(engine.module, optimizer)  # every rank: collective under ZeRO-1
-    if coord.dp < engine.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
-        params = {n: _cpu(t) for n, t in gather_full_params(engine.module).items()}
-        state = _full_optimizer_state(engine.module, by_name)
+    mesh = engine.mesh
+    if coord.dp < mesh.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
+        params = {n: _cpu(t) for n, t in mesh.gather_full(engine.module, dict(engine.module.named_parameters())).items()}
+        state = _full_optimizer_state(engine.module, mesh, by_name)
         if coord.tp == 0 and coord.dp == 0:
             _save_atomic({"params": params, "optimizer": state}, tmp / f"stage-{coord.stage}.pt")
     if dist.get_rank() == 0:
@@ -290,7 +290,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
             "format": FORMAT, "step": step, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "torch": torch.__version__, **meta,
             "optimizer": {"type": "AdamW", "zero1": bool(meta.get("plan", {}).get("zero1")), "hyperparameters": _jsonable(group)},
-            "files": [f"stage-{k}.pt" for k in range(engine.topology.num_stages)] + ["rng.pt"],
+            "files": [f"stage-{k}.pt" for k in range(engine.mesh.topology.num_stages)] + ["rng.pt"],
         }
         full_meta["checksums"] = {name: file_checksum(tmp / name) for name in full_meta["files"]}
         write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
@@ -347,8 +347,8 @@ def read_tensors(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resum
 
 
 @torch.no_grad()
-def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
-    comm, ep_comm = getattr(module, "tp_comm", None), getattr(module, "ep_comm", None)
+def _load_params(module: torch.nn.Module, mesh: Any, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
+    """Each parameter filled with this rank's shard of its full tensor: the mesh says which (``Mesh.shard``)."""
     for name, param in module.named_parameters():
         pmeta = param_meta(param)
         if name not in params:
@@ -357,20 +357,18 @@ def _load_params(module: torch.nn.Module, params: Mapping[str, torch.Tensor], ch
         if pmeta is None or tuple(full.shape) != tuple(pmeta.full_shape):
             want = None if pmeta is None else tuple(pmeta.full_shape)
             raise ConfigError(f"--resume {checkpoint}: parameter {name} has shape {tuple(full.shape)}, this model needs {want}")
-        param.copy_(local_shard(full, pmeta, comm, ep_comm).to(device=param.device, dtype=param.dtype))
+        param.copy_(mesh.shard(full, param).to(device=param.device, dtype=param.dtype))
 
 
-def _load_optimizer(module: torch.nn.Module, optimizer: Any, state: Mapping[str, dict[str, Any]]) -> None:
-    """Cut every full per-element state to this rank's TP shard; the optimizer (or ZeRO-1) takes it from there."""
-    comm, ep_comm = getattr(module, "tp_comm", None), getattr(module, "ep_comm", None)
+def _load_optimizer(module: torch.nn.Module, mesh: Any, optimizer: Any, state: Mapping[str, dict[str, Any]]) -> None:
+    """Cut every full per-element state to this rank's shard; the optimizer (or ZeRO-1) takes it from there."""
     params = dict((n, p) for n, p in module.named_parameters() if p.requires_grad)
     order = _state_order(module, optimizer)
     local: dict[int, dict[str, Any]] = {}
     for i, name in enumerate(order):
         if name not in state:
             continue
-        pmeta = param_meta(params[name])
-        local[i] = {k: (local_shard(v, pmeta, comm, ep_comm) if _per_element(v) and pmeta is not None else v)
+        local[i] = {k: (mesh.shard(v, params[name]) if _per_element(v) else v)
                     for k, v in state[name].items()}
         local[i] = {k: v.clone() if torch.is_tensor(v) else v for k, v in local[i].items()}  # off the memory map
     if getattr(optimizer, "sharded", None) is not None:  # ZeRO-1: one group in the module's order
@@ -388,8 +386,8 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, 
     """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1."""
     meta = read_meta(checkpoint)
     params, state = read_tensors(checkpoint, meta)
-    _load_params(engine.module, params, checkpoint)
-    _load_optimizer(engine.module, optimizer, state)
+    _load_params(engine.module, engine.mesh, params, checkpoint)
+    _load_optimizer(engine.module, engine.mesh, optimizer, state)
     rng = _load_file(checkpoint / "rng.pt")
     torch.set_rng_state(rng["torch_cpu"])
     return meta

@@ -46,7 +46,7 @@ PLAN = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
 
 def planted_body(rank: int, world: int, plant_on: int) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -56,7 +56,7 @@ def planted_body(rank: int, world: int, plant_on: int) -> dict[str, Any]:
     plan = parse_plan(PLAN)
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world())
-    engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
+    engine = build_engine(MODEL, plan, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
     params = list(engine.module.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2)
     scaler = PipelineLossScaler(scale=2.0 ** 10)

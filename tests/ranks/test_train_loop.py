@@ -41,7 +41,7 @@ PLAN = {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
 
 def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.loop.optim_schedule import clip_global_norm
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
@@ -52,7 +52,7 @@ def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     plan = parse_plan(PLAN)
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world(), tied_embeddings=tied)
-    engine = PipelineEngine(model_config(tied), plan, topology, groups, backend=current_world().backend, seed=0,
+    engine = build_engine(model_config(tied), plan, groups, backend=current_world().backend, seed=0,
                             device=torch.device("cpu"))
     engine.step(batch(0, 0, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size))
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
@@ -121,7 +121,7 @@ def test_bad_loop_options_are_one_line(tmp_path: Path) -> None:
 # --- evaluation: forward only, the same loss as the training step, no gradients ------------------------------------
 def eval_body(rank: int, world: int, schedule: str) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.mesh import build_mesh
@@ -131,7 +131,7 @@ def eval_body(rank: int, world: int, schedule: str) -> dict[str, Any]:
     plan = parse_plan({**PLAN, "schedule": schedule})
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world())
-    engine = PipelineEngine(MODEL, plan, topology, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
+    engine = build_engine(MODEL, plan, groups, backend=current_world().backend, seed=0, device=torch.device("cpu"))
     tokens = batch(0, 3, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
     evaluated = engine.evaluate(tokens)
     no_grads = all(p.grad is None for p in engine.module.parameters())
