@@ -1,8 +1,9 @@
 """Run a Python function on N local ranks and collect what each returns, or raise one failure report.
 
-The function is named, not passed (``"module:function"``): each rank is a fresh interpreter
-(``python -m hal.launch.entry``), so nothing but names and picklable arguments crosses over, and
-the library that owns the function never imports the launcher.
+The function is named, not passed (``"module:function"``): each rank is ``python -m hal.launch.entry``
+(forked from a zygote that imported torch and the function's module once when every rank is on the CPU, else
+a fresh interpreter), so nothing but names and picklable arguments crosses over, and the library that owns
+the function never imports the launcher.
 """
 from __future__ import annotations
 
@@ -65,7 +66,12 @@ def run_function(
         port = free_port()
         envs = [rank_env(r, world_size, port, base=base, extra=per_rank_env(r) if per_rank_env else None) for r in range(world_size)]
         commands = [[sys.executable, "-m", "hal.launch.entry", target, kwargs_file, tmp]] * world_size
-        report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr, term_grace_s=term_grace_s)
+        # Every rank on the CPU: fork them from one interpreter that imported torch and the target once
+        # (hal.launch.zygote); a device runtime is never forked.
+        cpu_only = all(e.get("HAL_BACKEND") == "cpu" for e in envs)
+        preload = ("torch", "hal.launch.entry", target.partition(":")[0]) if cpu_only else ()
+        report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr,
+                             term_grace_s=term_grace_s, fork_from=preload)
         prefix = f"{what}: " if what else ""
         if report.interrupted:  # every rank is stopped: now let the signal do what it does to this process
             signal.raise_signal(report.interrupted)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Literal, Mapping, Sequence
+from typing import IO, Any, Literal, Mapping, Sequence
 
 from hal.errors import HalError
 
@@ -209,6 +209,41 @@ def guarded(command: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "hal.launch.guard", str(os.getpid()), "--", *command]
 
 
+def _zygote(modules: Sequence[str], commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
+            cwd: str | None) -> Any:
+    """A started zygote when ``modules`` are asked for and every command can be forked from it; else None."""
+    from . import zygote
+
+    if not modules or not zygote.available() or any(zygote.module_command(c) is None for c in commands):
+        return None
+    try:
+        return zygote.Zygote(modules, envs[0], cwd, shown=[c for command in commands[:1] for c in command[2:]])
+    except OSError as exc:
+        sys.stderr.write(f"hal: warning: every rank starts as a fresh interpreter ({exc}); set {zygote.DISABLE_ENV}=exec "
+                         "to make that the default\n")
+        return None
+
+
+def _forked(zygote: Any, command: Sequence[str], env: Mapping[str, str], cwd: str | None,
+            stdout: Output) -> tuple[Any, IO[bytes]]:
+    """One rank forked by ``zygote``: (its process, the read end of its stderr pipe)."""
+    from .zygote import module_command
+
+    module, args = module_command(command)  # type: ignore[misc]
+    read_end, write_end = os.pipe()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        out = {"inherit": 1, "devnull": devnull, "merge": write_end}[stdout]
+        proc = zygote.spawn(module, args, env, cwd, (devnull, out, write_end))
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+        os.close(devnull)
+    return proc, os.fdopen(read_end, "rb")
+
+
 def _exited(proc: subprocess.Popen[bytes]) -> tuple[Fate, int] | None:
     """How the rank ended, without reaping it where the OS allows (the zombie keeps its group id reserved)."""
     if not hasattr(os, "waitid"):  # no waitid (older macOS Pythons): poll reaps; the final group kill may then miss
@@ -279,6 +314,7 @@ def spawn_ranks(
     echo_stderr: IO[str] | None = None,
     cwd: str | None = None,
     handle_signals: bool = True,
+    fork_from: Sequence[str] = (),
 ) -> LaunchReport:
     """Run ``commands[r]`` with environment ``envs[r]`` (complete, not merged) for every rank r; wait for all.
 
@@ -286,7 +322,9 @@ def spawn_ranks(
     process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
     Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
     returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
-    come (None: only the tails are kept for the report).
+    come (None: only the tails are kept for the report). ``fork_from``: modules to import once in a zygote
+    (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
+    allows it; otherwise, or if the zygote cannot start (said on stderr), every rank is a fresh interpreter.
     """
     if len(commands) != len(envs) or not commands:
         raise ValueError(f"{len(commands)} command(s) for {len(envs)} environment(s); give one of each per rank (1 or more)")
@@ -295,17 +333,24 @@ def spawn_ranks(
     watch = _Watch()
     stop_at = 0.0
     out = {"inherit": None, "devnull": subprocess.DEVNULL, "merge": subprocess.PIPE}[stdout]
+    zygote = _zygote(fork_from, commands, envs, cwd)
     with _Signals(handle_signals) as signals:
         try:
             for command, env in zip(commands, envs):
-                p = subprocess.Popen(
-                    guarded(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT if stdout == "merge" else subprocess.PIPE, start_new_session=True,
-                )
-                watch.procs.append(p)
-                pipe = p.stdout if stdout == "merge" else p.stderr
+                if zygote is not None:
+                    p, pipe = _forked(zygote, command, env, cwd, stdout)
+                else:
+                    p = subprocess.Popen(
+                        guarded(command), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                        stderr=subprocess.STDOUT if stdout == "merge" else subprocess.PIPE, start_new_session=True,
+                    )
+                    pipe = p.stdout if stdout == "merge" else p.stderr
+                watch.procs.append(p)  # type: ignore[arg-type]
                 assert pipe is not None
                 watch.tails.append(_Tail(pipe, echo_stderr, lock))
+            if zygote is not None:
+                zygote.close()  # every rank is forked (and ours): the zygote's work is done
+                zygote = None
             while True:
                 watch.poll()
                 if not watch.running():
@@ -324,6 +369,8 @@ def spawn_ranks(
             watch.stopping = watch.stopping or "stopped"
             raise
         finally:
+            if zygote is not None:
+                zygote.close()
             _signal_groups(watch.procs, signal.SIGKILL)  # helpers left in any group; ranks not seen to end
             for p in watch.procs:
                 p.wait()

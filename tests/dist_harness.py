@@ -20,7 +20,13 @@ def _rank(module: str, fn: str, islands: Sequence[int] | None, timeout_s: float,
     """One rank (run by hal.launch.entry): join the world, run ``module.fn(rank, world, **kwargs)``; the outcome."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
+        import torch
+
         from hal.collectives import init_distributed
+
+        # hal train's rule (parallel.loop.job_runner): the ranks share the host's cores. More compute threads than
+        # cores make every rank's OpenMP workers spin against the others' (a tiny model's step 1.6x slower).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
         mine = backend if isinstance(backend, str) else backend[rank]
         init_distributed(mine, init_method=os.environ["HAL_INIT_METHOD"], rank=rank, world_size=world,

@@ -3,7 +3,7 @@
 Why: ``python -m hal ...`` spends seconds of CPU starting an interpreter and importing torch before the
 command runs; a test suite runs the command hundreds of times. Each call here is still a process of its
 own — its own environment, working directory, stdout, stderr and exit status, ranks it starts included —
-but forked from a server that did the imports once (``multiprocessing``'s forkserver, which runs no torch
+but forked from a server that did the imports once (torch, torch._dynamo, hal) (``multiprocessing``'s forkserver, which runs no torch
 op, so no thread pool is forked). ``tests/conftest.py``'s ``run_hal`` uses it unless the call changes how
 an interpreter starts (``PYTHON*`` variables) or ``HAL_TEST_FORK=0`` asks for a fresh interpreter every time.
 """
@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 import torch  # noqa: F401  (the import this module exists to do once)
+import torch._dynamo  # noqa: F401  (an optimizer's first param group imports it: 1.6 s of CPU in every child otherwise)
 
 import hal
 from hal.cli import main

@@ -342,9 +342,10 @@ def test_ten_megabytes_with_the_shipped_tokenizer_round_trip_and_resume_bitwise(
 
     shipped = REPO / "examples" / "data"
     paragraphs = [p for name in ("corpus.txt", "ledger.txt") for p in documents(shipped / name)]
-    text, i = [], 0
-    while sum(map(len, text)) < 10_000_000:  # distinct documents: each carries its number
+    text, i, size = [], 0, 0
+    while size < 10_000_000:  # distinct documents: each carries its number
         text.append(f"Entry {i}. {paragraphs[i % len(paragraphs)]}")
+        size += len(text[-1])
         i += 1
     big = tmp_path / "big.txt"
     big.write_text("\n\n".join(text) + "\n", encoding="utf-8")
