@@ -12,7 +12,9 @@ code that needs ranks gets them without an upward import:
 - the conformance suites start their multi-rank jobs through ``Context.launch``, a callable the
   caller puts there (``hal conformance run`` passes ``run_function``; see ``conformance.jobs.launch``).
 
-Local ranks (``spawn_ranks``): each rank is a subprocess in its own session (process group) with
+Local ranks (``spawn_ranks``): each rank is a process in its own session (process group) -- a fresh interpreter,
+or, for CPU-only ``hal train`` and ``run_function`` jobs on Linux, forked from a zygote that imported torch and
+the rank's module once (``zygote``; ``HAL_RANK_START=exec`` switches it off) -- with
 torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) plus the
 caller's (HAL_BACKEND, ...); ``run_function`` adds HAL_INIT_METHOD, a ``file://`` rendezvous private
 to the run. On the first failure, at the deadline, or on SIGINT/SIGTERM/SIGHUP to the launcher,
