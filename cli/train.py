@@ -185,7 +185,7 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     # A CPU-only job's ranks fork from one interpreter that imported torch and the trainer once (hal.launch.zygote):
     # 4 ranks on 2 cores start in seconds, not 4 imports' worth. A device runtime is never forked.
     cpu_only = all(env.get("HAL_BACKEND") == "cpu" for env in envs)
-    preload = ("torch", "torch._dynamo", *sorted({c[2] for c in commands if len(c) > 2 and c[1] == "-m"})) if cpu_only else ()
+    preload = ("torch", "torch._dynamo") if cpu_only else ()
     try:
         report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=echo,  # type: ignore[arg-type]
                        fork_from=preload)

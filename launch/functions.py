@@ -69,7 +69,7 @@ def run_function(
         # Every rank on the CPU: fork them from one interpreter that imported torch and the target once
         # (hal.launch.zygote); a device runtime is never forked.
         cpu_only = all(e.get("HAL_BACKEND") == "cpu" for e in envs)
-        preload = ("torch", "hal.launch.entry", target.partition(":")[0]) if cpu_only else ()
+        preload = ("torch", target.partition(":")[0]) if cpu_only else ()
         report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr,
                              term_grace_s=term_grace_s, fork_from=preload)
         prefix = f"{what}: " if what else ""

@@ -217,7 +217,9 @@ def _zygote(modules: Sequence[str], commands: Sequence[Sequence[str]], envs: Seq
     if not modules or not zygote.available() or any(zygote.module_command(c) is None for c in commands):
         return None
     try:
-        return zygote.Zygote(modules, envs[0], cwd, shown=[c for command in commands[:1] for c in command[2:]])
+        mains = [zygote.module_command(c)[0] for c in commands]  # type: ignore[index]
+        preload = list(dict.fromkeys([*modules, *mains]))  # the ranks' own modules too, each once
+        return zygote.Zygote(preload, envs[0], cwd, shown=[c for command in commands[:1] for c in command[2:]])
     except OSError as exc:
         sys.stderr.write(f"hal: warning: every rank starts as a fresh interpreter ({exc}); set {zygote.DISABLE_ENV}=exec "
                          "to make that the default\n")
@@ -322,8 +324,8 @@ def spawn_ranks(
     process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
     Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
     returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
-    come (None: only the tails are kept for the report). ``fork_from``: modules to import once in a zygote
-    (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
+    come (None: only the tails are kept for the report). ``fork_from``: modules to import once (with the
+    commands' own) in a zygote (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
     allows it; otherwise, or if the zygote cannot start (said on stderr), every rank is a fresh interpreter.
     """
     if len(commands) != len(envs) or not commands:
