@@ -30,7 +30,9 @@ located in torch counts as caused by the shim unless the plain twin run printed 
 lines that the twin did not print are failures (the shim must keep a working run quiet).
 
 Every process runs with OMP_NUM_THREADS=1 (the thread count cannot change a reduction order, and
-many processes share two cores). A script's migrated run and its twin start together, and two
+many processes share two cores). Each run is forked from ``tests/plain_python.py``'s server, which imported
+torch once and nothing of hal (``HAL_TEST_FORK=0``: fresh interpreters); torchrun's and hal launch's ranks are
+fresh interpreters either way. A script's migrated run and its twin start together, and two
 scripts run at a time, heaviest first, in a pool that the module's first corpus test starts for
 all selected scripts; each test then waits for its own script's runs.
 """
@@ -44,6 +46,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -178,21 +181,103 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             continue
 
 
+class PlainServer:
+    """The corpus's fork server (``tests/plain_python.py``): torch imported once, each run forked from it.
+
+    Started once a module (it imports no hal, so a twin stays plain); ``HAL_TEST_FORK=0`` runs every command as a
+    fresh interpreter instead."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, argv: list[str], cwd: Path, scratch: Path) -> "ForkedRun":
+        with self._lock:
+            if self._proc is None:
+                self._proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "plain_python.py")],
+                                              stdin=subprocess.PIPE, env=_env(), cwd=REPO)
+            request = {"argv": argv, "env": _env(), "cwd": str(cwd), "out": str(scratch / "out"),
+                       "err": str(scratch / "err"), "status": str(scratch / "status")}
+            assert self._proc.stdin is not None
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
+            self._proc.stdin.flush()
+        return ForkedRun(scratch)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.stdin is not None:
+                self._proc.stdin.close()
+                self._proc.wait(TIMEOUT_S)
+                self._proc = None
+
+
+class ForkedRun:
+    """A run the server forked: wait for its status file; stop its session when it outlives the deadline."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+
+    def _read(self, name: str) -> str | None:
+        path = self.scratch / name
+        return path.read_text(encoding="utf-8", errors="backslashreplace") if path.exists() else None
+
+    def communicate(self, deadline: float) -> tuple[int, str, str, bool]:
+        """(exit status, stdout, stderr, killed)."""
+        killed = False
+        while (status := self._read("status")) is None:
+            if time.monotonic() > deadline and not killed:
+                pid = None
+                while pid is None:
+                    pid = self._read("status.pid")
+                    time.sleep(0.02)
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(int(pid), sig)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(2)
+                killed = True
+            time.sleep(0.02)
+        return int(status), self._read("out") or "", self._read("err") or "", killed
+
+
+SERVER = PlainServer()
+
+
 def run_all(commands: list[list[str]], cwd: Path) -> list[Run]:
-    """Start every command at once, then collect each (killing any that outlives TIMEOUT_S)."""
+    """Start every command at once, then collect each (killing any that outlives TIMEOUT_S).
+
+    Commands of this interpreter are forked from the corpus's server unless ``HAL_TEST_FORK=0``."""
+    import tempfile
+
     started = time.monotonic()
-    procs = [subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for argv in commands]
-    runs = []
-    for argv, proc in zip(commands, procs):
-        try:
-            out, err = proc.communicate(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - started)))
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            out, err = proc.communicate()
-            err += f"\n[test harness: killed after {TIMEOUT_S} s]"
-            proc.returncode = proc.returncode if proc.returncode not in (None, 0) else -9
-        runs.append(Run(argv, proc.returncode, out, err, time.monotonic() - started))
+    forked = os.environ.get("HAL_TEST_FORK", "1") != "0"
+    with tempfile.TemporaryDirectory(prefix="corpus-") as tmp:
+        procs: list[Any] = []
+        for i, argv in enumerate(commands):
+            if forked and argv[0] == sys.executable:
+                scratch = Path(tmp) / str(i)
+                scratch.mkdir()
+                procs.append(SERVER.start(argv[1:], cwd, scratch))
+            else:
+                procs.append(subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True, start_new_session=True))
+        runs = []
+        for argv, proc in zip(commands, procs):
+            if isinstance(proc, ForkedRun):
+                code, out, err, killed = proc.communicate(started + TIMEOUT_S)
+                if killed:
+                    err += f"\n[test harness: killed after {TIMEOUT_S} s]"
+                runs.append(Run(argv, code, out, err, time.monotonic() - started))
+                continue
+            try:
+                out, err = proc.communicate(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                out, err = proc.communicate()
+                err += f"\n[test harness: killed after {TIMEOUT_S} s]"
+                proc.returncode = proc.returncode if proc.returncode not in (None, 0) else -9
+            runs.append(Run(argv, proc.returncode, out, err, time.monotonic() - started))
     return runs
 
 
@@ -555,6 +640,7 @@ def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                for spec in sorted(selected, key=_processes, reverse=True)}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
+    SERVER.close()
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.path.stem for s in SPECS])
