@@ -59,7 +59,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     plan = parse_plan(plan_raw)
     topology = Topology.from_plan(plan)
     world = current_world()
-    groups = build_mesh(topology, world, tied_embeddings=tied)
+    groups = build_mesh(topology, world, validate=False, tied_embeddings=tied)  # as hal train runs it
     engine = build_engine(model_config(tied, num_layers), plan, groups, backend=world.backend, seed=seed,
                             device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)

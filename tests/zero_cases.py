@@ -206,7 +206,7 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     plan = parse_plan(ENGINE_PLAN)
     topology = Topology.from_plan(plan)
     joined = current_world()
-    groups = build_mesh(topology, joined)
+    groups = build_mesh(topology, joined, validate=False)  # as hal train runs it
     out: dict[str, list[float]] = {}
     for how in ("step", "rs"):
         engine = build_engine(MODEL, plan, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
