@@ -12,6 +12,8 @@ import yaml
 from hal.cpu_binding import CPUS_ENV, bind_from_env, cpulist, numa_groups, parse_cpulist, rank_blocks
 from hal.errors import ConfigError
 
+from ..conftest import run_hal
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = {"vocab_size": 64, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2,
          "ffn_hidden_size": 64, "max_seq_len": 16}
@@ -77,8 +79,7 @@ def _config(tmp_path: Path, ranks: int) -> Path:
 
 
 def _train(config: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hal", "train", str(config), "--cpu-binding", "cores", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    return run_hal("train", str(config), "--cpu-binding", "cores", "--run-dir", str(run_dir), timeout=300)
 
 
 def test_hal_train_pins_each_rank_to_its_own_cores(tmp_path: Path) -> None:

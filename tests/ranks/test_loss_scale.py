@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import glob
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import yaml
 
 from hal.parallel.loop.loss_scale import PipelineLossScaler
 
+from ..conftest import run_hal
 from ..dist_harness import ok_values, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,8 +84,7 @@ def test_a_planted_inf_on_one_rank_makes_every_rank_skip_and_halve_the_scale(pla
 
 # --- hal train: one stage in bf16-mixed, one in fp16-mixed, against fp32 ------------------------------------------
 def _train(config: Path, run_dir: Path) -> list[dict[str, Any]]:
-    done = subprocess.run([sys.executable, "-m", "hal", "train", str(config), "--run-dir", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_hal("train", str(config), "--run-dir", str(run_dir), "--json", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (log,) = glob.glob(str(run_dir / "*.jsonl"))
     return [json.loads(line) for line in open(log, encoding="utf-8")]

@@ -4,8 +4,6 @@ from __future__ import annotations
 import glob
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import yaml
 
 from hal.parallel.loop.optim_schedule import learning_rate
 
+from ..conftest import run_hal
 from ..dist_harness import ok_values, run_world
 from ..engine_cases import reference
 
@@ -96,8 +95,7 @@ def test_hal_train_warms_up_decays_and_clips(tmp_path: Path) -> None:
                             "grad_clip": 0.5, "weight_decay": 0.1, "checkpoint_every": None})
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(config))
-    done = subprocess.run([sys.executable, "-m", "hal", "train", str(path), "--run-dir", str(tmp_path / "run"), "--json"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = run_hal("train", str(path), "--run-dir", str(tmp_path / "run"), "--json", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(line) for line in open(glob.glob(str(tmp_path / "run" / "*.jsonl"))[0], encoding="utf-8")]
     want = [learning_rate(s, lr=1e-2, steps=6, warmup_steps=2, schedule="cosine", min_lr=1e-3) for s in range(6)]
@@ -113,8 +111,7 @@ def test_bad_loop_options_are_one_line(tmp_path: Path) -> None:
         bad["train"].update(change)
         path = tmp_path / "bad.yaml"
         path.write_text(yaml.safe_dump(bad))
-        done = subprocess.run([sys.executable, "-m", "hal", "plan", str(path)], capture_output=True, text=True,
-                              timeout=120, cwd=ROOT)
+        done = run_hal("plan", str(path), timeout=120)
         assert done.returncode == 2 and words in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
