@@ -30,7 +30,9 @@ def add_parser(sub: Any) -> None:
         "token ids (uint16 when the vocabulary has under 65536 ids, else uint32; numpy.memmap-able), with the "
         "end-of-document id after every document, and PREFIX.idx.json (dtype, tokens, documents, vocab_size, eod_id, "
         "tokenizer sha256, sources). A .txt file holds documents separated by blank lines; a .jsonl file holds one "
-        "JSON object per line with the document in \"text\". Both files are renamed into place only when complete. "
+        "JSON object per line with the document in \"text\". Memory stays bounded: a document longer than 256 Ki "
+        "characters is tokenized in pieces cut at whitespace (counted as split_documents). Both files get their "
+        "names only when complete: a failed or killed run leaves nothing. "
         "Needs the 'tokenizers' package (pip install 'hetero-hal[data]').",
     )
     r.add_argument("files", nargs="+", metavar="FILE", help=".txt or .jsonl input files")
@@ -72,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         index = prepare_tokens(args.files, args.tokenizer, args.out, eod=args.eod, report=reporter)
     finally:
         reporter.finish()
+    if index["split_documents"]:
+        print(f"hal data prepare: {index['split_documents']:,} document(s) longer than {index['window_chars']:,} "
+              "characters were tokenized in pieces of at most that, cut at whitespace (the tokens at a cut may differ "
+              "from tokenizing the document whole)", file=sys.stderr)
     if args.json:
         print(json.dumps(index, indent=2))
     else:

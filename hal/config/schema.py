@@ -79,6 +79,8 @@ class NonNegativeInt(_Integer):
 class Number(Rule):
     positive: bool  # True: > 0; False: ≥ 0
     maximum: float | None = None  # a bound past which the value is a mistake (an overflow in fp32, say), not a choice
+    minimum: float | None = None  # a bound below which the value is a mistake (a link slower than any wire)
+    unit: str = ""  # said with the range: "GB/s", "µs"
 
     def check(self, origin: str, key: str, value: Any, example: str) -> float:
         # PyYAML reads ``1e-3`` (no dot) as a string (YAML 1.1); a number written that way is still a number.
@@ -91,8 +93,15 @@ class Number(Rule):
                 or value < 0 or (self.positive and value == 0):
             bound = "a positive number" if self.positive else "a number ≥ 0"
             raise ConfigError(f"{origin}: key '{key}' must be {bound}, got {value!r}")
-        if self.maximum is not None and value > self.maximum:
-            raise ConfigError(f"{origin}: key '{key}' must be at most {self.maximum:g}, got {value!r}")
+        low = self.minimum is not None and value < self.minimum
+        if low or (self.maximum is not None and value > self.maximum):
+            unit = f" {self.unit}" if self.unit else ""
+            if self.minimum is not None and self.maximum is not None:
+                bound = f"between {self.minimum:g} and {self.maximum:g}{unit}"
+            else:
+                bound = f"at least {self.minimum:g}{unit}" if low else f"at most {self.maximum:g}{unit}"
+            raise ConfigError(f"{origin}: key '{key}' must be {bound}, got {value!r}"
+                              + ("; a figure outside that is no device or link that exists" if self.unit else ""))
         return float(value)
 
 

@@ -1,17 +1,14 @@
 """``hal data prepare``'s library: text and JSONL documents -> one token file (``parallel.data.token_file``).
 
 Why here and not in the trainer: tokenizing is done once, ahead of training, so that ranks only
-memory-map ids. Inputs:
+memory-map ids. The inputs are read by ``parallel.data.documents`` in pieces of bounded size (a long document
+is tokenized piece by piece, counted in the index's ``split_documents``), and pieces go to the tokenizer in
+batches bounded in count and characters, so memory stays bounded whatever the input.
 
-- ``.txt``: documents separated by one or more blank lines (a file without blank lines is one
-  document); the lines of a document keep their newlines.
-- ``.jsonl``: one JSON object per line, the document in its ``"text"`` field (blank lines skipped).
-
-Whitespace-only documents are skipped. Each document is encoded with the Hugging Face ``tokenizers``
-library (no special tokens added) and followed by the end-of-document id. ``PREFIX.bin`` (uint16
-when the vocabulary is under 65536 ids, else uint32, little-endian) and ``PREFIX.idx.json`` are
-written to temporary files beside them and renamed at the end, so an interrupted or failing run
-leaves nothing half-written.
+Each document is encoded with the Hugging Face ``tokenizers`` library (no special tokens added) and followed by
+the end-of-document id. ``PREFIX.bin`` (uint16 when the vocabulary is under 65536 ids, else uint32,
+little-endian) and ``PREFIX.idx.json`` are written unnamed (``hal.pending_file``) and named only when complete,
+so a failing, interrupted or killed run leaves nothing behind, and a full disk is one line.
 """
 from __future__ import annotations
 
@@ -21,17 +18,21 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from hal.errors import ConfigError, HalError
-from hal.run_dirs import check_creatable_file, read_limited
+from hal.pending_file import PendingFile
+from hal.run_dirs import check_creatable_file
 
+from hal.parallel.data.documents import WINDOW_CHARS, Piece, documents, pieces
 from hal.parallel.data.token_file import DTYPES, INDEX_FORMAT, index_path
+from hal.parallel.data.tokenizer_file import MAX_TOKENIZER_BYTES, load_tokenizer as load_file, token_count
 
 EOD_CANDIDATES: tuple[str, ...] = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>")
-BATCH_DOCUMENTS = 512  # documents per encode_batch call (the tokenizer's threads work on a batch)
+BATCH_DOCUMENTS = 512  # pieces per encode_batch call (the tokenizer's threads work on a batch)
+BATCH_CHARS = 4 * WINDOW_CHARS  # characters per encode_batch call: what bounds the tokenizer's memory
 INPUT_KINDS = (".txt", ".jsonl")
 
 
@@ -45,24 +46,9 @@ class Progress:
     tokens: int
 
 
-MAX_TOKENIZER_BYTES = 128 * 2**20  # published tokenizer.json files are tens of MB at most (Gemma 3's: 33 MB)
-
-
 def load_tokenizer(path: str | Path) -> Any:
-    """``tokenizers.Tokenizer`` from a tokenizer.json; one line if the package or the file is missing or bad."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise HalError("hal data prepare needs the 'tokenizers' package, which is not installed; "
-                       "pip install 'hetero-hal[data]' (or pip install tokenizers)") from None
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"--tokenizer {p}: no such file; give a Hugging Face tokenizer.json")
-    raw = read_limited(p, MAX_TOKENIZER_BYTES, f"--tokenizer {p}", "give the model's Hugging Face tokenizer.json")
-    try:
-        return Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as exc:  # the Rust side raises plain Exception for a malformed file; UnicodeDecodeError too
-        raise ConfigError(f"--tokenizer {p}: not a Hugging Face tokenizer.json ({str(exc).splitlines()[0]})") from None
+    """``tokenizers.Tokenizer`` from ``--tokenizer PATH``; one line if the package or the file is missing or bad."""
+    return load_file(path, f"--tokenizer {Path(path)}")
 
 
 def _config_eos(tokenizer_path: Path) -> str | None:
@@ -107,69 +93,16 @@ def check_inputs(files: Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a UTF-8 file; a decoding error names the line."""
-    with path.open("rb") as handle:  # decoded line by line, so that the error names the right line
-        for number, raw in enumerate(handle, start=1):
-            try:
-                yield number, raw.decode("utf-8").replace("\r\n", "\n")
-            except UnicodeDecodeError as exc:
-                raise ConfigError(f"{path}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                                  "convert the file to UTF-8") from None
-
-
-def _text_documents(path: Path) -> Iterator[str]:
-    """Documents of a .txt file: runs of lines between blank lines."""
-    lines: list[str] = []
-    for _, line in _lines(path):
-        if line.strip():
-            lines.append(line)
-        elif lines:
-            yield "".join(lines).rstrip("\n")
-            lines = []
-    if lines:
-        yield "".join(lines).rstrip("\n")
-
-
-def _jsonl_documents(path: Path) -> Iterator[str]:
-    """The "text" field of each line of a .jsonl file; a bad line is one error naming file and line."""
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not JSON ({exc.msg}, column {exc.colno}); each line must be one "
-                              "JSON object with a \"text\" field") from None
-        except RecursionError:
-            raise ConfigError(f"{path}:{number}: JSON nested too deeply; each line must be one JSON object like "
-                              "{\"text\": \"...\"}") from None
-        text = record.get("text") if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            got = "no \"text\" field" if not isinstance(record, dict) or "text" not in record else \
-                f"\"text\" is {type(text).__name__}, not a string"
-            raise ConfigError(f"{path}:{number}: {got}; each line must be a JSON object like {{\"text\": \"...\"}}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate such as "\ud800": the tokenizer cannot take it
-            raise ConfigError(f"{path}:{number}: \"text\" is not valid Unicode text ({exc.reason} at character "
-                              f"{exc.start}); remove or fix the escaped surrogate") from None
-        yield text
-
-
-def documents(path: Path) -> Iterator[str]:
-    """The non-blank documents of one input file."""
-    source = _jsonl_documents(path) if path.suffix == ".jsonl" else _text_documents(path)
-    return (text for text in source if text.strip())
-
-
-def _batches(items: Iterator[str], size: int) -> Iterator[list[str]]:
-    batch: list[str] = []
+def _batches(items: Iterator[Piece], count: int, chars: int) -> Iterator[list[Piece]]:
+    """Pieces in batches of at most ``count`` pieces and about ``chars`` characters (one piece may pass it)."""
+    batch: list[Piece] = []
+    size = 0
     for item in items:
-        batch.append(item)
-        if len(batch) == size:
+        if batch and (len(batch) == count or size + len(item.text) > chars):
             yield batch
-            batch = []
+            batch, size = [], 0
+        batch.append(item)
+        size += len(item.text)
     if batch:
         yield batch
 
@@ -187,31 +120,45 @@ def dtype_for(vocab_size: int) -> str:
     return "uint16" if vocab_size < 2**16 else "uint32"
 
 
-def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: BinaryIO, progress: Progress,
-                 report: Callable[[Progress], None]) -> tuple[int, int]:
-    """Append one file's documents (each + eod) to ``out``; its (documents, tokens)."""
-    docs = tokens = 0
-    for batch in _batches(documents(path), BATCH_DOCUMENTS):
-        encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
-        ids = [i for enc in encodings for i in (*enc.ids, eod)]
-        np.asarray(ids, dtype=DTYPES[dtype]).tofile(out)
-        docs, tokens = docs + len(batch), tokens + len(ids)
-        progress.documents, progress.tokens = progress.documents + len(batch), progress.tokens + len(ids)
-        report(progress)
-    return docs, tokens
+@dataclass
+class _Counts:
+    documents: int = 0
+    tokens: int = 0
+    split: int = 0  # documents longer than the window, tokenized in pieces
 
 
-def _remove(*paths: Path) -> None:
-    for p in paths:
+def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: PendingFile, progress: Progress,
+                 report: Callable[[Progress], None], window: int) -> _Counts:
+    """Append one file's documents (each + eod) to ``out``; its counts."""
+    counts = _Counts()
+    open_piece = False  # the previous piece did not end its document
+    for batch in _batches(pieces(path, window), BATCH_DOCUMENTS, BATCH_CHARS):
         try:
-            p.unlink()
-        except FileNotFoundError:
-            pass
+            encodings = tokenizer.encode_batch([p.text for p in batch], add_special_tokens=False)
+        except Exception as exc:  # the Rust side raises plain Exception (or a PanicException, which is one too)
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise HalError(f"{path}: the tokenizer failed near document {counts.documents + 1} ({first}); nothing "
+                           "was written. Check the file's text or use another tokenizer.json") from None
+        ids: list[int] = []
+        for piece, encoding in zip(batch, encodings):
+            ids += encoding.ids
+            if piece.last:
+                ids.append(eod)
+                counts.documents += 1
+                counts.split += open_piece
+            open_piece = not piece.last
+        out.write(np.asarray(ids, dtype=DTYPES[dtype]).tobytes())
+        counts.tokens += len(ids)
+        progress.documents += sum(p.last for p in batch)
+        progress.tokens += len(ids)
+        report(progress)
+    return counts
 
 
 def prepare_tokens(files: Sequence[str | Path], tokenizer_path: str | Path, prefix: str | Path, *, eod: str | None = None,
-                   report: Callable[[Progress], None] = lambda progress: None) -> dict[str, Any]:
-    """Tokenize ``files`` into ``PREFIX.bin`` + ``PREFIX.idx.json`` (both renamed into place at the end).
+                   report: Callable[[Progress], None] = lambda progress: None,
+                   window: int = WINDOW_CHARS) -> dict[str, Any]:
+    """Tokenize ``files`` into ``PREFIX.bin`` + ``PREFIX.idx.json`` (both named only when complete).
 
     Returns the index plus where it went and how fast it was (``seconds``, ``input_bytes``, ``mb_per_s``,
     ``tokens_per_s``: timings are the run's, never written into the index, which describes the data only).
@@ -220,7 +167,7 @@ def prepare_tokens(files: Sequence[str | Path], tokenizer_path: str | Path, pref
     paths = check_inputs(files)
     tokenizer = load_tokenizer(tokenizer_path)
     eod_id = end_of_document(tokenizer, tokenizer_path, eod)
-    vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
+    vocab_size = token_count(tokenizer)
     dtype = dtype_for(vocab_size)
     text = str(prefix)
     stem = text[: -len(".bin")] if text.endswith(".bin") else text
@@ -235,32 +182,34 @@ def prepare_tokens(files: Sequence[str | Path], tokenizer_path: str | Path, pref
         raise ConfigError(f"--out {prefix}: {why}")
     for target in (bin_path, idx_path):  # checked now, not at the rename after all the tokenizing
         check_creatable_file(target, "--out")
-    tmp_bin = bin_path.with_name(f".{bin_path.name}.tmp-{os.getpid()}")
-    tmp_idx = idx_path.with_name(f".{idx_path.name}.tmp-{os.getpid()}")
-    progress, sources = Progress(0, len(paths), 0, 0), []
-    try:
-        with tmp_bin.open("wb") as out:
-            for path in paths:
-                docs, tokens = _encode_file(path, tokenizer, eod_id, dtype, out, progress, report)
-                sources.append({"path": str(path.resolve()), "documents": docs, "tokens": tokens})
-                progress.files_done += 1
-                report(progress)
+    progress, sources, split = Progress(0, len(paths), 0, 0), [], 0
+    with PendingFile(bin_path, "--out") as out:
+        for path in paths:
+            counts = _encode_file(path, tokenizer, eod_id, dtype, out, progress, report, window)
+            sources.append({"path": str(path.resolve()), "documents": counts.documents, "tokens": counts.tokens})
+            split += counts.split
+            progress.files_done += 1
+            report(progress)
         if progress.documents == 0:
             raise ConfigError(f"no documents in {', '.join(map(str, paths))}: every file is empty or blank; "
                               "give files with text")
         index = {"format": INDEX_FORMAT, "dtype": dtype, "tokens": progress.tokens, "documents": progress.documents,
                  "vocab_size": vocab_size, "eod_id": eod_id, "tokenizer_sha256": _sha256(Path(tokenizer_path)),
-                 "sources": sources}
-        tmp_idx.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp_bin, bin_path)
-        os.replace(tmp_idx, idx_path)
-    finally:
-        _remove(tmp_bin, tmp_idx)  # nothing left behind on an error or Ctrl-C (after success both are gone already)
+                 "window_chars": window, "split_documents": split, "sources": sources}
+        with PendingFile(idx_path, "--out") as idx:
+            idx.write((json.dumps(index, indent=2) + "\n").encode("utf-8"))
+            idx.sync()
+            out.commit()
+            try:
+                idx.commit()
+            except BaseException:
+                bin_path.unlink(missing_ok=True)  # the pair or nothing
+                raise
     seconds = max(time.perf_counter() - started, 1e-9)
     size = sum(path.stat().st_size for path in paths)
     return {**index, "bin": str(bin_path), "index": str(idx_path), "seconds": seconds, "input_bytes": size,
             "mb_per_s": size / 1e6 / seconds, "tokens_per_s": progress.tokens / seconds}
 
 
-__all__ = ["EOD_CANDIDATES", "Progress", "check_inputs", "documents", "dtype_for", "end_of_document", "load_tokenizer",
+__all__ = ["EOD_CANDIDATES", "MAX_TOKENIZER_BYTES", "Progress", "check_inputs", "documents", "dtype_for", "end_of_document", "load_tokenizer",
            "prepare_tokens"]

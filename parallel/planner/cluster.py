@@ -41,6 +41,14 @@ DEFAULT_INTER_NODE_LATENCY_US = 10.0
 DEFAULT_INTRA_NODE_LATENCY_US = 10.0
 DEFAULT_BRIDGE_GBPS = 10.0  # host-staged copy + one TCP/RDMA hop between different vendors' islands
 DEFAULT_BRIDGE_LATENCY_US = 100.0
+# What a declared figure may be: physics, with room on both sides. A wire slower than 1 MB/s or a device link faster
+# than 100 TB/s, a latency above 10 s, memory under 1 MB or above 100 TB a device, HBM faster than 1 PB/s, or a
+# device below 1 GFLOP/s or above 100 PFLOP/s is a typo (or a unit mistake), never hardware.
+LINK_GBPS = Number(positive=True, minimum=1e-3, maximum=1e5, unit="GB/s")
+LATENCY_US = Number(positive=False, maximum=1e7, unit="µs")
+MEMORY_GB = Number(positive=True, minimum=1e-3, maximum=1e5, unit="GB")
+MEMORY_GBPS = Number(positive=True, minimum=1.0, maximum=1e6, unit="GB/s")
+TFLOPS = Number(positive=True, minimum=1e-3, maximum=1e5, unit="TFLOP/s")
 CPU_LOOPBACK_GBPS = 2.0  # gloo over loopback TCP between processes of one host (hal profile measures it)
 CPU_LOOPBACK_LATENCY_US = 50.0
 PCIE_GBPS = 25.0  # PCIe Gen4 x16, one direction: a device whose catalog entry names no interconnect
@@ -71,7 +79,7 @@ def _peaks(origin: str, name: str, value: Any) -> dict[str, float]:
         if dtype not in DTYPE_KEYS:
             raise ConfigError(f"{origin}: key '{name}.{dtype}' is not a dtype{did_you_mean(str(dtype), DTYPE_KEYS)}; "
                               f"use {', '.join(DTYPE_KEYS)}")
-        out[dtype] = Number(positive=True).check(origin, f"{name}.{dtype}", number, f"{dtype}: 313")
+        out[dtype] = TFLOPS.check(origin, f"{name}.{dtype}", number, f"{dtype}: 313")
     return out
 
 
@@ -84,8 +92,8 @@ class DeviceGroup:
     count: int = key(PositiveInt(limits.DEVICES), example="count: 8")
     node: int = key(NonNegativeInt(limits.DEVICES), 0)
     cores: int | None = key(Nullable(PositiveInt(limits.LOCAL_RANKS)), None, example="cores: 8")  # cpu: cores the ranks share (default: this host's)
-    memory_gb: float | None = key(Nullable(Number(positive=True)), None)  # declared where the catalog has none
-    memory_bandwidth_gbps: float | None = key(Nullable(Number(positive=True)), None)
+    memory_gb: float | None = key(Nullable(MEMORY_GB), None)  # declared where the catalog has none
+    memory_bandwidth_gbps: float | None = key(Nullable(MEMORY_GBPS), None)
     peak_tflops: dict[str, float] | None = key(Nullable(Custom(_peaks)), None, example="peak_tflops: {bf16: 313}")
 
 
@@ -93,12 +101,12 @@ class DeviceGroup:
 class Links:
     """Bandwidth (GB/s, one direction) and latency (µs) of each kind of link; None: from the catalog."""
 
-    intra_node_gbps: float | None = key(Nullable(Number(positive=True)), None)
-    intra_node_latency_us: float | None = key(Nullable(Number(positive=False)), None)
-    inter_node_gbps: float = key(Number(positive=True), DEFAULT_INTER_NODE_GBPS)
-    inter_node_latency_us: float = key(Number(positive=False), DEFAULT_INTER_NODE_LATENCY_US)
-    bridge_gbps: float = key(Number(positive=True), DEFAULT_BRIDGE_GBPS)
-    bridge_latency_us: float = key(Number(positive=False), DEFAULT_BRIDGE_LATENCY_US)
+    intra_node_gbps: float | None = key(Nullable(LINK_GBPS), None)
+    intra_node_latency_us: float | None = key(Nullable(LATENCY_US), None)
+    inter_node_gbps: float = key(LINK_GBPS, DEFAULT_INTER_NODE_GBPS)
+    inter_node_latency_us: float = key(LATENCY_US, DEFAULT_INTER_NODE_LATENCY_US)
+    bridge_gbps: float = key(LINK_GBPS, DEFAULT_BRIDGE_GBPS)
+    bridge_latency_us: float = key(LATENCY_US, DEFAULT_BRIDGE_LATENCY_US)
 
 
 def _links(origin: str, name: str, value: Any) -> Links:

@@ -8,7 +8,12 @@ simulator inside) re-predicts the best few hundred, which are then ranked by tha
 
 The space, and how it is pruned:
 - device-type order: every ordering of every non-empty subset of the cluster's types (a type is used
-  whole or not at all: a slow type may be better left out; ``use_all_types``: every type, in every order);
+  whole or not at all: a slow type may be better left out; ``use_all_types``: every type, in every order),
+  each type with each of its grids — while that space (computed first) holds at most ``EXACT_LAYOUTS``
+  layouts. It grows factorially with the types (6 catalog GPU types of 8 give 5.8e9 layouts), so past it
+  the search is bounded and says so: the k fastest types for every k, two orders (fastest first, most memory
+  first), each type's grid by coordinate descent — about 4·ROUNDS·T²·G layouts (Search.bounded_layouts).
+  On 2 and 3 types, where both run, its best plan was within 1 % of the exhaustive one's step;
 - per type: the stage count p divides its device count, and its p stages are alike (same devices,
   tp, dp, sp) — stages of one type are interchangeable, so unlike grids within a type add nothing
   the layer split cannot; tp divides the model's split sizes (an MoE model's expert widths too) and fits
@@ -48,6 +53,9 @@ from hal.parallel.planner.cost import BOUNDARY_BYTES, CostModel, Placement, Pred
 
 SCHEDULES = tuple(get_schedule(name) for name in ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv"))
 CONFIRM = 200  # candidates the simulator re-predicts
+EXACT_LAYOUTS = 20_000  # layouts walked exhaustively; above, the bounded search (a few device types stay below it)
+ROUNDS = 2  # coordinate-descent rounds of the bounded search
+PROGRESS_S = 1.0  # a progress line at most this often, the first after this long
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class SearchReport:
     pruned_memory: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    layouts: int = 0  # layouts (type order x grids) scored
+    bounded: bool = False  # past EXACT_LAYOUTS: the polynomial search, not every layout
 
 
 def _divisors(n: int) -> list[int]:
@@ -103,8 +113,9 @@ class Search:
     """One search over ``cluster`` for ``model`` keeping ``base``'s global batch and flags."""
 
     def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None,
-                 use_all_types: bool = False) -> None:
+                 use_all_types: bool = False, progress_s: float = PROGRESS_S) -> None:
         self.cost, self.base = cost, base
+        self.progress_s = progress_s
         self.use_all_types = use_all_types
         self.model, self.seq = cost.model, cost.seq
         self.rows_total = base.global_batch_size
@@ -116,6 +127,7 @@ class Search:
         self._moe_share = len(m.moe_layers()) / m.num_layers  # MoE layers' share of the layers
         # a compiled layer's backward is one graph: the zero-bubble family (split backward) cannot run it
         self.schedules = tuple(s for s in SCHEDULES if s.compiles or not base.compile)
+        self.notes: list[str] = []
 
     # --- enumeration ------------------------------------------------------------------------------
     def grids(self, kind: DeviceType) -> list[Grid]:
@@ -133,7 +145,7 @@ class Search:
         return out
 
     def layouts(self) -> Iterator[tuple[Grid, ...]]:
-        """Every ordered choice of device types, each with one of its grids."""
+        """Every ordered choice of device types, each with one of its grids (the exhaustive space)."""
         types = list(self.cost.cluster.types)
         per_type = {t.device: self.grids(t) for t in types}
         for r in range(len(types) if self.use_all_types else 1, len(types) + 1):
@@ -141,6 +153,51 @@ class Search:
                 for combo in itertools.product(*(per_type[t.device] for t in order)):
                     if sum(g.stages for g in combo) <= self.model.num_layers:
                         yield combo
+
+    def layout_count(self) -> int:
+        """How many layouts ``layouts`` walks (before the layer-count filter): Σ_r r! · e_r(grids a type), where e_r
+        is the elementary symmetric sum — computed, not enumerated, so the choice of search costs nothing."""
+        counts = [len(self.grids(t)) for t in self.cost.cluster.types]
+        e = [1] + [0] * len(counts)
+        for c in counts:
+            for r in range(len(counts), 0, -1):
+                e[r] += e[r - 1] * c
+        sizes = [len(counts)] if self.use_all_types else range(1, len(counts) + 1)
+        return sum(math.factorial(r) * e[r] for r in sizes)
+
+    def bounded_layouts(self, score: Callable[[tuple[Grid, ...]], float]) -> None:
+        """The search past ``EXACT_LAYOUTS``: polynomial in the number of device types T (about 4·ROUNDS·T²·G
+        layouts scored, G grids a type). Which types: the k fastest for every k (a slow type is the one worth
+        leaving out; every type with ``use_all_types``); their order: fastest first, and most memory first (1F1B's
+        first stages hold the most micro-batches); each type's grid: coordinate descent, one type at a time with the
+        others fixed, ``ROUNDS`` rounds at most, from two starts (plain data parallelism; each type's best grid on
+        its own). ``score`` ranks a layout
+        (its best closed-form step; every candidate it finds is kept as in the exhaustive search)."""
+        types = list(self.cost.cluster.types)
+        per_type = {t.device: self.grids(t) for t in types}
+        speed = {t.device: self._layer(t, 1, 1, False)[0] + self._layer(t, 1, 1, False)[1] for t in types}
+        alone = {t.device: min(per_type[t.device], key=lambda g: score((g,))) for t in types}  # each grid on its own
+        fastest = sorted(types, key=lambda t: (speed[t.device] / t.count, t.device))
+        subsets = [fastest] if self.use_all_types else [fastest[:k] for k in range(1, len(types) + 1)]
+        for subset in subsets:
+            by_memory = sorted(subset, key=lambda t: (-(t.memory_bytes.value if t.memory_bytes else 0.0), t.device))
+            orders = {tuple(t.device for t in o): o for o in (subset, by_memory)}  # the two, once if they agree
+            plain = lambda t: min(per_type[t.device], key=lambda g: (g.stages, g.tp, g.sp, g.ep))  # noqa: E731
+            for order, start in itertools.product(orders.values(), (plain, lambda t: alone[t.device])):
+                choice = [start(t) for t in order]
+                best = score(tuple(choice)) if sum(g.stages for g in choice) <= self.model.num_layers else math.inf
+                for _ in range(ROUNDS):
+                    improved = False
+                    for i, t in enumerate(order):
+                        for grid in per_type[t.device]:
+                            trial = (*choice[:i], grid, *choice[i + 1:])
+                            if grid == choice[i] or sum(g.stages for g in trial) > self.model.num_layers:
+                                continue
+                            step = score(trial)
+                            if step < best:
+                                best, choice, improved = step, list(trial), True
+                    if not improved:
+                        break
 
     # --- costs used by the closed form ----------------------------------------------------------------
     def _layer(self, kind: DeviceType, tp: int, rows: int, recompute: bool) -> tuple[float, float, float]:
@@ -289,15 +346,47 @@ class Search:
             self.say(f"schedules {', '.join(skipped)} not searched: they split the backward, which compiled layers cannot "
                      "(compile: false searches them too)")
         best: list[tuple[float, int, ParallelPlan, tuple[DeviceType, ...]]] = []
-        considered = 0
-        for layout in self.layouts():
+        considered, walked, seen = 0, 0, {}
+        total = self.layout_count()
+        exact = total <= EXACT_LAYOUTS
+        last_said = started
+
+        def score(layout: tuple[Grid, ...]) -> float:
+            """Rank ``layout``'s candidates into ``best``; its best closed-form step (inf: none fits)."""
+            nonlocal considered, walked, last_said
+            key = tuple((g.kind.device, g.stages, g.tp, g.dp, g.sp, g.ep) for g in layout)
+            if key in seen:
+                return seen[key]
+            walked += 1
+            step_best = math.inf
             for step, plan, kinds in self.candidates(layout):
                 considered += 1
+                step_best = min(step_best, step)
                 item = (-step, considered, plan, kinds)
                 if len(best) < CONFIRM:
                     heapq.heappush(best, item)
                 elif item[0] > best[0][0]:
                     heapq.heapreplace(best, item)
+            seen[key] = step_best
+            now = time.monotonic()
+            if now - last_said >= self.progress_s:
+                last_said = now
+                of = f" of {total:,}" if exact else ""
+                self.say(f"searching: {walked:,}{of} layouts, {considered:,} candidates ranked, {now - started:.0f} s")
+            return step_best
+
+        if exact:
+            for layout in self.layouts():
+                score(layout)
+        else:
+            types = len(self.cost.cluster.types)
+            note = (f"{types} device types give {total:,} layouts (type orders x grids), more than the "
+                    f"{EXACT_LAYOUTS:,} searched exhaustively: the search was bounded (the k fastest types for each k, "
+                    f"two orders, each type's grid by coordinate descent from two starts; polynomial in the types), so a better plan "
+                    "may exist outside it")
+            self.say(note)
+            self.notes.append(note)
+            self.bounded_layouts(score)
         if not best and not self.pruned_memory:  # nothing was even tried: the batch or the layers cannot be split so far
             raise ConfigError(f"hal plan --search: no layout splits a global batch of {self.rows_total} rows and "
                               f"{self.model.num_layers} layers over the cluster's {self.cost.cluster.device_count} devices; "
@@ -317,7 +406,8 @@ class Search:
         for r in results[:top]:
             validate_plan(r.plan, self.model, world_size=r.plan.world_size, check_backends=False, seq_len=self.seq,
                           single_host=False, origin="hal plan --search")
-        return SearchReport(results[:top], considered, len(best), self.pruned_memory, time.monotonic() - started)
+        return SearchReport(results[:top], considered, len(best), self.pruned_memory, time.monotonic() - started,
+                            list(self.notes), walked, not exact)
 
 
 def _chunks(layers: int, V: int) -> int | tuple[int, ...]:

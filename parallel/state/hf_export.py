@@ -22,7 +22,9 @@ The tokenizer: ``--tokenizer PATH`` (a tokenizer.json, or a directory holding on
 Hugging Face directory the run started from (``init_from`` in the checkpoint's meta) when it holds
 one; nothing else records a tokenizer's path. When the run trained on a token file whose index
 records its tokenizer's sha256 (``hal data prepare``), a tokenizer.json with another checksum is
-refused: it would decode the model's ids into the wrong text.
+refused: it would decode the model's ids into the wrong text. It must also parse (the ``tokenizers`` library
+reads it) and produce no id at or above the model's ``vocab_size``; the JSON files copied beside it must be
+JSON objects. Any of these is one line before anything is written.
 """
 from __future__ import annotations
 
@@ -134,8 +136,39 @@ def tokenizer_files(given: str | None, source: Source) -> list[Path]:
         file = Path(origin) / "tokenizer.json" if isinstance(origin, str) else None
         if file is None or not file.is_file():
             return []
+    _check_tokenizer(file, source.model)
     _check_against_token_file(file, source)
-    return [file] + [file.parent / n for n in TOKENIZER_FILES[1:] if (file.parent / n).is_file()]
+    beside = [file.parent / n for n in TOKENIZER_FILES[1:] if (file.parent / n).is_file()]
+    for extra in beside:
+        _check_json_object(extra)
+    return [file] + beside
+
+
+def _check_tokenizer(file: Path, model: ModelConfig) -> None:
+    """It is a tokenizer.json (the ``tokenizers`` library parses it) and every id it produces is a row of the
+    model's embedding."""
+    from hal.parallel.data.tokenizer_file import highest_id, load_tokenizer, token_count
+
+    tokenizer = load_tokenizer(file, f"{FLAG}: tokenizer {file}", needed_by=f"{FLAG} (checking the tokenizer it ships)")
+    top = highest_id(tokenizer)
+    if top >= model.vocab_size:
+        raise ConfigError(f"{FLAG}: tokenizer {file} has {token_count(tokenizer)} tokens (ids up to {top}) but the "
+                          f"model's vocabulary has {model.vocab_size} rows; give the tokenizer the model was trained "
+                          "with (its ids must be below vocab_size)")
+
+
+def _check_json_object(file: Path) -> None:
+    """A tokenizer_config.json or special_tokens_map.json that transformers will read: a JSON object."""
+    from hal.run_dirs import read_limited
+    from hal.parallel.data.tokenizer_file import MAX_TOKENIZER_BYTES
+
+    raw = read_limited(file, MAX_TOKENIZER_BYTES, f"{FLAG}: {file}", "give the tokenizer's own file or remove it")
+    try:
+        ok = isinstance(json.loads(raw.decode("utf-8")), dict)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{FLAG}: {file} (copied beside the tokenizer) is not a JSON object; fix or remove it")
 
 
 def _check_against_token_file(file: Path, source: Source) -> None:
@@ -196,7 +229,7 @@ def export_hf(checkpoint: str | os.PathLike[str], out_dir: str | os.PathLike[str
             "model_type": family_of(source.model).model_type, "files": files,
             "shards": sum(f.endswith(".safetensors") for f in files), "tensors": len(tensors),
             "bytes": sum(t.numel() * t.element_size() for _, t in tensors),
-            "tokenizer": [f.name for f in tokens] or None}
+            "tokenizer": _shipped_names(tokens) or None}
 
 
 def _write(tmp: Path, source: Source, tensors: list[tuple[str, torch.Tensor]], max_bytes: int, tokens: list[Path],
@@ -216,11 +249,17 @@ def _write(tmp: Path, source: Source, tensors: list[tuple[str, torch.Tensor]], m
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     _write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     files.append(INDEX)
-    for file in tokens:
-        shutil.copyfile(file, tmp / file.name)
-        _fsync(tmp / file.name)
-        files.append(file.name)
+    for file, name in zip(tokens, _shipped_names(tokens)):
+        shutil.copyfile(file, tmp / name)
+        _fsync(tmp / name)
+        files.append(name)
     return files
+
+
+def _shipped_names(tokens: list[Path]) -> list[str]:
+    """The names the tokenizer files get: the first is always tokenizer.json (what transformers looks for, whatever
+    ``--tokenizer FILE`` was called), the files found beside it keep theirs."""
+    return [TOKENIZER_FILES[0], *(f.name for f in tokens[1:])] if tokens else []
 
 
 def _write_text(path: Path, text: str) -> None:

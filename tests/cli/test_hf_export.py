@@ -182,6 +182,39 @@ def test_a_tokenizer_other_than_the_datas_is_refused(tmp_path: Path) -> None:
         tokenizer_files(str(_tokenizer(tmp_path / "tokenizer.json")), source)
 
 
+def _vocab_tokenizer(path: Path, tokens: int) -> Path:
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(tokens)}, unk_token="t0")).save(str(path))
+    return path
+
+
+def test_the_shipped_tokenizer_must_parse_and_fit_the_model_one_line_and_nothing_written(
+        tmp_path: Path, trained: dict[str, Path]) -> None:
+    """Random bytes, a tokenizer of 1024 tokens for a model of 256, a tokenizer_config.json that is not JSON: each
+    one line, exit 2, no OUT_DIR; a tokenizer that fits (fewer tokens than rows: padding) is shipped."""
+    junk = tmp_path / "junk" / "tokenizer.json"
+    junk.parent.mkdir()
+    junk.write_bytes(bytes(range(256)) * 8)
+    big = _vocab_tokenizer(tmp_path / "big.json", 4 * cases.VOCAB)
+    bad_side = tmp_path / "side"
+    bad_side.mkdir()
+    _tokenizer(bad_side / "tokenizer.json")
+    (bad_side / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
+    out = tmp_path / "out"
+    for given, says in ((junk, "not a Hugging Face tokenizer.json"),
+                        (big, f"has {4 * cases.VOCAB} tokens (ids up to {4 * cases.VOCAB - 1}) but the model's "
+                              f"vocabulary has {cases.VOCAB} rows"),
+                        (bad_side, "tokenizer_config.json (copied beside the tokenizer) is not a JSON object")):
+        result = run_hal("export", str(trained["checkpoints"]), "--to", "hf", str(out), "--tokenizer", str(given))
+        _one_line_exit_2(result, says)
+        assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+    small = _vocab_tokenizer(tmp_path / "small.json", cases.VOCAB // 2)
+    result = run_hal("export", str(trained["checkpoints"]), "--to", "hf", str(out), "--tokenizer", str(small))
+    assert result.returncode == 0, result.stderr
+    assert (out / "tokenizer.json").read_bytes() == small.read_bytes()
+
+
 # --- MoE families ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_an_moe_model_written_by_the_export_path_is_read_back_by_transformers(tmp_path: Path, family: str) -> None:

@@ -17,7 +17,7 @@ from hal.parallel.planner.make_profile import make_profile
 from hal.parallel.planner.search import Search, balance
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
-FAST = {"intra_node_gbps": 1e9, "intra_node_latency_us": 0}
+FAST = {"intra_node_gbps": 1e5, "intra_node_latency_us": 0}  # the fastest link a cluster may declare
 
 
 def _profile(device: str, backend: str, f: float = 1e-3, b: float = 2e-3, ends: float = 0.0) -> DeviceProfile:
@@ -288,3 +288,67 @@ def test_expert_gradients_sync_over_their_own_replicas_only() -> None:
     assert sync1 > sync2 > sync
     assert sync1 == pytest.approx(cost.dp_sync_s(kind, params - experts, 4, False, spans=False)
                                   + cost.dp_sync_s(kind, experts, 4, False, spans=False))
+
+
+# --- the search's size: polynomial past its exhaustive bound, progress, declared figures within physics ------------
+CATALOG_GPUS = ("nvidia-h100-sxm", "nvidia-h100-pcie", "nvidia-h200-sxm", "nvidia-a100-sxm4-80gb", "nvidia-a100-sxm4-40gb",
+                "nvidia-a100-pcie-80gb", "nvidia-a100-pcie-40gb", "amd-mi300x", "amd-mi250x", "huawei-ascend-910b")
+
+
+def _many_types(n: int, count: int = 8) -> CostModel:
+    backend = {"nvidia": "cuda", "amd": "rocm", "huawei": "ascend"}
+    groups = [{"backend": backend[d.split("-")[0]], "device": d, "count": count, "node": i}
+              for i, d in enumerate(CATALOG_GPUS[:n])]
+    return _cost(groups, **{d.replace("-", "_"): _profile(d, backend[d.split("-")[0]], f=1e-3 * (1 + i / 4),
+                                                          b=2e-3 * (1 + i / 4)) for i, d in enumerate(CATALOG_GPUS[:n])})
+
+
+def test_the_layout_count_is_what_the_exhaustive_search_walks() -> None:
+    cost = _many_types(3, count=2)
+    search = Search(cost, _plan(1, 8))
+    assert search.layout_count() == sum(1 for _ in search.layouts())  # 8 layers: no layout has too many stages here
+    report = search.run(1)
+    assert not report.bounded and report.layouts == search.layout_count()
+
+
+def test_ten_device_types_are_searched_in_polynomially_many_layouts_and_say_so() -> None:
+    from hal.parallel.planner.search import EXACT_LAYOUTS, ROUNDS
+
+    cost = _many_types(10)
+    said: list[str] = []
+    search = Search(cost, _plan(1, 8), progress=said.append, progress_s=0.0)
+    assert search.layout_count() > 10**15  # what the exhaustive search would walk
+    report = search.run(3)
+    T, G = 10, max(len(search.grids(t)) for t in cost.cluster.types)
+    assert report.bounded and 0 < report.layouts <= 4 * (ROUNDS * T * G + 1) * T + T * G
+    assert any(f"more than the {EXACT_LAYOUTS:,} searched exhaustively" in n for n in report.notes)
+    assert report.results and report.results[0].plan.stages
+    assert sum(line.startswith("searching: ") for line in said) >= report.layouts // 2  # progress_s=0: a line a layout
+
+
+def test_bounded_search_finds_the_exhaustive_searchs_plan_on_a_small_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hal.parallel.planner import search as search_module
+
+    cost = _many_types(3, count=4)
+    exhaustive = Search(cost, _plan(1, 8)).run(1)
+    monkeypatch.setattr(search_module, "EXACT_LAYOUTS", 0)  # the bound itself, lowered: the same cluster searched bounded
+    bounded = Search(cost, _plan(1, 8)).run(1)
+    assert bounded.bounded and bounded.layouts < exhaustive.layouts
+    assert bounded.results[0].prediction.step_s <= 1.05 * exhaustive.results[0].prediction.step_s
+
+
+@pytest.mark.parametrize("where, key, value, says", [
+    ("links", "inter_node_gbps", 1e-300, "must be between 0.001 and 100000 GB/s"),
+    ("links", "bridge_gbps", 1e9, "must be between 0.001 and 100000 GB/s"),
+    ("links", "intra_node_latency_us", 1e12, "must be at most 1e+07 µs"),
+    ("group", "memory_gb", 1e-6, "must be between 0.001 and 100000 GB"),
+    ("group", "memory_bandwidth_gbps", 1e12, "must be between 1 and 1e+06 GB/s"),
+    ("group", "peak_tflops", {"bf16": 1e30}, "must be between 0.001 and 100000 TFLOP/s"),
+])
+def test_declared_figures_outside_physics_are_one_line(where: str, key: str, value: object, says: str) -> None:
+    group = {**H100, **({key: value} if where == "group" else {})}
+    links = {key: value} if where == "links" else None
+    with pytest.raises(ConfigError) as err:
+        resolve(parse_cluster({"groups": [group], **({"links": links} if links else {})}, "c.yaml"))
+    message = str(err.value)
+    assert says in message and key in message and "\n" not in message and "no device or link that exists" in message
