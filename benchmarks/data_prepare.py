@@ -6,8 +6,8 @@ Writes two inputs of SIZE bytes into DIR (kept between runs, so a second run reu
 with no newline at all (one document), and ``normal.txt``, the shipped examples' paragraphs, numbered, separated
 by blank lines. Each is prepared with the shipped tokenizer (examples/data/tokenizer.json) by ``python -m hal data
 prepare`` in a process of its own; its peak resident memory comes from the kernel (``wait4``'s ru_maxrss), its
-throughput from the command's own report. ``--baseline-tree`` runs the same command from another checkout on
-the normal corpus too (the one-line file would run it out of memory) and prints the throughput ratio. A table is
+throughput from the command's own report. ``--baseline-tree`` (with ``--baseline-python``, an interpreter
+whose hal is that checkout) runs the same command from another checkout on the normal corpus too (the one-line file would run it out of memory) and prints the throughput ratio. A table is
 printed last; name the machine with the numbers.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def write_inputs(folder: Path, size: int) -> dict[str, Path]:
     return made
 
 
-def peak_rss_runner(tree: Path, source: Path, out: Path) -> dict:
+def peak_rss_runner(tree: Path, source: Path, out: Path, python: str = sys.executable) -> dict:
     """One ``hal data prepare`` run from checkout ``tree``, under a small wrapper that reports its child's peak RSS
     (ru_maxrss of RUSAGE_CHILDREN, MiB): the report, wall seconds and peak memory."""
     wrapper = ("import os, resource, subprocess, sys, json\n"
@@ -68,10 +68,10 @@ def peak_rss_runner(tree: Path, source: Path, out: Path) -> dict:
                "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
                "print(json.dumps({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr, 'peak': peak}))\n")
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, "-m", "hal", "data", "prepare", "--tokenizer", str(DATA / "tokenizer.json"),
+    command = [python, "-m", "hal", "data", "prepare", "--tokenizer", str(DATA / "tokenizer.json"),
                "--out", str(out), str(source), "--json"]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", wrapper, *command], cwd=tree, env=env, capture_output=True, text=True)
+    done = subprocess.run([python, "-c", wrapper, *command], cwd=tree, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - started
     result = json.loads(done.stdout)
     for suffix in (".bin", ".idx.json"):
@@ -90,6 +90,9 @@ def main() -> int:
     parser.add_argument("--size", default="1GiB", help="bytes of each input (default 1GiB)")
     parser.add_argument("--dir", default="/tmp/hal-prepare-bench", help="where the inputs and outputs go")
     parser.add_argument("--baseline-tree", help="another checkout to run on the normal corpus, for a ratio")
+    parser.add_argument("--baseline-python", default=sys.executable,
+                        help="the interpreter that imports hal from --baseline-tree (an editable install maps hal.* to "
+                        "one checkout: give a venv where the baseline is installed with pip install -e)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     folder = Path(args.dir)
@@ -100,7 +103,8 @@ def main() -> int:
         print(f"{name}: {rows[-1]}", file=sys.stderr)
     if args.baseline_tree:
         rows.append({"input": "normal", "tree": "baseline",
-                     **peak_rss_runner(Path(args.baseline_tree), inputs["normal"], folder / "out_base")})
+                     **peak_rss_runner(Path(args.baseline_tree), inputs["normal"], folder / "out_base",
+                                       args.baseline_python)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -9,9 +9,8 @@ at each cut may differ from tokenizing it whole), which ``hal data prepare`` cou
 
 Inputs:
 
-- ``.txt``: documents separated by one or more blank lines; the lines of a document keep their newlines (the
-  document's trailing newlines are dropped). A line is read at most ``window`` characters at a time; whitespace
-  before a document's first text in such a long line is dropped.
+- ``.txt``: documents separated by one or more blank (whitespace-only) lines; the lines of a document keep their
+  newlines (the document's trailing newline is dropped). Read 1 MiB at a time.
 - ``.jsonl``: one JSON object per line, the document in its ``"text"`` field (blank lines skipped); a line may
   hold at most ``MAX_JSONL_LINE`` bytes (JSON is parsed whole).
 
@@ -21,15 +20,19 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 from hal.errors import ConfigError
 
 WINDOW_CHARS = 1 << 18  # 256 Ki characters of one document at a time: ~50 MB of tokenizer memory, far above a web page
 MAX_JSONL_LINE = 64 * 2**20  # bytes of one JSONL record (parsed whole: ~5x that in memory)
 _WHITESPACE = (" ", "\n", "\t")
+BLOCK_BYTES = 1 << 20  # read a .txt file 1 MiB at a time
+_BLANK_RUN = re.compile(r"\n(?:[^\S\n]*\n)+")  # a line's end, then one or more whitespace-only lines
+_LEADING_BLANK = re.compile(r"\A(?:[^\S\n]*\n)+")  # whitespace-only lines at the start
 
 
 @dataclass(frozen=True)
@@ -58,63 +61,80 @@ def _split(text: str, window: int) -> Iterator[str]:
 
 
 class _TextReader:
-    """Bounded reads of one UTF-8 file: ``window`` characters of a line at most; a decoding error names the line."""
+    """One UTF-8 file in decoded blocks of ``BLOCK_BYTES`` ("\\r\\n" read as "\\n"); a decoding error names its line
+    and byte."""
 
-    def __init__(self, path: Path, window: int) -> None:
-        self.path, self.window = path, window
+    def __init__(self, path: Path, block: int = 0) -> None:
+        self.path, self.block = path, block or BLOCK_BYTES
         self.decoder = codecs.getincrementaldecoder("utf-8")()
-        self.line = 0  # lines completed so far
-        self.carry = ""  # a "\r" at the end of a chunk, waiting to see whether "\n" follows
+        self.lines = 0  # newlines before the current block
+        self.line_bytes = 0  # bytes of the current (unfinished) line before the current block
+        self.carry = ""  # a "\r" at the end of a block, waiting to see whether "\n" follows
 
-    def chunks(self) -> Iterator[tuple[str, bool, bool]]:
-        """(text, starts a line, ends a line); "\\r\\n" read as "\\n"."""
-        starts, offset = True, 0  # offset: bytes of the current line already read
+    def blocks(self) -> Iterator[str]:
         with self.path.open("rb") as handle:
-            while True:
-                raw = handle.readline(self.window)  # at most window bytes, so at most window characters
-                if not raw:
-                    break
-                ends = raw.endswith(b"\n")
-                pending = len(self.decoder.getstate()[0])  # bytes of a character split by the previous read
+            while raw := handle.read(self.block):
+                pending = len(self.decoder.getstate()[0])  # bytes of a character split by the previous block
                 try:
                     text = self.carry + self.decoder.decode(raw)
                 except UnicodeDecodeError as exc:
-                    at = max(0, offset - pending + exc.start)
-                    raise ConfigError(f"{self.path}:{self.line + 1}: not UTF-8 text ({exc.reason} at byte {at}); "
-                                      "convert the file to UTF-8") from None
+                    self._refuse(raw, exc.start - pending, exc.reason)
                 self.carry = ""
-                if not ends and text.endswith("\r"):
+                if text.endswith("\r"):
                     text, self.carry = text[:-1], "\r"
-                yield text.replace("\r\n", "\n"), starts, ends
-                if ends:
-                    self.line += 1
-                starts, offset = ends, 0 if ends else offset + len(raw)
+                newlines = raw.count(b"\n")
+                self.line_bytes = len(raw) - 1 - raw.rfind(b"\n") if newlines else self.line_bytes + len(raw)
+                self.lines += newlines
+                yield text.replace("\r\n", "\n")
         try:
             tail = self.carry + self.decoder.decode(b"", final=True)
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{self.path}:{self.line + 1}: not UTF-8 text ({exc.reason}: the file ends inside a "
+            raise ConfigError(f"{self.path}:{self.lines + 1}: not UTF-8 text ({exc.reason}: the file ends inside a "
                               "character); convert the file to UTF-8") from None
         if tail:
-            yield tail, False, True
+            yield tail
+
+    def _refuse(self, raw: bytes, at: int, reason: str) -> NoReturn:
+        before = raw[:max(at, 0)]
+        line = self.lines + before.count(b"\n") + 1
+        column = at - before.rfind(b"\n") - 1 if b"\n" in before else self.line_bytes + at
+        raise ConfigError(f"{self.path}:{line}: not UTF-8 text ({reason} at byte {max(column, 0)}); "
+                          "convert the file to UTF-8")
 
 
-def text_pieces(path: Path, window: int = WINDOW_CHARS) -> Iterator[Piece]:
-    """The documents of a .txt file (runs of lines between blank lines), in pieces of at most ``window``."""
-    held = ""  # the open document's text not yet handed out (under the window)
-    for text, starts, ends in _TextReader(path, window).chunks():
-        if starts and ends and not text.strip():  # a blank line: the open document ends
-            if held:
-                yield Piece(held.rstrip("\n"), True)
-                held = ""
-            continue
-        if not held and not text.strip():
-            continue  # whitespace of a long line before any text
-        held += text
-        if len(held) > window:
+def _document(text: str, window: int) -> Iterator[Piece]:
+    """One whole document in pieces (one piece when it fits the window)."""
+    *pieces, rest = _split(text, window)
+    for piece in pieces:
+        yield Piece(piece, False)
+    yield Piece(rest, True)
+
+
+def text_pieces(path: Path, window: int = WINDOW_CHARS, block: int = 0) -> Iterator[Piece]:
+    """The documents of a .txt file (runs of lines between blank lines), in pieces of at most ``window``.
+
+    Block by block: the lines the block completes are split at runs of blank lines (a regular expression, not a
+    loop over lines); what follows the last separator stays open — complete lines, then part of a line — and is
+    handed out in pieces once it passes the window. ``block``: bytes a read (default ``BLOCK_BYTES``)."""
+    held = ""  # the open document: its complete lines (each with its "\n"), then part of a line
+    for text in _TextReader(path, block).blocks():
+        buf = held + text
+        if not held.strip():  # no document open: blank lines here separate nothing
+            buf = _LEADING_BLANK.sub("", buf, count=1)
+        cut = buf.rfind("\n") + 1
+        *done, open_lines = _BLANK_RUN.split(buf[:cut])
+        for doc in done:
+            if doc.strip():
+                yield from _document(doc, window)
+        held = open_lines + buf[cut:]
+        if len(held) > window and held.strip():
             *full, held = _split(held, window)
             for piece in full:
                 yield Piece(piece, False)
-    if held:
+    last = held.rfind("\n") + 1
+    if not held[last:].strip():
+        held = held[:last]  # a whitespace-only last line (no newline after it) is a blank line, not text
+    if held.strip():
         yield Piece(held.rstrip("\n"), True)
 
 

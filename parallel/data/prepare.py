@@ -120,6 +120,51 @@ def dtype_for(vocab_size: int) -> str:
     return "uint16" if vocab_size < 2**16 else "uint32"
 
 
+def _read_ahead(batches: Iterator[list[Piece]], depth: int = 2) -> Iterator[list[Piece]]:
+    """``batches``, read by a thread of their own up to ``depth`` ahead: the next batch is read and split while the
+    tokenizer (which releases the GIL) encodes this one. Memory: at most ``depth`` + 1 batches. An error of the
+    reading (a bad line) comes out here, in order, after the batches before it."""
+    import queue
+    import threading
+
+    ahead: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        ahead.put(("batch", batch), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            ahead.put(("error", exc))
+
+    reader = threading.Thread(target=read, name="hal-data-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            kind, value = ahead.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting on a full queue, then let it finish
+            try:
+                ahead.get_nowait()
+            except queue.Empty:
+                pass
+            reader.join(0.05)
+
+
 @dataclass
 class _Counts:
     documents: int = 0
@@ -132,7 +177,7 @@ def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: PendingF
     """Append one file's documents (each + eod) to ``out``; its counts."""
     counts = _Counts()
     open_piece = False  # the previous piece did not end its document
-    for batch in _batches(pieces(path, window), BATCH_DOCUMENTS, BATCH_CHARS):
+    for batch in _read_ahead(_batches(pieces(path, window), BATCH_DOCUMENTS, BATCH_CHARS)):
         try:
             encodings = tokenizer.encode_batch([p.text for p in batch], add_special_tokens=False)
         except Exception as exc:  # the Rust side raises plain Exception (or a PanicException, which is one too)

@@ -14,9 +14,10 @@ DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 
 def _old_documents(text: str) -> list[str]:
-    """The rule before pieces: runs of non-blank lines, each run one document without its trailing newlines."""
+    """The rule before pieces (the file read line by line, "\\n" ending a line): runs of non-blank lines, each run one
+    document without its trailing newlines."""
     docs, lines = [], []
-    for line in text.splitlines(keepends=True):
+    for line in (part + "\n" for part in text.split("\n")):
         if line.strip():
             lines.append(line)
         elif lines:
@@ -36,6 +37,24 @@ def test_documents_within_the_window_are_one_piece_each_as_before(tmp_path: Path
     assert [p.text for p in got] == _old_documents(text.replace("\r\n", "\n"))
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64, 1 << 20])
+def test_any_read_size_gives_the_documents_of_the_line_rule(tmp_path: Path, block: int) -> None:
+    """Random lines (text, spaces, tabs, form feeds, non-breaking spaces, CRLF, multibyte) read in blocks of any size:
+    the documents are exactly those of the line-by-line rule."""
+    import random
+
+    rng = random.Random(block)
+    atoms = ["word", "é", "中", " ", "\t", "\f", "\u00a0", "x y"]
+    lines = ["".join(rng.choice(atoms) for _ in range(rng.randint(0, 4))) + rng.choice(["\n", "\r\n"])
+             for _ in range(300)]
+    text = "".join(lines) + rng.choice(["", "tail", "  "])
+    path = tmp_path / "r.txt"
+    path.write_bytes(text.encode("utf-8"))
+    got = list(text_pieces(path, block=block))
+    assert all(p.last for p in got)
+    assert [p.text for p in got] == [d for d in _old_documents(text.replace("\r\n", "\n")) if d.strip()]
+
+
 def test_a_line_longer_than_the_window_is_cut_at_whitespace_and_only_its_last_piece_ends_it(tmp_path: Path) -> None:
     words = [f"word{i}" for i in range(400)]
     path = tmp_path / "one.txt"
@@ -53,14 +72,17 @@ def test_multibyte_characters_and_crlf_split_by_a_read_come_back_whole(tmp_path:
     line = "é" * 40 + "\r\n" + "中文" * 30 + "\n"  # 2- and 3-byte characters cut by 16-byte reads
     path = tmp_path / "u.txt"
     path.write_bytes(line.encode("utf-8"))
-    assert "".join(p.text for p in text_pieces(path, window=16)) == line.replace("\r\n", "\n").rstrip("\n")
+    for block in (1, 5, 16):
+        assert "".join(p.text for p in text_pieces(path, window=16, block=block)) == \
+            line.replace("\r\n", "\n").rstrip("\n")
 
 
 def test_a_decoding_error_names_the_line_and_byte(tmp_path: Path) -> None:
     path = tmp_path / "bad.txt"
     path.write_bytes(b"fine\n" + b"x" * 40 + b"\xff tail\n")
-    with pytest.raises(ConfigError, match=r"bad.txt:2: not UTF-8 text \(invalid start byte at byte 40\)"):
-        list(text_pieces(path, window=16))
+    for block in (16, 1 << 20):
+        with pytest.raises(ConfigError, match=r"bad.txt:2: not UTF-8 text \(invalid start byte at byte 40\)"):
+            list(text_pieces(path, window=16, block=block))
     path.write_bytes(b"ends inside \xe4\xb8")
     with pytest.raises(ConfigError, match=r"bad.txt:1: not UTF-8 text .*ends inside a character"):
         list(text_pieces(path))
