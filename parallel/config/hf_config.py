@@ -22,6 +22,7 @@ from hal.errors import ConfigError
 from hal.run_dirs import read_limited
 
 from hal.parallel.families.registry import family_names, get_family
+from hal.parallel.families.spec import check_config_fields
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
 
@@ -73,6 +74,7 @@ def model_keys_from_hf(path: Any, where: str = "model.hf") -> dict[str, Any]:
         raise ConfigError(f"{where}: model_type {model_type!r} is not one hal's decoder represents; "
                           f"supported: {', '.join(family_names())}")
     family = get_family(model_type)
+    check_config_fields(hf, family, f"{where}: {config_file(path, where)}")
 
     def need(name: str) -> Any:
         if name not in hf:

@@ -6,7 +6,9 @@ from typing import Any, Mapping
 
 from hal.errors import ConfigError
 from hal.parallel.families.llama import Llama
-from hal.parallel.families.spec import MoENames, ModelShape, Need, Refuse, count
+from hal.config import limits
+from hal.config.schema import PositiveInt
+from hal.parallel.families.spec import DECODER_FIELDS, MOE_ROUTER_FIELDS, MoENames, ModelShape, Need, Refuse, count
 
 
 class Mixtral(Llama):
@@ -14,6 +16,7 @@ class Mixtral(Llama):
     architecture = "MixtralForCausalLM"
     moe_names = MoENames(router="block_sparse_moe.gate.weight", expert="block_sparse_moe.experts.{e}.{part}.weight",
                          gate="w1", up="w3", down="w2")
+    config_fields = {**DECODER_FIELDS, **MOE_ROUTER_FIELDS, "num_local_experts": PositiveInt(limits.EXPERTS)}
 
     def config_keys(self, hf: Mapping[str, Any], need: Need, refuse: Refuse, where: str) -> dict[str, Any]:
         if hf.get("router_jitter_noise"):

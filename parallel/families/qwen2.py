@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hal.config import limits
+from hal.config.schema import Flag, NonNegativeInt, Nullable
 from hal.parallel.families.llama import Llama
-from hal.parallel.families.spec import ModelShape
+from hal.parallel.families.spec import DECODER_FIELDS, ModelShape
 
 
 class Qwen2(Llama):
     model_type = "qwen2"
     architecture = "Qwen2ForCausalLM"
     qkv_bias = True
+    config_fields = {**DECODER_FIELDS, "use_sliding_window": Nullable(Flag()),
+                     "max_window_layers": Nullable(NonNegativeInt(limits.LAYERS))}
 
     def windowed_layers(self, hf: Mapping[str, Any], layers: int) -> list[int]:
         types = hf.get("layer_types")

@@ -6,7 +6,9 @@ from typing import Any, Mapping
 
 from hal.errors import ConfigError
 from hal.parallel.families.qwen2 import Qwen2
-from hal.parallel.families.spec import MoENames, ModelShape, Need, Refuse, count
+from hal.config import limits
+from hal.config.schema import Flag, NonNegativeInt, Nullable, PositiveInt
+from hal.parallel.families.spec import MOE_ROUTER_FIELDS, MoENames, ModelShape, Need, Refuse, list_of, count
 
 
 class Qwen2Moe(Qwen2):
@@ -15,6 +17,11 @@ class Qwen2Moe(Qwen2):
     moe_names = MoENames(router="mlp.gate.weight", expert="mlp.experts.{e}.{part}.weight", gate="gate_proj",
                          up="up_proj", down="down_proj", shared="mlp.shared_expert.{part}.weight",
                          shared_gate="mlp.shared_expert_gate.weight")
+    config_fields = {**Qwen2.config_fields, **MOE_ROUTER_FIELDS, "num_experts": PositiveInt(limits.EXPERTS),
+                     "moe_intermediate_size": PositiveInt(limits.FFN_WIDTH),
+                     "shared_expert_intermediate_size": NonNegativeInt(limits.FFN_WIDTH),
+                     "decoder_sparse_step": PositiveInt(limits.LAYERS), "norm_topk_prob": Nullable(Flag()),
+                     "mlp_only_layers": Nullable(list_of(NonNegativeInt(limits.LAYERS), "layer numbers"))}
 
     def config_keys(self, hf: Mapping[str, Any], need: Need, refuse: Refuse, where: str) -> dict[str, Any]:
         if hf.get("router_jitter_noise"):

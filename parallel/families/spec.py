@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
+from hal.config import limits
+from hal.config.schema import Custom, Flag, Limit, NonNegativeInt, Nullable, Number, PositiveInt, Rule
 from hal.errors import ConfigError
 
 Need = Callable[[str], Any]  # a config.json key the family always has (one line naming it when absent)
@@ -35,6 +37,51 @@ class ModelShape(Protocol):
     moe_aux_loss_weight: float
 
 
+def _text(origin: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{origin}: key '{key}' must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _mapping(origin: str, key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{origin}: key '{key}' must be a JSON object, got {type(value).__name__} {value!r}")
+    return value
+
+
+def list_of(item: Rule, noun: str) -> Custom:
+    """A list of at most ``limits.LAYERS`` items (one per layer at most), each passing ``item``."""
+    def check(origin: str, key: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise ConfigError(f"{origin}: key '{key}' must be a list of {noun}, got {type(value).__name__} {value!r}")
+        if len(value) > limits.LAYERS.maximum:
+            raise ConfigError(f"{origin}: key '{key}' has {len(value)} entries, above the limit "
+                              f"{limits.LAYERS.maximum} ({limits.LAYERS.why})")
+        return [item.check(origin, f"{key}[{i}]", v, "") for i, v in enumerate(value)]
+
+    return Custom(check)
+
+
+TOKENS = Limit(2**40, "tokens a position or window counts")
+# Every config.json key the common decoder reads, with what it may hold: checked, all of them, before any of them
+# is used in arithmetic (a size of 0, a string, 10^12 layers is one line naming the file and the key).
+DECODER_FIELDS: dict[str, Rule] = {
+    "vocab_size": PositiveInt(limits.VOCAB), "hidden_size": PositiveInt(limits.WIDTH),
+    "num_hidden_layers": PositiveInt(limits.LAYERS), "num_attention_heads": PositiveInt(limits.HEADS),
+    "num_key_value_heads": Nullable(PositiveInt(limits.HEADS)), "intermediate_size": PositiveInt(limits.FFN_WIDTH),
+    "max_position_embeddings": PositiveInt(limits.SEQUENCE), "head_dim": Nullable(PositiveInt(limits.WIDTH)),
+    "hidden_act": Custom(_text), "rms_norm_eps": Number(positive=True, maximum=1.0),
+    "rope_theta": Number(positive=True), "rope_scaling": Nullable(Custom(_mapping)),
+    "rope_parameters": Nullable(Custom(_mapping)), "tie_word_embeddings": Flag(),
+    "attention_bias": Nullable(Flag()), "mlp_bias": Nullable(Flag()),
+    "sliding_window": Nullable(NonNegativeInt(TOKENS)), "layer_types": Nullable(list_of(Custom(_text), "strings")),
+}
+MOE_ROUTER_FIELDS: dict[str, Rule] = {
+    "num_experts_per_tok": PositiveInt(limits.EXPERTS), "router_aux_loss_coef": Number(positive=False, maximum=1e3),
+    "router_jitter_noise": Nullable(Number(positive=False)),
+}
+
+
 @dataclass(frozen=True)
 class MoENames:
     """Where an MoE layer's parts live in the family's checkpoint (inside ``model.layers.<i>.``)."""
@@ -56,6 +103,7 @@ class Family:
     qkv_bias: ClassVar[bool] = False  # the q, k, v projections carry a bias (Qwen2's attention)
     moe_names: ClassVar[MoENames | None] = None  # an MoE family: where its experts' tensors are
     exported: ClassVar[bool] = True  # False: a model of this shape is exported as an earlier family of the same names
+    config_fields: ClassVar[Mapping[str, Rule]] = DECODER_FIELDS  # what each config.json key it reads may hold
     top_names: ClassVar[dict[str, tuple[str, ...]]] = {
         "embed.weight": ("model.embed_tokens.weight",),
         "norm.weight": ("model.norm.weight",),
@@ -121,4 +169,17 @@ def count(hf: Mapping[str, Any], name: str, need: Need, family: str, where: str,
     return value
 
 
-__all__ = ["Family", "MoENames", "ModelShape", "Need", "Refuse", "count"]
+def check_config_fields(hf: Mapping[str, Any], family: Family, origin: str) -> None:
+    """Every key ``family`` reads that config.json sets: of its type and within its range, before any arithmetic.
+    ``null`` stands for "absent" only where transformers reads it so (the ``Nullable`` rules)."""
+    for name, rule in family.config_fields.items():
+        if name in hf:
+            try:
+                rule.check(origin, name, hf[name], "")
+            except ConfigError as exc:
+                said = str(exc).removesuffix("; e.g. ").removesuffix("; e.g.")
+                raise ConfigError(f"{said}; fix config.json (a {family.model_type} model needs it so)") from None
+
+
+__all__ = ["DECODER_FIELDS", "Family", "MOE_ROUTER_FIELDS", "MoENames", "ModelShape", "Need", "Refuse",
+           "check_config_fields", "count", "list_of"]

@@ -167,4 +167,39 @@ def test_an_moe_count_that_is_not_a_positive_number_is_one_line_naming_config_js
     with pytest.raises(ConfigError) as info:
         ModelConfig.from_mapping({"hf": _dir(tmp_path, {**base, **change}), "max_seq_len": 512})
     said = str(info.value)
-    assert f"{name} = {value!r} in config.json is not a whole number >= 1" in said and "\n" not in said, said
+    assert f"config.json: key '{name}' must be a positive integer, got {value!r}" in said and "\n" not in said, said
+
+
+# --- every field checked before any arithmetic, for every family ---------------------------------------------
+SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 64,
+         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False}
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama"},
+    "mistral": {"model_type": "mistral", "sliding_window": None},
+    "qwen2": {"model_type": "qwen2", "sliding_window": 64, "use_sliding_window": False, "max_window_layers": 2},
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                  "use_sliding_window": False, "max_window_layers": 2},
+}
+COMMON_ABSURD = [("num_attention_heads", 0), ("hidden_size", "64"), ("num_hidden_layers", 10**12),
+                 ("intermediate_size", -5), ("vocab_size", 2.5), ("rms_norm_eps", "tiny"), ("head_dim", 0),
+                 ("max_position_embeddings", True), ("num_key_value_heads", 0), ("sliding_window", "off"),
+                 ("layer_types", "full_attention"), ("rope_scaling", 3), ("tie_word_embeddings", "yes")]
+FAMILY_ABSURD = {"qwen2": [("max_window_layers", "all"), ("use_sliding_window", "no")],
+                 "mixtral": [("num_local_experts", 0), ("num_experts_per_tok", "2"), ("router_aux_loss_coef", -1)],
+                 "qwen2_moe": [("max_window_layers", "all"), ("mlp_only_layers", ["x"]), ("mlp_only_layers", [0] * 5000),
+                               ("decoder_sparse_step", 0), ("moe_intermediate_size", 10**12), ("num_experts", None)]}
+
+
+@pytest.mark.parametrize("family, key, value", [(f, k, v) for f in FAMILIES for k, v in COMMON_ABSURD]
+                         + [(f, k, v) for f, cases in FAMILY_ABSURD.items() for k, v in cases])
+def test_an_absurd_config_json_value_is_one_line_naming_the_file_and_key(tmp_path: Path, family: str, key: str,
+                                                                        value: Any) -> None:
+    base = {**SMALL, **FAMILIES[family]}
+    ModelConfig.from_mapping({"hf": _dir(tmp_path, base)})  # the family's small config itself maps
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_mapping({"hf": _dir(tmp_path, {**base, key: value})})
+    message = str(err.value)
+    assert "\n" not in message and str(tmp_path / "config.json") in message and f"'{key}" in message, message
