@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
           f"devices {list(selection.devices)}, precision {selection.precision.describe()}", file=sys.stderr)
-    return run_script(selection.backend, str(script), list(args.script_args), device_count=args.device_count)
+    code = run_script(selection.backend, str(script), list(args.script_args), device_count=args.device_count)
+    from hal.rank_exit import exit_rank
+
+    exit_rank(code)  # the script's process groups torn down before the interpreter's finalization could
 
 
 def _check_device_count(count: int | None, device_type: str) -> None:

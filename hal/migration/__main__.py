@@ -2,7 +2,8 @@
 
 Runs SCRIPT as ``__main__`` under the migration to the backend named by ``HAL_BACKEND`` (which
 ``hal launch`` exports to every rank), quietly: no banner per rank. On a backend whose device
-type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would.
+type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would. The rank then
+leaves through ``hal.rank_exit.exit_rank`` (process groups torn down first, then ``os._exit``).
 """
 from __future__ import annotations
 
@@ -26,5 +27,25 @@ def main(argv: list[str]) -> int:
         return 2
 
 
+def _run_then_exit(argv: list[str]) -> None:
+    """``main``, then the rank leaves through ``hal.rank_exit.exit_rank``: its process groups torn down
+    before the interpreter's finalization could (which aborts or hangs now and then), its exit status its own."""
+    import traceback
+
+    code = 1
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # what the interpreter would print, then the same safe exit
+        traceback.print_exc()
+        code = 1
+    from hal.rank_exit import exit_rank
+
+    exit_rank(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _run_then_exit(sys.argv[1:])
