@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -39,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 0
     plan = plan_launch(args.nproc, args.script, script_args, backend=args.backend, config=args.config)
-    print(f"hal launch: {plan.nproc} rank(s) on backend {plan.backend.name}: {plan.command_line()}", file=sys.stderr)
+    count = os.environ.get("HAL_DEVICE_COUNT") or plan.nproc
+    shown = (f"; torch.cuda.device_count() is {count} in each rank, every device the host "
+             f"(HAL_DEVICE_COUNT=N to show another count)" if plan.backend.device_type == "cpu" else "")
+    print(f"hal launch: {plan.nproc} rank(s) on backend {plan.backend.name}{shown}: {plan.command_line()}",
+          file=sys.stderr)
     return print_report(run_launch(plan), "hal launch")
 
 

@@ -2,7 +2,8 @@
 
 Runs SCRIPT as ``__main__`` under the migration to the backend named by ``HAL_BACKEND`` (which
 ``hal launch`` exports to every rank), quietly: no banner per rank. On a backend whose device
-type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would. The rank then
+type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would. On the cpu target a
+script asking ``torch.cuda.device_count()`` is told the node's rank count (``launched_device_count``). The rank then
 leaves through ``hal.rank_exit.exit_rank`` (process groups torn down first, then ``os._exit``).
 """
 from __future__ import annotations
@@ -21,10 +22,30 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         backend = get_backend(os.environ.get("HAL_BACKEND", "cpu"))
-        return run_script(backend, argv[0], argv[1:])
+        return run_script(backend, argv[0], argv[1:], device_count=launched_device_count(backend.device_type))
     except HalError as exc:
         print(f"hal: error: {exc}", file=sys.stderr)
         return 2
+
+
+COUNT_ENV = "HAL_DEVICE_COUNT"  # what a rank tells a script torch.cuda.device_count() is (cpu target)
+
+
+def launched_device_count(device_type: str) -> int | None:
+    """On the cpu target, the CUDA devices a launched rank's script is told exist: ``HAL_DEVICE_COUNT``, else the
+    node's rank count (torchrun's ``LOCAL_WORLD_SIZE``) — a DDP script under ``hal launch --nproc N`` expects a
+    device a local rank, and ``cuda:LOCAL_RANK`` is then the host, as every device is. None: the backend's own."""
+    from hal.errors import ConfigError
+
+    if device_type != "cpu":
+        return None
+    given = os.environ.get(COUNT_ENV)
+    if given is not None:
+        if not given.isdigit() or not 1 <= int(given) <= 64:
+            raise ConfigError(f"{COUNT_ENV}={given!r} is not a device count from 1 to 64; set a whole number")
+        return int(given)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) > 1 else None
 
 
 def _run_then_exit(argv: list[str]) -> None:

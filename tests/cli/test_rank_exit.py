@@ -14,10 +14,11 @@ init_distributed()
 comm = world_communicator()
 t = torch.ones(4) * (comm.rank + 1)
 comm.all_reduce(t, "avg")
-atexit.register(lambda: print(f"rank {comm.rank} at exit: groups alive {dist.is_initialized()}", flush=True))
+say = lambda text: (sys.stdout.write(text + "\\n"), sys.stdout.flush())  # one write: the ranks share the pipe
+atexit.register(lambda: say(f"rank {comm.rank} at exit: groups alive {dist.is_initialized()}"))
 if comm.rank == int(sys.argv[1]):
     raise RuntimeError("this rank fails after its collective")
-print(f"rank {comm.rank} done {t.tolist()}", flush=True)
+say(f"rank {comm.rank} done {t.tolist()}")
 """
 
 
@@ -42,3 +43,26 @@ def test_a_teardown_that_hangs_is_cut_by_the_watchdog_with_the_scripts_status(tm
     done = run_hal("run", "--backend", "cpu", str(script), env={"HAL_RANK_EXIT_GRACE_S": "2"}, timeout=120)
     assert done.returncode == 3 and "work done" in done.stdout, done.stderr
     assert "tearing this rank down took over 2 s" in done.stderr and "leaving with exit status 3" in done.stderr
+
+
+COUNT = """
+import os, sys, torch
+sys.stdout.write(f"rank {os.environ.get('RANK', 0)} sees {torch.cuda.device_count()} devices\\n"); sys.stdout.flush()
+if torch.cuda.device_count() < 2:
+    raise SystemExit("this script needs 2 GPUs")
+"""
+
+
+def test_a_launched_script_that_asks_is_told_a_device_a_local_rank(tmp_path: Path) -> None:
+    """hal launch --nproc 2 on the cpu target: torch.cuda.device_count() is 2 in each rank (a script gating on
+    ``>= 2`` runs), the banner says so and how to change it; hal run's banner says how to ask for more than 1."""
+    script = tmp_path / "count.py"
+    script.write_text(COUNT, encoding="utf-8")
+    done = run_hal("launch", "--nproc", "2", "--backend", "cpu", str(script), timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(done.stdout.splitlines()) == ["rank 0 sees 2 devices", "rank 1 sees 2 devices"], done.stdout
+    banner = done.stderr.splitlines()[0]
+    assert "torch.cuda.device_count() is 2 in each rank" in banner and "HAL_DEVICE_COUNT=N" in banner, banner
+    alone = run_hal("run", "--backend", "cpu", str(script), timeout=120)
+    assert alone.returncode == 1 and "this script needs 2 GPUs" in alone.stderr
+    assert "torch.cuda.device_count() 1 (--device-count N for a script that needs N)" in alone.stderr.splitlines()[0]
