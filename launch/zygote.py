@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Mapping, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -85,13 +85,16 @@ class Zygote:
         if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
             raise OSError("prctl(PR_SET_CHILD_SUBREAPER) failed")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        from .ranks import guarded
+        if can_fork_here(preload):
+            self.proc: Any = _ForkedZygote(theirs, ours, preload, env, cwd)
+        else:
+            from .ranks import guarded
 
-        self.proc = subprocess.Popen(
-            guarded([sys.executable, "-m", "hal.launch.zygote", str(theirs.fileno()), *preload, "--", *shown]),
-            pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-        )
+            self.proc = subprocess.Popen(
+                guarded([sys.executable, "-m", "hal.launch.zygote", str(theirs.fileno()), *preload, "--", *shown]),
+                pass_fds=[theirs.fileno()], env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+            )
         theirs.close()
         self.sock = ours
         self.sock.settimeout(ready_s)
@@ -136,6 +139,98 @@ class Zygote:
             self.proc.wait()
             if self.proc.stderr is not None:
                 self.proc.stderr.close()
+
+
+def can_fork_here(preload: Sequence[str]) -> bool:
+    """Whether the zygote can be this process itself, forked: it already imported the heavy part of ``preload``
+    (torch, and torch._dynamo where asked for) and is one thread only (``/proc/self/task``: no OpenMP pool, no
+    Python or native thread whose locks a fork could copy held). Then the zygote costs a fork, not a fresh
+    interpreter importing torch again (~4 s of CPU); otherwise, or with ``HAL_ZYGOTE=exec``, it is started fresh."""
+    if os.environ.get("HAL_ZYGOTE", "") == "exec":
+        return False
+    heavy = [m for m in preload if m.split(".")[0] == "torch"]
+    if not heavy or any(m not in sys.modules for m in heavy):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _forget_the_launcher(keep: int) -> None:
+    """In a zygote forked from the launcher: drop what is the launcher's, not a rank's — its other file descriptors
+    (a pipe end held by a rank would keep its reader from seeing EOF), its atexit handlers (a rank would run them)
+    and the warnings it has shown (a rank shows its own, once each, as a fresh interpreter would)."""
+    import warnings
+
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+    atexit._clear()
+    for module in list(sys.modules.values()):
+        registry = getattr(module, "__warningregistry__", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+class _ForkedZygote:
+    """The zygote as a fork of the launcher: the little of ``subprocess.Popen`` ``Zygote`` uses (pid, stderr)."""
+
+    def __init__(self, theirs: socket.socket, ours: socket.socket, preload: Sequence[str], env: Mapping[str, str],
+                 cwd: str | None) -> None:
+        read_err, write_err = os.pipe()
+        launcher = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the zygote: its own session, no stdin/stdout, stderr to the pipe, dies with the launcher
+            code = 1
+            try:
+                os.close(read_err)
+                ours.close()
+                os.setsid()
+                _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+                if os.getppid() != launcher:
+                    os._exit(1)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+                    signal.signal(sig, signal.SIG_DFL)
+                null = os.open(os.devnull, os.O_RDWR)
+                for target, fd in ((0, null), (1, null), (2, write_err)):
+                    os.dup2(fd, target)
+                os.close(null)
+                os.close(write_err)
+                _forget_the_launcher(theirs.fileno())
+                os.environ.clear()
+                os.environ.update(env)
+                if cwd:
+                    os.chdir(cwd)
+                serve(theirs, preload)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write_err)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stderr = os.fdopen(read_err, "rb")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 # --- the zygote's side --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from ..conftest import has_cuda, run_hal
 def test_cpu_three_ranks_json_every_op_correct_with_nccl_tests_arithmetic() -> None:
     result = run_hal(
         "bench", "collectives", "--backend", "cpu", "--world-size", "3", "--sizes", "8B..64K",
-        "--iters", "2", "--warmup", "1", "--json", timeout=300,
+        "--iters", "2", "--warmup", "1", "--rounds", "1", "--json", timeout=300,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -20,7 +20,11 @@ from ..conftest import REPO
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote needs Linux")
 
 LAUNCHER = r'''
-import json, os, sys
+import atexit, json, os, sys
+if os.environ.get("LAUNCHER_IMPORTS_TORCH"):  # the launcher holds the zygote's imports: the zygote is its fork
+    import torch
+    sys._probe_launcher_marker = os.getpid()
+    atexit.register(lambda: open(os.path.join(sys.argv[3], f"atexit-{os.getpid()}"), "w").close())  # never a rank's
 from hal.launch import spawn_ranks
 exits, fork, cwd = json.loads(sys.argv[1]), sys.argv[2] == "fork", sys.argv[3]
 command = [sys.executable, "-m", "tests.zygote_probe", "--flag", "x"]
@@ -49,6 +53,24 @@ def test_forked_ranks_are_the_launchers_children_each_in_its_session(tmp_path: P
         assert rank["pgid"] == rank["sid"] == rank["pid"]  # its own session: killpg reaches it and its helpers
         assert rank["threads"] == 1 and rank["cwd"] == str(tmp_path) and rank["argv"] == ["--flag", "x"]
     assert report["fates"] == [[0, "ok", None], [1, "ok", None], [2, "ok", None]]
+
+
+def test_a_launcher_that_imported_torch_forks_the_zygote_from_itself(tmp_path: Path) -> None:
+    """The zygote is the launcher's fork (no second torch import) when the launcher holds the imports and runs one
+    thread: the ranks are as above, and none of them runs the launcher's atexit handler. HAL_ZYGOTE=exec: a
+    fresh zygote."""
+    one_thread = {"OPENBLAS_NUM_THREADS": "1"}  # else numpy's BLAS starts a thread at import: no fork then
+    report, ranks, _ = _launch([0, 0], "fork", tmp_path, LAUNCHER_IMPORTS_TORCH="1", **one_thread)
+    for rank in ranks:
+        assert rank["launcher_marker"] == report["launcher"]  # forked from the launcher's own memory
+        assert rank["preloaded"] is True and rank["ppid"] == report["launcher"]
+        assert rank["pgid"] == rank["sid"] == rank["pid"] and rank["argv"] == ["--flag", "x"]
+    assert report["fates"] == [[0, "ok", None], [1, "ok", None]]
+    assert sorted(p.name for p in tmp_path.glob("atexit-*")) == [f"atexit-{report['launcher']}"]
+    (tmp_path / "fresh").mkdir()
+    again, ranks, _ = _launch([0, 0], "fork", tmp_path / "fresh", LAUNCHER_IMPORTS_TORCH="1", HAL_ZYGOTE="exec",
+                              **one_thread)
+    assert again["fates"] == report["fates"] and [r["launcher_marker"] for r in ranks] == [None, None]  # fresh
 
 
 def test_a_forked_ranks_exit_status_is_its_fate(tmp_path: Path) -> None:

@@ -217,9 +217,10 @@ def test_compiling_an_moe_stage_under_fallback_error_is_one_line(tmp_path: Path)
 
 
 def _moe_run_config(tmp_path: Path, name: str, moe_stage: dict[str, Any], steps: int) -> Path:
+    """moe_cpu.yaml with ``moe_stage`` for its MoE stage, ``steps`` steps, a checkpoint half way (resumed from)."""
     raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
     raw["parallel"]["stages"][1] = moe_stage
-    raw["train"].pop("checkpoint_every", None)
+    raw["train"]["checkpoint_every"] = steps // 2
     raw["train"]["steps"] = steps
     raw["train"]["grad_clip"] = 1.0  # the global norm counts each expert shard once
     path = tmp_path / f"{name}.yaml"
@@ -228,7 +229,7 @@ def _moe_run_config(tmp_path: Path, name: str, moe_stage: dict[str, Any], steps:
 
 
 def test_an_ep_checkpoint_resumes_at_another_ep_degree(tmp_path: Path) -> None:
-    """6 steps with the MoE stage at dp2 ep2 uninterrupted; 3 steps at ep2, then resumed with dp2 ep1 (every expert
+    """6 steps with the MoE stage at dp2 ep2 uninterrupted; its step-3 checkpoint resumed with dp2 ep1 (every expert
     on both replicas): the same losses. And a run at ep1 throughout has them too (ep changes nothing numerically)."""
     def train(config: Path, run: str, *args: str) -> dict[str, Any]:
         result = run_hal("train", str(config), "--run-dir", str(tmp_path / run), "--json", *args, timeout=300)
@@ -238,16 +239,14 @@ def test_an_ep_checkpoint_resumes_at_another_ep_degree(tmp_path: Path) -> None:
     ep2 = _moe_run_config(tmp_path, "ep2", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}, 6)
     ep1 = _moe_run_config(tmp_path, "ep1", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}, 6)
     full = train(ep2, "full")["losses"]
-    half = train(ep2, "half", "--steps", "3")["losses"]
-    assert half == pytest.approx(full[:3], rel=1e-6)
-    resumed = train(ep1, "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    resumed = train(ep1, "resumed", "--resume", str(tmp_path / "full" / "checkpoints" / "step-000003"))
     assert resumed["first_step"] == 4 and resumed["losses"] == pytest.approx(full[3:], rel=1e-5)
     assert train(ep1, "plain")["losses"] == pytest.approx(full, rel=1e-5)
 
 
 def test_a_tp2_moe_checkpoint_resumes_at_dp2_ep2(tmp_path: Path) -> None:
-    """The MoE stage with its experts split over tp2: 4 steps uninterrupted; 2, then resumed with the stage at dp2
-    ep2 — the same losses (checkpoints hold full experts; the clipped global norm counts each TP slice once)."""
+    """The MoE stage with its experts split over tp2: 4 steps uninterrupted; its step-2 checkpoint resumed with the
+    stage at dp2 ep2 — the same losses (checkpoints hold full experts; the clipped global norm counts each TP slice once)."""
     def train(config: Path, run: str, *args: str) -> dict[str, Any]:
         result = run_hal("train", str(config), "--run-dir", str(tmp_path / run), "--json", *args, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -256,18 +255,17 @@ def test_a_tp2_moe_checkpoint_resumes_at_dp2_ep2(tmp_path: Path) -> None:
     tp2 = _moe_run_config(tmp_path, "tp2", {"backend": "cpu", "devices": 2, "layers": 2, "tp": 2}, 4)
     ep2 = _moe_run_config(tmp_path, "ep2", {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2, "ep": 2}, 4)
     full = train(tp2, "full")["losses"]
-    assert train(tp2, "half", "--steps", "2")["losses"] == pytest.approx(full[:2], rel=1e-6)
-    resumed = train(ep2, "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    resumed = train(ep2, "resumed", "--resume", str(tmp_path / "full" / "checkpoints" / "step-000002"))
     assert resumed["first_step"] == 3 and resumed["losses"] == pytest.approx(full[2:], rel=1e-5)
     assert train(ep2, "plain")["losses"] == pytest.approx(full, rel=1e-5)
 
 
 def test_zero1_with_ep_trains_as_plain_adamw_and_its_checkpoint_resumes_without_it(tmp_path: Path) -> None:
     """One MoE stage at dp4 ep2 (two replicas of each expert shard): ZeRO-1 shards the dense state over 4 ranks and
-    each expert shard's over its 2 replicas. 4 steps equal the same run without ZeRO-1; 2 steps with it, resumed
-    without it at dp4 ep1, give the last 2."""
+    each expert shard's over its 2 replicas. 4 steps equal the same run without ZeRO-1; its step-2 checkpoint,
+    resumed without it at dp4 ep1, gives the last 2."""
     raw = yaml.safe_load((REPO / "examples" / "moe_cpu.yaml").read_text(encoding="utf-8"))
-    raw["train"].pop("checkpoint_every", None)
+    raw["train"]["checkpoint_every"] = 2  # the ZeRO-1 run's step-2 checkpoint is resumed without it
     raw["train"]["steps"] = 4
 
     def config(name: str, **plan: Any) -> Path:
@@ -286,8 +284,7 @@ def test_zero1_with_ep_trains_as_plain_adamw_and_its_checkpoint_resumes_without_
     plain = train(config("plain", ep=2), "plain")["losses"]
     sharded = config("zero1", ep=2, zero1=True)
     assert train(sharded, "zero1")["losses"] == pytest.approx(plain, rel=1e-5)
-    assert train(sharded, "half", "--steps", "2")["losses"] == pytest.approx(plain[:2], rel=1e-5)
-    resumed = train(config("ep1", ep=1), "resumed", "--resume", str(tmp_path / "half" / "checkpoints"))
+    resumed = train(config("ep1", ep=1), "resumed", "--resume", str(tmp_path / "zero1" / "checkpoints" / "step-000002"))
     assert resumed["first_step"] == 3 and resumed["losses"] == pytest.approx(plain[2:], rel=1e-5)
 
 
