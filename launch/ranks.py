@@ -145,6 +145,9 @@ class LaunchFailed(HalError):
         super().__init__(message)
         self.report = report
 
+    def __reduce__(self) -> tuple[Any, tuple[str, LaunchReport]]:  # pickled whole (a launcher run in another process)
+        return (type(self), (str(self), self.report))
+
     @property
     def pids(self) -> tuple[int, ...]:
         return self.report.pids

@@ -133,3 +133,57 @@ def ok_values(results: dict[int, tuple], world: int) -> dict[int, Any]:
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     return {rank: outcome[1] for rank, outcome in results.items()}
+
+
+def run_function_forked(target: str, world: int, kwargs: dict[str, Any] | None = None, **options: Any) -> Any:
+    """``hal.launch.run_function`` called in a child of the tests' fork server, its run (or the exception it raised)
+    handed back: that child imported torch and runs one thread, so its zygote is its own fork — not a fresh
+    interpreter importing torch again, as it is from this (multi-threaded) process. For the code under test that
+    takes a ``launch`` callable (the planner's calibration, conformance jobs); ``HAL_TEST_FORK=0``: in-process."""
+    from hal.launch import run_function
+
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        return run_function(target, world, kwargs, **options)
+    import pickle
+    import tempfile
+
+    from .conftest import fork_server
+
+    if options.get("echo_stderr") is not None:  # a stream cannot travel: the child echoes to its own stderr
+        options = {**options, "echo_stderr": True}
+    with tempfile.TemporaryDirectory(prefix="hal-run-function-") as tmp:
+        out = os.path.join(tmp, "outcome.pkl")
+        child = fork_server().Process(target=_call_run_function, args=(target, world, kwargs, options, out))
+        child.start()
+        child.join()
+        if not os.path.exists(out):
+            raise AssertionError(f"run_function({target!r}, {world}) in a forked child: it died ({child.exitcode})")
+        with open(out, "rb") as fh:
+            kind, value = pickle.load(fh)
+    if kind == "error":
+        raise value
+    return value
+
+
+def _call_run_function(target: str, world: int, kwargs: dict[str, Any] | None, options: dict[str, Any], out: str) -> None:
+    import pickle
+    import sys
+
+    from hal.launch import run_function
+
+    if options.get("echo_stderr") is True:
+        options = {**options, "echo_stderr": sys.stderr}
+    try:
+        outcome: tuple[str, Any] = ("ok", run_function(target, world, kwargs, **options))
+    except BaseException as exc:  # handed back and raised there, as run_function would have
+        outcome = ("error", exc)
+    try:
+        data = pickle.dumps(outcome)
+    except Exception as exc:  # an unpicklable value or exception: said, not lost
+        data = pickle.dumps(("error", AssertionError(f"run_function's outcome cannot be pickled back: {exc}: {outcome!r}")))
+    with open(out + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(out + ".tmp", out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

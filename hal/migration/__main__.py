@@ -3,7 +3,7 @@
 Runs SCRIPT as ``__main__`` under the migration to the backend named by ``HAL_BACKEND`` (which
 ``hal launch`` exports to every rank), quietly: no banner per rank. On a backend whose device
 type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would. On the cpu target a
-script asking ``torch.cuda.device_count()`` is told the node's rank count (``launched_device_count``). The rank then
+script asking for the CUDA device count is told the node's rank count (``launched_device_count``). The rank then
 leaves through ``hal.rank_exit.exit_rank`` (process groups torn down first, then ``os._exit``).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         return 2
 
 
-COUNT_ENV = "HAL_DEVICE_COUNT"  # what a rank tells a script torch.cuda.device_count() is (cpu target)
+COUNT_ENV = "HAL_DEVICE_COUNT"  # the CUDA device count a rank tells its script (cpu target)
 
 
 def launched_device_count(device_type: str) -> int | None:

@@ -12,7 +12,8 @@ from hal.conformance.suites.collective_checks import plan_checks
 from hal.conformance.jobs.launch import JobFailed, run_job
 from hal.conformance.suites import collectives as suite
 from hal import get_backend
-from hal.launch import run_function
+
+from ..dist_harness import run_function_forked
 
 PLANTED = "tests.planted_collectives:make"
 
@@ -20,7 +21,7 @@ PLANTED = "tests.planted_collectives:make"
 def _ctx(slots: int = 4, backend: str = "cpu", **options: object) -> Context:
     cpu = get_backend("cpu")
     return Context(get_backend(backend), torch.device("cpu"), cpu.capabilities(), max_world_size=slots, options=dict(options),
-                   launch=run_function)
+                   launch=run_function_forked)
 
 
 def _run_all(ctx: Context) -> dict[str, object]:
@@ -141,11 +142,11 @@ def test_exactness_limits_are_respected() -> None:
 
 def test_a_hung_job_is_killed_at_its_deadline() -> None:
     with pytest.raises(JobFailed, match="timed out after 8 s") as info:
-        run_job(run_function, "tests.planted_collectives:hang", {}, 2, "cpu", timeout_s=8, collective_timeout_s=120)
+        run_job(run_function_forked, "tests.planted_collectives:hang", {}, 2, "cpu", timeout_s=8, collective_timeout_s=120)
     assert info.value.pids and all(_gone(pid) for pid in info.value.pids)
 
 
 def test_a_crashed_rank_is_named_and_the_rest_stopped() -> None:
     with pytest.raises(JobFailed, match="rank 1 failed .*planted crash on rank 1") as info:
-        run_job(run_function, "tests.planted_collectives:crash", {}, 2, "cpu", timeout_s=120, collective_timeout_s=120)
+        run_job(run_function_forked, "tests.planted_collectives:crash", {}, 2, "cpu", timeout_s=120, collective_timeout_s=120)
     assert all(_gone(pid) for pid in info.value.pids)

@@ -15,13 +15,14 @@ from hal.conformance.jobs.pipeline_check import compare, single_device_run
 from hal.conformance.suites import training as suite
 from hal.conformance.suites.training_run import MODEL
 from hal import get_backend
-from hal.launch import run_function
 from hal.ops import _rms_norm, _swiglu, registry
+
+from ..dist_harness import run_function_forked
 
 
 def _ctx(slots: int = 4, **options: Any) -> Context:
     cpu = get_backend("cpu")
-    return Context(cpu, torch.device("cpu"), cpu.capabilities(), max_world_size=slots, options=dict(options), launch=run_function)
+    return Context(cpu, torch.device("cpu"), cpu.capabilities(), max_world_size=slots, options=dict(options), launch=run_function_forked)
 
 
 def _run(ctx: Context, *prefixes: str) -> dict[str, Outcome]:

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from hal.launch import run_function
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 from hal.parallel.planner import calibrate
@@ -17,13 +16,15 @@ from hal.parallel.planner.make_profile import make_profile
 from hal.parallel.planner.search import Grid, Search
 from hal.parallel.schedules import get_schedule, simulate
 
+from ..dist_harness import run_function_forked
+
 MODEL = ModelConfig(vocab_size=128, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
 CLUSTER = resolve(parse_cluster({"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": 2}]}))
 
 
 @pytest.fixture(scope="module")
 def measured() -> Profile:
-    return make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function)
+    return make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function_forked)
 
 
 def test_profile_of_a_shared_node_carries_measured_calibration(measured: Profile) -> None:
@@ -168,7 +169,7 @@ def test_tp_layers_are_measured_with_their_group_and_used_as_they_are() -> None:
     measured (no tp 1 split), and the cost model adds no ring formula on top of it."""
     from hal.parallel.planner.measure import measure_tp_layers
 
-    points = measure_tp_layers("cpu", MODEL, seq=32, rows=(1, 2), precision="fp32", repeats=1, launch=run_function)
+    points = measure_tp_layers("cpu", MODEL, seq=32, rows=(1, 2), precision="fp32", repeats=1, launch=run_function_forked)
     assert [(p.tp, p.sp, p.rows, p.seq, p.recompute) for p in points] == [
         (2, False, 1, 32, False), (2, False, 2, 32, False), (2, True, 1, 32, False), (2, True, 2, 32, False)]
     assert all(p.forward_s > 0 and p.backward_s > 0 and p.activation_bytes > 0 for p in points)
@@ -190,7 +191,7 @@ def _ends() -> PerToken:
 def test_engine_host_work_is_what_reproduces_the_calibration_pipeline() -> None:
     """The per-action host time calibrate_host finds makes the cost model's step equal the measured pipeline's, run
     step by step as hal train runs it."""
-    device = make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function, calibrate=False).devices["cpu-generic"]
+    device = make_profile(CLUSTER, MODEL, "fp32", 32, quick=True, links=False, launch=run_function_forked, calibrate=False).devices["cpu-generic"]
     # layers 100x faster than measured: the model's compute alone falls short, the rest is the engine's host work
     device = dataclasses.replace(device, layers=tuple(dataclasses.replace(p, forward_s=p.forward_s / 100, backward_s=p.backward_s / 100)
                                                       for p in device.layers))
@@ -198,7 +199,7 @@ def test_engine_host_work_is_what_reproduces_the_calibration_pipeline() -> None:
     measured: list[float] = []
 
     def launch(target: str, world: int, kwargs: dict, **kw: object):  # the real launcher; its result kept
-        run = run_function(target, world, kwargs, **kw)
+        run = run_function_forked(target, world, kwargs, **kw)
         steps = [max(t) for t in zip(*(run.values[r]["steps_s"] for r in range(world)))]
         measured.append(sorted(steps)[len(steps) // 2])
         return run
@@ -224,7 +225,7 @@ def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() 
     from hal.parallel.planner.measure import LINK_SIZES, LOADED_OPS, measure_loaded_collectives
     from hal.parallel.planner.device_profile import LinkProfile
 
-    loaded = measure_loaded_collectives("cpu", 4, run_function, iters=3)
+    loaded = measure_loaded_collectives("cpu", 4, run_function_forked, iters=3)
     assert set(loaded) == set(LOADED_OPS)
     assert all(0 < small < large for small, large in loaded.values())  # 16 MiB takes longer than 4 KiB
     island = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", loaded, LINK_SIZES)
