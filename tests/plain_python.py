@@ -59,10 +59,23 @@ def _child(request: dict) -> None:
     argv = request["argv"]
     code: object = 0
     try:
+        for entry in reversed([e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]):
+            if entry not in sys.path:  # this run's PYTHONPATH (the server's own is on sys.path already)
+                sys.path.insert(1, entry)
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             sys.path[0] = os.getcwd()
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            import builtins
+            import types
+
+            main = types.ModuleType("__main__")  # a fresh __main__, as the interpreter gives -c code
+            main.__builtins__ = builtins  # type: ignore[attr-defined]
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), vars(main))
         else:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))

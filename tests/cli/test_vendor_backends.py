@@ -24,6 +24,8 @@ from hal.backends.ascend import AscendBackend
 from hal.backends.cambricon import CambriconBackend
 from hal.errors import BackendUnavailable
 
+from ..plain_client import PlainServer, run_plain
+
 REPO = Path(__file__).resolve().parents[2]
 VENDORS = {"ascend": ("torch_npu", AscendBackend), "cambricon": ("torch_mlu", CambriconBackend)}
 
@@ -247,8 +249,11 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+_PLAIN = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def run_child(code: str, fake_root: Path | None = None, **env: str) -> str:
-    """Run ``code`` in a fresh interpreter (repo and, if given, the fakes on PYTHONPATH); return stdout.
+    """Run ``code`` as ``python -c`` (repo and, if given, the fakes on PYTHONPATH); return stdout.
 
     The child must print CHILD-OK last: an assertion error or crash anywhere fails the test.
     """
@@ -259,10 +264,12 @@ def run_child(code: str, fake_root: Path | None = None, **env: str) -> str:
     }
     child_env["PYTHONPATH"] = os.pathsep.join(paths)
     child_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code) + "\nprint('CHILD-OK')\n"],
-        capture_output=True, text=True, env=child_env, cwd=REPO, timeout=300,
-    )
+    source = textwrap.dedent(code) + "\nprint('CHILD-OK')\n"
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=child_env, cwd=REPO,
+                              timeout=300)
+    else:  # forked from a server that imported torch only: as a fresh interpreter, without its seconds of imports
+        proc = run_plain(_PLAIN, ["-c", source], child_env, REPO, 300)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("CHILD-OK"), proc.stdout + proc.stderr
     return proc.stdout
 

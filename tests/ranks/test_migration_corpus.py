@@ -46,7 +46,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +54,8 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+
+from ..plain_client import ForkedRun, PlainServer
 
 pytestmark = pytest.mark.multiprocess
 
@@ -181,67 +182,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             continue
 
 
-class PlainServer:
-    """The corpus's fork server (``tests/plain_python.py``): torch imported once, each run forked from it.
-
-    Started once a module (it imports no hal, so a twin stays plain); ``HAL_TEST_FORK=0`` runs every command as a
-    fresh interpreter instead."""
-
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
-
-    def start(self, argv: list[str], cwd: Path, scratch: Path) -> "ForkedRun":
-        with self._lock:
-            if self._proc is None:
-                self._proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "plain_python.py")],
-                                              stdin=subprocess.PIPE, env=_env(), cwd=REPO)
-            request = {"argv": argv, "env": _env(), "cwd": str(cwd), "out": str(scratch / "out"),
-                       "err": str(scratch / "err"), "status": str(scratch / "status")}
-            assert self._proc.stdin is not None
-            self._proc.stdin.write((json.dumps(request) + "\n").encode())
-            self._proc.stdin.flush()
-        return ForkedRun(scratch)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._proc is not None and self._proc.stdin is not None:
-                self._proc.stdin.close()
-                self._proc.wait(TIMEOUT_S)
-                self._proc = None
-
-
-class ForkedRun:
-    """A run the server forked: wait for its status file; stop its session when it outlives the deadline."""
-
-    def __init__(self, scratch: Path) -> None:
-        self.scratch = scratch
-
-    def _read(self, name: str) -> str | None:
-        path = self.scratch / name
-        return path.read_text(encoding="utf-8", errors="backslashreplace") if path.exists() else None
-
-    def communicate(self, deadline: float) -> tuple[int, str, str, bool]:
-        """(exit status, stdout, stderr, killed)."""
-        killed = False
-        while (status := self._read("status")) is None:
-            if time.monotonic() > deadline and not killed:
-                pid = None
-                while pid is None:
-                    pid = self._read("status.pid")
-                    time.sleep(0.02)
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(int(pid), sig)
-                    except ProcessLookupError:
-                        break
-                    time.sleep(2)
-                killed = True
-            time.sleep(0.02)
-        return int(status), self._read("out") or "", self._read("err") or "", killed
-
-
-SERVER = PlainServer()
+SERVER = PlainServer(_env)
 
 
 def run_all(commands: list[list[str]], cwd: Path) -> list[Run]:
