@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
+
+from ..plain_client import PlainServer, run_plain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,12 +26,21 @@ def test_parameter_count_matches_the_built_model() -> None:
     assert flops_per_token(model, 64) > 6 * (built - parameter_counts(model)["embedding"])
 
 
+_PLAIN = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _benchmark(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python benchmarks/pipeline.py ARGS``, forked from the plain server (torch imported once; its ranks' zygote
+    is then the benchmark's own fork); ``HAL_TEST_FORK=0``: a fresh interpreter."""
+    argv = [str(ROOT / "benchmarks" / "pipeline.py"), *args]
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return run_plain(_PLAIN, argv, {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, timeout)
+
+
 def test_tiny_pipeline_benchmark_on_cpu() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
-         "--rounds", "1", "--warmup", "1", "--micro-batches", "4", "--micro-batch-size", "2", "--json", "--timeout", "240"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--steps", "1",
+         "--rounds", "1", "--warmup", "1", "--micro-batches", "4", "--micro-batch-size", "2", "--json", "--timeout", "240"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["stages"] == 4 and len(summary["per_stage"]) == 4
@@ -41,12 +53,9 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
 @pytest.mark.parametrize("schedule,torch_schedule,ideal", [("interleaved-1f1b", "ScheduleInterleaved1F1B", 1 / 9),
                                                               ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5)])
 def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--steps", "1",
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--steps", "1",
          "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", schedule,
-         "--json", "--timeout", "240"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
+         "--json", "--timeout", "240"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == torch_schedule
@@ -54,17 +63,14 @@ def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str
 
 
 def test_master_weights_runs_both_schedules_in_hal_trains_precision() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny", "--stages", "2",
-         "--steps", "1", "--rounds", "1", "--warmup", "1", "--micro-batches", "2", "--master-weights", "--json", "--timeout", "240"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--stages", "2",
+         "--steps", "1", "--rounds", "1", "--warmup", "1", "--micro-batches", "2", "--master-weights", "--json", "--timeout", "240"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["master_weights"] is True and summary["tokens_per_s"]["torch"] > 0
 
 
 def test_zero_bubble_with_a_fused_head_is_refused_in_one_line() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "pipeline.py"), "--backend", "cpu", "--preset", "tiny",
-                          "--schedule", "zero-bubble", "--fused-head"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny",
+                          "--schedule", "zero-bubble", "--fused-head"], timeout=60)
     assert out.returncode == 2 and "drop --fused-head" in out.stderr.strip().splitlines()[-1]
