@@ -77,6 +77,17 @@ class ForkedRun:
 
 
 
+_SHARED: PlainServer | None = None
+
+
+def shared() -> PlainServer:
+    """The session's one plain server (PYTHONPATH: the repository): every test module's plain runs fork from it."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    return _SHARED
+
+
 def run_plain(server: PlainServer, argv: list[str], env: dict[str, str], cwd: Path, timeout: float
               ) -> subprocess.CompletedProcess[str]:
     """``python ARGV`` (``argv`` without the interpreter: a script, ``-m MODULE`` or ``-c CODE``) forked from

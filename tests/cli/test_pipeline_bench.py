@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
 
-from ..plain_client import PlainServer, run_plain
+from ..plain_client import run_plain, shared
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,16 +26,13 @@ def test_parameter_count_matches_the_built_model() -> None:
     assert flops_per_token(model, 64) > 6 * (built - parameter_counts(model)["embedding"])
 
 
-_PLAIN = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(ROOT)})
-
-
 def _benchmark(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     """``python benchmarks/pipeline.py ARGS``, forked from the plain server (torch imported once; its ranks' zygote
     is then the benchmark's own fork); ``HAL_TEST_FORK=0``: a fresh interpreter."""
     argv = [str(ROOT / "benchmarks" / "pipeline.py"), *args]
     if os.environ.get("HAL_TEST_FORK", "1") == "0":
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    return run_plain(_PLAIN, argv, {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, timeout)
+    return run_plain(shared(), argv, {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, timeout)
 
 
 def test_tiny_pipeline_benchmark_on_cpu() -> None:

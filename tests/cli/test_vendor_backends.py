@@ -24,7 +24,7 @@ from hal.backends.ascend import AscendBackend
 from hal.backends.cambricon import CambriconBackend
 from hal.errors import BackendUnavailable
 
-from ..plain_client import PlainServer, run_plain
+from ..plain_client import run_plain, shared
 
 REPO = Path(__file__).resolve().parents[2]
 VENDORS = {"ascend": ("torch_npu", AscendBackend), "cambricon": ("torch_mlu", CambriconBackend)}
@@ -249,9 +249,6 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-_PLAIN = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(REPO)})
-
-
 def run_child(code: str, fake_root: Path | None = None, **env: str) -> str:
     """Run ``code`` as ``python -c`` (repo and, if given, the fakes on PYTHONPATH); return stdout.
 
@@ -269,7 +266,7 @@ def run_child(code: str, fake_root: Path | None = None, **env: str) -> str:
         proc = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=child_env, cwd=REPO,
                               timeout=300)
     else:  # forked from a server that imported torch only: as a fresh interpreter, without its seconds of imports
-        proc = run_plain(_PLAIN, ["-c", source], child_env, REPO, 300)
+        proc = run_plain(shared(), ["-c", source], child_env, REPO, 300)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("CHILD-OK"), proc.stdout + proc.stderr
     return proc.stdout
 

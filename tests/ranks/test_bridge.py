@@ -353,9 +353,15 @@ def test_the_bridge_benchmark_times_each_channel_count_against_the_single_stream
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "benchmarks" / "bridge.py"), "--cpu-only", "--sizes-mib", "2",
-                          "--iters", "1", "--warmup", "0", "--channels", "1,2", "--chunk-mib", "0.25", "--json", "--timeout", "120"],
-                         capture_output=True, text=True, timeout=180, cwd=root)
+    from ..plain_client import run_plain, shared
+
+    argv = [str(root / "benchmarks" / "bridge.py"), "--cpu-only", "--sizes-mib", "2", "--iters", "1", "--warmup", "0",
+            "--channels", "1,2", "--chunk-mib", "0.25", "--json", "--timeout", "120"]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        run = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=180, cwd=root, env=env)
+    else:  # forked from the plain server (torch imported once): its ranks' zygote is then its own fork
+        run = run_plain(shared(), argv, env, root, 180)
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)
     row = summary["rows"][0]

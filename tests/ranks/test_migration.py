@@ -36,7 +36,7 @@ from hal.migration import (
     run_script,
 )
 
-from ..plain_client import PlainServer, run_plain
+from ..plain_client import run_plain, shared
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA_SCRIPT = REPO / "examples" / "cuda_train.py"
@@ -62,15 +62,12 @@ def _changed(before: dict[str, Any]) -> list[str]:
     return [where for where, value in before.items() if _value(where) is not value]
 
 
-_PLAIN = PlainServer(lambda: {**os.environ, "PYTHONPATH": str(REPO)})
-
-
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     """``python ARGS``: forked from the plain server (torch imported once, no hal), or fresh with HAL_TEST_FORK=0."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if os.environ.get("HAL_TEST_FORK", "1") == "0":
         return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    return run_plain(_PLAIN, list(args), env, REPO, 120)
+    return run_plain(shared(), list(args), env, REPO, 120)
 
 
 def _migrated(script: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:

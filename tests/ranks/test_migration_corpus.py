@@ -55,7 +55,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from ..plain_client import ForkedRun, PlainServer
+from ..plain_client import ForkedRun, shared
 
 pytestmark = pytest.mark.multiprocess
 
@@ -182,7 +182,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             continue
 
 
-SERVER = PlainServer(_env)
+SERVER = shared()
 
 
 def run_all(commands: list[list[str]], cwd: Path) -> list[Run]:
@@ -199,7 +199,7 @@ def run_all(commands: list[list[str]], cwd: Path) -> list[Run]:
             if forked and argv[0] == sys.executable:
                 scratch = Path(tmp) / str(i)
                 scratch.mkdir()
-                procs.append(SERVER.start(argv[1:], cwd, scratch))
+                procs.append(SERVER.start(argv[1:], cwd, scratch, _env()))
             else:
                 procs.append(subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                               text=True, start_new_session=True))
@@ -581,7 +581,6 @@ def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                for spec in sorted(selected, key=_processes, reverse=True)}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
-    SERVER.close()
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.path.stem for s in SPECS])
