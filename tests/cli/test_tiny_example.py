@@ -6,15 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ..conftest import REPO, run_hal
+from ..plain_client import run_plain, shared
 
 pytest.importorskip("tokenizers")
 
@@ -86,8 +86,7 @@ def test_prepare_then_train_the_tiny_example(tmp_path: Path) -> None:
     assert exported.returncode == 0, exported.stderr
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers is not installed (the test extra has it): the export was written, not loaded")
-    loaded = subprocess.run([sys.executable, *shlex.split(load)[1:]], capture_output=True, text=True, cwd=tmp_path,
-                            timeout=300)
+    loaded = run_plain(shared(), shlex.split(load)[1:], dict(os.environ), tmp_path, 300)  # python ARGS, torch preloaded
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     continued = loaded.stdout.strip()
     assert continued.startswith("The ledger") and len(continued) > len("The ledger") + 10, continued
