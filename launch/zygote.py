@@ -173,7 +173,7 @@ def _forget_the_launcher(keep: int) -> None:
     warnings._filters_mutated()  # type: ignore[attr-defined]
 
 
-class _ForkedZygote:
+class _ForkedZygote(ForkedRank):
     """The zygote as a fork of the launcher: the little of ``subprocess.Popen`` ``Zygote`` uses (pid, stderr)."""
 
     def __init__(self, theirs: socket.socket, ours: socket.socket, preload: Sequence[str], env: Mapping[str, str],
@@ -209,28 +209,14 @@ class _ForkedZygote:
             finally:
                 os._exit(code)
         os.close(write_err)
-        self.pid = pid
-        self.returncode: int | None = None
+        super().__init__(pid)
         self.stderr = os.fdopen(read_err, "rb")
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
     def kill(self) -> None:
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
 
 # --- the zygote's side --------------------------------------------------------------------------------------------

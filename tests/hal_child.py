@@ -9,11 +9,9 @@ an interpreter starts (``PYTHON*`` variables) or ``HAL_TEST_FORK=0`` asks for a 
 """
 from __future__ import annotations
 
-import atexit
 import io
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch  # noqa: F401  (the import this module exists to do once)
@@ -21,6 +19,8 @@ import torch._dynamo  # noqa: F401  (an optimizer's first param group imports it
 
 import hal
 from hal.cli import main
+
+from tests.plain_python import exit_like_the_interpreter
 
 MAIN = str(Path(hal.__file__).with_name("__main__.py"))  # what ``python -m hal`` puts in sys.argv[0]
 
@@ -38,20 +38,4 @@ def run_command(argv: list[str], env: dict[str, str], cwd: str, out: str, err: s
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",
                                   line_buffering=True)
     sys.argv = [MAIN, *argv]
-    code: object
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:  # what the interpreter does with an uncaught exception: the traceback, status 1
-        traceback.print_exc()
-        code = 1
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    try:
-        atexit._run_exitfuncs()  # the handlers an interpreter runs at exit (the forked child never reaches them)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code or 0)
+    exit_like_the_interpreter(lambda: main(argv))

@@ -21,6 +21,7 @@ import json
 import os
 import select
 import sys
+from typing import Callable, NoReturn
 
 import torch  # noqa: F401  (the import this server exists to do once)
 import torch._dynamo  # noqa: F401
@@ -34,10 +35,7 @@ def _write(path: str, text: str) -> None:
 
 def _child(request: dict) -> None:
     """Become the run: session, environment, streams, argv; run it as the interpreter would; exit."""
-    import atexit
     import io
-    import runpy
-    import traceback
 
     os.setsid()
     os.environ.clear()
@@ -56,30 +54,46 @@ def _child(request: dict) -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    argv = request["argv"]
-    code: object = 0
-    try:
-        for entry in reversed([e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]):
-            if entry not in sys.path:  # this run's PYTHONPATH (the server's own is on sys.path already)
-                sys.path.insert(1, entry)
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path[0] = os.getcwd()
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        elif argv[0] == "-c":
-            sys.argv = ["-c", *argv[2:]]
-            sys.path[0] = ""
-            import builtins
-            import types
+    exit_like_the_interpreter(lambda: _run(request["argv"]))
 
-            main = types.ModuleType("__main__")  # a fresh __main__, as the interpreter gives -c code
-            main.__builtins__ = builtins  # type: ignore[attr-defined]
-            sys.modules["__main__"] = main
-            exec(compile(argv[1], "<string>", "exec"), vars(main))
-        else:
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
+
+def _run(argv: list[str]) -> None:
+    """Run ``argv`` as ``python ARGV`` would (a script, ``-m MODULE`` or ``-c CODE``)."""
+    import runpy
+
+    for entry in reversed([e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]):
+        if entry not in sys.path:  # this run's PYTHONPATH (the server's own is on sys.path already)
+            sys.path.insert(1, entry)
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        import builtins
+        import types
+
+        main = types.ModuleType("__main__")  # a fresh __main__, as the interpreter gives -c code
+        main.__builtins__ = builtins  # type: ignore[attr-defined]
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), vars(main))
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def exit_like_the_interpreter(body: Callable[[], object]) -> NoReturn:
+    """Run ``body`` and leave as the interpreter leaves a program: SystemExit's code (a non-int printed, status
+    1), an uncaught exception's traceback and status 1, the atexit handlers (a forked child never reaches them),
+    flushed streams; then ``os._exit``. Shared with ``tests/hal_child.py``."""
+    import atexit
+    import traceback
+
+    code: object
+    try:
+        code = body()
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # what the interpreter does with an uncaught exception: the traceback, status 1
@@ -89,7 +103,7 @@ def _child(request: dict) -> None:
         print(code, file=sys.stderr)
         code = 1
     try:
-        atexit._run_exitfuncs()  # the handlers an interpreter runs at exit (a forked child never reaches them)
+        atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
