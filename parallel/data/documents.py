@@ -162,10 +162,7 @@ def jsonl_pieces(path: Path, window: int = WINDOW_CHARS, max_line: int = MAX_JSO
             text = _record_text(path, number, line)
             if not text.strip():
                 continue
-            *pieces, rest = _split(text, window)
-            for piece in pieces:
-                yield Piece(piece, False)
-            yield Piece(rest, True)
+            yield from _document(text, window)
 
 
 def _record_text(path: Path, number: int, line: str) -> str:

@@ -180,11 +180,14 @@ def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: PendingF
     for batch in _read_ahead(_batches(pieces(path, window), BATCH_DOCUMENTS, BATCH_CHARS)):
         try:
             encodings = tokenizer.encode_batch([p.text for p in batch], add_special_tokens=False)
-        except Exception as exc:  # the Rust side raises plain Exception (or a PanicException, which is one too)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # the Rust side raises plain Exception, or a PanicException (a BaseException)
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise HalError(f"{path}: the tokenizer failed near document {counts.documents + 1} ({first}); nothing "
                            "was written. Check the file's text or use another tokenizer.json") from None
         ids: list[int] = []
+        before = counts.documents
         for piece, encoding in zip(batch, encodings):
             ids += encoding.ids
             if piece.last:
@@ -194,7 +197,7 @@ def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: PendingF
             open_piece = not piece.last
         out.write(np.asarray(ids, dtype=DTYPES[dtype]).tobytes())
         counts.tokens += len(ids)
-        progress.documents += sum(p.last for p in batch)
+        progress.documents += counts.documents - before
         progress.tokens += len(ids)
         report(progress)
     return counts
