@@ -213,9 +213,10 @@ class ParallelPlan:
         return self.compile if own is None else own
 
 
-def parse_plan(raw: Any, origin: str = "config") -> ParallelPlan:
-    """The ``parallel:`` section as a ParallelPlan: keys, types and choices (no model checks yet)."""
-    plan: ParallelPlan = parse_section(origin, "parallel", raw, ParallelPlan)
+def parse_plan(raw: Any, origin: str = "config", where: str = "parallel") -> ParallelPlan:
+    """The ``parallel:`` section (or one replica's body, ``where``) as a ParallelPlan: keys, types and choices (no
+    model checks yet)."""
+    plan: ParallelPlan = parse_section(origin, where, raw, ParallelPlan)
     return plan
 
 

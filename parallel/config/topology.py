@@ -97,10 +97,11 @@ class Topology:
     placement: str = "loop"  # where the chunks sit (``schedules.placement``): "v" under zbv
 
     @classmethod
-    def from_plan(cls, plan: ParallelPlan) -> "Topology":
-        """Lay the stages out on consecutive ranks. Assumes ``devices == tp * dp`` (validate_plan checks it)."""
+    def from_plan(cls, plan: ParallelPlan, first_rank: int = 0) -> "Topology":
+        """Lay the stages out on consecutive ranks from ``first_rank`` (a replica's first: ``parallel.config.replicas``;
+        0 for a plan of its own). Assumes ``devices == tp * dp`` (validate_plan checks it)."""
         chunks = plan.layer_chunks()  # virtual stage v*S + k takes the next layers
-        meshes, offset = [], 0
+        meshes, offset = [], first_rank
         for k, s in enumerate(plan.stages):
             if s.devices != s.tp * s.dp:
                 raise ConfigError(f"stage {k}: devices {s.devices} != tp {s.tp} × dp {s.dp}; validate the plan first")
@@ -112,7 +113,17 @@ class Topology:
     # --- sizes and lookups ----------------------------------------------------------------------
     @property
     def world_size(self) -> int:
+        """Ranks of this plan (a replica's, among the other replicas' ranks: see ``first_rank``)."""
         return sum(m.size for m in self.stages)
+
+    @property
+    def first_rank(self) -> int:
+        """The global rank of stage 0's first device: 0, or a replica's offset among the replicas."""
+        return self.stages[0].offset
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.world_size)
 
     @property
     def num_stages(self) -> int:
@@ -124,8 +135,8 @@ class Topology:
         return self.stages[stage]
 
     def stage_of(self, rank: int) -> int:
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} is outside the plan's world 0..{self.world_size - 1}")
+        if rank not in self.ranks:
+            raise ValueError(f"rank {rank} is outside the plan's ranks {self.first_rank}..{self.ranks[-1]}")
         return next(m.index for m in self.stages if m.offset <= rank < m.offset + m.size)
 
     def coord(self, rank: int) -> Coord:
@@ -187,7 +198,7 @@ class Topology:
         """One island number per rank, the stage's index: declares each stage an island on one backend
         (``init_distributed(islands=...)`` / ``HAL_ISLANDS``), so a CPU-only run exercises the bridge
         at every boundary as a mixed-vendor run would."""
-        return tuple(self.stage_of(r) for r in range(self.world_size))
+        return tuple(self.stage_of(r) for r in self.ranks)
 
     # --- reports -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -201,7 +212,7 @@ class Topology:
                 for m in self.stages
             ],
             "ranks": [
-                {"rank": r, **self.coord(r)._asdict(), "backend": self.backend_of(r)} for r in range(self.world_size)
+                {"rank": r, **self.coord(r)._asdict(), "backend": self.backend_of(r)} for r in self.ranks
             ],
             "boundaries": [
                 {"boundary": k, "from_stage": k, "to_stage": k + 1, "ranks": list(self.boundary_ranks(k)),

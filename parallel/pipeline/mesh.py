@@ -10,7 +10,7 @@ no special case here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 
@@ -126,19 +126,19 @@ class Mesh:
         return comm
 
 
-def _check_world_matches(topology: Topology, world: "World") -> None:
+def _check_world_matches(topologies: "Sequence[Topology]", world: "World") -> None:
     """Same answer on every rank (world.backends is gathered at init), so every rank raises together."""
-    if world.size != topology.world_size:
-        raise ConfigError(
-            f"the plan needs {topology.world_size} ranks but the world has {world.size}; launch {topology.world_size} ranks"
-        )
-    for rank in range(world.size):
-        wanted, running = topology.backend_of(rank), world.backends[rank]
-        if wanted != running:
-            raise ConfigError(
-                f"rank {rank} runs backend '{running}' but the plan puts it in stage {topology.stage_of(rank)} on "
-                f"'{wanted}'; start rank {rank} with HAL_BACKEND={wanted} (stages own consecutive ranks)"
-            )
+    needed = sum(t.world_size for t in topologies)
+    if world.size != needed:
+        raise ConfigError(f"the plan needs {needed} ranks but the world has {world.size}; launch {needed} ranks")
+    for topology in topologies:
+        for rank in topology.ranks:
+            wanted, running = topology.backend_of(rank), world.backends[rank]
+            if wanted != running:
+                raise ConfigError(
+                    f"rank {rank} runs backend '{running}' but the plan puts it in stage {topology.stage_of(rank)} on "
+                    f"'{wanted}'; start rank {rank} with HAL_BACKEND={wanted} (stages own consecutive ranks)"
+                )
 
 
 def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple[str, int, int, tuple[int, ...]]]:
@@ -170,22 +170,32 @@ def build_mesh(topology: Topology, world: "World | None" = None, *, validate: bo
     Collective: every rank of the world calls it with the same topology (torch creates groups
     collectively, in the same order everywhere). Each distinct rank set becomes one layout.
     """
+    return build_meshes((topology,), world, validate=validate, tied_embeddings=tied_embeddings)
+
+
+def build_meshes(topologies: "Sequence[Topology]", world: "World | None" = None, *, validate: bool = True,
+                 tied_embeddings: bool = False) -> Mesh:
+    """``build_mesh`` for several plans side by side (replicas, ``parallel.config.replicas``): each topology over its
+    own consecutive ranks, together the world. Every rank creates every topology's groups, in topology order; it
+    gets its Mesh in the topology holding it."""
     from hal.collectives.communicator import Communicator
     from hal.collectives.process_groups import current_world, make_layout
 
     world = world or current_world()
-    _check_world_matches(topology, world)
+    _check_world_matches(topologies, world)
     made: dict[tuple[int, ...], Communicator | None] = {}
     mine: dict[tuple[str, int], Communicator] = {}
-    for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
-        if ranks not in made:
-            layout = make_layout(world, ranks)  # every rank calls this, member or not
-            made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
-        comm = made[ranks]
-        if comm is not None:
-            mine[(kind, where)] = comm
-    coord = topology.coord(world.rank)
+    own = next(t for t in topologies if world.rank in t.ranks)
+    for topology in topologies:
+        for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
+            if ranks not in made:
+                layout = make_layout(world, ranks)  # every rank calls this, member or not
+                made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
+            comm = made[ranks]
+            if comm is not None and topology is own:
+                mine[(kind, where)] = comm
+    coord = own.coord(world.rank)
     boundaries = {k: comm for (kind, k), comm in mine.items() if kind == "boundary"}
-    return Mesh(topology, coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)],
+    return Mesh(own, coord, mine[("stage", coord.stage)], mine[("tp", coord.stage)], mine[("dp", coord.stage)],
                 boundaries, mine.get(("embedding", 0)), mine.get(("wrap", 0)), mine.get(("ep", coord.stage)),
                 mine.get(("edp", coord.stage)))

@@ -81,8 +81,9 @@ ROOMS: dict[str, int] = {
     "models": 2, "observe": 2,
     "state": 3,
     "pipeline": 4,
-    "loop": 5,
-    "planner": 6,
+    "replicas": 5,
+    "loop": 6,
+    "planner": 7,
 }
 MAX_FLAT_MODULES = 15  # a folder with more modules than this side by side wants rooms
 
@@ -181,7 +182,7 @@ def test_the_room_checkers_catch_planted_violations(tmp_path: Path) -> None:
     for i in range(MAX_FLAT_MODULES + 1):
         (tmp_path / "parallel" / "observe" / f"m{i}.py").write_text("")
     assert room_violations(tmp_path) == [
-        "parallel/config/plan.py:3 imports hal.parallel.loop.trainer (room config, floor 1 -> room loop, floor 5)",
+        "parallel/config/plan.py:3 imports hal.parallel.loop.trainer (room config, floor 1 -> room loop, floor 6)",
         "parallel/models/decoder.py:1 imports hal.parallel.observe.timeline (room models, floor 2 -> room observe, floor 2)",
         "parallel/stray.py sits flat in parallel/: give it a room",
     ]

@@ -1,0 +1,287 @@
+"""Replicas: several whole plans side by side, each training its share of the global batch (data parallelism
+across islands of different vendors and speeds).
+
+    parallel:
+      global_batch: 16            # rows per optimizer step over every replica (needed with rows: auto)
+      replica_sync: {every: 1}    # 1: gradients meet every step (exact); H > 1: local SGD, see below
+      replicas:
+        - rows: 12                # this replica's rows of every step (or auto: by measured speed)
+          micro_batch_size: 4     # then micro_batches defaults to rows / micro_batch_size
+          stages: [{backend: cuda, devices: 2, layers: 4, tp: 2}]
+        - rows: 4
+          schedule: gpipe
+          stages: [{backend: cpu, devices: 2, layers: 4, dp: 2}]
+
+Each replica is a complete ``parallel:`` body of its own (``parallel.config.plan``: stages, schedule,
+micro-batching, zero1, compile …) over its own consecutive ranks — replica 0 first — and the model is one.
+Replicas may differ in backend, device count, stage count, layer split, tp/dp/sp/ep, precision and schedule:
+their gradients are matched by parameter name, in full (``parallel.replicas.sync``). With ``every: 1`` the
+step's gradient is the token-weighted mean over every replica, so the run computes the single-device training.
+With ``every: H > 1`` the replicas step on their own and meet every H steps (DiLoCo): the mean of their
+parameter deltas is the outer gradient of a Nesterov-momentum SGD (``outer_lr``, ``outer_momentum``); H = 1
+with outer lr 1 and no momentum is plain sync.
+
+This module is data and checks only (no process): every problem is one ConfigError line naming the key.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from hal.config import limits
+from hal.config.schema import Choice, Number, PositiveInt, key, parse_section, reject_unknown, require_mapping
+from hal.errors import ConfigError
+
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
+
+AUTO = "auto"
+COMPRESSIONS = ("none", "bf16")
+MAX_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class ReplicaSync:
+    """``parallel.replica_sync``: how often and how the replicas' updates meet across islands."""
+
+    every: int = key(PositiveInt(limits.STEPS), 1, example="every: 8")  # H: steps between cross-replica syncs
+    outer_lr: float = key(Number(positive=True), 1.0, example="outer_lr: 0.7")  # local SGD's outer step (H > 1)
+    outer_momentum: float = key(Number(positive=False), 0.0, example="outer_momentum: 0.9")  # Nesterov, H > 1
+    compress: str = key(Choice(COMPRESSIONS), "none")  # the cross-island part's dtype on the wire
+
+    @property
+    def exact(self) -> bool:
+        """Gradients meet every step, uncompressed: the single-device training."""
+        return self.every == 1 and self.compress == "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"every": self.every, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                "compress": self.compress}
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica: its plan over its own ranks, and its rows of every step (None: ``auto``, set at start)."""
+
+    plan: ParallelPlan
+    rows: int | None
+    first_rank: int
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.plan.world_size)
+
+
+@dataclass(frozen=True)
+class ReplicatedPlan:
+    """The replicas in rank order, the rows of a step over all of them, and how they sync."""
+
+    replicas: tuple[Replica, ...]
+    global_batch: int
+    sync: ReplicaSync
+
+    @property
+    def world_size(self) -> int:
+        return sum(r.world_size for r in self.replicas)
+
+    @property
+    def resolved(self) -> bool:
+        """Every replica's rows are known (no ``auto`` left)."""
+        return all(r.rows is not None for r in self.replicas)
+
+    def replica_of(self, rank: int) -> int:
+        for i, r in enumerate(self.replicas):
+            if rank in r.ranks:
+                return i
+        raise ValueError(f"rank {rank} is outside the replicas' world 0..{self.world_size - 1}")
+
+    def row_ranges(self) -> list[range]:
+        """Each replica's rows of the step's global batch, in replica order."""
+        if not self.resolved:
+            raise ValueError("the replicas' rows are not set yet (rows: auto): resolve them first (with_rows)")
+        out, first = [], 0
+        for r in self.replicas:
+            assert r.rows is not None
+            out.append(range(first, first + r.rows))
+            first += r.rows
+        return out
+
+    def with_rows(self, rows: Sequence[int]) -> "ReplicatedPlan":
+        """The same replicas with these rows (``auto`` resolved): each replica's micro-batches follow."""
+        if len(rows) != len(self.replicas) or sum(rows) != self.global_batch:
+            raise ValueError(f"rows {list(rows)} do not split global_batch {self.global_batch} over "
+                             f"{len(self.replicas)} replicas")
+        replicas = []
+        for r, n in zip(self.replicas, rows):
+            mbs = r.plan.micro_batch_size
+            if n <= 0 or n % mbs:
+                raise ValueError(f"{n} rows are not a positive multiple of micro_batch_size {mbs}")
+            replicas.append(replace(r, rows=n, plan=replace(r.plan, micro_batches=n // mbs)))
+        return replace(self, replicas=tuple(replicas))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"global_batch": self.global_batch, "replica_sync": self.sync.to_dict(),
+                "replicas": [{"rows": AUTO if r.rows is None else r.rows, **r.plan.to_dict()} for r in self.replicas]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ReplicatedPlan":
+        """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
+        replicas, first = [], 0
+        for raw in data["replicas"]:
+            body = {k: v for k, v in raw.items() if k != "rows"}
+            plan = ParallelPlan.from_dict(body)
+            replicas.append(Replica(plan, None if raw["rows"] == AUTO else int(raw["rows"]), first))
+            first += plan.world_size
+        return cls(tuple(replicas), int(data["global_batch"]), ReplicaSync(**data["replica_sync"]))
+
+
+# --- parsing ------------------------------------------------------------------------------------------------
+
+TOP_KEYS = ("replicas", "global_batch", "replica_sync")
+
+
+def is_replicated(raw: Any) -> bool:
+    """Whether a ``parallel:`` section lists replicas (else it is one plan, as before)."""
+    return isinstance(raw, Mapping) and "replicas" in raw
+
+
+def _rows(origin: str, where: str, value: Any) -> int | None:
+    if value == AUTO:
+        return None
+    return PositiveInt(limits.ROWS).check(origin, where, value, "rows: 8 (or rows: auto)")
+
+
+def _parse_replica(origin: str, index: int, raw: Any, first_rank: int) -> Replica:
+    where = f"parallel.replicas[{index}]"
+    require_mapping(origin, where, raw, "give each replica rows and a plan body, e.g. {rows: 8, stages: [...]}")
+    if "rows" not in raw:
+        raise ConfigError(f"{origin}: '{where}' is missing key 'rows'; give its rows of every step, e.g. rows: 8, "
+                          "or rows: auto (shares by measured speed)")
+    if "model" in raw:
+        raise ConfigError(f"{origin}: '{where}.model': replicas train one model; give 'model:' once, at the top of the file")
+    rows = _rows(origin, f"{where}.rows", raw["rows"])
+    body = {k: v for k, v in raw.items() if k != "rows"}
+    plan = parse_plan(body, origin, where=where)
+    if rows is not None:
+        mbs = plan.micro_batch_size
+        if rows % mbs:
+            raise ConfigError(f"{origin}: {where}: rows {rows} is not a multiple of its micro_batch_size {mbs}; "
+                              f"use rows: {max(mbs, rows // mbs * mbs)} or another micro_batch_size")
+        if "micro_batches" in body and plan.micro_batches * mbs != rows:
+            raise ConfigError(f"{origin}: {where}: micro_batches {plan.micro_batches} × micro_batch_size {mbs} = "
+                              f"{plan.micro_batches * mbs} rows, but rows is {rows}; drop micro_batches (it follows "
+                              f"from rows) or make them agree")
+        plan = replace(plan, micro_batches=rows // mbs)
+    return Replica(plan, rows, first_rank)
+
+
+def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> ReplicatedPlan:
+    """A ``parallel:`` section with ``replicas:`` as a ReplicatedPlan: keys, types and the rows' arithmetic."""
+    reject_unknown(origin, "parallel", raw, TOP_KEYS)
+    items = raw["replicas"]
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{origin}: key 'parallel.replicas' must be a non-empty list of replicas, each a plan body "
+                          "with its rows, e.g. replicas: [{rows: 8, stages: [...]}, {rows: 4, stages: [...]}]")
+    if len(items) > MAX_REPLICAS:
+        raise ConfigError(f"{origin}: parallel.replicas lists {len(items)} replicas, above the limit {MAX_REPLICAS}; "
+                          "use dp inside a replica for more copies on one island")
+    replicas, first = [], 0
+    for i, item in enumerate(items):
+        replica = _parse_replica(origin, i, item, first)
+        replicas.append(replica)
+        first += replica.world_size
+    sync = parse_section(origin, "parallel.replica_sync", raw.get("replica_sync", {}), ReplicaSync)
+    known = sum(r.rows for r in replicas if r.rows is not None)
+    auto = [i for i, r in enumerate(replicas) if r.rows is None]
+    if "global_batch" in raw:
+        total = PositiveInt(limits.ROWS).check(origin, "parallel.global_batch", raw["global_batch"], "global_batch: 16")
+    elif auto:
+        raise ConfigError(f"{origin}: parallel.replicas[{auto[0]}].rows is auto but parallel.global_batch is not given; "
+                          "give the rows of a step over all replicas, e.g. global_batch: 32")
+    else:
+        total = known
+    if not auto and known != total:
+        parts = " + ".join(str(r.rows) for r in replicas)
+        raise ConfigError(f"{origin}: the replicas' rows add up to {known} ({parts}) but parallel.global_batch is {total}; "
+                          "make them agree (or drop global_batch: it is their sum)")
+    if auto:
+        least = sum(replicas[i].plan.micro_batch_size for i in auto)
+        if total - known < least:
+            raise ConfigError(f"{origin}: parallel.global_batch {total} leaves {total - known} rows for the auto replicas "
+                              f"{auto}, fewer than their micro_batch_size total {least}; raise global_batch")
+    if len(replicas) == 1 and (sync.compress != "none" or sync.every != 1):
+        raise ConfigError(f"{origin}: parallel.replica_sync sets {'compress' if sync.compress != 'none' else 'every'} "
+                          "but there is one replica: nothing crosses islands; drop replica_sync or add a replica")
+    if sync.every == 1 and (sync.outer_lr != 1.0 or sync.outer_momentum != 0.0):
+        raise ConfigError(f"{origin}: parallel.replica_sync.outer_lr / outer_momentum apply to local SGD (every > 1), "
+                          "but every is 1 (gradients meet every step); set every: 8 or drop them")
+    if sync.every > 1 and sync.compress != "none":
+        raise ConfigError(f"{origin}: parallel.replica_sync.compress applies to the every-step gradient sync; local "
+                          "SGD (every > 1) sends parameter deltas uncompressed; drop compress or set every: 1")
+    return ReplicatedPlan(tuple(replicas), total, sync)
+
+
+def validate_replicated(rep: ReplicatedPlan, model: ModelConfig, *, world_size: int | None, check_backends: bool = True,
+                        seq_len: int | None = None, single_host: bool = True, origin: str = "config",
+                        precision: str | None = None) -> None:
+    """Each replica's plan against the model (``validate_plan``), the world's size, and what replicas cannot mix."""
+    for i, r in enumerate(rep.replicas):
+        validate_plan(r.plan, model, world_size=None, check_backends=check_backends, seq_len=seq_len,
+                      single_host=single_host, origin=f"{origin}: parallel.replicas[{i}]", precision=precision)
+    if world_size is not None and world_size != rep.world_size:
+        parts = " + ".join(str(r.world_size) for r in rep.replicas)
+        raise ConfigError(f"{origin}: the replicas use {rep.world_size} devices ({parts}) but the world has {world_size} "
+                          f"ranks; launch {rep.world_size} ranks or change the replicas' devices")
+    if single_host and check_backends:
+        _check_shared_devices(rep, origin)
+
+
+def _check_shared_devices(rep: ReplicatedPlan, origin: str) -> None:
+    """On one host, the replicas' accelerator ranks together fit the devices (each replica alone was checked)."""
+    from hal.backend_registry import get_backend
+
+    wanted: dict[str, int] = {}
+    for r in rep.replicas:
+        for s in r.plan.stages:
+            wanted[s.backend] = wanted.get(s.backend, 0) + s.devices
+    for name, count in wanted.items():
+        backend = get_backend(name)
+        if backend.device_type == "cpu":
+            continue
+        have = backend.device_count()
+        if count > have:
+            raise ConfigError(f"{origin}: the replicas put {count} ranks on backend '{name}' but this host has {have}; "
+                              "lower their devices or move a replica to another backend")
+
+
+def auto_rows(speeds: Sequence[float], global_batch: int, granularity: Sequence[int],
+              fixed: Sequence[int | None]) -> list[int]:
+    """Rows per replica in proportion to ``speeds`` (rows per second each can train), each a multiple of its
+    ``granularity`` (micro_batch_size) and at least one of them; replicas with ``fixed`` rows keep them.
+
+    Largest-remainder rounding on the granules, so the rows add up to ``global_batch`` exactly (the caller checked
+    that a solution exists: the free rows cover one granule of each auto replica, and granules divide them).
+    """
+    free = global_batch - sum(f for f in fixed if f is not None)
+    auto = [i for i, f in enumerate(fixed) if f is None]
+    rows = [f if f is not None else granularity[i] for i, f in enumerate(fixed)]
+    left = free - sum(granularity[i] for i in auto)
+    if left < 0 or any(s <= 0 or not math.isfinite(s) for s in (speeds[i] for i in auto)):
+        raise ValueError(f"cannot share {free} rows over replicas {auto} at speeds {list(speeds)}")
+    total_speed = sum(speeds[i] for i in auto)
+    want = {i: free * speeds[i] / total_speed - granularity[i] for i in auto}  # beyond the one granule each has
+    while left > 0:
+        fits = [i for i in auto if granularity[i] <= left]
+        if not fits:
+            break
+        i = max(fits, key=lambda j: (want[j] - (rows[j] - granularity[j])) / granularity[j])
+        rows[i] += granularity[i]
+        left -= granularity[i]
+    if left:
+        raise ValueError(f"{left} rows cannot be placed in multiples of {[granularity[i] for i in auto]}")
+    return rows

@@ -1,0 +1,73 @@
+"""Per-rank bodies for the replica equivalence tests (run through tests.dist_harness)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .engine_cases import batch
+
+
+def global_rows(seed: int, step: int, rows: int, seq: int, vocab: int) -> torch.Tensor:
+    """The step's global batch, (rows, S+1): what the single-process reference trains on in one piece."""
+    return batch(seed, step, 1, rows, seq, vocab)[0]
+
+
+def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
+                num_layers: int = 4, moe: dict[str, Any] | None = None, inner: str = "adamw",
+                local_sgd: dict[str, Any] | None = None, runs: int = 1) -> dict[str, Any]:
+    """This rank's part of a replicated run: its replica's engine on its rows, gradients summed across replicas
+    every step — or, with ``local_sgd`` ({every, outer_lr, outer_momentum}), each replica on its own gradients and
+    the replicas' deltas meeting every H steps. ``inner``: adamw | sgd. ``runs`` > 1: the run again from the start
+    in the same world (a fresh engine), with ``local_sgd`` only from the second on: {"first": ..., "second": ...}."""
+    if runs == 2:
+        first = replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner, None)
+        return {"first": first, "second": replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner,
+                                                      local_sgd)}
+    from hal.collectives import current_world
+    from hal.parallel.config.replicas import parse_replicated, validate_replicated
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.loop.zero import Zero1AdamW
+    from hal.parallel.models.decoder import gather_full_grads, gather_full_params
+    from hal.parallel.pipeline.build import build_engine
+    from hal.parallel.pipeline.mesh import build_meshes
+    from hal.parallel.replicas.local_sgd import LocalSGD
+    from hal.parallel.replicas.sync import ReplicaExchange, token_weights
+
+    from . import engine_cases, moe_cases
+
+    config = moe_cases.model_config(moe) if moe is not None else engine_cases.model_config(tied, num_layers)
+    rep = parse_replicated(raw)
+    validate_replicated(rep, config, world_size=world, check_backends=False)
+    joined = current_world()
+    topologies = [Topology.from_plan(r.plan, r.first_rank) for r in rep.replicas]
+    mesh = build_meshes(topologies, joined, validate=False, tied_embeddings=tied)
+    index = rep.replica_of(joined.rank)
+    plan = rep.replicas[index].plan
+    engine = build_engine(config, plan, mesh, backend=joined.backend, seed=seed, device=joined.device)
+    exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined)
+    params = list(engine.module.parameters())
+    opt: Any = (torch.optim.SGD(params, lr=lr) if inner == "sgd" else Zero1AdamW(params, mesh.dp, lr=lr) if plan.zero1
+                else torch.optim.AdamW(params, lr=lr))
+    outer = LocalSGD(exchange, **local_sgd) if local_sgd is not None else None
+    ranges = rep.row_ranges()
+    losses, grads, sent = [], {}, 0
+    for step in range(steps):
+        tokens = global_rows(seed, step, rep.global_batch, config.max_seq_len, config.vocab_size)
+        weight = token_weights(tokens, ranges)[index]
+        mine = tokens[ranges[index].start:ranges[index].stop].reshape(plan.micro_batches, plan.micro_batch_size, -1)
+        opt.zero_grad()
+        loss = engine.step(mine)
+        if outer is None:
+            exchange.sync_grads(weight)
+            sent += exchange.bytes_sent
+        if step == 0:
+            grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
+        opt.step()
+        if outer is not None:
+            outer.after_step(step + 1, weight)
+            sent += outer.bytes_sent
+        losses.append(exchange.step_loss(loss, weight))
+    params_full = {n: t.cpu() for n, t in gather_full_params(engine.module).items()}
+    return {"replica": index, "losses": losses, "grads": grads, "bytes_sent": sent, "params": params_full,
+            "bridged": [len(c.layout.islands) for c in exchange.groups.values() if c is not None]}

@@ -1,0 +1,95 @@
+"""The replicas' plan: parsing, the rows' arithmetic, bad input as one line, auto shares and the sync's buckets."""
+from __future__ import annotations
+
+import pytest
+
+from hal.errors import ConfigError
+from hal.parallel.config.model import ModelConfig
+from hal.parallel.config.replicas import ReplicatedPlan, auto_rows, parse_replicated, validate_replicated
+from hal.parallel.config.topology import Topology
+from hal.parallel.replicas.sync import Holding, plan_buckets
+
+MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                    max_seq_len=8)
+TP2 = {"rows": 12, "micro_batch_size": 4, "stages": [{"backend": "cpu", "devices": 2, "layers": 4, "tp": 2}]}
+DP2 = {"rows": 4, "micro_batch_size": 2, "stages": [{"backend": "cpu", "devices": 2, "layers": 4, "dp": 2}]}
+
+
+def test_replicas_own_consecutive_ranks_and_rows() -> None:
+    rep = parse_replicated({"replicas": [TP2, DP2]})
+    assert rep.global_batch == 16 and rep.world_size == 4
+    assert [(r.rows, r.plan.micro_batches, r.first_rank) for r in rep.replicas] == [(12, 3, 0), (4, 2, 2)]
+    assert rep.row_ranges() == [range(0, 12), range(12, 16)]
+    assert [rep.replica_of(rank) for rank in range(4)] == [0, 0, 1, 1]
+    topologies = [Topology.from_plan(r.plan, r.first_rank) for r in rep.replicas]
+    assert [list(t.ranks) for t in topologies] == [[0, 1], [2, 3]] and topologies[1].coord(3).dp == 1
+    assert ReplicatedPlan.from_dict(rep.to_dict()) == rep
+    validate_replicated(rep, MODEL, world_size=4, check_backends=False)
+
+
+BAD = {
+    "shares that do not add up": ({"replicas": [TP2, DP2], "global_batch": 15}, "add up to 16 (12 + 4)"),
+    "a replica of zero rows": ({"replicas": [{**DP2, "rows": 0}]}, "'parallel.replicas[0].rows' must be a positive"),
+    "rows not a multiple of the micro-batch": ({"replicas": [{**TP2, "rows": 10}]}, "not a multiple of its micro_batch_size 4"),
+    "micro_batches disagreeing with rows": ({"replicas": [{**TP2, "micro_batches": 2}]}, "but rows is 12"),
+    "a replica with its own model": ({"replicas": [{**TP2, "model": {"num_layers": 2}}]}, "replicas train one model"),
+    "an H of 0": ({"replicas": [TP2, DP2], "replica_sync": {"every": 0}}, "'parallel.replica_sync.every' must be a positive"),
+    "compression with one replica": ({"replicas": [TP2], "replica_sync": {"compress": "bf16"}}, "there is one replica"),
+    "auto without a global batch": ({"replicas": [{**TP2, "rows": "auto"}, DP2]}, "global_batch is not given"),
+    "a plan key beside the replicas": ({"replicas": [TP2], "schedule": "gpipe"}, "unknown key 'parallel.schedule'"),
+    "outer settings without local SGD": ({"replicas": [TP2, DP2], "replica_sync": {"outer_lr": 0.5}}, "every is 1"),
+    "no replicas": ({"replicas": []}, "non-empty list of replicas"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_replicas_are_one_line(name: str) -> None:
+    raw, words = BAD[name]
+    with pytest.raises(ConfigError) as err:
+        parse_replicated(raw)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_replica_the_model_refuses_is_named_and_the_world_must_match() -> None:
+    rep = parse_replicated({"replicas": [TP2, {**DP2, "stages": [{"backend": "cpu", "devices": 2, "layers": 3, "dp": 2}]}]})
+    with pytest.raises(ConfigError, match=r"parallel\.replicas\[1\]: .*add up to 3"):
+        validate_replicated(rep, MODEL, world_size=4, check_backends=False)
+    with pytest.raises(ConfigError, match="the replicas use 4 devices"):
+        validate_replicated(parse_replicated({"replicas": [TP2, DP2]}), MODEL, world_size=3, check_backends=False)
+
+
+def test_auto_rows_follow_speed_in_whole_micro_batches() -> None:
+    assert auto_rows([3.0, 1.0], 16, [4, 2], [None, None]) == [12, 4]
+    assert auto_rows([1.0, 1.0, 1.0], 12, [2, 2, 2], [None, 4, None]) == [4, 4, 4]
+    assert auto_rows([100.0, 1.0], 8, [2, 2], [None, None]) == [6, 2]  # every replica keeps one micro-batch
+    rows = auto_rows([2.0, 1.0], 30, [4, 2], [None, None])
+    assert sum(rows) == 30 and rows[0] % 4 == 0 and rows[1] % 2 == 0 and rows[0] > rows[1]
+    with pytest.raises(ValueError):
+        auto_rows([1.0, 1.0], 3, [2, 2], [None, None])
+
+
+def _holding(replica: int, stage: int, rank: int, names: list[str], tied: tuple[str, ...] = ()) -> Holding:
+    return Holding(replica, stage, rank, tuple((n, (64, 8)) for n in names), tied)
+
+
+def test_buckets_never_span_a_stage_and_speakers_take_turns() -> None:
+    """Replica 0: one stage of two ranks; replica 1: two stages (layers 0 | 1 and the head), one rank each."""
+    names = ["embed.weight", "layers.0.w", "layers.1.w", "head.weight"]
+    holdings = [_holding(0, 0, 0, names), _holding(0, 0, 1, names),
+                _holding(1, 0, 2, names[:2]), _holding(1, 1, 3, names[2:])]
+    stage_ranks = {(0, 0): [0, 1], (1, 0): [2], (1, 1): [3]}
+    buckets = plan_buckets(holdings, 2, lambda r, s: stage_ranks[(r, s)], bucket_bytes=64 * 8 * 4)
+    assert [b.names for b in buckets] == [(n,) for n in names]
+    assert [b.speakers for b in buckets] == [(0, 2), (1, 2), (0, 3), (1, 3)]
+    merged = plan_buckets(holdings, 2, lambda r, s: stage_ranks[(r, s)], bucket_bytes=1 << 20)
+    assert [b.names for b in merged] == [tuple(names[:2]), tuple(names[2:])]  # cut where replica 1's stage changes
+
+
+def test_a_second_tied_copy_is_not_summed_twice_and_a_foreign_parameter_is_named() -> None:
+    names = ["embed.weight", "layers.0.w"]
+    holdings = [_holding(0, 0, 0, names), _holding(1, 0, 1, names[:1] + ["layers.0.w"]),
+                _holding(1, 1, 2, ["embed.weight"], tied=("embed.weight",))]
+    buckets = plan_buckets(holdings, 2, lambda r, s: [r + s], bucket_bytes=1 << 20)
+    assert [b.names for b in buckets] == [tuple(names)]
+    with pytest.raises(ValueError, match="replica 1 holds no parameter 'layers.0.w'"):
+        plan_buckets([_holding(0, 0, 0, names), _holding(1, 0, 1, names[:1])], 2, lambda r, s: [r], 1 << 20)
