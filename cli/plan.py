@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
         _check_timeline(args.timeline)
     # hal train's checks but those of flags only it has: what passes here passes there, before anything starts
     run = preflight(Request(config_path(args), writes=False), PLAN).loaded
+    if run.replicas is not None:
+        return _print_replicas(run, args)
     report = plan_report(run)
     print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))
     if args.timeline is not None:
@@ -190,6 +192,31 @@ def run(args: argparse.Namespace) -> int:
             if run.planned is not None:
                 print(f"hal plan: {mismatch_note(config_path(args))}", file=sys.stderr)
             _draw(plan_document(run.plan), args.timeline, "predicted timeline")
+    return 0
+
+
+def _print_replicas(run: Any, args: argparse.Namespace) -> int:
+    """A replicated run: the global batch and sync, then each replica's plan as ``hal plan`` prints one plan."""
+    from hal.errors import ConfigError
+    from hal.parallel.observe.plan_report import replicated_report
+
+    if args.timeline is not None:
+        raise ConfigError("--timeline draws one plan's pipeline; this config lists replicas — drop --timeline")
+    report = replicated_report(run)
+    if args.json:
+        print(strict_json.dumps(report, indent=2))
+        return 0
+    sync = report["replica_sync"]
+    how = ("gradients summed every step (exact: the single-device training)" if sync["every"] == 1 else
+           f"local SGD: the replicas meet every {sync['every']} steps (outer lr {sync['outer_lr']}, momentum "
+           f"{sync['outer_momentum']})")
+    wire = "" if sync["compress"] == "none" else f", {sync['compress']} on the wire"
+    print(f"replicas {report['config']}: {len(report['replicas'])} replicas, {report['world_size']} rank(s), global batch "
+          f"{report['global_batch_size']} rows; {how}{wire}")
+    for replica in report["replicas"]:
+        rows = "auto (by measured speed)" if replica["rows"] is None else f"{replica['rows']} rows"
+        print(f"\nreplica {replica['replica']}: {rows}, ranks {replica['ranks'][0]}-{replica['ranks'][-1]}")
+        print(format_plan(replica))
     return 0
 
 

@@ -114,7 +114,14 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
           f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s steady, {mfu}, "
           f"{summary['wall_s']:.1f} s wall")
     for stage in summary.get("stages", []):
-        print(f"hal train: {_stage_line(stage)}")
+        where = f"replica {stage['replica']} " if "replica" in stage else ""
+        print(f"hal train: {where}{_stage_line(stage)}")
+    for replica in summary.get("replicas", []):
+        share = replica["sync_share"]
+        print(f"hal train: replica {replica['replica']} ({'+'.join(replica['backends'])}, {replica['rows']} rows a step): "
+              f"{replica['tokens_per_s'] or 0:.0f} tok/s, waiting for and exchanging with the other replicas "
+              f"{'n/a' if share is None else f'{share:.0%}'} of the step, "
+              f"{_bytes(int(replica['cross_replica_bytes_per_step']))} sent a step")
     print(f"hal train: log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 

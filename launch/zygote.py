@@ -254,6 +254,9 @@ def _become_rank(request: dict, fds: list[int], sock: socket.socket) -> NoReturn
         if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
             sys.modules["torch"].set_num_threads(int(threads))  # torch read the zygote's value at import
         sys.argv = [request["module"], *request["args"]]
+        # As ``python -m``: the module runs as __main__ only (the zygote's warm-up may have imported it; runpy would
+        # warn once a rank that it was already there).
+        sys.modules.pop(request["module"], None)
         try:
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0

@@ -1,6 +1,7 @@
 """Per-rank bodies for the engine equivalence tests (run through tests.dist_harness)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -23,17 +24,27 @@ def model_config(tied: bool, num_layers: int = MODEL.num_layers) -> ModelConfig:
 
 def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
               num_layers: int = MODEL.num_layers) -> dict[str, Any]:
-    """The single-process run: same model, seed, data; losses per step and step-1 gradients."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
-    from hal.parallel.models.decoder import full_model
+    """The single-process run: same model, seed, data; losses per step and step-1 gradients.
+
+    It depends on the plan only through its micro-batching, so plans that share it share one computation (cached
+    for the test session; callers only read it)."""
     from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
+    return _reference(plan.micro_batches, plan.micro_batch_size, steps, lr, seed, tied, num_layers)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float, seed: int, tied: bool,
+               num_layers: int) -> dict[str, Any]:
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.decoder import full_model
+
     model = full_model(model_config(tied, num_layers), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads = [], {}
     for step in range(steps):
-        tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
+        tokens = batch(seed, step, micro_batches, micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
         x = tokens[..., :-1].reshape(-1, MODEL.max_seq_len)
         y = tokens[..., 1:].reshape(-1, MODEL.max_seq_len)
         opt.zero_grad()

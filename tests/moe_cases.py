@@ -1,6 +1,7 @@
 """Per-rank bodies for the MoE equivalence tests (run through tests.dist_harness)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -22,19 +23,26 @@ def model_config(moe: dict[str, Any]) -> ModelConfig:
 def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: int = 0) -> dict[str, Any]:
     """The single-process run, one micro-batch at a time (the balancing loss is per micro-batch, over all
     its rows): losses per step, step-1 gradients and each MoE layer's step-1 load."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.config.plan import parse_plan
 
     plan = parse_plan(plan_raw)
-    config = model_config(moe)
+    return _reference(plan.micro_batches, plan.micro_batch_size, tuple(sorted(moe.items())), steps, lr, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(M: int, micro_batch_size: int, moe_items: tuple[tuple[str, Any], ...], steps: int, lr: float,
+               seed: int) -> dict[str, Any]:
+    """``reference`` of one micro-batching (cached for the test session: plans sharing it share one run)."""
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.decoder import full_model
+
+    config = model_config(dict(moe_items))
     model = full_model(config, seed)
-    M = plan.micro_batches
     model.configure_moe(1.0 / M)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads, load = [], {}, {}
     for step in range(steps):
-        tokens = batch(seed, step, M, plan.micro_batch_size, config.max_seq_len, config.vocab_size)
+        tokens = batch(seed, step, M, micro_batch_size, config.max_seq_len, config.vocab_size)
         opt.zero_grad()
         total = 0.0
         for m in range(M):

@@ -33,6 +33,7 @@ from hal.run_dirs import read_limited, write_text_atomic
 
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.config.replicas import ReplicatedPlan
 from hal.parallel.config.run import TrainConfig
 from hal.parallel.config.topology import StageMesh, Topology
 
@@ -63,6 +64,28 @@ class Job:
     # the launcher's only: the planner's prediction the config keeps (``planner.planned``), drawn beside the measured
     # timeline; not in the job file (no rank needs it)
     planned: Any = None
+    # parallel.replicas: then ``plan`` and ``topology`` are the first replica's, ``stage_precision`` lists every
+    # replica's stages in order, and a rank takes its own with ``replica_view``
+    replicas: ReplicatedPlan | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run: every replica's."""
+        return self.replicas.world_size if self.replicas is not None else self.topology.world_size
+
+    def topologies(self) -> list[Topology]:
+        """Each replica's topology over its own ranks, in replica order (one plan: its topology)."""
+        if self.replicas is None:
+            return [self.topology]
+        return [Topology.from_plan(r.plan, r.first_rank) for r in self.replicas.replicas]
+
+    def replica_view(self, rank: int) -> "tuple[int, ParallelPlan, Topology, int]":
+        """(replica index, its plan, its topology, the index of its first stage in ``stage_precision``) of ``rank``."""
+        if self.replicas is None:
+            return 0, self.plan, self.topology, 0
+        index = self.replicas.replica_of(rank)
+        first_stage = sum(r.plan.num_stages for r in self.replicas.replicas[:index])
+        return index, self.replicas.replicas[index].plan, self.topologies()[index], first_stage
 
     @property
     def precision(self) -> str:
@@ -90,6 +113,7 @@ class Job:
             "steps": self.steps, "start": self.start, "run_dir": str(self.run_dir), "log_file": str(self.log_file),
             "checkpoint_dir": _str_or_none(self.checkpoint_dir), "resume": _str_or_none(self.resume),
             "profile": self.profile, "init_from": _str_or_none(self.init_from), "cpu_binding": self.cpu_binding,
+            "replicas": None if self.replicas is None else self.replicas.to_dict(),
         }
 
     @classmethod
@@ -102,6 +126,7 @@ class Job:
             tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
             Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
             bool(data.get("profile", False)), _path_or_none(data.get("init_from")), str(data.get("cpu_binding", "none")),
+            None, None if data.get("replicas") is None else ReplicatedPlan.from_dict(data["replicas"]),
         )
 
 

@@ -20,6 +20,7 @@ from hal.parallel.config.hf_config import model_keys_from_hf
 from hal.parallel.config.model import ModelConfig, weights_source
 from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
 from hal.parallel.config.planned import Planned, read_planned
+from hal.parallel.config.replicas import ReplicatedPlan, is_replicated, parse_replicated, validate_replicated
 
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
 MAX_VALIDATION = 0.5
@@ -94,6 +95,18 @@ class RunConfig:
     train: TrainConfig
     init_from: str | None = None  # a Hugging Face checkpoint directory the weights come from (model.weights / --init-from)
     planned: Planned | None = None  # the planner's prediction a written plan keeps (``planner.planned``)
+    replicas: ReplicatedPlan | None = None  # parallel.replicas: then ``plan`` is the first replica's
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the whole run: every replica's."""
+        return self.replicas.world_size if self.replicas is not None else self.plan.world_size
+
+    def plans(self) -> list[tuple[str, ParallelPlan]]:
+        """Each plan of the run with the config path naming it: ("parallel", plan), or one per replica."""
+        if self.replicas is None:
+            return [("parallel", self.plan)]
+        return [(f"parallel.replicas[{i}]", r.plan) for i, r in enumerate(self.replicas.replicas)]
 
 
 def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, where: str) -> None:
@@ -131,7 +144,8 @@ def load_run_config(
     if init_from is not None:
         check_same_model(init_from, model, f"--init-from {init_from}")
         weights = init_from
-    plan = parse_plan(config.parallel, origin)
+    replicas = parse_replicated(config.parallel, origin) if is_replicated(config.parallel) else None
+    plan = replicas.replicas[0].plan if replicas is not None else parse_plan(config.parallel, origin)
     train = parse_train(config.train, origin)
     if train.seq_len is not None and train.seq_len > model.max_seq_len:
         raise ConfigError(
@@ -139,10 +153,30 @@ def load_run_config(
             f"lower seq_len or raise max_seq_len"
         )
     _check_data(origin, train, model)
+    if replicas is not None:
+        validate_replicated(replicas, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
+                            single_host=single_host, origin=origin, precision=config.precision)
+        _check_replica_loop(origin, replicas, train)
+        if config.planned is not None:
+            raise ConfigError(f"{origin}: a 'planned:' section records the planner's prediction for one plan, and this "
+                              "file lists replicas; remove it")
+        return RunConfig(origin, config, model, plan, train, weights, None, replicas)
     validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
                   single_host=single_host, origin=origin, precision=config.precision)
     planned = read_planned(config.planned, plan, origin)
     return RunConfig(origin, config, model, plan, train, weights, planned)
+
+
+def _check_replica_loop(origin: str, replicas: ReplicatedPlan, train: TrainConfig) -> None:
+    """What the replicated loop cannot do right, one line each: local SGD checkpoints only where the replicas agree."""
+    every = replicas.sync.every
+    if every > 1 and train.checkpoint_every and train.checkpoint_every % every:
+        raise ConfigError(f"{origin}: train.checkpoint_every {train.checkpoint_every} is not a multiple of "
+                          f"parallel.replica_sync.every {every}: between meetings the replicas differ; checkpoint every "
+                          f"{every * max(1, train.checkpoint_every // every)} steps")
+    if every > 1 and train.steps % every:
+        raise ConfigError(f"{origin}: train.steps {train.steps} is not a multiple of parallel.replica_sync.every {every}: "
+                          f"the run must end at a meeting; use steps: {every * max(1, train.steps // every)}")
 
 
 def _check_data(origin: str, train: TrainConfig, model: ModelConfig) -> None:

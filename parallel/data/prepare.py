@@ -177,9 +177,11 @@ def _encode_file(path: Path, tokenizer: Any, eod: int, dtype: str, out: PendingF
     """Append one file's documents (each + eod) to ``out``; its counts."""
     counts = _Counts()
     open_piece = False  # the previous piece did not end its document
+    # The same ids without the character offsets nobody reads here (tokenizers >= 0.21): a third faster.
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     for batch in _read_ahead(_batches(pieces(path, window), BATCH_DOCUMENTS, BATCH_CHARS)):
         try:
-            encodings = tokenizer.encode_batch([p.text for p in batch], add_special_tokens=False)
+            encodings = encode([p.text for p in batch], add_special_tokens=False)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # the Rust side raises plain Exception, or a PanicException (a BaseException)

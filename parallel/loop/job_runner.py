@@ -73,14 +73,15 @@ def _free_port() -> int:
 
 def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
     """torchrun's variables for every local rank, plus HAL_BACKEND of its stage."""
-    topology, world = job.topology, job.topology.world_size
+    world = job.world_size
+    topologies = job.topologies()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
     pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
     seen: dict[str, int] = {}
     envs: dict[int, dict[str, str]] = {}
     blocks = local_cpu_blocks(job)
     for rank in range(world):
-        backend = topology.backend_of(rank)
+        backend = next(t for t in topologies if rank in t.ranks).backend_of(rank)
         local = seen.get(backend, 0)
         seen[backend] = local + 1
         envs[rank] = {
@@ -99,7 +100,7 @@ def local_cpu_blocks(job: Job) -> list[list[int]] | None:
     """Each local rank's cpus under ``--cpu-binding cores`` (None when off)."""
     if job.cpu_binding == "none":
         return None
-    return rank_blocks(job.topology.world_size, numa_groups(allowed_cpus()))
+    return rank_blocks(job.world_size, numa_groups(allowed_cpus()))
 
 
 # --- several nodes ----------------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def run_local(job: Job, spawn: RankSpawner) -> int:
     job.run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "hal.parallel.loop.trainer", *job.rank_args()]
     envs = rank_envs(job, _free_port())
-    return spawn([command] * job.topology.world_size, [envs[r] for r in range(job.topology.world_size)])
+    return spawn([command] * job.world_size, [envs[r] for r in range(job.world_size)])
 
 
 # --- what the command shows ------------------------------------------------------------------------------------
@@ -157,14 +158,19 @@ def _layer_text(mesh: Any) -> str:
 def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers, the steps and the run directory."""
     parts = []
-    for m in job.topology.stages:
-        grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
-        sp = " sp" if m.sp else ""
-        parts.append(f"stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers {_layer_text(m)}")
+    for index, topology in enumerate(job.topologies()):
+        rows = "" if job.replicas is None else f"replica {index} ({job.replicas.replicas[index].rows} rows) "
+        for m in topology.stages:
+            grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
+            sp = " sp" if m.sp else ""
+            parts.append(f"{rows}stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers "
+                         f"{_layer_text(m)}")
+            rows = ""
     resumed = f", resuming at step {job.start}" if job.resume else ""
     blocks = local_cpu_blocks(job)
     bound = "" if blocks is None else "; cpus " + " ".join(f"r{r}:{cpulist(b)}" for r, b in enumerate(blocks))
-    return f"{job.topology.world_size} rank(s): {'; '.join(parts)}; steps {job.steps}{resumed}{bound}; run dir {job.run_dir}"
+    sync = "" if job.replicas is None else f"; replicas sync every {job.replicas.sync.every} step(s)"
+    return f"{job.world_size} rank(s): {'; '.join(parts)}{sync}; steps {job.steps}{resumed}{bound}; run dir {job.run_dir}"
 
 
 def read_summary(job: Job) -> dict[str, Any]:

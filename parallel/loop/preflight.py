@@ -94,7 +94,7 @@ def _config(p: Preflight) -> None:
 
 def _local_ranks(p: Preflight) -> None:
     if p.request.local:  # a local run: every rank is a process on this host
-        check_local_ranks(p.loaded.plan.world_size, f"{p.loaded.origin}: the plan's world size")
+        check_local_ranks(p.loaded.world_size, f"{p.loaded.origin}: the plan's world size")
 
 
 def _cpu_binding(p: Preflight) -> None:
@@ -102,13 +102,13 @@ def _cpu_binding(p: Preflight) -> None:
     if binding not in CPU_BINDINGS:
         raise ConfigError(f"--cpu-binding {binding}: use one of {', '.join(CPU_BINDINGS)}")
     if binding != "none" and p.request.local:
-        rank_blocks(p.loaded.plan.world_size, numa_groups(allowed_cpus()))  # more ranks than cores: refused
+        rank_blocks(p.loaded.world_size, numa_groups(allowed_cpus()))  # more ranks than cores: refused
 
 
 def _backend(p: Preflight) -> None:
     """A top-level backend the stages contradict (hal train would not use it)."""
     run = p.loaded
-    stage_backends = sorted({stage.backend for stage in run.plan.stages})
+    stage_backends = sorted({stage.backend for _, plan in run.plans() for stage in plan.stages})
     if run.hal.backend != "auto" and stage_backends != [run.hal.backend]:
         where = run.hal.origins.get("backend", "config")
         raise ConfigError(f"{where}: backend {run.hal.backend!r} is not used by hal train: each stage names its own "
@@ -193,11 +193,12 @@ def _moe_compile(p: Preflight) -> None:
     run = p.loaded
     if p.fallback != "error" or not run.model.moe_num_experts:
         return
-    for k, stage in enumerate(run.plan.stages):
-        if run.plan.stage_compiles(k) and run.model.moe_layers(run.plan.stage_layers(k)):
-            raise ConfigError(f"{run.origin}: stage {k} (parallel.stages[{k}]) compiles MoE layers, whose experts stay "
-                              "eager (their block sizes are read on the host): a downgrade, which fallback: error refuses; "
-                              "set fallback: warn, or compile: false on that stage")
+    for where, plan in run.plans():
+        for k, stage in enumerate(plan.stages):
+            if plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k)):
+                raise ConfigError(f"{run.origin}: stage {k} ({where}.stages[{k}]) compiles MoE layers, whose experts stay "
+                                  "eager (their block sizes are read on the host): a downgrade, which fallback: error "
+                                  "refuses; set fallback: warn, or compile: false on that stage")
 
 
 def _token_file(p: Preflight) -> None:
@@ -218,9 +219,24 @@ def _loop(p: Preflight) -> None:
         raise ConfigError(f"{run.origin}: train.eval_every needs a validation part: train.data a token file (.bin, see "
                           f"hal data prepare) and train.validation > 0 (got data {train.data!r}, validation "
                           f"{train.validation}); set both or drop eval_every")
-    if train.grad_clip is not None and run.plan.zero1 and any(s.dp > 1 for s in run.plan.stages):
+    if train.grad_clip is not None and any(plan.zero1 and any(s.dp > 1 for s in plan.stages) for _, plan in run.plans()):
         raise ConfigError(f"{run.origin}: train.grad_clip with parallel.zero1: ZeRO-1 sums the gradients inside its "
                           "step, after the norm would be taken; drop one of them")
+    if run.replicas is not None:
+        if train.grad_clip is not None:
+            raise ConfigError(f"{run.origin}: train.grad_clip with parallel.replicas is not supported yet (the norm is "
+                              "taken over the world, which holds every replica's copy); drop grad_clip")
+        auto = [i for i, r in enumerate(run.replicas.replicas) if r.rows is None]
+        if auto:
+            raise ConfigError(f"{run.origin}: parallel.replicas[{auto[0]}].rows is auto, which hal train does not "
+                              "resolve yet (shares by measured speed); give each replica its rows")
+        if p.request.profile:
+            raise ConfigError("--profile records one plan's pipeline timeline; with parallel.replicas it is not "
+                              "supported yet — drop --profile (the log has each replica's tokens/s and sync share)")
+        every = run.replicas.sync.every
+        if every > 1 and p.steps % every:
+            raise ConfigError(f"--steps {p.steps} is not a multiple of parallel.replica_sync.every {every}: the run must "
+                              f"end at a meeting of the replicas; use --steps {every * max(1, p.steps // every)}")
     if train.warmup_steps >= train.steps and train.lr_schedule != "constant":
         raise ConfigError(f"{run.origin}: train.warmup_steps {train.warmup_steps} leaves no step of the "
                           f"{train.lr_schedule} decay before train.steps {train.steps}; lower warmup_steps")
@@ -236,21 +252,23 @@ def _memory(p: Preflight) -> None:
     from hal.parallel.config.memory import MemoryPool, check_memory
 
     run = p.loaded
-    pools: dict[int, MemoryPool | None] = {}
-    for index, stage in enumerate(run.plan.stages):
-        backend = get_backend(stage.backend)
-        if not backend.is_available():
-            pools[index] = None
-        elif backend.device_type == "cpu":
-            pools[index] = MemoryPool("host", backend.mem_get_info()[1])
-        else:
-            memory = backend.capabilities().memory_bytes
-            pools[index] = None if memory is None else MemoryPool(backend.name, memory)
-    check_memory(run.model, run.plan, pools, run.origin)
+    for where, plan in run.plans():
+        pools: dict[int, MemoryPool | None] = {}
+        for index, stage in enumerate(plan.stages):
+            backend = get_backend(stage.backend)
+            if not backend.is_available():
+                pools[index] = None
+            elif backend.device_type == "cpu":
+                pools[index] = MemoryPool("host", backend.mem_get_info()[1])
+            else:
+                memory = backend.capabilities().memory_bytes
+                pools[index] = None if memory is None else MemoryPool(backend.name, memory)
+        check_memory(run.model, plan, pools, run.origin if where == "parallel" else f"{run.origin}: {where}")
 
 
 def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
-    """Each stage's precision plan, resolved once here (None where the backend is not available on this host).
+    """Each stage's precision plan, resolved once here (None where the backend is not available on this host); with
+    replicas, every replica's stages in order.
 
     A stage runs its own ``precision:`` or else the run's, resolved against its own device by the
     policy (downgrades recorded). fp16-mixed on any stage (asked for, or bf16 turned into fp16 on a
@@ -263,23 +281,24 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
     from hal.precision import resolve_precision
 
     plans: list[PrecisionPlan | None] = []
-    for index, stage in enumerate(run.plan.stages):
-        precision = stage.precision or run.hal.precision
-        where = (f"{run.origin}: parallel.stages[{index}].precision" if stage.precision
-                 else f"{run.hal.origins.get('precision', 'config')}: precision")
-        if precision not in TRAIN_PRECISIONS:
-            raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
-        if precision == "fp8-mixed" and run.plan.schedule.splits_backward:
-            raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
-                              f"{run.plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
-        backend = get_backend(stage.backend)
-        if not backend.is_available():
-            plans.append(None)  # the plan check reports unavailable backends with their reason
-            continue
-        try:
-            plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
-        except UnsupportedError as exc:
-            raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
+    for section, plan in run.plans():
+        for index, stage in enumerate(plan.stages):
+            precision = stage.precision or run.hal.precision
+            where = (f"{run.origin}: {section}.stages[{index}].precision" if stage.precision
+                     else f"{run.hal.origins.get('precision', 'config')}: precision")
+            if precision not in TRAIN_PRECISIONS:
+                raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
+            if precision == "fp8-mixed" and plan.schedule.splits_backward:
+                raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
+                                  f"{plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
+            backend = get_backend(stage.backend)
+            if not backend.is_available():
+                plans.append(None)  # the plan check reports unavailable backends with their reason
+                continue
+            try:
+                plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
+            except UnsupportedError as exc:
+                raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
     return plans
 
 
@@ -338,7 +357,7 @@ def job(p: Preflight) -> Job:
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
     return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, p.steps,
                p.start, p.run_dir, p.log_file, p.checkpoint_dir, p.checkpoint, p.request.profile, p.weights,
-               p.request.cpu_binding, run.planned)
+               p.request.cpu_binding, run.planned, run.replicas)
 
 
 __all__ = ["CHECKS", "LOADED", "PLAN", "TRAIN", "TRAIN_PRECISIONS", "Check", "Preflight", "Request", "check_training",

@@ -52,8 +52,9 @@ from hal.parallel.config.topology import Topology
 
 # Per-rank timing row gathered to the writer each step (seconds).
 # "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
+# "replica_sync": the cross-replica exchange (parallel.replicas), 0 without replicas.
 TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed",
-                                "peak_memory")
+                                "peak_memory", "replica_sync", "replica_bytes")
 
 
 @dataclass
@@ -73,17 +74,22 @@ class RankRun:
     scaler: Any = None  # parallel.loop.loss_scale.PipelineLossScaler when any stage runs fp16, else None
     grad_norm: float | None = None  # the last clipped step's global gradient norm (train.grad_clip)
     clip_skip: frozenset[str] = frozenset()  # parameters another rank counts in the global norm (a tied head copy)
+    replica: int = 0  # parallel.replicas: this rank's replica (its plan is ``plan``)
+    plan: Any = None  # this rank's plan (its replica's; job.plan without replicas)
+    exchange: Any = None  # parallel.replicas.sync.ReplicaExchange with replicas, else None
+    local_sgd: Any = None  # parallel.replicas.local_sgd.LocalSGD when the replicas meet every H > 1 steps
+    replica_sync_s: float = 0.0  # the last step's cross-replica exchange
 
 
 # --- setup ---------------------------------------------------------------------------------------------
 
 
-def _make_optimizer(engine: Any, job: Job) -> Any:
+def _make_optimizer(engine: Any, job: Job, plan: Any) -> Any:
     """AdamW with the config's lr and weight decay; under zero1 its state sharded over the groups the rank's mesh
     names (``Mesh.optimizer_groups``: dense state over dp, expert shards' over their replicas)."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
     hyper = {"lr": job.train.lr, "weight_decay": job.train.weight_decay}
-    if job.plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
+    if plan.zero1:  # one flat shard mixes every parameter: one group (decay on norms too: see README)
         from hal.parallel.loop.zero import Zero1AdamW, Zero1Experts
 
         dense, experts = engine.mesh.optimizer_groups()
@@ -93,7 +99,7 @@ def _make_optimizer(engine: Any, job: Job) -> Any:
     return decoupled_adamw(params, engine.device, **hyper)
 
 
-def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
+def _precision_plan(backend: Any, job: Job, index: int, stage: Any) -> Any:
     """This rank's precision plan, switches applied: the one ``hal train`` resolved for this stage.
 
     Only where the job leaves it open (``--print-multinode``: the printing host could not see this
@@ -101,11 +107,11 @@ def _precision_plan(backend: Any, job: Job, stage: int) -> Any:
     """
     from hal.precision import PrecisionPlan, resolve_precision
 
-    given = job.stage_precision[stage]
+    given = job.stage_precision[index]
     if given is not None:
         plan = PrecisionPlan.from_dict(given)
     else:
-        requested = job.plan.stages[stage].precision or job.precision
+        requested = stage.precision or job.precision
         plan = resolve_precision(requested, backend, backend.capabilities(), job.fallback)  # type: ignore[arg-type]
     plan.apply(backend)
     return plan
@@ -118,25 +124,29 @@ def setup(job: Job) -> RankRun:
 
     from hal.parallel.state.checkpoint import load_checkpoint
     from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.pipeline.mesh import build_mesh
+    from hal.parallel.pipeline.mesh import build_meshes
 
-    topology = job.topology
     rank = int(os.environ.get("RANK", "0"))
+    replica, plan, topology, first_stage = job.replica_view(rank)
     world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or topology.backend_of(rank)))
     backend = world.backend  # resolved once; everything below is handed this object
-    mesh = build_mesh(topology, world, validate=False,  # the engine's calls are fixed by the plan
-                          tied_embeddings=job.model.tie_embeddings)
+    mesh = build_meshes(job.topologies(), world, validate=False,  # the engine's calls are fixed by the plan
+                        tied_embeddings=job.model.tie_embeddings)
     torch.manual_seed(job.train.seed)
     seq = job.train.seq_len or job.model.max_seq_len
-    precision = _precision_plan(backend, job, topology.stage_of(world.rank))
-    engine = build_engine(job.model, job.plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
+    own = topology.stage_of(world.rank)
+    precision = _precision_plan(backend, job, first_stage + own, plan.stages[own])
+    engine = build_engine(job.model, plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
                             init_from=job.init_from if job.resume is None else None)
     engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
-    optimizer = _make_optimizer(engine, job)
+    optimizer = _make_optimizer(engine, job, plan)
     # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
-    # except where a tied embedding must be summed across stages first (that needs the full dp sum).
-    engine.reduce_dp_grads = not (job.plan.zero1 and mesh.dp.size > 1 and not engine.module.needs_tied_grad_sync)
+    # except where a tied embedding must be summed across stages first (that needs the full dp sum), or where the
+    # replicas' exchange needs every gradient whole first.
+    engine.reduce_dp_grads = not (plan.zero1 and mesh.dp.size > 1 and not engine.module.needs_tied_grad_sync
+                                  and job.replicas is None)
+    exchange, local_sgd = _replica_sync(job, mesh, engine, replica, world)
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
@@ -144,12 +154,25 @@ def setup(job: Job) -> RankRun:
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
-    writer = topology.stages[topology.last_stage].offset  # holds the loss (the first stage under zbv)
+    writer = job.topology.stages[job.topology.last_stage].offset  # holds the loss (the first stage under zbv; replica 0's)
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
     return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
-                   clip_skip=skip)
+                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd)
+
+
+def _replica_sync(job: Job, mesh: Any, engine: Any, replica: int, world: Any) -> tuple[Any, Any]:
+    """With replicas: the cross-replica exchange (collective over the world) and, every H > 1, local SGD."""
+    if job.replicas is None or len(job.replicas.replicas) == 1:  # one replica is its plan: nothing to meet
+        return None, None
+    from hal.parallel.replicas.local_sgd import LocalSGD
+    from hal.parallel.replicas.sync import ReplicaExchange
+
+    sync = job.replicas.sync
+    exchange = ReplicaExchange(mesh, engine.module, replica, job.topologies(), world, compress=sync.compress)
+    local = LocalSGD(exchange, sync.every, sync.outer_lr, sync.outer_momentum) if sync.every > 1 else None
+    return exchange, local
 
 
 def _loss_scaler(mine: bool) -> Any:
@@ -175,9 +198,20 @@ def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
 
 def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
-    plan, train = r.job.plan, r.job.train
-    tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq, r.job.model.vocab_size,
-                          validation=train.validation)
+    plan, train = r.plan, r.job.train
+    weight = 1.0
+    if r.job.replicas is None:
+        tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq,
+                              r.job.model.vocab_size, validation=train.validation)
+    else:  # the step's rows over every replica (the same data as one plan of that many rows); this replica's part
+        from hal.parallel.replicas.sync import token_weights
+
+        rows = global_batch(train.data, train.seed, step, 1, r.job.replicas.global_batch, r.seq, r.job.model.vocab_size,
+                            validation=train.validation)[0]
+        ranges = r.job.replicas.row_ranges()
+        weight = token_weights(rows, ranges)[r.replica]
+        mine = ranges[r.replica]
+        tokens = rows[mine.start:mine.stop].reshape(plan.micro_batches, plan.micro_batch_size, r.seq + 1)
     timer = r.engine.timer
     started, wall_started = timer.mark(), time.perf_counter()
     r.grad_norm = None
@@ -187,6 +221,13 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     if r.scaler is not None:
         r.engine.loss_scale = r.scaler.scale
     loss = r.engine.step(tokens)
+    r.replica_sync_s = 0.0
+    if r.exchange is not None:
+        began = time.perf_counter()
+        if r.local_sgd is None:
+            r.exchange.sync_grads(weight)  # every replica's gradient becomes the step's token-weighted mean
+        loss = r.exchange.step_loss(loss, weight)
+        r.replica_sync_s = time.perf_counter() - began
     update = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
 
     def optimizer_step() -> None:
@@ -200,12 +241,18 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
             optimizer_step()
         else:  # unscale, agree on inf/NaN over the world, step or skip together
             r.scaler.step([p for p in r.engine.module.parameters() if p.requires_grad], optimizer_step)
+    if r.local_sgd is not None:
+        began = time.perf_counter()
+        r.local_sgd.after_step(step + 1, weight)  # every H steps: the outer step over the replicas' deltas
+        r.replica_sync_s += time.perf_counter() - began
     timer.add("step", started, timer.mark())
     t = r.engine.times  # with device events: the one wait of a profiled step
     timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
     # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
     step_s = t.step if timed else time.perf_counter() - wall_started
-    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r)]
+    sent = 0.0 if r.exchange is None else float(r.local_sgd.bytes_sent if r.local_sgd is not None else r.exchange.bytes_sent)
+    return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r),
+                  r.replica_sync_s, sent]
 
 
 def _peak_memory(r: RankRun) -> float:
@@ -223,8 +270,10 @@ def evaluate(r: RankRun) -> float | None:
     """
     from hal.parallel.data.batches import validation_batch
 
-    train, plan = r.job.train, r.job.plan
-    losses = []
+    train, plan = r.job.train, r.plan
+    losses: list[float] = []
+    if r.replica != 0:  # replica 0 evaluates (the replicas hold the same weights; the writer is one of its ranks)
+        return None
     for k in range(train.eval_batches):
         rows = validation_batch(train.data, train.seed, k, plan.global_batch_size, r.seq, train.validation)
         loss = r.engine.evaluate(rows.view(plan.micro_batches, plan.micro_batch_size, r.seq + 1))
@@ -328,6 +377,28 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
             "peak_tflops": None if math.isnan(peak) else peak}
 
 
+def run_record(r: RankRun, step: int, loss: float, times: torch.Tensor, tokens: int) -> dict[str, Any]:
+    """``step_record`` of the run: with replicas, every replica's stages (each marked with its replica) and a line per
+    replica — its rows, tokens/s, the cross-replica exchange's seconds and share of the step, bytes it sent."""
+    if r.job.replicas is None:
+        return step_record(step, loss, times, r.topology, tokens)
+    col = {name: i for i, name in enumerate(TIME_FIELDS)}
+    record = step_record(step, loss, times, r.topology, tokens)
+    record["stages"], record["replicas"] = [], []
+    for index, (replica, topology) in enumerate(zip(r.job.replicas.replicas, r.job.topologies())):
+        own = step_record(step, loss, times, topology, (replica.rows or 0) * r.seq)
+        record["stages"] += [{**stage, "replica": index} for stage in own["stages"]]
+        ranks = list(topology.ranks)
+        sync_s = float(times[ranks, col["replica_sync"]].max())
+        step_s = record["step_s"]
+        record["replicas"].append({
+            "replica": index, "rows": replica.rows, "backends": sorted({m.backend for m in topology.stages}),
+            "tokens_per_s": (replica.rows or 0) * r.seq / step_s if step_s > 0 else None, "sync_s": sync_s,
+            "sync_share": sync_s / step_s if step_s > 0 else None,
+            "cross_replica_bytes": int(times[ranks, col["replica_bytes"]].sum())})
+    return record
+
+
 # --- what the writer shows -------------------------------------------------------------------------------
 
 
@@ -345,7 +416,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     tokens = sum(rec["tokens"] for rec in records)
     rate = steady_rate(records)
     peak = records[0]["peak_tflops"] if records else None
-    stages = [_stage_summary(m, records) for m in r.topology.stages]
+    stages = [_stage_summary(m, records, at) for at, m in enumerate(_all_stages(r))]
     value = mfu(rate, r.job.model, r.seq, peak)
     return {
         "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
@@ -358,18 +429,41 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "flops_per_token": flops_per_token(r.job.model, r.seq), "profile": r.job.profile,
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": stages,
+        **({"replicas": _replica_summary(records)} if records and "replicas" in records[0] else {}),
     }
 
 
-def _stage_summary(mesh: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def _replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each replica over the steady steps (after the first): rows, tokens/s, the exchange's share of the step, bytes."""
+    steady = records[1:] or records
+    seconds = sum(rec["step_s"] for rec in steady)
+    seq = records[0]["tokens"] // sum(r["rows"] for r in records[0]["replicas"])  # tokens a row
+    out = []
+    for index, first in enumerate(records[0]["replicas"]):
+        own = [rec["replicas"][index] for rec in steady]
+        ok = seconds > 0
+        out.append({"replica": index, "rows": first["rows"], "backends": first["backends"],
+                    "tokens_per_s": first["rows"] * seq * len(own) / seconds if ok else None,
+                    "sync_share": sum(r["sync_s"] for r in own) / seconds if ok else None,
+                    "cross_replica_bytes_per_step": sum(r["cross_replica_bytes"] for r in own) / len(own)})
+    return out
+
+
+def _all_stages(r: RankRun) -> list[Any]:
+    """Every stage of the run in record order: replica 0's, then replica 1's ... (one plan: its stages)."""
+    return [m for topology in r.job.topologies() for m in topology.stages]
+
+
+def _stage_summary(mesh: Any, records: list[dict[str, Any]], at: int) -> dict[str, Any]:
     """One stage in the summary: its grid and layers, its largest rank's peak memory over the run (the
     allocator's high-water mark; cpu: peak RSS), its devices' summed peak TFLOP/s (None: one has none in the
     catalog) and the share of the steady steps it spent computing (None where its phases were not measured)."""
-    own = [rec["stages"][mesh.index] for rec in records]
+    own = [rec["stages"][at] for rec in records]
     memory = [s["peak_memory_bytes"] for s in own if s.get("peak_memory_bytes") is not None]
     return {"stage": mesh.index, "backend": mesh.backend, "ranks": list(mesh.ranks), "tp": mesh.tp, "dp": mesh.dp,
             "sp": mesh.sp, "layers": mesh.layer_ids, "peak_memory_bytes": max(memory) if memory else None,
-            "peak_tflops": own[0].get("peak_tflops") if own else None, "compute_share": compute_share(records, mesh.index)}
+            "peak_tflops": own[0].get("peak_tflops") if own else None, "compute_share": compute_share(records, at),
+            **({"replica": own[0]["replica"]} if own and "replica" in own[0] else {})}
 
 
 def compute_share(records: list[dict[str, Any]], stage: int) -> float | None:
@@ -436,13 +530,16 @@ def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
             "init_from": None if r.job.init_from is None else str(r.job.init_from)}
     if r.scaler is not None:
         meta["loss_scale"] = r.scaler.state_dict()
+    if r.job.replicas is not None:
+        meta["replicas"] = r.job.replicas.to_dict()  # "plan" is replica 0's, whose ranks wrote the files
     return meta
 
 
 def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
     from hal.parallel.state.checkpoint import save_checkpoint
 
-    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done)))
+    # replicas hold the same weights at a checkpoint (every step, or a meeting of local SGD): replica 0 writes
+    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=r.replica == 0))
 
 
 def _open_log(path: Path, resumed: bool) -> TextIO:
@@ -465,7 +562,7 @@ def train(r: RankRun) -> None:
     save_every, eval_every = r.job.train.checkpoint_every, r.job.train.eval_every
     plan = r.job.plan
     checkpoint_dir = r.job.checkpoint_dir
-    tokens = plan.global_batch_size * r.seq
+    tokens = (r.job.replicas.global_batch if r.job.replicas is not None else plan.global_batch_size) * r.seq
     log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
     board = _open_board(r) if is_writer else None
     progress = Progress(r.steps) if is_writer else None
@@ -485,7 +582,7 @@ def train(r: RankRun) -> None:
             evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
-                record = step_record(step + 1, loss, times, r.topology, tokens)
+                record = run_record(r, step + 1, loss, times, tokens)
                 record["lr"] = r.optimizer.param_groups[0]["lr"]
                 if r.job.train.grad_clip is not None:
                     record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)

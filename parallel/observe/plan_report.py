@@ -25,6 +25,22 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
     }
 
 
+def replicated_report(run: RunConfig) -> dict[str, Any]:
+    """A run with ``parallel.replicas``: each replica's ``plan_report`` (its topology over its own ranks) with its rows,
+    the global batch and the sync settings."""
+    from dataclasses import replace
+
+    assert run.replicas is not None
+    replicas = []
+    for index, replica in enumerate(run.replicas.replicas):
+        report = plan_report(replace(run, plan=replica.plan, replicas=None))
+        report["topology"] = Topology.from_plan(replica.plan, replica.first_rank).to_dict()
+        replicas.append({"replica": index, "rows": replica.rows, "ranks": list(replica.ranks), **report})
+    return {"config": run.origin, "model": run.model.to_dict(), "train": run.train.to_dict(),
+            "global_batch_size": run.replicas.global_batch, "world_size": run.replicas.world_size,
+            "replica_sync": run.replicas.sync.to_dict(), "replicas": replicas}
+
+
 def schedule_prediction(plan: ParallelPlan) -> dict[str, Any]:
     """The schedule played with each stage's time proportional to its layers (backward = 2 x forward).
 

@@ -260,8 +260,12 @@ def _save_atomic(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any]) -> Path:
+def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any], *,
+                    write: bool = True) -> Path:
     """Write ``root/step-N`` from every rank's part; returns its path. Every rank of the world calls it.
+
+    ``write`` False: this rank only takes part in the barriers (another replica, holding the same weights, writes;
+    global rank 0 must write).
 
     ``meta`` carries what the caller knows about the run (model, plan, train, data position); this adds
     the format, step, files and the optimizer's hyperparameters.
@@ -275,7 +279,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
     dist.barrier()
     by_name = _optimizer_state_by_name(engine.module, optimizer)  # every rank: collective under ZeRO-1
     mesh = engine.mesh
-    if coord.dp < mesh.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
+    if write and coord.dp < mesh.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
         params = {n: _cpu(t) for n, t in mesh.gather_full(engine.module, dict(engine.module.named_parameters())).items()}
         state = _full_optimizer_state(engine.module, mesh, by_name)
         if coord.tp == 0 and coord.dp == 0:

@@ -424,3 +424,57 @@ def test_the_summary_rate_leaves_out_the_first_step_and_checkpoint_writes() -> N
     records = [{"tokens": 100, "step_s": 10.0}, {"tokens": 100, "step_s": 1.0}, {"tokens": 100, "step_s": 1.0}]
     assert steady_rate(records) == 100.0  # not 300 / 12 (warm-up included) nor less (wall time with a checkpoint)
     assert steady_rate(records[:1]) == 10.0 and steady_rate([]) is None
+
+
+# --- replicas ---------------------------------------------------------------------------------------------------
+
+REPLICAS = yaml.safe_load((REPO / "examples" / "replicas_cpu.yaml").read_text(encoding="utf-8"))["parallel"]
+ISLANDS = {"HAL_ISLANDS": "0,0,1,1"}  # each replica its own island: every cross-replica byte through the bridge
+
+
+def _train_islands(*args: str) -> dict[str, Any]:
+    result = run_hal("train", *args, "--json", env=ISLANDS, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(half_run: dict[str, Any]) -> None:
+    """examples/replicas_cpu.yaml (tp2 on 6 rows beside dp2 on 2, two islands) trains the main job's 8 rows a step as
+    its one plan does; its checkpoint resumes into that plan, and that plan's checkpoint into the replicas."""
+    root, full = half_run["root"], half_run["full"]["losses"]
+    config = _config(root, "replicas", steps=6, parallel=REPLICAS)
+    first = _train_islands(str(config), "--steps", "3", "--run-dir", str(root / "replicas_half"))
+    _assert_close(first["losses"], full[:3], 1e-5)
+    log = _log(root / "replicas_half" / "train.jsonl")
+    assert [r["rows"] for r in log[0]["replicas"]] == [6, 2] and [s["replica"] for s in log[0]["stages"]] == [0, 1]
+    assert all(r["cross_replica_bytes"] > 0 and r["tokens_per_s"] > 0 for r in log[-1]["replicas"])
+    into_plan = _train(str(half_run["config"]), "--resume", str(root / "replicas_half" / "checkpoints"),
+                       "--run-dir", str(root / "plan_from_replicas"))
+    _assert_close(into_plan["losses"], full[3:], 1e-5)
+    into_replicas = _train_islands(str(config), "--resume", str(half_run["checkpoints"]),
+                                   "--run-dir", str(root / "replicas_from_plan"))
+    _assert_close(into_replicas["losses"], full[3:], 1e-5)
+
+
+REPLICA_BAD = {
+    "shares that do not add up": ({**REPLICAS, "global_batch": 9}, [], "add up to 8 (6 + 2)"),
+    "an H of 0": ({**REPLICAS, "replica_sync": {"every": 0}}, [], "replica_sync.every' must be a positive integer"),
+    "rows auto in hal train": ({**REPLICAS, "global_batch": 8, "replicas": [{**REPLICAS["replicas"][0], "rows": "auto"},
+                                                                            REPLICAS["replicas"][1]]}, [], "rows is auto"),
+    "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
+                                         "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
+    "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
+                              [], "replicas train one model"),
+}
+
+
+@pytest.mark.parametrize("case", list(REPLICA_BAD))
+def test_bad_replicas_are_one_line_and_exit_2_with_nothing_started(case: str, tmp_path: Path) -> None:
+    parallel, extra, message = REPLICA_BAD[case]
+    config = _config(tmp_path, "bad", parallel=parallel, steps=8)
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(config), "--run-dir", str(run_dir), *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hal: error: ") and message in lines[0], result.stderr
+    assert not run_dir.exists()
