@@ -1,11 +1,11 @@
 """Local SGD across replicas against the every-step gradient sync, on the tiny CPU example's model and data.
 
-    python benchmarks/replicas_local_sgd.py [--steps 320] [--every 1,8,32] [--json]
+    python benchmarks/replicas_local_sgd.py [--steps 320] [--every 1,8,32] [--no-bf16] [--json]
 
 Two replicas of one rank each (each its own island: every cross-replica byte goes through the bridge), 8 rows of
 every step's 16 each, trained with ``hal train`` once per H in ``--every`` (1: the exact every-step sync; H > 1:
 local SGD meeting every H steps, outer lr 0.7 and Nesterov momentum 0.9, DiLoCo's outer step, here over AdamW
-inner steps). Reports, per H, the cross-replica bytes a step (from the run's log) and the final evaluation loss on
+inner steps), and H = 1 with the cross-replica part sent as bf16 (``compress: bf16``). Reports, per run, the cross-replica bytes a step (from the run's log) and the final evaluation loss on
 held-out text, and each against H = 1. Needs ``examples/data/tiny.bin`` (``hal data prepare``: see
 examples/tiny_cpu.yaml). Name the machine with the numbers.
 """
@@ -24,10 +24,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def config(steps: int, every: int) -> dict:
+def config(steps: int, every: int, compress: str = "none") -> dict:
     raw = yaml.safe_load((REPO / "examples" / "tiny_cpu.yaml").read_text(encoding="utf-8"))
     one = {"micro_batch_size": 4, "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}
-    sync = {"every": every} if every == 1 else {"every": every, "outer_lr": 0.7, "outer_momentum": 0.9}
+    sync = {"every": every, "compress": compress} if every == 1 else {"every": every, "outer_lr": 0.7, "outer_momentum": 0.9}
     raw["parallel"] = {"replica_sync": sync, "replicas": [{"rows": 8, **one}, {"rows": 8, **one}]}
     train = raw["train"]
     train.pop("grad_clip", None)  # not with replicas yet (docs/replicas.md)
@@ -36,19 +36,20 @@ def config(steps: int, every: int) -> dict:
     return raw
 
 
-def run(steps: int, every: int, folder: Path) -> dict:
-    path = folder / f"every{every}.yaml"
-    path.write_text(yaml.safe_dump(config(steps, every)), encoding="utf-8")
+def run(steps: int, every: int, folder: Path, compress: str = "none") -> dict:
+    name = f"every{every}-{compress}"
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config(steps, every, compress)), encoding="utf-8")
     env = {**os.environ, "HAL_ISLANDS": "0,1"}
-    result = subprocess.run([sys.executable, "-m", "hal", "train", str(path), "--run-dir", str(folder / f"run{every}"),
+    result = subprocess.run([sys.executable, "-m", "hal", "train", str(path), "--run-dir", str(folder / name),
                              "--json"], capture_output=True, text=True, env=env, cwd=REPO)
     if result.returncode != 0:
         raise SystemExit(f"every {every}: hal train failed:\n{result.stderr[-2000:]}")
     summary = json.loads(result.stdout)
-    log = [json.loads(line) for line in (folder / f"run{every}" / "train.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (folder / name / "train.jsonl").read_text().splitlines()]
     evals = [rec["eval_loss"] for rec in log if "eval_loss" in rec]
     sent = sum(r["cross_replica_bytes"] for rec in log for r in rec["replicas"])
-    return {"every": every, "steps": steps, "final_loss": summary["final_loss"], "final_eval_loss": evals[-1],
+    return {"every": every, "compress": compress, "steps": steps, "final_loss": summary["final_loss"], "final_eval_loss": evals[-1],
             "bytes_per_step": sent / len(log), "tokens_per_s": summary["tokens_per_s"]}
 
 
@@ -56,6 +57,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=320, help="a multiple of every H (default 320)")
     parser.add_argument("--every", default="1,8,32", help="comma-separated H values; 1 is the baseline")
+    parser.add_argument("--no-bf16", action="store_true", help="leave out the H = 1 run with bf16 on the wire")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     values = [int(v) for v in args.every.split(",")]
@@ -68,16 +70,20 @@ def main() -> int:
         for every in values:
             rows.append(run(args.steps, every, Path(tmp)))
             print(f"every {every}: {rows[-1]}", file=sys.stderr)
-    base = next(r for r in rows if r["every"] == 1)
+        if not args.no_bf16:
+            rows.append(run(args.steps, 1, Path(tmp), "bf16"))
+            print(f"every 1, bf16: {rows[-1]}", file=sys.stderr)
+    base = next(r for r in rows if r["every"] == 1 and r["compress"] == "none")
     for r in rows:
         r["bytes_ratio"] = base["bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else None
         r["eval_gap"] = r["final_eval_loss"] / base["final_eval_loss"] - 1.0
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'H':>4} {'bytes/step':>12} {'÷ vs H=1':>9} {'final eval':>11} {'gap vs H=1':>11} {'tokens/s':>9}")
+    print(f"{'H':>4} {'wire':>5} {'bytes/step':>12} {'÷ vs H=1':>9} {'final eval':>11} {'gap vs H=1':>11} {'tokens/s':>9}")
     for r in rows:
-        print(f"{r['every']:>4} {r['bytes_per_step']:>12,.0f} {r['bytes_ratio'] or 0:>9.1f} {r['final_eval_loss']:>11.4f} "
+        wire = "fp32" if r["compress"] == "none" else r["compress"]
+        print(f"{r['every']:>4} {wire:>5} {r['bytes_per_step']:>12,.0f} {r['bytes_ratio'] or 0:>9.1f} {r['final_eval_loss']:>11.4f} "
               f"{r['eval_gap']:>+11.2%} {r['tokens_per_s'] or 0:>9.0f}")
     return 0
 

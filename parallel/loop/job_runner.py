@@ -159,7 +159,8 @@ def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers, the steps and the run directory."""
     parts = []
     for index, topology in enumerate(job.topologies()):
-        rows = "" if job.replicas is None else f"replica {index} ({job.replicas.replicas[index].rows} rows) "
+        share = None if job.replicas is None else job.replicas.replicas[index].rows
+        rows = "" if job.replicas is None else f"replica {index} ({'auto' if share is None else share} rows) "
         for m in topology.stages:
             grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
             sp = " sp" if m.sp else ""

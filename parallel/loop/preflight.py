@@ -226,10 +226,6 @@ def _loop(p: Preflight) -> None:
         if train.grad_clip is not None:
             raise ConfigError(f"{run.origin}: train.grad_clip with parallel.replicas is not supported yet (the norm is "
                               "taken over the world, which holds every replica's copy); drop grad_clip")
-        auto = [i for i, r in enumerate(run.replicas.replicas) if r.rows is None]
-        if auto:
-            raise ConfigError(f"{run.origin}: parallel.replicas[{auto[0]}].rows is auto, which hal train does not "
-                              "resolve yet (shares by measured speed); give each replica its rows")
         if p.request.profile:
             raise ConfigError("--profile records one plan's pipeline timeline; with parallel.replicas it is not "
                               "supported yet — drop --profile (the log has each replica's tokens/s and sync share)")

@@ -136,6 +136,9 @@ def setup(job: Job) -> RankRun:
     seq = job.train.seq_len or job.model.max_seq_len
     own = topology.stage_of(world.rank)
     precision = _precision_plan(backend, job, first_stage + own, plan.stages[own])
+    if job.replicas is not None and not job.replicas.resolved:  # rows: auto -> rows from a short calibration
+        job = _resolve_auto_rows(job, replica, plan, mesh, world, backend, precision, seq)
+        plan = job.replicas.replicas[replica].plan  # type: ignore[union-attr]
     engine = build_engine(job.model, plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
                             init_from=job.init_from if job.resume is None else None)
@@ -160,6 +163,27 @@ def setup(job: Job) -> RankRun:
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
     return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
                    clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd)
+
+
+def _resolve_auto_rows(job: Job, replica: int, plan: Any, mesh: Any, world: Any, backend: Any, precision: Any,
+                       seq: int) -> Job:
+    """The job with every ``rows: auto`` replica's rows set from measured speed (``parallel.replicas.shares``; said
+    on the writer's stderr). Collective over the world."""
+    from dataclasses import replace
+
+    from hal.parallel.pipeline.build import build_engine
+    from hal.parallel.replicas.shares import resolve_shares, rows_per_second
+
+    def measure() -> float:
+        probe = build_engine(job.model, plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
+                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype)
+        return rows_per_second(probe, plan, seq, job.model.vocab_size)
+
+    writer = job.topology.stages[job.topology.last_stage].offset
+    say = (lambda text: print(f"hal train: {text}", file=sys.stderr, flush=True)) if world.rank == writer else None
+    assert job.replicas is not None
+    resolved = resolve_shares(job.replicas, replica, measure, world.rank == mesh.topology.first_rank, say)
+    return replace(job, replicas=resolved, plan=resolved.replicas[0].plan)
 
 
 def _replica_sync(job: Job, mesh: Any, engine: Any, replica: int, world: Any) -> tuple[Any, Any]:

@@ -459,8 +459,9 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
 REPLICA_BAD = {
     "shares that do not add up": ({**REPLICAS, "global_batch": 9}, [], "add up to 8 (6 + 2)"),
     "an H of 0": ({**REPLICAS, "replica_sync": {"every": 0}}, [], "replica_sync.every' must be a positive integer"),
-    "rows auto in hal train": ({**REPLICAS, "global_batch": 8, "replicas": [{**REPLICAS["replicas"][0], "rows": "auto"},
-                                                                            REPLICAS["replicas"][1]]}, [], "rows is auto"),
+    "rows auto leaving too few rows": ({**REPLICAS, "global_batch": 7, "replicas": [
+        {**REPLICAS["replicas"][0], "rows": "auto"}, {**REPLICAS["replicas"][1], "rows": 6}]}, [],
+        "leaves 1 rows for the auto replicas [0]"),
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
@@ -478,3 +479,19 @@ def test_bad_replicas_are_one_line_and_exit_2_with_nothing_started(case: str, tm
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hal: error: ") and message in lines[0], result.stderr
     assert not run_dir.exists()
+
+
+def test_auto_rows_are_set_by_a_calibration_and_said(tmp_path: Path) -> None:
+    """rows: auto on both replicas: a short calibration at start sets whole micro-batches adding up to the global
+    batch, said on stderr and kept in the log; the first loss is the one plan's whatever the shares."""
+    auto = {**REPLICAS, "global_batch": 8, "replicas": [{**r, "rows": "auto"} for r in REPLICAS["replicas"]]}
+    config = _config(tmp_path, "auto", parallel=auto, steps=2)
+    result = run_hal("train", str(config), "--run-dir", str(tmp_path / "run"), env=ISLANDS, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "replica shares by measured speed" in line]
+    assert len(said) == 1 and "rows/s measured" in said[0], result.stderr
+    log = _log(tmp_path / "run" / "train.jsonl")
+    rows = [r["rows"] for r in log[0]["replicas"]]
+    assert sum(rows) == 8 and all(n >= 2 and n % 2 == 0 for n in rows), rows
+    plan_a = _train(str(_config(tmp_path, "plan_a", steps=1)), "--run-dir", str(tmp_path / "plan_a"))
+    _assert_close([log[0]["loss"]], plan_a["losses"], 1e-5)
