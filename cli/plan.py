@@ -141,6 +141,9 @@ def run_search(args: argparse.Namespace) -> int:
     if args.timeline is not None:
         _check_timeline(args.timeline)
     run = load_run_config(config_path(args), check_backends=False)
+    if run.replicas is not None:
+        raise ConfigError(f"{run.origin}: --search looks for a plan of stages and does not propose replicas yet; search "
+                          "from a config with parallel.stages (the replicas' plans are checked by hal plan without --search)")
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
     print(strict_json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))

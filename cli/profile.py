@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
     plan = config.plan
-    compiles = any(plan.stage_compiles(k) for k in range(plan.num_stages))
+    compiles = any(p.stage_compiles(k) for _, p in config.plans() for k in range(p.num_stages))  # any replica's
     profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,
                            links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback,
                            launch=run_function, compile_backend=plan.compile_backend if compiles else None)

@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
         job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False,
                       init_from=args.init_from)
+        if job.replicas is not None:
+            raise ConfigError("--print-multinode places one plan's stages on nodes; a run of parallel.replicas is not "
+                              "supported there yet — run it on one node with hal train, or as one plan")
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
     from hal.parallel.loop.job_runner import describe, prepare, read_summary, run_local, write_job

@@ -464,6 +464,7 @@ REPLICA_BAD = {
         "leaves 1 rows for the auto replicas [0]"),
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
+    "several nodes": (REPLICAS, ["--print-multinode", "2"], "--print-multinode places one plan's stages on nodes"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
                               [], "replicas train one model"),
 }
@@ -495,3 +496,11 @@ def test_auto_rows_are_set_by_a_calibration_and_said(tmp_path: Path) -> None:
     assert sum(rows) == 8 and all(n >= 2 and n % 2 == 0 for n in rows), rows
     plan_a = _train(str(_config(tmp_path, "plan_a", steps=1)), "--run-dir", str(tmp_path / "plan_a"))
     _assert_close([log[0]["loss"]], plan_a["losses"], 1e-5)
+
+
+def test_plan_search_says_it_does_not_propose_replicas(tmp_path: Path) -> None:
+    config = _config(tmp_path, "replicas", parallel=REPLICAS, steps=8)
+    result = run_hal("plan", "--search", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not propose replicas yet" in lines[0], result.stderr
