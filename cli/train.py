@@ -187,6 +187,7 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     import os
 
     from hal.launch import spawn_ranks as spawn
+    from hal.parallel.loop.job_runner import REPLICA_ENV
     from hal.parallel.observe.progress import InPlace, on_screen
 
     from .launch import print_report
@@ -202,4 +203,11 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     finally:
         if isinstance(echo, InPlace):
             echo.close()
-    return print_report(report, "hal train")
+    status = print_report(report, "hal train")
+    replica_of = {int(env["RANK"]): env[REPLICA_ENV] for env in envs if REPLICA_ENV in env and "RANK" in env}
+    if replica_of and report.causes and not report.interrupted:
+        first = report.causes[0]
+        ranks = sorted(r for r, k in replica_of.items() if k == replica_of.get(first.rank))
+        print(f"hal train: replica {replica_of.get(first.rank)} (ranks {ranks[0]}-{ranks[-1]}) failed first, at its rank "
+              f"{first.rank}; every replica was stopped, and the last checkpoint written stands", file=sys.stderr)
+    return status

@@ -71,6 +71,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+REPLICA_ENV = "HAL_REPLICA"  # a rank's replica (parallel.replicas), for the failure report only
+
+
 def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
     """torchrun's variables for every local rank, plus HAL_BACKEND of its stage."""
     world = job.world_size
@@ -90,6 +93,8 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
             "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
             "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
         }
+        if job.replicas is not None:  # the launcher's report names a failing rank's replica
+            envs[rank][REPLICA_ENV] = str(job.replicas.replica_of(rank))
         if blocks is not None:  # pinned: the rank's threads are its cores (unless the user set OMP_NUM_THREADS)
             envs[rank][CPUS_ENV] = cpulist(blocks[rank])
             envs[rank]["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(len(blocks[rank]))

@@ -504,3 +504,21 @@ def test_plan_search_says_it_does_not_propose_replicas(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not propose replicas yet" in lines[0], result.stderr
+
+
+
+def test_a_dying_replica_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    """hal train's spawner, four real processes as two replicas of two ranks: rank 2 (replica 1) exits 3, the others
+    are stopped; the report names the replica once, and the run's status is the rank's."""
+    import sys
+
+    from hal.cli.train import spawn_ranks
+    from hal.parallel.loop.job_runner import REPLICA_ENV
+
+    body = "import os, sys, time\nif os.environ['RANK'] == '2':\n    sys.exit(3)\ntime.sleep(60)\n"
+    envs = [{"RANK": str(r), "WORLD_SIZE": "4", REPLICA_ENV: str(r // 2)} for r in range(4)]
+    assert spawn_ranks([[sys.executable, "-c", body]] * 4, envs) == 3
+    err = capfd.readouterr().err
+    named = [line for line in err.splitlines() if "replica" in line]
+    assert named == ["hal train: replica 1 (ranks 2-3) failed first, at its rank 2; every replica was stopped, and the "
+                     "last checkpoint written stands"], err
