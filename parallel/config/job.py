@@ -73,6 +73,11 @@ class Job:
         """Ranks of the run: every replica's."""
         return self.replicas.world_size if self.replicas is not None else self.topology.world_size
 
+    @property
+    def writer(self) -> int:
+        """The rank that logs: the first of the stage holding the loss (the first stage under zbv), replica 0's."""
+        return self.topology.stages[self.topology.last_stage].offset
+
     def topologies(self) -> list[Topology]:
         """Each replica's topology over its own ranks, in replica order (one plan: its topology)."""
         if self.replicas is None:

@@ -157,7 +157,7 @@ def setup(job: Job) -> RankRun:
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
-    writer = job.topology.stages[job.topology.last_stage].offset  # holds the loss (the first stage under zbv; replica 0's)
+    writer = job.writer
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
@@ -179,8 +179,7 @@ def _resolve_auto_rows(job: Job, replica: int, plan: Any, mesh: Any, world: Any,
                              seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype)
         return rows_per_second(probe, plan, seq, job.model.vocab_size)
 
-    writer = job.topology.stages[job.topology.last_stage].offset
-    say = (lambda text: print(f"hal train: {text}", file=sys.stderr, flush=True)) if world.rank == writer else None
+    say = (lambda text: print(f"hal train: {text}", file=sys.stderr, flush=True)) if world.rank == job.writer else None
     assert job.replicas is not None
     resolved = resolve_shares(job.replicas, replica, measure, world.rank == mesh.topology.first_rank, say)
     return replace(job, replicas=resolved, plan=resolved.replicas[0].plan)
