@@ -26,7 +26,6 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
                                                       local_sgd)}
     from hal.collectives import current_world
     from hal.parallel.config.replicas import parse_replicated, validate_replicated
-    from hal.parallel.config.topology import Topology
     from hal.parallel.loop.zero import Zero1AdamW
     from hal.parallel.models.decoder import gather_full_grads, gather_full_params
     from hal.parallel.pipeline.build import build_engine
@@ -40,7 +39,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     rep = parse_replicated(raw)
     validate_replicated(rep, config, world_size=world, check_backends=False)
     joined = current_world()
-    topologies = [Topology.from_plan(r.plan, r.first_rank) for r in rep.replicas]
+    topologies = [r.topology() for r in rep.replicas]
     mesh = build_meshes(topologies, joined, validate=False, tied_embeddings=tied)
     index = rep.replica_of(joined.rank)
     plan = rep.replicas[index].plan

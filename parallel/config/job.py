@@ -82,7 +82,7 @@ class Job:
         """Each replica's topology over its own ranks, in replica order (one plan: its topology)."""
         if self.replicas is None:
             return [self.topology]
-        return [Topology.from_plan(r.plan, r.first_rank) for r in self.replicas.replicas]
+        return [r.topology() for r in self.replicas.replicas]
 
     def replica_view(self, rank: int) -> "tuple[int, ParallelPlan, Topology, int]":
         """(replica index, its plan, its topology, the index of its first stage in ``stage_precision``) of ``rank``."""

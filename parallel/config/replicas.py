@@ -35,6 +35,7 @@ from hal.errors import ConfigError
 
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
+from hal.parallel.config.topology import Topology
 
 AUTO = "auto"
 COMPRESSIONS = ("none", "bf16")
@@ -49,11 +50,6 @@ class ReplicaSync:
     outer_lr: float = key(Number(positive=True), 1.0, example="outer_lr: 0.7")  # local SGD's outer step (H > 1)
     outer_momentum: float = key(Number(positive=False), 0.0, example="outer_momentum: 0.9")  # Nesterov, H > 1
     compress: str = key(Choice(COMPRESSIONS), "none")  # the cross-island part's dtype on the wire
-
-    @property
-    def exact(self) -> bool:
-        """Gradients meet every step, uncompressed: the single-device training."""
-        return self.every == 1 and self.compress == "none"
 
     def to_dict(self) -> dict[str, Any]:
         return {"every": self.every, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
@@ -75,6 +71,10 @@ class Replica:
     @property
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.plan.world_size)
+
+    def topology(self) -> Topology:
+        """Which of the replica's ranks is where: its plan laid out from its first rank."""
+        return Topology.from_plan(self.plan, self.first_rank)
 
 
 @dataclass(frozen=True)

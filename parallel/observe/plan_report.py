@@ -34,7 +34,7 @@ def replicated_report(run: RunConfig) -> dict[str, Any]:
     replicas = []
     for index, replica in enumerate(run.replicas.replicas):
         report = plan_report(replace(run, plan=replica.plan, replicas=None))
-        report["topology"] = Topology.from_plan(replica.plan, replica.first_rank).to_dict()
+        report["topology"] = replica.topology().to_dict()
         replicas.append({"replica": index, "rows": replica.rows, "ranks": list(replica.ranks), **report})
     return {"config": run.origin, "model": run.model.to_dict(), "train": run.train.to_dict(),
             "global_batch_size": run.replicas.global_batch, "world_size": run.replicas.world_size,

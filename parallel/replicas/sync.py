@@ -142,7 +142,6 @@ class ReplicaExchange:
                        ("embed.weight",) if tied and "embed.weight" in full else ())
         everyone: list[Any] = [None] * world.size
         dist.all_gather_object(everyone, mine)  # the default group: gloo on every rank
-        self.tied_stages = {h.replica for h in everyone if h.tied_copy}  # replicas whose tied copy sits on two stages
         try:
             self.buckets = plan_buckets(everyone, len(replicas), lambda r, s: replicas[r].stages[s].ranks, bucket_bytes)
         except ValueError as exc:
@@ -162,8 +161,9 @@ class ReplicaExchange:
         self.bytes_sent = 0  # cross-replica bytes this rank put on the wire in the last exchange
 
     def _handback(self, bucket: Bucket) -> "Communicator":
-        """The group a bucket's sum is broadcast over inside this replica: its stage, or both stages of a tied copy."""
-        if self.replica in self.tied_stages and "embed.weight" in bucket.names and self.mesh.embedding is not None:
+        """The group a bucket's sum is broadcast over inside this replica: its stage, or both stages of a tied copy (the
+        mesh has an embedding group exactly when this replica's tied embedding sits on two stages)."""
+        if self.mesh.embedding is not None and "embed.weight" in bucket.names:
             return self.mesh.embedding
         return self.mesh.stage
 
