@@ -131,7 +131,7 @@ def run_search(args: argparse.Namespace) -> int:
     import sys
 
     from hal.errors import ConfigError
-    from hal.parallel.planner.run_search import as_json, format_search, search, write_plan
+    from hal.parallel.planner.run_search import as_json, format_search, preferred, search, write_plan, write_replicas
     from hal.parallel.config.run import load_run_config
 
     if args.top < 1:
@@ -142,12 +142,16 @@ def run_search(args: argparse.Namespace) -> int:
         _check_timeline(args.timeline)
     run = load_run_config(config_path(args), check_backends=False)
     if run.replicas is not None:
-        raise ConfigError(f"{run.origin}: --search looks for a plan of stages and does not propose replicas yet; search "
-                          "from a config with parallel.stages (the replicas' plans are checked by hal plan without --search)")
+        raise ConfigError(f"{run.origin}: --search starts from one plan (parallel.stages) and proposes stage and replica "
+                          "plans itself; search from a config with parallel.stages (this config's replicas are checked by "
+                          "hal plan without --search)")
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
     print(strict_json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
-    if args.write:
+    if args.write and preferred(report) == "replicas":
+        write_replicas(run, report.replicas[0], args.write)
+        print(f"hal plan: wrote {args.write}: hal train {args.write} runs replica plan R1", file=sys.stderr)
+    elif args.write:
         write_plan(run, report.results[0], args.write, cost, args.profile)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
     if args.timeline is not None:
@@ -199,13 +203,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_replicas(run: Any, args: argparse.Namespace) -> int:
-    """A replicated run: the global batch and sync, then each replica's plan as ``hal plan`` prints one plan."""
-    from hal.errors import ConfigError
+    """A replicated run: the global batch and sync, then each replica's plan as ``hal plan`` prints one plan (and with
+    --timeline, each replica's predicted timeline in one picture)."""
     from hal.parallel.observe.plan_report import replicated_report
 
-    if args.timeline is not None:
-        raise ConfigError("--timeline draws one plan's pipeline; this config lists replicas — drop --timeline")
     report = replicated_report(run)
+    if args.timeline is not None:
+        from hal.parallel.observe.timeline import plan_document
+        from hal.parallel.observe.timeline_plot import write_replicas_png
+
+        docs = [plan_document(r.plan) for r in run.replicas.replicas]
+        titles = [f"replica {i}: " + ("auto rows" if r.rows is None else f"{r.rows} rows") + f", ranks {r.ranks[0]}-{r.ranks[-1]}"
+                  for i, r in enumerate(run.replicas.replicas)]
+        print(f"hal plan: predicted timelines of the replicas {write_replicas_png(docs, titles, args.timeline)}",
+              file=sys.stderr)
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return 0

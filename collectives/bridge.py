@@ -7,7 +7,9 @@ makes it look like any other group, behind the same ``Communicator`` methods:
 * ``all_reduce`` / ``reduce_scatter`` / ``all_gather`` are hierarchical: the native CCL works
   inside each island (``island.group``), the island leaders exchange over the host CCL
   (``layout.leaders_group``, gloo), and each leader broadcasts the result back into its island.
-  Only one copy of the data per island crosses the slow host path.
+  Only one copy of the data per island crosses the slow host path. Where each island has one rank in
+  the group (the replicas' speakers: ``parallel.replicas.sync``), the leaders' sum is striped over the
+  host channels as point-to-point messages are.
 * point-to-point across islands goes over the host group, staged through pinned host memory,
   chunked and double-buffered (``collectives.staging``); inside an island it stays native. A message
   of several chunks is striped over the layout's host channels (``HAL_BRIDGE_CHANNELS`` gloo groups
@@ -168,14 +170,23 @@ class Bridge:
     def _leaders_all_reduce(self, work: torch.Tensor, op: str) -> None:
         group, dist_op, size = self.layout.leaders_group, _DIST_OPS["sum" if op == "avg" else op], self.layout.size
 
-        def post(chunk: torch.Tensor, k: int) -> Any:
-            return dist.all_reduce(chunk, op=dist_op, group=group, async_op=True)
+        def poster(on: dist.ProcessGroup | None) -> Callable[[torch.Tensor, int], Any]:
+            return lambda chunk, k: dist.all_reduce(chunk, op=dist_op, group=on, async_op=True)
 
         def average(chunk: torch.Tensor) -> None:
             chunk.div_(size)  # on the host, identically on every leader, as the flat gloo path does
 
-        lane = Lane(work.view(-1), True, True, post, after=average if op == "avg" else None)
-        self._pipeline().run([lane], self.timeout, "all_reduce (leaders)")
+        flat = work.view(-1)
+        after = average if op == "avg" else None
+        if self.layout.size == len(self.islands) and len(self.layout.channels) > 1:
+            # every rank of the group leads its island (one rank an island, as the replicas' speakers are): each host
+            # channel joins exactly the leaders, so the message's stripes are summed over the channels at once
+            lanes = [Lane(flat[start:stop], True, True, poster(channel), after=after, channel=index)
+                     for index, (channel, (start, stop)) in
+                     enumerate(zip(self.layout.channels, self.stripes(flat.numel(), flat.element_size())))]
+            self._channels.run(lanes, self.timeout, "all_reduce (leaders)")
+            return
+        self._pipeline().run([Lane(flat, True, True, poster(group), after=after)], self.timeout, "all_reduce (leaders)")
 
     def _leaders_exchange_blocks(self, block: torch.Tensor, rows_of: dict[int, int]) -> dict[int, torch.Tensor]:
         """All-gather every island's block between leaders; returns each rank's rows (host)."""

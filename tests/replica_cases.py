@@ -15,11 +15,13 @@ def global_rows(seed: int, step: int, rows: int, seq: int, vocab: int) -> torch.
 
 def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
                 num_layers: int = 4, moe: dict[str, Any] | None = None, inner: str = "adamw",
-                local_sgd: dict[str, Any] | None = None, runs: int = 1) -> dict[str, Any]:
+                local_sgd: dict[str, Any] | None = None, runs: int = 1,
+                shares: list[list[int]] | None = None) -> dict[str, Any]:
     """This rank's part of a replicated run: its replica's engine on its rows, gradients summed across replicas
     every step — or, with ``local_sgd`` ({every, outer_lr, outer_momentum}), each replica on its own gradients and
     the replicas' deltas meeting every H steps. ``inner``: adamw | sgd. ``runs`` > 1: the run again from the start
-    in the same world (a fresh engine), with ``local_sgd`` only from the second on: {"first": ..., "second": ...}."""
+    in the same world (a fresh engine), with ``local_sgd`` only from the second on: {"first": ..., "second": ...}.
+    ``shares``: each step's rows per replica, in turn (a mid-run rebalance: ``Engine.set_micro_batches``)."""
     if runs == 2:
         first = replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner, None)
         return {"first": first, "second": replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner,
@@ -52,6 +54,10 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     ranges = rep.row_ranges()
     losses, grads, sent = [], {}, 0
     for step in range(steps):
+        if shares is not None:  # the rows move between replicas, as the trainer's rebalance moves them
+            rep = rep.with_rows(shares[step % len(shares)])
+            ranges, plan = rep.row_ranges(), rep.replicas[index].plan
+            engine.set_micro_batches(plan.micro_batches)
         tokens = global_rows(seed, step, rep.global_batch, config.max_seq_len, config.vocab_size)
         weight = token_weights(tokens, ranges)[index]
         mine = tokens[ranges[index].start:ranges[index].stop].reshape(plan.micro_batches, plan.micro_batch_size, -1)

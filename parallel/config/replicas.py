@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from hal.config import limits
-from hal.config.schema import Choice, Number, PositiveInt, key, parse_section, reject_unknown, require_mapping
+from hal.config.schema import Choice, NonNegativeInt, Number, PositiveInt, key, parse_section, reject_unknown, require_mapping
 from hal.errors import ConfigError
 
 from hal.parallel.config.model import ModelConfig
@@ -50,10 +50,12 @@ class ReplicaSync:
     outer_lr: float = key(Number(positive=True), 1.0, example="outer_lr: 0.7")  # local SGD's outer step (H > 1)
     outer_momentum: float = key(Number(positive=False), 0.0, example="outer_momentum: 0.9")  # Nesterov, H > 1
     compress: str = key(Choice(COMPRESSIONS), "none")  # the cross-island part's dtype on the wire
+    # rows: auto replicas' shares re-balanced from measured step times every N steps (0: never)
+    rebalance_every: int = key(NonNegativeInt(limits.STEPS), 10, example="rebalance_every: 10")
 
     def to_dict(self) -> dict[str, Any]:
         return {"every": self.every, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "compress": self.compress}
+                "compress": self.compress, "rebalance_every": self.rebalance_every}
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class RankRun:
     exchange: Any = None  # parallel.replicas.sync.ReplicaExchange with replicas, else None
     local_sgd: Any = None  # parallel.replicas.local_sgd.LocalSGD when the replicas meet every H > 1 steps
     replica_sync_s: float = 0.0  # the last step's cross-replica exchange
+    shares: Any = None  # parallel.replicas.shares.ShareTracker: rows: auto replicas re-balanced mid-run, else None
 
 
 # --- setup ---------------------------------------------------------------------------------------------
@@ -136,6 +137,7 @@ def setup(job: Job) -> RankRun:
     seq = job.train.seq_len or job.model.max_seq_len
     own = topology.stage_of(world.rank)
     precision = _precision_plan(backend, job, first_stage + own, plan.stages[own])
+    shares = _share_tracker(job)
     if job.replicas is not None and not job.replicas.resolved:  # rows: auto -> rows from a short calibration
         job = _resolve_auto_rows(job, replica, plan, mesh, world, backend, precision, seq)
         plan = job.replicas.replicas[replica].plan  # type: ignore[union-attr]
@@ -162,7 +164,17 @@ def setup(job: Job) -> RankRun:
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
     return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
-                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd)
+                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd, shares=shares)
+
+
+def _share_tracker(job: Job) -> Any:
+    """With ``rows: auto`` replicas and ``replica_sync.rebalance_every`` > 0: the mid-run rebalance, else None."""
+    if job.replicas is None or job.replicas.sync.rebalance_every == 0 or job.replicas.resolved:
+        return None
+    from hal.parallel.replicas.shares import ShareTracker
+
+    movable = [r.rows is None for r in job.replicas.replicas]
+    return ShareTracker(movable, job.replicas.sync.rebalance_every) if sum(movable) >= 2 else None
 
 
 def _resolve_auto_rows(job: Job, replica: int, plan: Any, mesh: Any, world: Any, backend: Any, precision: Any,
@@ -243,7 +255,11 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     r.optimizer.zero_grad(set_to_none=True)
     if r.scaler is not None:
         r.engine.loss_scale = r.scaler.scale
+    own = time.perf_counter()
     loss = r.engine.step(tokens)
+    if r.shares is not None:  # this rank's own time of the step, before it waits for the other replicas
+        r.engine.backend.synchronize()
+        r.shares.record(time.perf_counter() - own)
     r.replica_sync_s = 0.0
     if r.exchange is not None:
         began = time.perf_counter()
@@ -558,6 +574,26 @@ def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
     return meta
 
 
+def _rebalance(r: RankRun, done: int) -> list[int] | None:
+    """The look at the replicas' measured times (collective over the world); a change is applied on every rank, said
+    on the writer's stderr, and returned (the new rows, for the step's record)."""
+    from dataclasses import replace
+
+    from hal.parallel.replicas.shares import rebalance_text
+
+    before = r.job.replicas
+    assert before is not None and r.shares is not None
+    after = r.shares.look(before, r.replica)
+    if after is None:
+        return None
+    r.job = replace(r.job, replicas=after, plan=after.replicas[0].plan)
+    r.plan = after.replicas[r.replica].plan
+    r.engine.set_micro_batches(r.plan.micro_batches)
+    if r.rank == r.writer:
+        print(f"hal train: {rebalance_text(before, after, done)}", file=sys.stderr, flush=True)
+    return [rep.rows for rep in after.replicas]
+
+
 def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
     from hal.parallel.state.checkpoint import save_checkpoint
 
@@ -594,6 +630,7 @@ def train(r: RankRun) -> None:
     skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
     began = time.perf_counter()
     timeline_step = r.steps - 1 if r.job.profile else None
+    rebalanced: list[int] | None = None  # the rows a mid-run rebalance just set (the next step's record says so)
     try:
         for step in range(r.start, r.steps):
             origin = _common_start(r) if step == timeline_step else None
@@ -613,6 +650,8 @@ def train(r: RankRun) -> None:
                     record["eval_loss"], record["eval_ppl"] = evaluation, math.exp(min(evaluation, 80.0))
                 if moe is not None:
                     record["moe"] = moe
+                if rebalanced is not None:  # this step was the first on re-balanced shares
+                    record["rebalanced"] = rebalanced
                 if r.scaler is not None:  # the scale the step ran with; the same on every rank
                     record["loss_scale"] = r.engine.loss_scale
                     record["skipped"] = r.scaler.skipped_steps > skipped_before
@@ -628,6 +667,7 @@ def train(r: RankRun) -> None:
             done = step + 1
             if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
                 checkpoint = _save(r, checkpoint_dir, done)
+            rebalanced = _rebalance(r, done) if r.shares is not None and r.shares.due(done, r.steps) else None
     finally:
         if progress is not None:
             progress.close()

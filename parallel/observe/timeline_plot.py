@@ -187,3 +187,30 @@ def _measured_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _ranks(ranks: Sequence[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def write_replicas_png(docs: Sequence[dict[str, Any]], titles: Sequence[str], path: str | Path) -> Path:
+    """Several replicas' predicted timelines, one panel each (``titles``: a replica's line above its panel). Each
+    panel keeps its own time axis: the replicas run different plans, often on different devices, and layer units
+    of one are not those of another."""
+    from matplotlib.figure import Figure
+
+    heights = [len(d["stages"]) for d in docs]
+    fig = Figure(figsize=(WIDTH, 1.6 + 0.42 * sum(heights) + 1.1 * len(heights)), layout="constrained")
+    axes = fig.subplots(len(docs), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    used: set[str] = {"idle"}
+    chunks = False
+    for ax, doc, title in zip(axes, docs, titles):
+        end = doc["predicted"]["makespan"] or 1.0
+        _predicted_panel(ax, doc, "predicted", 1.0, end, used)
+        ax.set_title(f"{title} — {ax.get_title()}", fontsize=9, loc="left")
+        ax.set_xlim(0, end * 1.005)
+        ax.set_xlabel("time (one layer's forward of this replica's micro-batch = 1)", fontsize=8)
+        chunks = chunks or doc["virtual_stages"] > 1
+    _legend(fig, used, chunks)
+    fig.suptitle(f"{len(docs)} replicas, each its own plan: predicted timelines (own time axes)", fontsize=11, x=0.01,
+                 ha="left")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+    return path

@@ -347,6 +347,14 @@ class PipelineEngine:
                 sync_tied_embedding_grads(self.module, self.mesh.embedding)
         return self._step_loss(losses)
 
+    def set_micro_batches(self, micro_batches: int) -> None:
+        """Run ``micro_batches`` a step from now on (a replica's share re-balanced mid-run): the program and the MoE
+        losses' share follow. The caller checked that the schedule accepts the count (``Schedule.problem``)."""
+        S, k, V = self.mesh.topology.num_stages, self.coord.stage, self.chunks
+        self.micro_batches = micro_batches
+        self._moe_share = 1.0 / (micro_batches * self.layout.dp)
+        self.program = self.schedule.program(S, micro_batches, k, V)
+
     def evaluate(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The loss of ``tokens`` (M, micro_batch_size, S+1) without gradients: every forward, no backward.
 

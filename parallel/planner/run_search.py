@@ -4,6 +4,7 @@ Why here and not in cli/: the accuracy benchmark and the tests run the same step
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable
 
@@ -18,6 +19,7 @@ from hal.parallel.planner.device_profile import Profile
 from hal.parallel.planner.profile_store import load_profile
 from hal.parallel.config.planned import planned_section, profile_label
 from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.replica_search import ReplicaCandidate, ReplicaSearch
 from hal.parallel.planner.search import Result, Search, SearchReport, report_dict
 
 
@@ -52,6 +54,10 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
            progress: Callable[[str], None] | None = None, use_all_types: bool = False) -> tuple[SearchReport, CostModel]:
     cluster, profile, cost = planning_inputs(run, cluster_file, profile_file, progress)
     report = Search(cost, run.plan, progress=progress, use_all_types=use_all_types).run(top)
+    if len(cluster.types) > 1:
+        replicas = ReplicaSearch(cost, run.plan, progress=progress)
+        report.replicas = [c for c in replicas.run(top) if not use_all_types or len(c.results) == len(cluster.types)]
+        report.notes.append(family_note(report, replicas))
     if not profile_file:
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:
@@ -69,6 +75,42 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
                             "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
                             "pipeline runs (pass its file with --profile)")
     return report, cost
+
+
+def preferred(report: SearchReport) -> str:
+    """The family of the fastest predicted plan: "replicas" or "stages"."""
+    if report.replicas and (not report.results or report.replicas[0].step_s < report.results[0].prediction.step_s):
+        return "replicas"
+    return "stages"
+
+
+def family_note(report: SearchReport, replicas: ReplicaSearch) -> str:
+    """Which family the cost model prefers and why, with the fastest device type alone beside them."""
+    if not report.replicas:
+        return ("replica plans: none — no device type trains a share of the global batch on its own (memory, or rows "
+                "that do not split); the stage plans above are the only ones")
+    rep = report.replicas[0]
+    sync = rep.sync
+    how = f"every {sync.every} steps" if sync.every > 1 else "every step"
+    why_rep = (f"replica plan R1: the slowest replica steps in {rep.compute_s:.4g} s and the bridge carries "
+               f"{sync.bridge_bytes / 1e9:.3g} GB a replica {how} over {sync.stripes} pair(s) in {sync.seconds:.4g} s "
+               f"({sync.seconds / rep.step_s:.0%} of its step, not overlapped with the backward)")
+    parts = [why_rep]
+    if report.results:
+        best = report.results[0].prediction
+        parts.append(f"stage plan #1: idle share {best.bubble_overall:.0%}, bound by {best.bound}")
+        stages_s = best.step_s
+    else:
+        stages_s = math.inf
+    alone = replicas.fastest_alone()
+    if alone is not None and alone[1].prediction.step_s <= min(rep.step_s, stages_s):
+        parts.append(f"{alone[0].count}× {alone[0].device} alone predicts {alone[1].prediction.step_s:.4g} s: adding the "
+                     "other islands does not speed this job up")
+    family = preferred(report)
+    faster = rep.step_s if family == "replicas" else stages_s
+    slower = stages_s if family == "replicas" else rep.step_s
+    ratio = f"{slower / faster:.2f}× " if math.isfinite(slower) else ""
+    return f"the cost model prefers {family} ({ratio}faster predicted step): " + "; ".join(parts)
 
 
 def moe_note(run: RunConfig) -> str | None:
@@ -117,6 +159,26 @@ def write_plan(run: RunConfig, result: Result, path: str | os.PathLike[str], cos
     write_text_atomic(path, "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
 
 
+def write_replicas(run: RunConfig, candidate: ReplicaCandidate, path: str | os.PathLike[str]) -> None:
+    """The config with its parallel: section replaced by the replica plan (exact sync every step)."""
+    from hal.parallel.config.replicas import ReplicaSync
+
+    with open(run.origin, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data["parallel"] = candidate.replicated(ReplicaSync()).to_dict()
+    data.pop("planned", None)  # a stage plan's prediction: not this plan's
+    if "backend" in data and data["backend"] != "auto":
+        backends = sorted({s.backend for r in candidate.results for s in r.plan.stages})
+        if len(backends) == 1:
+            data["backend"] = backends[0]
+        else:
+            del data["backend"]
+    head = [f"# written by hal plan --search from {run.origin}: replicas, predicted {candidate.step_s:.4g} s a step, "
+            f"{candidate.tokens_per_s:,.0f} tokens/s, cross-island sync {candidate.sync.seconds:.4g} s a step",
+            f"# replicas on: {', '.join(candidate.devices)}; their ranks are consecutive, replica 0 first"]
+    write_text_atomic(path, "\n".join(head) + "\n" + yaml.safe_dump(data, sort_keys=False))
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f}"
 
@@ -149,10 +211,30 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
                   f"    {stage_text(r)}", f"    memory a rank: {memory}; bound by {p.bound}"]
         if p.estimated:
             lines.append(f"    ESTIMATED: {'; '.join(p.estimated)}")
+    if report.replicas:
+        lines += ["", "replica plans (each device type trains a whole replica on its share of the batch; gradients "
+                      "meet over the bridge every step):"]
+    for i, c in enumerate(report.replicas, 1):
+        shares = " + ".join(f"{d} {n}" for d, n in zip(c.devices, c.rows))
+        lines += ["", f"R{i}  {c.tokens_per_s:,.0f} tokens/s  step {c.step_s:.4g} s  (slowest replica {c.compute_s:.4g} s "
+                      f"+ sync {c.sync.seconds:.4g} s over {c.sync.stripes} pair(s))  rows {shares}"]
+        if i == 1:  # what compression and local SGD would change (the same replicas and shares)
+            from hal.parallel.planner.replica_search import sync_cost
+
+            bf16 = sync_cost(cost, c.results, compress="bf16")
+            local = sync_cost(cost, c.results, every=8)
+            lines.append(f"    sync variants: bf16 on the wire {bf16.seconds:.4g} s (step {c.compute_s + bf16.seconds:.4g} s); "
+                         f"local SGD every 8 steps {local.seconds:.4g} s a step (step {c.compute_s + local.seconds:.4g} s; "
+                         "trains differently from the single device)")
+        for d, r in zip(c.devices, c.results):
+            plan = r.plan
+            lines.append(f"    {d}: {r.prediction.step_s:.4g} s  {plan.schedule}"
+                         f"{f' V={plan.virtual_stages}' if plan.virtual_stages > 1 else ''}  {plan.micro_batches} × "
+                         f"{plan.micro_batch_size} rows{'  zero1' if plan.zero1 else ''}  {stage_text(r)}")
     for note in data["notes"]:
         lines.append(f"\nnote: {note}")
     return "\n".join(lines)
 
 
 def as_json(report: SearchReport, cost: CostModel) -> dict[str, Any]:
-    return report_dict(report, cost)
+    return {**report_dict(report, cost), "preferred": preferred(report)}

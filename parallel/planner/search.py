@@ -89,6 +89,7 @@ class SearchReport:
     notes: list[str] = field(default_factory=list)
     layouts: int = 0  # layouts (type order x grids) scored
     bounded: bool = False  # past EXACT_LAYOUTS: the polynomial search, not every layout
+    replicas: list[Any] = field(default_factory=list)  # replica plans (planner.replica_search), fastest first
 
 
 def _divisors(n: int) -> list[int]:
@@ -113,8 +114,9 @@ class Search:
     """One search over ``cluster`` for ``model`` keeping ``base``'s global batch and flags."""
 
     def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None,
-                 use_all_types: bool = False, progress_s: float = PROGRESS_S) -> None:
+                 use_all_types: bool = False, progress_s: float = PROGRESS_S, confirm: int = CONFIRM) -> None:
         self.cost, self.base = cost, base
+        self.confirm = confirm  # candidates the simulator re-predicts
         self.progress_s = progress_s
         self.use_all_types = use_all_types
         self.model, self.seq = cost.model, cost.seq
@@ -363,7 +365,7 @@ class Search:
                 considered += 1
                 step_best = min(step_best, step)
                 item = (-step, considered, plan, kinds)
-                if len(best) < CONFIRM:
+                if len(best) < self.confirm:
                     heapq.heappush(best, item)
                 elif item[0] > best[0][0]:
                     heapq.heapreplace(best, item)
@@ -440,4 +442,5 @@ def report_dict(report: SearchReport, cost: CostModel) -> dict[str, Any]:
         "seq": tokens, "notes": report.notes,
         "plans": [{"rank": i + 1, "plan": r.plan.to_dict(), "devices": [k.device for k in r.placement.kinds],
                    "prediction": r.prediction.to_dict()} for i, r in enumerate(report.results)],
+        "replica_plans": [{"rank": i + 1, **c.to_dict()} for i, c in enumerate(report.replicas)],
     }

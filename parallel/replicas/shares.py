@@ -4,12 +4,18 @@ Every replica with ``rows: auto`` times a few forward/backward steps of its own 
 dropped, weights untouched; the first step is a warm-up), and reports rows per second; every rank gathers the
 figures (one small gather over the world) and computes the same shares (``parallel.config.replicas.auto_rows``:
 whole micro-batches, at least one each, adding up to the global batch). A replica with fixed rows keeps them.
+
+During the run (``rebalanced_rows``), the auto replicas' shares follow their measured step times: every
+``REBALANCE_EVERY`` steps, within bounds, each change said on screen and in the log. With every-step sync the
+training does not depend on the shares (the step's gradient is the token-weighted mean over all rows), so a
+rebalance changes the speed, not the numbers.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -57,3 +63,98 @@ def resolve_shares(replicas: ReplicatedPlan, replica: int, measure: Callable[[],
                  for i, n in enumerate(rows)]
         say(f"replica shares by measured speed ({CALIBRATION_STEPS} calibration steps each): " + "; ".join(parts))
     return replicas.with_rows(rows)
+
+
+# --- speed drift: the shares re-balanced from measured step times --------------------------------------------
+
+REBALANCE_EVERY = 10  # steps between looks at the measured times (the median over the window)
+MAX_CHANGE = 0.25  # a look moves at most this share of a replica's rows (at least one granule)
+MIN_GAIN = 0.05  # and only when the slowest replica's predicted time drops by this much (no flapping on noise)
+
+
+def rebalanced_rows(rows: Sequence[int], seconds: Sequence[float], granules: Sequence[int], movable: Sequence[bool],
+                    valid: Callable[[int, int], bool], *, max_change: float = MAX_CHANGE,
+                    min_gain: float = MIN_GAIN) -> list[int] | None:
+    """New rows from each replica's measured seconds a step at ``rows`` (speed = rows / seconds), or None to keep them.
+
+    Rows move whole granules at a time (the lcm of the two replicas' micro_batch_sizes) from the replica predicted
+    slowest to the one predicted fastest, while that shortens the slowest; only ``movable`` replicas (``rows:
+    auto``) change, each by at most ``max_change`` of its rows (one granule at least), never below one granule,
+    and only to rows ``valid(replica, rows)`` accepts (its schedule runs that many micro-batches). None unless the
+    slowest replica's predicted time drops by ``min_gain``."""
+    if len(rows) < 2 or any(s <= 0 or not math.isfinite(s) for s in seconds):
+        return None
+    speed = [n / s for n, s in zip(rows, seconds)]
+    new = list(rows)
+    bound = [max(g, int(max_change * n)) for n, g in zip(rows, granules)]
+
+    def slowest(candidate: Sequence[int]) -> float:
+        return max(n / v for n, v in zip(candidate, speed))
+
+    while True:
+        times = [n / v for n, v in zip(new, speed)]
+        best: tuple[float, list[int]] | None = None
+        for slow in sorted(range(len(new)), key=lambda i: -times[i]):
+            for fast in sorted(range(len(new)), key=lambda i: times[i]):
+                if slow == fast or not (movable[slow] and movable[fast]):
+                    continue
+                step = math.lcm(granules[slow], granules[fast])
+                trial = list(new)
+                trial[slow] -= step
+                trial[fast] += step
+                if (trial[slow] < granules[slow] or abs(trial[slow] - rows[slow]) > bound[slow]
+                        or abs(trial[fast] - rows[fast]) > bound[fast]
+                        or not valid(slow, trial[slow]) or not valid(fast, trial[fast])):
+                    continue
+                after = slowest(trial)
+                if after < slowest(new) - 1e-12 and (best is None or after < best[0]):
+                    best = (after, trial)
+            if best is not None:
+                break
+        if best is None:
+            break
+        new = best[1]
+    if new == list(rows) or slowest(new) > (1.0 - min_gain) * slowest(rows):
+        return None
+    return new
+
+
+class ShareTracker:
+    """A rank's side of the mid-run rebalance: its replica's step times over the window, and the collective look."""
+
+    def __init__(self, movable: Sequence[bool], every: int) -> None:
+        self.movable, self.every = list(movable), every
+        self.window: list[float] = []
+
+    def record(self, seconds: float) -> None:
+        """This rank's own time of a step (its engine's forward/backward, before the cross-replica exchange)."""
+        self.window.append(seconds)
+
+    def due(self, done: int, steps: int) -> bool:
+        return self.every > 0 and done % self.every == 0 and done < steps
+
+    def look(self, replicas: ReplicatedPlan, replica: int) -> ReplicatedPlan | None:
+        """The replicas with re-balanced rows, or None to keep them. Collective over the world: each replica's time
+        is its slowest rank's median over the window (one small gather)."""
+        mine = statistics.median(self.window) if self.window else math.nan
+        self.window.clear()
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (replica, mine))
+        seconds = [0.0] * len(replicas.replicas)
+        for r, s in everyone:
+            seconds[r] = max(seconds[r], s) if math.isfinite(s) else math.nan
+        rows = [r.rows or 0 for r in replicas.replicas]
+        granules = [r.plan.micro_batch_size for r in replicas.replicas]
+
+        def valid(i: int, n: int) -> bool:
+            plan = replicas.replicas[i].plan
+            return n % plan.micro_batch_size == 0 and plan.schedule.problem(plan.num_stages, n // plan.micro_batch_size) is None
+
+        new = rebalanced_rows(rows, seconds, granules, self.movable, valid)
+        return None if new is None else replicas.with_rows(new)
+
+
+def rebalance_text(before: ReplicatedPlan, after: ReplicatedPlan, step: int) -> str:
+    """One line saying a rebalance: each replica's rows before and after."""
+    parts = [f"replica {i}: {a.rows} → {b.rows} rows" for i, (a, b) in enumerate(zip(before.replicas, after.replicas))]
+    return f"step {step}: replica shares re-balanced from measured step times: " + "; ".join(parts)

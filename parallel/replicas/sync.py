@@ -10,7 +10,8 @@ a rank of one replica has no partner rank in another. What every replica does ha
    bucket never spans two stages of any replica — and each bucket has one *speaker* per replica, a rank of the
    stage holding it there, taken in turn over that stage's ranks: N ranks a side carry about N buckets at a
    time. The speakers of a bucket sum its weighted flat buffer over their own group (one rank per replica, each
-   its own island: ``collectives.bridge``), optionally as bf16 on the wire.
+   its own island: ``collectives.bridge``), optionally as bf16 on the wire. Every speaker sums all its buckets
+   before any hand-back, so the pairs of speakers carry their buckets at once (the bridge striped over pairs).
 3. **Back inside**: each speaker broadcasts the sum over its stage (a tied embedding on two stages: over the
    embedding group); every rank keeps its shard (``Mesh.shard``).
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from hal.collectives.communicator import Communicator
     from hal.collectives.process_groups import World
 
-BUCKET_BYTES = 4 << 20  # the flat float32 buffer one speaker group sums at once
+BUCKET_BYTES = 32 << 20  # the flat float32 buffer one speaker group sums at once (the bridge stripes it over channels)
 WIRE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -174,6 +175,9 @@ class ReplicaExchange:
         out: dict[str, torch.Tensor] = {}
         self.bytes_sent = 0
         device = next(iter(full.values())).device if full else torch.device("cpu")
+        flats: list[torch.Tensor] = []
+        # 1. Across the bridge: every speaker sums its buckets first, so the speaker pairs of different buckets (the
+        #    stage's ranks taken in turn) carry their buckets at the same time instead of one after another.
         for bucket in self.mine:
             group = self.groups[bucket.speakers]
             flat = torch.empty(bucket.numel, dtype=torch.float32, device=device)
@@ -188,6 +192,9 @@ class ReplicaExchange:
                     self.bytes_sent += wire.numel() * wire.element_size()
                     if wire is not flat:
                         flat.copy_(wire)
+            flats.append(flat)
+        # 2. Back inside: each bucket's sum from its speaker to the stage (in the one global order).
+        for bucket, flat in zip(self.mine, flats):
             home = self._handback(bucket)
             if home.size > 1:
                 home.broadcast(flat, bucket.speakers[self.replica])

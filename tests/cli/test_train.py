@@ -482,28 +482,35 @@ def test_bad_replicas_are_one_line_and_exit_2_with_nothing_started(case: str, tm
     assert not run_dir.exists()
 
 
-def test_auto_rows_are_set_by_a_calibration_and_said(tmp_path: Path) -> None:
+def test_auto_rows_are_set_by_a_calibration_said_and_rebalanced_without_changing_the_training(tmp_path: Path) -> None:
     """rows: auto on both replicas: a short calibration at start sets whole micro-batches adding up to the global
-    batch, said on stderr and kept in the log; the first loss is the one plan's whatever the shares."""
-    auto = {**REPLICAS, "global_batch": 8, "replicas": [{**r, "rows": "auto"} for r in REPLICAS["replicas"]]}
-    config = _config(tmp_path, "auto", parallel=auto, steps=2)
+    batch, said on stderr and kept in the log; a look at the measured step times after every step may move rows
+    (each move said on stderr and marked in the log); the losses are the one plan's whatever the shares."""
+    auto = {**REPLICAS, "global_batch": 8, "replica_sync": {"rebalance_every": 1},
+            "replicas": [{**r, "rows": "auto"} for r in REPLICAS["replicas"]]}
+    config = _config(tmp_path, "auto", parallel=auto, steps=3)
     result = run_hal("train", str(config), "--run-dir", str(tmp_path / "run"), env=ISLANDS, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "replica shares by measured speed" in line]
     assert len(said) == 1 and "rows/s measured" in said[0], result.stderr
     log = _log(tmp_path / "run" / "train.jsonl")
-    rows = [r["rows"] for r in log[0]["replicas"]]
-    assert sum(rows) == 8 and all(n >= 2 and n % 2 == 0 for n in rows), rows
-    plan_a = _train(str(_config(tmp_path, "plan_a", steps=1)), "--run-dir", str(tmp_path / "plan_a"))
-    _assert_close([log[0]["loss"]], plan_a["losses"], 1e-5)
+    for record in log:
+        rows = [r["rows"] for r in record["replicas"]]
+        assert sum(rows) == 8 and all(n >= 2 and n % 2 == 0 for n in rows), rows
+        if "rebalanced" in record:
+            assert record["rebalanced"] == rows
+    moves = [line for line in result.stderr.splitlines() if "replica shares re-balanced from measured step times" in line]
+    assert len(moves) == sum("rebalanced" in record for record in log), result.stderr
+    plan_a = _train(str(_config(tmp_path, "plan_a", steps=3)), "--run-dir", str(tmp_path / "plan_a"))
+    _assert_close([record["loss"] for record in log], plan_a["losses"], 1e-5)
 
 
-def test_plan_search_says_it_does_not_propose_replicas(tmp_path: Path) -> None:
+def test_plan_search_starts_from_one_plan_not_replicas(tmp_path: Path) -> None:
     config = _config(tmp_path, "replicas", parallel=REPLICAS, steps=8)
     result = run_hal("plan", "--search", "--config", str(config))
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "does not propose replicas yet" in lines[0], result.stderr
+    assert len(lines) == 1 and "starts from one plan (parallel.stages)" in lines[0], result.stderr
 
 
 

@@ -345,6 +345,16 @@ def _check_striped(islands: list[int], check: _Checker) -> None:
         check.same(f"striped swap over {len(comm.layout.channels)} channel(s), {theirs[0]} {theirs[1]}", got[0],
                    _data(other, *theirs, -50, 50, salt=41))
     comm.barrier()
+    # One rank an island (the replicas' speakers): the leaders' sum of 12 MiB is striped over the channels too.
+    os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(256 * 1024)
+    pair = comm.subgroup([0, peer], validate=False)
+    os.environ["HAL_BRIDGE_CHUNK_BYTES"] = str(CHUNK_BYTES)
+    if rank in (0, peer):
+        shape = (3 * 2**20 + 5,)
+        summed = pair.all_reduce(_data(rank, shape, torch.float32, -50, 50, salt=43), "sum")
+        want = _data(0, shape, torch.float32, -50, 50, salt=43) + _data(peer, shape, torch.float32, -50, 50, salt=43)
+        check.same(f"striped sum of one rank an island over {len(pair.layout.channels)} channel(s)", summed, want)
+    comm.barrier()
 
 
 def test_the_bridge_benchmark_times_each_channel_count_against_the_single_stream() -> None:

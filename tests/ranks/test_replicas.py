@@ -28,7 +28,11 @@ CASES = {
     "d: MoE, ep2 inside one replica": {
         "replicas": [{"rows": 4, "micro_batch_size": 2, "stages": [_stage(2, 4, dp=2, ep=2)]},
                      {"rows": 2, "micro_batch_size": 2, "stages": [_stage(1, 4)]}]},
+    "e: shares moved every step (12:4, 4:12, 8:8), tp2 beside dp2": {
+        "replicas": [{"rows": 12, "micro_batch_size": 4, "stages": [_stage(2, 4, tp=2)]},
+                     {"rows": 4, "micro_batch_size": 2, "stages": [_stage(2, 4, dp=2)]}]},
 }
+SHARES = {"e: shares moved every step (12:4, 4:12, 8:8), tp2 beside dp2": [[12, 4], [4, 12], [8, 8]]}
 TIED = {"b: a 2-stage 1f1b pipeline beside a 1-stage gpipe replica, tied embeddings"}
 MOE = {"d: MoE, ep2 inside one replica": {"moe_aux_loss_weight": 0.0, "moe_z_loss_weight": 0.0}}
 STEPS, LR = 20, 3e-3
@@ -44,7 +48,7 @@ def test_replicas_match_single_process(name: str) -> None:
     ref = moe_reference(single, moe, STEPS, LR) if moe is not None else reference(single, STEPS, LR, tied=tied)
     islands = [i for i, n in enumerate(sizes) for _ in range(n)]
     results = run_world("tests.replica_cases", "replica_run", sum(sizes), deadline_s=300, islands=islands, raw=raw,
-                        steps=STEPS, lr=LR, tied=tied, moe=moe)
+                        steps=STEPS, lr=LR, tied=tied, moe=moe, shares=SHARES.get(name))
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]

@@ -93,3 +93,22 @@ def test_a_second_tied_copy_is_not_summed_twice_and_a_foreign_parameter_is_named
     assert [b.names for b in buckets] == [tuple(names)]
     with pytest.raises(ValueError, match="replica 1 holds no parameter 'layers.0.w'"):
         plan_buckets([_holding(0, 0, 0, names), _holding(1, 0, 1, names[:1])], 2, lambda r, s: [r], 1 << 20)
+
+
+def test_a_rebalance_moves_whole_granules_toward_the_faster_replica_within_bounds() -> None:
+    from hal.parallel.replicas.shares import rebalanced_rows
+
+    anything = lambda i, n: True  # noqa: E731
+    # replica 0 takes 2 s for 8 rows (4 rows/s), replica 1 1 s for 8 (8 rows/s): 16 rows want 5.3 : 10.7
+    assert rebalanced_rows([8, 8], [2.0, 1.0], [2, 2], [True, True], anything, max_change=1.0) == [6, 10]
+    # bounded: at most a quarter of a replica's rows a look (one granule at least)
+    assert rebalanced_rows([8, 8], [2.0, 1.0], [2, 2], [True, True], anything) == [6, 10]
+    assert rebalanced_rows([40, 40], [2.0, 1.0], [2, 2], [True, True], anything) == [30, 50]
+    # speeds within the noise margin, fixed replicas, and a schedule refusing the count: no change
+    assert rebalanced_rows([8, 8], [1.04, 1.0], [2, 2], [True, True], anything) is None
+    assert rebalanced_rows([8, 8], [2.0, 1.0], [2, 2], [True, False], anything) is None
+    assert rebalanced_rows([8, 8], [2.0, 1.0], [2, 2], [True, True], lambda i, n: n >= 8) is None
+    # granules of two sizes move their lcm; a replica keeps one granule
+    assert rebalanced_rows([12, 4], [1.0, 4.0], [4, 2], [True, True], anything, max_change=1.0) is None
+    assert rebalanced_rows([4, 12], [1.0, 3.0], [2, 4], [True, True], anything, max_change=1.0) == [8, 8]
+    assert rebalanced_rows([2, 2], [1.0, float("nan")], [2, 2], [True, True], anything) is None

@@ -1,0 +1,217 @@
+"""Replica plans beside stage plans: each device type trains a whole replica on its speed-sized share of the batch.
+
+Why a second family: a stage plan makes every micro-batch's activations cross between device types (over the
+bridge where the backends differ) and runs as fast as its slowest stage allows; a replica plan keeps each type to
+itself and crosses once a step with the gradients (or every H steps with local SGD). Which wins depends on the
+bridge, the model's size and the batch, so the search prices both and says which it prefers and why.
+
+How a replica plan is found (``ReplicaSearch``), for every set of two or more device types:
+1. each type alone is searched (``search.Search`` on a one-type cluster) for the whole global batch: its speed;
+2. the batch is shared in proportion to those speeds, in granules of rows (``auto_rows``), and each type is
+   searched again for its own rows: its replica's plan and predicted step;
+3. a granule moves from the slowest replica to the fastest while that shortens the step (the speeds are not
+   linear in rows: micro-batching and the bubble change with them);
+4. the cross-island sync is priced (``sync_cost``) and added, not overlapped: the exchange runs after the backward.
+
+The sync as ``parallel.replicas.sync`` runs it: each replica gathers its full gradients (inside its island), the
+parameters cross in buckets whose speakers are a stage's ranks in turn — about min(devices a replica) pairs carry
+buckets at once over the bridge — and each speaker hands the sum back over its stage. bf16 on the wire halves the
+bridge's bytes; local SGD (every H) pays the exchange once per H steps (and trains differently: not exact). Each pair
+gets the declared bridge figure, capped by its nodes' share of their links out (``inter_node_gbps`` a node); the
+bridge's host channels inside a pair are not counted (the declared figure is taken as a pair's).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from hal.errors import ConfigError
+
+from hal.parallel.config.flops import model_parameters
+from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.config.replicas import Replica, ReplicatedPlan, ReplicaSync, auto_rows
+from hal.parallel.planner.cluster import Cluster, DeviceType
+from hal.parallel.planner.cost import CostModel, ring_all_reduce_s, transfer_s
+from hal.parallel.planner.search import Result, Search
+from hal.parallel.replicas.sync import BUCKET_BYTES
+
+REFINE_ROUNDS = 8  # granule moves tried from the proportional shares
+CONFIRM = 20  # candidates each one-type search re-predicts with the simulator
+MAX_TYPES = 4  # device types combined into replicas (every subset of two or more)
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    """A step's cross-island sync, priced: seconds (amortised over H), bytes a step on the bridge, pairs striped."""
+
+    seconds: float
+    bridge_bytes: float  # a replica's bytes on the bridge per exchange
+    stripes: int
+    every: int
+    compress: str
+
+
+@dataclass
+class ReplicaCandidate:
+    """One replica plan: each replica's plan on its type, its rows, the sync, and the predicted step."""
+
+    results: tuple[Result, ...]
+    rows: tuple[int, ...]
+    sync: SyncCost
+    seq: int
+
+    @property
+    def compute_s(self) -> float:
+        """The slowest replica's own step (the others wait for it at the sync)."""
+        return max(r.prediction.step_s for r in self.results)
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.sync.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.rows) * self.seq / self.step_s
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(r.placement.kinds[0].device for r in self.results)
+
+    def replicated(self, sync: ReplicaSync) -> ReplicatedPlan:
+        replicas, first = [], 0
+        for result, rows in zip(self.results, self.rows):
+            replicas.append(Replica(result.plan, rows, first))
+            first += result.plan.world_size
+        return ReplicatedPlan(tuple(replicas), sum(self.rows), sync)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "compute_s": self.compute_s,
+                "sync_s": self.sync.seconds, "sync_share": self.sync.seconds / self.step_s,
+                "bridge_bytes": self.sync.bridge_bytes, "stripes": self.sync.stripes, "every": self.sync.every,
+                "compress": self.sync.compress,
+                "replicas": [{"device": d, "rows": n, "plan": r.plan.to_dict(), "prediction": r.prediction.to_dict()}
+                             for d, n, r in zip(self.devices, self.rows, self.results)]}
+
+
+def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, compress: str = "none") -> SyncCost:
+    """The cross-island exchange of one step (its seconds divided by ``every``), as ``parallel.replicas.sync`` runs it."""
+    params = model_parameters(cost.model)
+    wire = params * (2 if compress == "bf16" else 4)
+    kinds = [r.placement.kinds[0] for r in results]
+    devices = [r.plan.world_size for r in results]
+    buckets = max(1, math.ceil(params * 4 / BUCKET_BYTES))
+    stripes = max(1, min(min(devices), buckets))
+    # the bridge: an all-reduce over one speaker a replica, the buckets spread over the stripes; a pair gets the
+    # bridge's figure, but the pairs of one node share its link out (inter_node_gbps a node)
+    worst_gbps, worst_lat = math.inf, 0.0
+    for a, b in itertools.combinations(kinds, 2):
+        gbps, lat, _ = cost.link(a, b, False)
+        worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
+    nodes = min(len({k.node_of(i) for i in range(n)}) for k, n in zip(kinds, devices))
+    per_pair = min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
+    bridge = ring_all_reduce_s(wire / stripes, len(results), per_pair, worst_lat, math.ceil(buckets / stripes))
+    # inside each island: the full gradients gathered over tp, and each speaker's sum handed back over its stage
+    inside = 0.0
+    for result, kind in zip(results, kinds):
+        stages = result.plan.num_stages
+        gbps, lat, _ = cost.link(kind, kind, result.plan.world_size // stages <= kind.per_node)  # a stage's ranks
+        tp = max(s.tp for s in result.plan.stages)
+        hand_back = transfer_s(params * 4 / stages, gbps, lat) if result.plan.world_size > stages else 0.0
+        tp_gbps, tp_lat, _ = cost.link(kind, kind, True)  # a tp group sits on one node
+        gather = transfer_s(params * 4 / stages * (tp - 1) / tp, tp_gbps, tp_lat) if tp > 1 else 0.0
+        inside = max(inside, hand_back + gather)
+    return SyncCost((bridge + inside) / every, wire, stripes, every, compress)
+
+
+class ReplicaSearch:
+    """Replica plans over ``cost``'s cluster, keeping ``base``'s global batch; one replica a device type."""
+
+    def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None) -> None:
+        self.cost, self.base = cost, base
+        self.rows_total = base.global_batch_size
+        self.say = progress or (lambda _: None)
+        self._best: dict[tuple[str, int], Result | None] = {}
+
+    def alone(self, kind: DeviceType, rows: int) -> Result | None:
+        """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits)."""
+        key = (kind.device, rows)
+        if key not in self._best:
+            cluster = Cluster((kind,), self.cost.cluster.links, self.cost.cluster.origin)
+            one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
+            base = replace(self.base, micro_batches=rows, micro_batch_size=1)
+            try:
+                report = Search(one, base, confirm=CONFIRM).run(1)
+                self._best[key] = report.results[0] if report.results else None
+            except ConfigError:
+                self._best[key] = None
+        return self._best[key]
+
+    def granule(self) -> int:
+        """Rows moved at a time: the largest power of two dividing the batch that still leaves 16 granules (or 1)."""
+        g = 1
+        while self.rows_total % (2 * g) == 0 and self.rows_total // (2 * g) >= 16:
+            g *= 2
+        return g
+
+    def _candidate(self, kinds: tuple[DeviceType, ...], rows: list[int]) -> ReplicaCandidate | None:
+        results = []
+        for kind, n in zip(kinds, rows):
+            result = self.alone(kind, n)
+            if result is None:
+                return None
+            results.append(result)
+        found = tuple(results)
+        return ReplicaCandidate(found, tuple(rows), sync_cost(self.cost, found), self.cost.seq)
+
+    def for_types(self, kinds: tuple[DeviceType, ...]) -> ReplicaCandidate | None:
+        """The best replica plan of these types (one replica each), or None when a type cannot train its share."""
+        speeds = []
+        for kind in kinds:
+            whole = self.alone(kind, self.rows_total)
+            if whole is None:
+                return None
+            speeds.append(self.rows_total / whole.prediction.step_s)
+        g = self.granule()
+        if self.rows_total < g * len(kinds):
+            return None
+        rows = auto_rows(speeds, self.rows_total, [g] * len(kinds), [None] * len(kinds))
+        best = self._candidate(kinds, rows)
+        for _ in range(REFINE_ROUNDS):
+            if best is None:
+                break
+            steps = [r.prediction.step_s for r in best.results]
+            slow, fast = steps.index(max(steps)), steps.index(min(steps))
+            if slow == fast or rows[slow] <= g:
+                break
+            trial = list(rows)
+            trial[slow] -= g
+            trial[fast] += g
+            moved = self._candidate(kinds, trial)
+            if moved is None or moved.step_s >= best.step_s:
+                break
+            best, rows = moved, trial
+        return best
+
+    def run(self, top: int = 3) -> list[ReplicaCandidate]:
+        """The best replica plans over every set of two or more device types, fastest first ([] with one type)."""
+        types = list(self.cost.cluster.types)[:MAX_TYPES]
+        found = []
+        for r in range(2, len(types) + 1):
+            for kinds in itertools.combinations(types, r):
+                self.say(f"replicas: {' + '.join(f'{k.count}× {k.device}' for k in kinds)}")
+                candidate = self.for_types(kinds)
+                if candidate is not None:
+                    found.append(candidate)
+        found.sort(key=lambda c: c.step_s)
+        return found[:top]
+
+    def fastest_alone(self) -> tuple[DeviceType, Result] | None:
+        """The best one-type plan for the whole batch (what adding the other islands must beat)."""
+        best = None
+        for kind in self.cost.cluster.types:
+            result = self.alone(kind, self.rows_total)
+            if result is not None and (best is None or result.prediction.step_s < best[1].prediction.step_s):
+                best = (kind, result)
+        return best

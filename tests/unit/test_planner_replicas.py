@@ -1,0 +1,103 @@
+"""The planner's replica family: shares by speed, the bridge's price, the family it prefers, and the written plan."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hal.parallel.config.flops import model_parameters
+from hal.parallel.config.plan import ParallelPlan, StagePlan
+from hal.parallel.config.replicas import ReplicaSync
+from hal.parallel.config.run import load_run_config
+from hal.parallel.planner.cluster import parse_cluster, resolve
+from hal.parallel.planner.cost import CostModel
+from hal.parallel.planner.device_profile import DeviceProfile, LayerPoint, PerToken, Profile
+from hal.parallel.planner.replica_search import ReplicaSearch, sync_cost
+from hal.parallel.planner.run_search import family_note, preferred, write_replicas
+from hal.parallel.planner.search import Search
+
+from .test_planner_cost import MODEL
+
+ASCEND = {"backend": "ascend", "device": "huawei-ascend-910b", "count": 4, "node": 1, "memory_gb": 64}
+H100 = {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4, "node": 0}
+BASE = ParallelPlan((StagePlan("cuda", 1, MODEL.num_layers),), "1f1b", 32, 1)  # 32 rows a step
+
+
+def _profile(device: str, backend: str, f: float) -> DeviceProfile:
+    """A layer's time proportional to its rows (backward = 2 x forward)."""
+    points = tuple(LayerPoint(1, r, 32, rc, f * r, (2 * f + (f if rc else 0)) * r, 100_000 * r)
+                   for rc in (False, True) for r in (1, 2, 4, 8))
+    return DeviceProfile(device, backend, "measured", "synthetic", points, PerToken(0, 0, 0), PerToken(0, 0, 0), 0.0)
+
+
+def _cost(bridge_gbps: float, ascend_f: float = 3e-3) -> CostModel:
+    cluster = resolve(parse_cluster({"groups": [H100, ASCEND], "links": {
+        "intra_node_gbps": 1e5, "intra_node_latency_us": 0, "bridge_gbps": bridge_gbps, "bridge_latency_us": 0,
+        "inter_node_gbps": 1e5, "inter_node_latency_us": 0}}))
+    speed = {"nvidia-h100-sxm": 1e-3, "huawei-ascend-910b": ascend_f}
+    profile = Profile(MODEL.to_dict(), "fp32", {t.device: _profile(t.device, t.backend, speed[t.device]) for t in cluster.types})
+    return CostModel(cluster, profile, MODEL, 32)
+
+
+def test_each_type_trains_a_replica_sized_by_its_speed_and_the_step_adds_the_bridge() -> None:
+    cost = _cost(bridge_gbps=10.0)
+    [best] = ReplicaSearch(cost, BASE).run(top=1)
+    assert best.devices == ("nvidia-h100-sxm", "huawei-ascend-910b")
+    assert sum(best.rows) == 32 and best.rows[0] == 3 * best.rows[1]  # 3x faster: 24 : 8
+    assert [r.plan.world_size for r in best.results] == [4, 4]
+    assert best.step_s == pytest.approx(best.compute_s + best.sync.seconds)
+    assert best.tokens_per_s == pytest.approx(32 * 32 / best.step_s)
+    rep = best.replicated(ReplicaSync())
+    assert rep.global_batch == 32 and [r.rows for r in rep.replicas] == list(best.rows)
+    assert [r.first_rank for r in rep.replicas] == [0, 4]
+
+
+def test_the_sync_is_the_model_over_the_bridge_halved_by_bf16_divided_by_h_and_striped_over_pairs() -> None:
+    cost = _cost(bridge_gbps=1.0)
+    [best] = ReplicaSearch(cost, BASE).run(top=1)
+    fp32, bf16, local = (sync_cost(cost, best.results), sync_cost(cost, best.results, compress="bf16"),
+                         sync_cost(cost, best.results, every=8))
+    assert fp32.bridge_bytes == model_parameters(MODEL) * 4 and bf16.bridge_bytes == fp32.bridge_bytes / 2
+    assert fp32.stripes == 1  # the model's gradient is one bucket: one pair carries it
+    assert local.seconds == pytest.approx(fp32.seconds / 8)
+    assert bf16.seconds < fp32.seconds
+    # two replicas, no latency, infinitely fast islands: a 2-party ring moves the bytes once over 1 GB/s
+    assert fp32.seconds == pytest.approx(model_parameters(MODEL) * 4 / 1e9, rel=1e-3)
+
+
+def test_the_search_prefers_the_faster_family_and_says_why() -> None:
+    fast_bridge = _cost(bridge_gbps=1e4)
+    report = Search(fast_bridge, BASE).run(top=2)
+    search = ReplicaSearch(fast_bridge, BASE)
+    report.replicas = search.run(top=2)
+    family = preferred(report)
+    quickest = min(report.replicas[0].step_s, report.results[0].prediction.step_s)
+    assert (report.replicas[0].step_s == quickest) == (family == "replicas")
+    note = family_note(report, search)
+    assert note.startswith(f"the cost model prefers {family}") and "replica plan R1" in note and "stage plan #1" in note
+    # a bridge too slow to carry the gradients each step: the replicas lose, and the note says the sync's share
+    slow = _cost(bridge_gbps=1e-3)
+    report = Search(slow, BASE).run(top=2)
+    search = ReplicaSearch(slow, BASE)
+    report.replicas = search.run(top=2)
+    assert preferred(report) == "stages"
+    assert report.replicas[0].sync.seconds > report.replicas[0].compute_s
+    # a very slow second type: the fast type alone beats both families, and the note says so
+    lame = _cost(bridge_gbps=1e4, ascend_f=1.0)
+    report = Search(lame, BASE).run(top=1)
+    search = ReplicaSearch(lame, BASE)
+    report.replicas = search.run(top=1)
+    assert "4× nvidia-h100-sxm alone predicts" in family_note(report, search)
+
+
+def test_a_written_replica_plan_loads_as_a_replicated_run(tmp_path) -> None:
+    cost = _cost(bridge_gbps=10.0)
+    [best] = ReplicaSearch(cost, BASE).run(top=1)
+    source = tmp_path / "run.yaml"
+    source.write_text(yaml.safe_dump({"model": MODEL.to_dict(), "parallel": BASE.to_dict(), "train": {"seq_len": 32}}))
+    run = load_run_config(source, check_backends=False)
+    written = tmp_path / "replicas.yaml"
+    write_replicas(run, best, written)
+    assert written.read_text().startswith("# written by hal plan --search")
+    again = load_run_config(written, check_backends=False)
+    assert again.replicas is not None and [r.rows for r in again.replicas.replicas] == list(best.rows)
+    assert [r.plan.stages[0].backend for r in again.replicas.replicas] == ["cuda", "ascend"]
