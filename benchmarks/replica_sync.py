@@ -17,6 +17,7 @@ The ratio ``striped / single`` is the throughput gain on the same bytes (the mod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -34,7 +35,7 @@ from benchmarks.spawn import failures, launch_ranks  # noqa: E402
 
 def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(1 if opts["cpu_only"] else 2)
-    from hal.collectives import init_distributed, shutdown
+    from hal.collectives import Communicator, init_distributed, shutdown
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan
     from hal.parallel.config.replicas import Replica
@@ -64,8 +65,11 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         times: dict[str, list[float]] = {}
         big = 1 << 62
         for name, bucket_bytes, channels in (("single", big, 1), ("striped", 4 << 20, opts["channels"])):
-            os.environ["HAL_BRIDGE_CHANNELS"] = str(channels)
             exchange = ReplicaExchange(mesh, engine.module, rank // n, topologies, world, bucket_bytes=bucket_bytes)
+            if channels == 1:  # the world opened --channels host channels: this setting keeps the first only
+                exchange.groups = {k: None if c is None else
+                                   Communicator(dataclasses.replace(c.layout, extra_channels=()), c.world, validate=False)
+                                   for k, c in exchange.groups.items()}
             pairs = len({b.speakers for b in exchange.buckets})
             runs = []
             for i in range(opts["iters"] + 1):
@@ -79,7 +83,8 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
                     runs.append(elapsed)
             times[name] = runs
             times[f"{name}_pairs"] = [float(pairs)]
-        report = {"params": params, "bytes": params * 4, "times": times, "device": str(world.device)}
+        report = {"params": params, "bytes": params * 4, "times": times, "device": str(world.device),
+                  "channels": max(len(c.layout.channels) for c in exchange.groups.values() if c is not None)}
         if rank == 0 and not opts["cpu_only"]:
             report["device_name"] = world.backend.device_name(world.device.index or 0)
         return report

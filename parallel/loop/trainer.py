@@ -257,9 +257,10 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
         r.engine.loss_scale = r.scaler.scale
     own = time.perf_counter()
     loss = r.engine.step(tokens)
+    own_s = None
     if r.shares is not None:  # this rank's own time of the step, before it waits for the other replicas
         r.engine.backend.synchronize()
-        r.shares.record(time.perf_counter() - own)
+        own_s = time.perf_counter() - own
     r.replica_sync_s = 0.0
     if r.exchange is not None:
         began = time.perf_counter()
@@ -289,6 +290,8 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
     # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
     step_s = t.step if timed else time.perf_counter() - wall_started
+    if r.shares is not None and own_s is not None:
+        r.shares.record(own_s, step_s)
     sent = 0.0 if r.exchange is None else float(r.local_sgd.bytes_sent if r.local_sgd is not None else r.exchange.bytes_sent)
     return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r),
                   r.replica_sync_s, sent]
@@ -583,7 +586,9 @@ def _rebalance(r: RankRun, done: int) -> list[int] | None:
 
     before = r.job.replicas
     assert before is not None and r.shares is not None
-    after = r.shares.look(before, r.replica)
+    after, note = r.shares.look(before, r.replica)
+    if note is not None and r.rank == r.writer:
+        print(f"hal train: warning: {note}", file=sys.stderr, flush=True)
     if after is None:
         return None
     r.job = replace(r.job, replicas=after, plan=after.replicas[0].plan)

@@ -119,30 +119,52 @@ def rebalanced_rows(rows: Sequence[int], seconds: Sequence[float], granules: Seq
     return new
 
 
+def drag_note(rows: Sequence[int], own_s: Sequence[float], step_s: float) -> str | None:
+    """A line when the fastest replica alone would step faster than all of them together (the slower islands and the
+    cross-island sync cost more than their rows save), else None. ``own_s``: each replica's own time a step at
+    ``rows`` (before the exchange); ``step_s``: the whole step's."""
+    if len(rows) < 2 or not all(s > 0 and math.isfinite(s) for s in (*own_s, step_s)):
+        return None
+    speeds = [n / s for n, s in zip(rows, own_s)]
+    fast = max(range(len(rows)), key=lambda i: speeds[i])
+    alone_s = sum(rows) / speeds[fast]
+    if alone_s >= 0.95 * step_s:
+        return None
+    others = ", ".join(str(i) for i in range(len(rows)) if i != fast)
+    return (f"replica {fast} alone would step in about {alone_s:.3g} s (its measured speed, no cross-island sync) "
+            f"against {step_s:.3g} s with replica(s) {others}: they slow this job; drop them from the plan "
+            "(hal plan --search prices both)")
+
+
 class ShareTracker:
     """A rank's side of the mid-run rebalance: its replica's step times over the window, and the collective look."""
 
     def __init__(self, movable: Sequence[bool], every: int) -> None:
         self.movable, self.every = list(movable), every
-        self.window: list[float] = []
+        self.window: list[tuple[float, float]] = []
+        self.warned = False  # the drag note is said once
 
-    def record(self, seconds: float) -> None:
-        """This rank's own time of a step (its engine's forward/backward, before the cross-replica exchange)."""
-        self.window.append(seconds)
+    def record(self, own_s: float, step_s: float) -> None:
+        """This rank's own time of a step (its engine's forward/backward, before the cross-replica exchange) and the
+        whole step's."""
+        self.window.append((own_s, step_s))
 
     def due(self, done: int, steps: int) -> bool:
         return self.every > 0 and done % self.every == 0 and done < steps
 
-    def look(self, replicas: ReplicatedPlan, replica: int) -> ReplicatedPlan | None:
-        """The replicas with re-balanced rows, or None to keep them. Collective over the world: each replica's time
-        is its slowest rank's median over the window (one small gather)."""
-        mine = statistics.median(self.window) if self.window else math.nan
+    def look(self, replicas: ReplicatedPlan, replica: int) -> tuple[ReplicatedPlan | None, str | None]:
+        """The replicas with re-balanced rows (None to keep them), and a note the first time the fastest replica alone
+        would be faster (``drag_note``). Collective over the world: each replica's time is its slowest rank's median
+        over the window (one small gather)."""
+        mine = tuple(statistics.median(x) for x in zip(*self.window)) if self.window else (math.nan, math.nan)
         self.window.clear()
         everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, (replica, mine))
+        dist.all_gather_object(everyone, (replica, *mine))
         seconds = [0.0] * len(replicas.replicas)
-        for r, s in everyone:
-            seconds[r] = max(seconds[r], s) if math.isfinite(s) else math.nan
+        step_s = 0.0
+        for r, own, whole in everyone:
+            seconds[r] = max(seconds[r], own) if math.isfinite(own) and math.isfinite(seconds[r]) else math.nan
+            step_s = max(step_s, whole) if math.isfinite(whole) and math.isfinite(step_s) else math.nan
         rows = [r.rows or 0 for r in replicas.replicas]
         granules = [r.plan.micro_batch_size for r in replicas.replicas]
 
@@ -150,8 +172,10 @@ class ShareTracker:
             plan = replicas.replicas[i].plan
             return n % plan.micro_batch_size == 0 and plan.schedule.problem(plan.num_stages, n // plan.micro_batch_size) is None
 
+        note = None if self.warned else drag_note(rows, seconds, step_s)
+        self.warned = self.warned or note is not None
         new = rebalanced_rows(rows, seconds, granules, self.movable, valid)
-        return None if new is None else replicas.with_rows(new)
+        return (None if new is None else replicas.with_rows(new)), note
 
 
 def rebalance_text(before: ReplicatedPlan, after: ReplicatedPlan, step: int) -> str:

@@ -112,3 +112,13 @@ def test_a_rebalance_moves_whole_granules_toward_the_faster_replica_within_bound
     assert rebalanced_rows([12, 4], [1.0, 4.0], [4, 2], [True, True], anything, max_change=1.0) is None
     assert rebalanced_rows([4, 12], [1.0, 3.0], [2, 4], [True, True], anything, max_change=1.0) == [8, 8]
     assert rebalanced_rows([2, 2], [1.0, float("nan")], [2, 2], [True, True], anything) is None
+
+
+def test_a_replica_that_slows_the_job_is_named_with_the_fastest_alone() -> None:
+    from hal.parallel.replicas.shares import drag_note
+
+    # replica 0: 52 rows in 0.4 s (130 rows/s: 64 rows alone in 0.49 s); the step with the exchange takes 0.76 s
+    note = drag_note([52, 12], [0.4, 0.45], 0.76)
+    assert note is not None and note.startswith("replica 0 alone would step in about 0.492 s") and "replica(s) 1" in note
+    assert drag_note([52, 12], [0.4, 0.45], 0.5) is None  # the second island pays for itself
+    assert drag_note([52, 12], [0.4, float("nan")], 0.76) is None and drag_note([64], [0.4], 0.5) is None
