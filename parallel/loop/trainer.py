@@ -155,10 +155,18 @@ def setup(job: Job) -> RankRun:
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
-        meta = load_checkpoint(job.resume, engine, optimizer)
+        meta = load_checkpoint(job.resume, engine, optimizer, replica)
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
+        if local_sgd is not None:  # anchored at the loaded weights, with the outer momentum saved beside them
+            from hal.parallel.state.checkpoint import read_outer_momentum
+
+            velocity = read_outer_momentum(job.resume, meta) if local_sgd.momentum else None
+            if local_sgd.momentum and velocity is None and world.rank == job.writer:
+                print("hal train: the checkpoint holds no local SGD outer momentum (it was not a local SGD run): "
+                      "the momentum starts at zero", file=sys.stderr, flush=True)
+            local_sgd.resume(velocity)
     writer = job.writer
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
@@ -602,8 +610,19 @@ def _rebalance(r: RankRun, done: int) -> list[int] | None:
 def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
     from hal.parallel.state.checkpoint import save_checkpoint
 
-    # replicas hold the same weights at a checkpoint (every step, or a meeting of local SGD): replica 0 writes
-    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=r.replica == 0))
+    # replicas hold the same weights at a checkpoint (every step, or a meeting of local SGD): replica 0 writes; under
+    # local SGD the others add their own inner optimizer states, and the outer momentum goes beside the weights
+    inner_file, inner_files, outer = None, [], None
+    if r.local_sgd is not None:
+        from hal.parallel.state.checkpoint import inner_file_name
+
+        assert r.job.replicas is not None
+        inner_files = [inner_file_name(i, k) for i, rep in enumerate(r.job.replicas.replicas) if i > 0
+                       for k in range(rep.plan.num_stages)]
+        inner_file = inner_file_name(r.replica, r.engine.coord.stage) if r.replica > 0 else None
+        outer = r.local_sgd.velocity if r.local_sgd.momentum else None
+    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=r.replica == 0,
+                               outer_momentum=outer, inner_file=inner_file, inner_files=inner_files))
 
 
 def _open_log(path: Path, resumed: bool) -> TextIO:

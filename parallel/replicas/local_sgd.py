@@ -10,7 +10,8 @@ Nesterov momentum (``outer_momentum`` μ, ``outer_lr`` η):
 so the replicas leave every meeting with the same parameters. Cross-island bytes fall by H. With H = 1, η = 1,
 μ = 0 the parameters after a step are the token-weighted mean of the replicas' own steps: for an inner SGD that
 is exactly the every-step gradient sync; for AdamW it is not (each replica's Adam normalises its own gradient).
-Inner optimizer states stay each replica's own.
+Inner optimizer states stay each replica's own. A checkpoint (taken at a meeting) keeps the outer momentum beside
+the weights; a resumed run anchors at the loaded weights (``resume``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ class LocalSGD:
         self.anchor = {n: p.detach().clone() for n, p in exchange.params.items()}
         self.velocity = {n: torch.zeros_like(p) for n, p in self.anchor.items()} if outer_momentum else {}
         self.bytes_sent = 0  # cross-replica bytes of the last meeting (0 on steps without one)
+
+    @torch.no_grad()
+    def resume(self, velocity: "dict[str, torch.Tensor] | None") -> None:
+        """After a checkpoint was loaded into the parameters (a checkpoint is taken where the replicas meet): the
+        anchor is the loaded weights; ``velocity``: the outer momentum's full tensors saved with it (this rank keeps
+        its shards), or None where the checkpoint has none (the momentum restarts at zero)."""
+        mesh = self.exchange.mesh
+        for name, p in self.exchange.params.items():
+            self.anchor[name].copy_(p.detach())
+            if self.momentum:
+                if velocity is not None and name in velocity:
+                    self.velocity[name].copy_(mesh.shard(velocity[name], p).to(device=p.device, dtype=p.dtype))
+                else:
+                    self.velocity[name].zero_()
 
     def due(self, steps_done: int) -> bool:
         """Whether the replicas meet after ``steps_done`` inner steps."""

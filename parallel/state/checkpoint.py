@@ -41,7 +41,7 @@ import re
 import warnings
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,8 @@ from hal.parallel.config.model import ModelConfig
 FORMAT = "hetero-hal-checkpoint/1"
 META = "meta.json"
 LATEST = "latest"
-FILE_NAME = re.compile(r"stage-\d{1,4}\.pt|rng\.pt")  # nothing else, so a name can never leave the directory
+# nothing else, so a name can never leave the directory (replica-R-stage-K.pt: a local-SGD replica's inner optimizer)
+FILE_NAME = re.compile(r"(replica-\d{1,2}-)?stage-\d{1,4}\.pt|rng\.pt")
 CHUNK = 8 * 2**20
 
 
@@ -99,7 +100,8 @@ def read_meta(checkpoint: Path, flag: str = "--resume") -> dict[str, Any]:
         raise ConfigError(f"{damaged} has no model section; the checkpoint is damaged")
     files = meta.get("files")
     if not isinstance(files, list) or not files or not all(isinstance(f, str) and FILE_NAME.fullmatch(f) for f in files):
-        raise ConfigError(f"{damaged}: files {files!r} is not a list of stage-K.pt and rng.pt names; the checkpoint is damaged")
+        raise ConfigError(f"{damaged}: files {files!r} is not a list of stage-K.pt, replica-R-stage-K.pt and rng.pt names; "
+                          "the checkpoint is damaged")
     if "rng.pt" not in files or not any(f.startswith("stage-") for f in files):
         raise ConfigError(f"{damaged}: files {files!r} lacks rng.pt or a stage file; the checkpoint is damaged")
     checksums = meta.get("checksums")
@@ -177,9 +179,12 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
             if not (torch.is_tensor(state) and state.dtype == torch.uint8 and state.dim() == 1):
                 raise ConfigError(f"{where} does not hold the host RNG state; the checkpoint is damaged")
             continue
-        if not (isinstance(blob, dict) and isinstance(blob.get("params"), dict) and isinstance(blob.get("optimizer"), dict)):
-            raise ConfigError(f"{where} is not a stage file ({{'params': ..., 'optimizer': ...}}); the checkpoint is damaged")
-        for pname, tensor in blob["params"].items():
+        inner = name.startswith("replica-")  # a local-SGD replica's own inner optimizer state: no parameters
+        if not (isinstance(blob, dict) and isinstance(blob.get("optimizer"), dict)
+                and (inner or isinstance(blob.get("params"), dict))):
+            shape = "{'optimizer': ...}" if inner else "{'params': ..., 'optimizer': ...}"
+            raise ConfigError(f"{where} is not a stage file ({shape}); the checkpoint is damaged")
+        for pname, tensor in blob.get("params", {}).items():
             if pname not in expected:
                 raise ConfigError(f"{where}: parameter {pname!r} is not in this model; the checkpoint is from another model")
             if not torch.is_tensor(tensor) or tuple(tensor.shape) != expected[pname]:
@@ -261,14 +266,18 @@ def _save_atomic(obj: Any, path: Path) -> None:
 
 
 def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any], *,
-                    write: bool = True) -> Path:
+                    write: bool = True, outer_momentum: Mapping[str, torch.Tensor] | None = None,
+                    inner_file: str | None = None, inner_files: Sequence[str] = ()) -> Path:
     """Write ``root/step-N`` from every rank's part; returns its path. Every rank of the world calls it.
 
     ``write`` False: this rank only takes part in the barriers (another replica, holding the same weights, writes;
     global rank 0 must write).
 
     ``meta`` carries what the caller knows about the run (model, plan, train, data position); this adds
-    the format, step, files and the optimizer's hyperparameters.
+    the format, step, files and the optimizer's hyperparameters. ``outer_momentum``: local SGD's outer momentum
+    (this rank's shards, by parameter name), kept in full beside the weights (``read_outer_momentum``).
+    ``inner_file`` (local SGD, a replica that does not ``write``): its stage's own optimizer state goes to this file
+    (replicas step their inner optimizers on their own gradients); ``inner_files``: all such files (rank 0 lists them).
     """
     root = Path(root)
     coord = engine.coord
@@ -282,8 +291,15 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
     if write and coord.dp < mesh.layout.ep:  # one replica per stage gathers over its TP group (its first ep group: the experts)
         params = {n: _cpu(t) for n, t in mesh.gather_full(engine.module, dict(engine.module.named_parameters())).items()}
         state = _full_optimizer_state(engine.module, mesh, by_name)
+        blob: dict[str, Any] = {"params": params, "optimizer": state}
+        if outer_momentum is not None:
+            blob["outer_momentum"] = {n: _cpu(t) for n, t in mesh.gather_full(engine.module, dict(outer_momentum)).items()}
         if coord.tp == 0 and coord.dp == 0:
-            _save_atomic({"params": params, "optimizer": state}, tmp / f"stage-{coord.stage}.pt")
+            _save_atomic(blob, tmp / f"stage-{coord.stage}.pt")
+    elif inner_file is not None and coord.dp < mesh.layout.ep:  # this replica's own inner optimizer state
+        state = _full_optimizer_state(engine.module, mesh, by_name)
+        if coord.tp == 0 and coord.dp == 0:
+            _save_atomic({"optimizer": state}, tmp / inner_file)
     if dist.get_rank() == 0:
         _save_atomic({"torch_cpu": torch.get_rng_state()}, tmp / "rng.pt")
     dist.barrier()
@@ -294,7 +310,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
             "format": FORMAT, "step": step, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "torch": torch.__version__, **meta,
             "optimizer": {"type": "AdamW", "zero1": bool(meta.get("plan", {}).get("zero1")), "hyperparameters": _jsonable(group)},
-            "files": [f"stage-{k}.pt" for k in range(engine.mesh.topology.num_stages)] + ["rng.pt"],
+            "files": [f"stage-{k}.pt" for k in range(engine.mesh.topology.num_stages)] + ["rng.pt"] + list(inner_files),
         }
         full_meta["checksums"] = {name: file_checksum(tmp / name) for name in full_meta["files"]}
         write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
@@ -350,6 +366,15 @@ def read_tensors(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--resum
     return params, state
 
 
+def read_outer_momentum(checkpoint: Path, meta: Mapping[str, Any]) -> dict[str, torch.Tensor] | None:
+    """Local SGD's outer momentum kept with the weights (full tensors by name), or None where the run had none."""
+    out: dict[str, torch.Tensor] = {}
+    for name in meta["files"]:
+        if name.startswith("stage-"):
+            out.update(_load_file(checkpoint / name).get("outer_momentum", {}))
+    return out or None
+
+
 @torch.no_grad()
 def _load_params(module: torch.nn.Module, mesh: Any, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
     """Each parameter filled with this rank's shard of its full tensor: the mesh says which (``Mesh.shard``)."""
@@ -386,10 +411,24 @@ def _load_optimizer(module: torch.nn.Module, mesh: Any, optimizer: Any, state: M
     optimizer.load_state_dict({"state": local, "param_groups": groups})
 
 
-def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, Any]:
-    """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1."""
+def inner_file_name(replica: int, stage: int) -> str:
+    """The file of a local-SGD replica's own inner optimizer state for one of its stages (replica 0's is the stage file)."""
+    return f"replica-{replica}-stage-{stage}.pt"
+
+
+def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any, replica: int = 0) -> dict[str, Any]:
+    """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1.
+
+    ``replica``: this rank's replica; where the checkpoint keeps that replica's own inner optimizer state (a local-SGD
+    run), the optimizer takes it instead of replica 0's."""
     meta = read_meta(checkpoint)
     params, state = read_tensors(checkpoint, meta)
+    if replica > 0:
+        own: dict[str, dict[str, Any]] = {}
+        for name in meta["files"]:
+            if name.startswith(f"replica-{replica}-stage-"):
+                own.update(_load_file(checkpoint / name)["optimizer"])
+        state = own or state
     _load_params(engine.module, engine.mesh, params, checkpoint)
     _load_optimizer(engine.module, engine.mesh, optimizer, state)
     rng = _load_file(checkpoint / "rng.pt")
@@ -397,5 +436,6 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any) -> dict[str, 
     return meta
 
 
-__all__ = ["FORMAT", "check_compatible", "file_checksum", "load_checkpoint", "read_meta", "read_tensors", "resolve", "save_checkpoint",
+__all__ = ["FORMAT", "check_compatible", "file_checksum", "inner_file_name", "load_checkpoint", "read_meta", "read_outer_momentum", "read_tensors",
+           "resolve", "save_checkpoint",
            "step_dirname", "verify_checksums", "verify_tensors"]

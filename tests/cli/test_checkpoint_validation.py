@@ -107,7 +107,7 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "meta.json a list": (lambda c: _write_meta(c, [1, 2]), "holds a list, not an object"),
     "files: 7": (lambda c: _write_meta(c, {**_meta(c), "files": 7}), "files 7 is not a list"),
     "a file name leaving the directory": (lambda c: _write_meta(c, {**_meta(c), "files": ["../x.pt", "rng.pt"]}),
-                                          "is not a list of stage-K.pt and rng.pt names"),
+                                          "is not a list of stage-K.pt, replica-R-stage-K.pt and rng.pt names"),
     "checksums for other files": (lambda c: _write_meta(c, {**_meta(c), "checksums": {"rng.pt": "sha256:0"}}),
                                   "checksums do not name exactly its files"),
 }

@@ -482,6 +482,20 @@ def test_bad_replicas_are_one_line_and_exit_2_with_nothing_started(case: str, tm
     assert not run_dir.exists()
 
 
+def test_local_sgd_resumes_at_its_anchor_with_its_outer_momentum(tmp_path: Path) -> None:
+    """Local SGD every 2 steps with DiLoCo's outer step: stopped at step 2 and resumed, the run equals the one
+    straight through (the anchor is the loaded weights; the outer momentum and each replica's own inner AdamW state
+    are read from the checkpoint)."""
+    local = {**REPLICAS, "replica_sync": {"every": 2, "outer_lr": 0.7, "outer_momentum": 0.9}}
+    config = _config(tmp_path, "local", parallel=local, steps=6)
+    full = _train_islands(str(config), "--run-dir", str(tmp_path / "full"))
+    half = _train_islands(str(config), "--steps", "2", "--run-dir", str(tmp_path / "half"))
+    assert half["losses"] == full["losses"][:2]
+    resumed = _train_islands(str(config), "--resume", str(tmp_path / "half" / "checkpoints"), "--run-dir",
+                             str(tmp_path / "resumed"))
+    _assert_close(resumed["losses"], full["losses"][2:], 1e-6)
+
+
 def test_auto_rows_are_set_by_a_calibration_said_and_rebalanced_without_changing_the_training(tmp_path: Path) -> None:
     """rows: auto on both replicas: a short calibration at start sets whole micro-batches adding up to the global
     batch, said on stderr and kept in the log; a look at the measured step times after every step may move rows
