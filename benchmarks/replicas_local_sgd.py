@@ -33,7 +33,7 @@ def config(steps: int, every: int, compress: str = "none") -> dict:
     sync = {"every": every, "compress": compress} if every == 1 else {"every": every, **OUTER}
     raw["parallel"] = {"replica_sync": sync, "replicas": [{"rows": 8, **one}, {"rows": 8, **one}]}
     train = raw["train"]
-    train.pop("grad_clip", None)  # not with replicas yet (docs/replicas.md)
+    train.pop("grad_clip", None)  # not with local SGD (each replica's own gradient norm): left out of every run alike
     train.pop("checkpoint_every", None)  # one checkpoint, at the end
     train.update(steps=steps, eval_every=every * max(1, 32 // every),
                  data=str(REPO / "examples" / "data" / "tiny.bin"))

@@ -68,14 +68,16 @@ def owned_square_sum(named: Iterable[tuple[str, torch.Tensor]], *, tp_rank: int,
 
 
 def clip_global_norm(module: torch.nn.Module, max_norm: float, *, tp_rank: int, dp_rank: int,
-                     skip: frozenset[str] = frozenset(), ep: int = 1) -> float:
+                     skip: frozenset[str] = frozenset(), ep: int = 1, copies: int = 1) -> float:
     """Scale every gradient of ``module`` so the whole pipeline's gradient norm is at most ``max_norm``.
 
-    Collective over the world (every rank calls it). Returns the norm before clipping.
+    Collective over the world (every rank calls it). Returns the norm before clipping. ``copies``: how many copies of
+    the whole gradient the world holds (replicas after their every-step sync hold one each): the sum is divided by it.
     """
     square = owned_square_sum(module.named_parameters(), tp_rank=tp_rank, dp_rank=dp_rank, skip=skip, ep=ep)
     if dist.is_initialized():
         dist.all_reduce(square, op=dist.ReduceOp.SUM)
+    square = square / copies
     norm = math.sqrt(float(square))
     if math.isfinite(norm) and norm > max_norm:
         grads = [p.grad for p in module.parameters() if p.grad is not None]

@@ -223,9 +223,9 @@ def _loop(p: Preflight) -> None:
         raise ConfigError(f"{run.origin}: train.grad_clip with parallel.zero1: ZeRO-1 sums the gradients inside its "
                           "step, after the norm would be taken; drop one of them")
     if run.replicas is not None:
-        if train.grad_clip is not None:
-            raise ConfigError(f"{run.origin}: train.grad_clip with parallel.replicas is not supported yet (the norm is "
-                              "taken over the world, which holds every replica's copy); drop grad_clip")
+        if train.grad_clip is not None and run.replicas.sync.every > 1:
+            raise ConfigError(f"{run.origin}: train.grad_clip with local SGD (parallel.replica_sync.every > 1): each "
+                              "replica steps on its own gradients, whose norms differ; drop grad_clip or set every: 1")
         if p.request.profile:
             raise ConfigError("--profile records one plan's pipeline timeline; with parallel.replicas it is not "
                               "supported yet — drop --profile (the log has each replica's tokens/s and sync share)")

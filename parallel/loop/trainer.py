@@ -280,8 +280,10 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
 
     def optimizer_step() -> None:
         if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
+            copies = 1 if r.exchange is None else len(r.job.replicas.replicas)  # type: ignore[union-attr]  # synced: alike
             r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
-                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.layout.ep)
+                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.layout.ep,
+                                           copies=copies)
         update()
 
     with timer.phase("optimizer"):

@@ -482,6 +482,22 @@ def test_bad_replicas_are_one_line_and_exit_2_with_nothing_started(case: str, tm
     assert not run_dir.exists()
 
 
+def test_replicas_clip_the_step_gradient_as_one_plan_and_local_sgd_refuses_it(tmp_path: Path) -> None:
+    """train.grad_clip with replicas meeting every step: the norm of the step's one gradient (every replica holds a
+    copy after the sync), so the run clips as the one plan of all rows does; with local SGD it is one line."""
+    clipped = _train_islands(str(_config(tmp_path, "replicas_clip", parallel=REPLICAS, steps=3, grad_clip=0.05)),
+                             "--run-dir", str(tmp_path / "replicas_clip"))
+    plan_a = _train(str(_config(tmp_path, "plan_a_clip", steps=3, grad_clip=0.05)), "--run-dir", str(tmp_path / "plan_a"))
+    _assert_close(clipped["losses"], plan_a["losses"], 1e-5)
+    norms = [r["grad_norm"] for r in _log(tmp_path / "replicas_clip" / "train.jsonl")]
+    assert all(n > 0.05 for n in norms)  # it did clip
+    _assert_close(norms, [r["grad_norm"] for r in _log(tmp_path / "plan_a" / "train.jsonl")], 1e-5)
+    local = {**REPLICAS, "replica_sync": {"every": 2}}
+    result = run_hal("train", str(_config(tmp_path, "local_clip", parallel=local, steps=4, grad_clip=0.05)))
+    assert result.returncode == 2 and "train.grad_clip with local SGD" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_local_sgd_resumes_at_its_anchor_with_its_outer_momentum(tmp_path: Path) -> None:
     """Local SGD every 2 steps with DiLoCo's outer step: stopped at step 2 and resumed, the run equals the one
     straight through (the anchor is the loaded weights; the outer momentum and each replica's own inner AdamW state
