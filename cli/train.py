@@ -121,7 +121,9 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         print(f"hal train: {where}{_stage_line(stage)}")
     for replica in summary.get("replicas", []):
         share = replica["sync_share"]
-        print(f"hal train: replica {replica['replica']} ({'+'.join(replica['backends'])}, {replica['rows']} rows a step): "
+        moved = replica.get("first_rows", replica["rows"])
+        rows = f"{replica['rows']} rows a step" + (f", {moved} at the start" if moved != replica["rows"] else "")
+        print(f"hal train: replica {replica['replica']} ({'+'.join(replica['backends'])}, {rows}): "
               f"{replica['tokens_per_s'] or 0:.0f} tok/s, waiting for and exchanging with the other replicas "
               f"{'n/a' if share is None else f'{share:.0%}'} of the step, "
               f"{_bytes(int(replica['cross_replica_bytes_per_step']))} sent a step")

@@ -486,7 +486,8 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
 
 
 def _replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each replica over the steady steps (after the first): rows, tokens/s, the exchange's share of the step, bytes."""
+    """Each replica over the steady steps (after the first): the rows in force at the end (and at the start, where a
+    rebalance moved them), tokens/s, the exchange's share of the step, bytes."""
     steady = records[1:] or records
     seconds = sum(rec["step_s"] for rec in steady)
     seq = records[0]["tokens"] // sum(r["rows"] for r in records[0]["replicas"])  # tokens a row
@@ -494,8 +495,9 @@ def _replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index, first in enumerate(records[0]["replicas"]):
         own = [rec["replicas"][index] for rec in steady]
         ok = seconds > 0
-        out.append({"replica": index, "rows": first["rows"], "backends": first["backends"],
-                    "tokens_per_s": first["rows"] * seq * len(own) / seconds if ok else None,
+        out.append({"replica": index, "rows": records[-1]["replicas"][index]["rows"], "first_rows": first["rows"],
+                    "backends": first["backends"],
+                    "tokens_per_s": sum(r["rows"] for r in own) * seq / seconds if ok else None,
                     "sync_share": sum(r["sync_s"] for r in own) / seconds if ok else None,
                     "cross_replica_bytes_per_step": sum(r["cross_replica_bytes"] for r in own) / len(own)})
     return out
