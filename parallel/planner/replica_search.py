@@ -133,6 +133,7 @@ class ReplicaSearch:
         self.rows_total = base.global_batch_size
         self.say = progress or (lambda _: None)
         self._best: dict[tuple[str, int], Result | None] = {}
+        self.notes: list[str] = []  # what the search left out, said beside its plans
 
     def alone(self, kind: DeviceType, rows: int) -> Result | None:
         """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits)."""
@@ -197,6 +198,10 @@ class ReplicaSearch:
     def run(self, top: int = 3) -> list[ReplicaCandidate]:
         """The best replica plans over every set of two or more device types, fastest first ([] with one type)."""
         types = list(self.cost.cluster.types)[:MAX_TYPES]
+        if len(self.cost.cluster.types) > MAX_TYPES:
+            self.notes.append(f"replica plans combine the first {MAX_TYPES} of the cluster's "
+                              f"{len(self.cost.cluster.types)} device types (declaration order); the others are in "
+                              "stage plans only")
         found = []
         for r in range(2, len(types) + 1):
             for kinds in itertools.combinations(types, r):

@@ -57,6 +57,7 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
     if len(cluster.types) > 1:
         replicas = ReplicaSearch(cost, run.plan, progress=progress)
         report.replicas = [c for c in replicas.run(top) if not use_all_types or len(c.results) == len(cluster.types)]
+        report.notes += replicas.notes
         report.notes.append(family_note(report, replicas))
     if not profile_file:
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")

@@ -6,7 +6,7 @@ figures (one small gather over the world) and computes the same shares (``parall
 whole micro-batches, at least one each, adding up to the global batch). A replica with fixed rows keeps them.
 
 During the run (``rebalanced_rows``), the auto replicas' shares follow their measured step times: every
-``REBALANCE_EVERY`` steps, within bounds, each change said on screen and in the log. With every-step sync the
+``replica_sync.rebalance_every`` steps, within bounds, each change said on screen and in the log. With every-step sync the
 training does not depend on the shares (the step's gradient is the token-weighted mean over all rows), so a
 rebalance changes the speed, not the numbers.
 """
@@ -67,7 +67,6 @@ def resolve_shares(replicas: ReplicatedPlan, replica: int, measure: Callable[[],
 
 # --- speed drift: the shares re-balanced from measured step times --------------------------------------------
 
-REBALANCE_EVERY = 10  # steps between looks at the measured times (the median over the window)
 MAX_CHANGE = 0.25  # a look moves at most this share of a replica's rows (at least one granule)
 MIN_GAIN = 0.05  # and only when the slowest replica's predicted time drops by this much (no flapping on noise)
 
