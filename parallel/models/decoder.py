@@ -93,6 +93,12 @@ def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device, dty
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
 
+def _compiling() -> bool:
+    """Whether Dynamo is tracing this call (``torch.compiler.is_compiling``; older torch: ``torch._dynamo``'s)."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+    return bool(check())
+
+
 def _llama3_scaled(inv_freq: torch.Tensor, factor: float, low: float, high: float, original: float) -> torch.Tensor:
     wavelength = 2 * math.pi / inv_freq
     smooth = ((original / wavelength) - low) / (high - low)
@@ -122,6 +128,19 @@ class Attention(nn.Module):
         self.qkv = ColumnParallelLinear(config.hidden_size, q + 2 * kv, tp_comm=tp_comm, sequence_parallel=sp, parts=(q, kv, kv),
                                         bias=config.qkv_bias)
         self.out = RowParallelLinear(q, config.hidden_size, tp_comm=tp_comm, sequence_parallel=sp, std=_out_std(config))
+        # The rotary tables of the last (positions, dtype, device) seen eagerly: a compiled layer reads them instead of
+        # tracing ``rope_tables`` (host float64 math, and an lru_cache Dynamo ignores, in every call); not saved.
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
+
+    def _rope(self, s: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rope_cos, self.rope_sin
+        if cos is not None and sin is not None and cos.shape[0] == s and cos.dtype == q.dtype and cos.device == q.device:
+            return cos, sin
+        cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype, self.rope_scaling)
+        if not _compiling():  # the eager first forward keeps them (hal's compiled stages run one eagerly first)
+            self.rope_cos, self.rope_sin = cos, sin
+        return cos, sin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # (B, S, (h + 2 kv) * hd) with the full sequence
@@ -130,7 +149,7 @@ class Attention(nn.Module):
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype, self.rope_scaling)
+        cos, sin = self._rope(s, q)
         q, k = ops.rotary_embedding(q, cos, sin), ops.rotary_embedding(k, cos, sin)
         o = ops.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))

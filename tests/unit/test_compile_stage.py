@@ -119,3 +119,37 @@ def test_on_a_gpu_inductor_compiles_around_the_moe_experts() -> None:
     with fallback_policy("allow"):
         _compiled_matches_eager_for(moe, "inductor", "cuda", rel=1e-4, grad_rtol=1e-3, grad_atol=1e-5)
     assert any(d.subject.startswith("compile of MoE layers") for d in recorded_downgrades())
+
+
+def test_a_compiled_layer_reads_the_rotary_tables_instead_of_tracing_them() -> None:
+    """Llama 3 rope scaling, compiled: the traced graphs hold no float64 host math (the tables come from the eager
+    first forward, kept on the attention module), Dynamo warns of no lru_cache, and the numbers are the eager ones."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    scaled = ModelConfig(**{**MODEL.to_dict(), "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}})
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    batches = [torch.randint(0, scaled.vocab_size, (2, 17)) for _ in range(2)]
+    eager, compiled = full_model(scaled, seed=3), full_model(scaled, seed=3)
+    compile_layers(compiled, recording)  # type: ignore[arg-type]
+    torch._dynamo.reset()
+    counters.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got, _ = _steps(compiled, batches, warm=True)
+    want, _ = _steps(eager, batches, warm=False)
+    assert graphs and sum(counters["graph_break"].values()) == 0
+    code = "\n".join(g.code for g in graphs)
+    assert "float64" not in code and "arange" not in code, code
+    assert not [w for w in seen if "lru_cache" in str(w.message)]
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-6)
+    buffers = dict(compiled.named_buffers())
+    assert "layers.0.attn.rope_cos" in buffers and "layers.0.attn.rope_cos" not in compiled.state_dict()
