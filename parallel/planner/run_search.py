@@ -19,7 +19,7 @@ from hal.parallel.planner.device_profile import Profile
 from hal.parallel.planner.profile_store import load_profile
 from hal.parallel.config.planned import planned_section, profile_label
 from hal.parallel.planner.make_profile import make_profile
-from hal.parallel.planner.replica_search import ReplicaCandidate, ReplicaSearch
+from hal.parallel.planner.replica_search import ReplicaCandidate, ReplicaSearch, sync_cost
 from hal.parallel.planner.search import Result, Search, SearchReport, report_dict
 
 
@@ -220,8 +220,6 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
         lines += ["", f"R{i}  {c.tokens_per_s:,.0f} tokens/s  step {c.step_s:.4g} s  (slowest replica {c.compute_s:.4g} s "
                       f"+ sync {c.sync.seconds:.4g} s over {c.sync.stripes} pair(s))  rows {shares}"]
         if i == 1:  # what compression and local SGD would change (the same replicas and shares)
-            from hal.parallel.planner.replica_search import sync_cost
-
             bf16 = sync_cost(cost, c.results, compress="bf16")
             local = sync_cost(cost, c.results, every=8)
             lines.append(f"    sync variants: bf16 on the wire {bf16.seconds:.4g} s (step {c.compute_s + bf16.seconds:.4g} s); "
