@@ -212,7 +212,7 @@ def _print_replicas(run: Any, args: argparse.Namespace) -> int:
         from hal.parallel.observe.timeline import plan_document
         from hal.parallel.observe.timeline_plot import write_replicas_png
 
-        docs = [plan_document(r.plan) for r in run.replicas.replicas]
+        docs = [plan_document(r.plan, r.first_rank) for r in run.replicas.replicas]
         titles = [f"replica {i}: " + ("auto rows" if r.rows is None else f"{r.rows} rows") + f", ranks {r.ranks[0]}-{r.ranks[-1]}"
                   for i, r in enumerate(run.replicas.replicas)]
         print(f"hal plan: predicted timelines of the replicas {write_replicas_png(docs, titles, args.timeline)}",

@@ -166,9 +166,10 @@ def simulated_spans(sim: Any) -> list[dict[str, Any]]:
              "start": sp.start, "end": sp.end} for sp in sim.timeline]
 
 
-def plan_document(plan: ParallelPlan) -> dict[str, Any]:
-    """``hal plan --timeline``: the predicted timeline alone, each stage's time proportional to its layers."""
-    doc = _header(plan, Topology.from_plan(plan), "layer")
+def plan_document(plan: ParallelPlan, first_rank: int = 0) -> dict[str, Any]:
+    """``hal plan --timeline``: the predicted timeline alone, each stage's time proportional to its layers
+    (``first_rank``: where the plan's ranks start — a replica's)."""
+    doc = _header(plan, Topology.from_plan(plan, first_rank), "layer")
     costs = layer_proportional(plan)
     doc["predicted"] = predict(doc, forward=costs["forward_s"], backward=costs["backward_s"], weight_share=0.5,
                                chunk_share=costs["chunk_share"],

@@ -203,7 +203,7 @@ def write_replicas_png(docs: Sequence[dict[str, Any]], titles: Sequence[str], pa
     for ax, doc, title in zip(axes, docs, titles):
         end = doc["predicted"]["makespan"] or 1.0
         _predicted_panel(ax, doc, "predicted", 1.0, end, used)
-        ax.set_title(f"{title} — {ax.get_title()}", fontsize=9, loc="left")
+        ax.set_title(f"{title} — {ax.get_title(loc='left')}", fontsize=9, loc="left")
         ax.set_xlim(0, end * 1.005)
         ax.set_xlabel("time (one layer's forward of this replica's micro-batch = 1)", fontsize=8)
         chunks = chunks or doc["virtual_stages"] > 1

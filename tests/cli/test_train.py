@@ -544,6 +544,19 @@ def test_plan_search_starts_from_one_plan_not_replicas(tmp_path: Path) -> None:
 
 
 
+def test_hal_plan_draws_each_replicas_timeline(tmp_path: Path) -> None:
+    png = tmp_path / "replicas.png"
+    result = run_hal("plan", "--config", str(REPO / "examples" / "replicas_cpu.yaml"), "--timeline", str(png))
+    assert result.returncode == 0, result.stderr
+    assert "replica 0: 6 rows, ranks 0-1" in result.stdout and "predicted timelines of the replicas" in result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    from hal.parallel.config.run import load_run_config
+    from hal.parallel.observe.timeline import plan_document
+
+    second = load_run_config(REPO / "examples" / "replicas_cpu.yaml", check_backends=False).replicas.replicas[1]
+    assert plan_document(second.plan, second.first_rank)["stages"][0]["ranks"] == [2, 3]  # its own ranks, drawn so
+
+
 def test_a_dying_replica_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
     """hal train's spawner, four real processes as two replicas of two ranks: rank 2 (replica 1) exits 3, the others
     are stopped; the report names the replica once, and the run's status is the rank's."""
