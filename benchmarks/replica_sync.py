@@ -6,8 +6,8 @@ on a GPU machine, or 2N cpu ranks with ``--cpu-only``), hold the same model; eve
 
 * ``single``: one bucket for the whole model (one pair of speakers) over one host channel
   (``HAL_BRIDGE_CHANNELS=1``): the bytes ride one bridge stream;
-* ``striped``: 4 MiB buckets whose speakers take turns over the replica's ranks (N pairs at once), each message
-  striped over ``--channels`` host channels by the bridge.
+* ``striped``: the exchange as it ships: ``BUCKET_BYTES`` buckets (32 MiB) whose speakers take turns over the
+  replica's ranks (N pairs at once), each pair's sum striped by the bridge over ``--channels`` host channels.
 
 The ratio ``striped / single`` is the throughput gain on the same bytes (the model's fp32 gradients).
 
@@ -41,7 +41,7 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     from hal.parallel.config.replicas import Replica
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
-    from hal.parallel.replicas.sync import ReplicaExchange
+    from hal.parallel.replicas.sync import BUCKET_BYTES, ReplicaExchange
 
     n = opts["ranks_per_replica"]
     os.environ["HAL_BRIDGE_CHANNELS"] = str(opts["channels"])
@@ -64,7 +64,7 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         params = sum(p.numel() for p in engine.module.parameters())
         times: dict[str, list[float]] = {}
         big = 1 << 62
-        for name, bucket_bytes, channels in (("single", big, 1), ("striped", 4 << 20, opts["channels"])):
+        for name, bucket_bytes, channels in (("single", big, 1), ("striped", BUCKET_BYTES, opts["channels"])):
             exchange = ReplicaExchange(mesh, engine.module, rank // n, topologies, world, bucket_bytes=bucket_bytes)
             if channels == 1:  # the world opened --channels host channels: this setting keeps the first only
                 exchange.groups = {k: None if c is None else
@@ -83,8 +83,7 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
                     runs.append(elapsed)
             times[name] = runs
             times[f"{name}_pairs"] = [float(pairs)]
-        report = {"params": params, "bytes": params * 4, "times": times, "device": str(world.device),
-                  "channels": max(len(c.layout.channels) for c in exchange.groups.values() if c is not None)}
+        report = {"params": params, "bytes": params * 4, "times": times, "device": str(world.device)}
         if rank == 0 and not opts["cpu_only"]:
             report["device_name"] = world.backend.device_name(world.device.index or 0)
         return report

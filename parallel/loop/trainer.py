@@ -263,7 +263,7 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     r.optimizer.zero_grad(set_to_none=True)
     if r.scaler is not None:
         r.engine.loss_scale = r.scaler.scale
-    own = time.perf_counter()
+    own = time.perf_counter() if r.shares is not None else 0.0
     loss = r.engine.step(tokens)
     own_s = None
     if r.shares is not None:  # this rank's own time of the step, before it waits for the other replicas

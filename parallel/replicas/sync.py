@@ -11,7 +11,8 @@ a rank of one replica has no partner rank in another. What every replica does ha
    stage holding it there, taken in turn over that stage's ranks: N ranks a side carry about N buckets at a
    time. The speakers of a bucket sum its weighted flat buffer over their own group (one rank per replica, each
    its own island: ``collectives.bridge``), optionally as bf16 on the wire. Every speaker sums all its buckets
-   before any hand-back, so the pairs of speakers carry their buckets at once (the bridge striped over pairs).
+   before any hand-back, so the pairs of speakers carry their buckets at once (the bridge striped over pairs), and
+   the bridge stripes each pair's sum over its host channels (from 8 MiB: a bucket is 32 MiB).
 3. **Back inside**: each speaker broadcasts the sum over its stage (a tied embedding on two stages: over the
    embedding group); every rank keeps its shard (``Mesh.shard``).
 
