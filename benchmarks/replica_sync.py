@@ -9,10 +9,12 @@ on a GPU machine, or 2N cpu ranks with ``--cpu-only``), hold the same model; eve
 * ``striped``: the exchange as it ships: ``BUCKET_BYTES`` buckets (32 MiB) whose speakers take turns over the
   replica's ranks (N pairs at once), each pair's sum striped by the bridge over ``--channels`` host channels.
 
-The ratio ``striped / single`` is the throughput gain on the same bytes (the model's fp32 gradients).
+The ratio ``striped / single`` is the throughput gain on the same bytes (the model's fp32 gradients). ``--wires
+bf16,fp8`` adds the shipped exchange with its cross-island part compressed (``replica_sync.compress``): the same
+gradients, fewer bytes on the bridge (fp8: with error feedback), timed beside the others.
 
     python benchmarks/replica_sync.py [--ranks-per-replica 2] [--hidden 2048] [--layers 8] [--iters 5]
-                                      [--channels 4] [--cpu-only] [--json] [--timeout 600]
+                                      [--channels 4] [--wires bf16,fp8] [--cpu-only] [--json] [--timeout 600]
 """
 from __future__ import annotations
 
@@ -64,8 +66,11 @@ def _rank_body(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         params = sum(p.numel() for p in engine.module.parameters())
         times: dict[str, list[float]] = {}
         big = 1 << 62
-        for name, bucket_bytes, channels in (("single", big, 1), ("striped", BUCKET_BYTES, opts["channels"])):
-            exchange = ReplicaExchange(mesh, engine.module, rank // n, topologies, world, bucket_bytes=bucket_bytes)
+        settings = [("single", big, 1, "none"), ("striped", BUCKET_BYTES, opts["channels"], "none")]
+        settings += [(f"striped_{wire}", BUCKET_BYTES, opts["channels"], wire) for wire in opts["wires"]]
+        for name, bucket_bytes, channels, wire in settings:
+            exchange = ReplicaExchange(mesh, engine.module, rank // n, topologies, world, bucket_bytes=bucket_bytes,
+                                       compress=wire)
             if channels == 1:  # the world opened --channels host channels: this setting keeps the first only
                 exchange.groups = {k: None if c is None else
                                    Communicator(dataclasses.replace(c.layout, extra_channels=()), c.world, validate=False)
@@ -98,12 +103,16 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--wires", default="", help="compressed wires timed too, comma-separated (bf16, fp8)")
     parser.add_argument("--cpu-only", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
+    wires = [w for w in args.wires.split(",") if w]
+    if any(w not in ("bf16", "fp8") for w in wires):
+        parser.error(f"--wires {args.wires}: give bf16 and/or fp8, comma-separated")
     opts = {"ranks_per_replica": args.ranks_per_replica, "hidden": args.hidden, "layers": args.layers,
-            "iters": args.iters, "channels": args.channels, "cpu_only": args.cpu_only}
+            "iters": args.iters, "channels": args.channels, "cpu_only": args.cpu_only, "wires": wires}
     world = 2 * args.ranks_per_replica
     reports = launch_ranks(_rank_body, world, opts, args.timeout)
     problems = failures(reports, world, args.timeout)
@@ -114,7 +123,8 @@ def main() -> int:
     # a step's sync ends when its slowest rank is done: per iteration, the max over ranks; then the median
     result: dict[str, Any] = {"bytes": first["bytes"], "device": first.get("device_name", "cpu"), "ranks": world,
                               "channels": args.channels}
-    for name in ("single", "striped"):
+    names = ["single", "striped", *(f"striped_{w}" for w in wires)]
+    for name in names:
         per_iter = [max(reports[r]["times"][name][i] for r in range(world)) for i in range(args.iters)]
         median = statistics.median(per_iter)
         result[name] = {"median_s": median, "gb_per_s": first["bytes"] / median / 1e9,
@@ -125,10 +135,13 @@ def main() -> int:
     else:
         print(f"replica sync, {result['bytes'] / 2**20:.0f} MiB of fp32 gradients, 2 replicas × {args.ranks_per_replica} "
               f"ranks ({result['device']})")
-        for name in ("single", "striped"):
+        for name in names:
             r = result[name]
-            print(f"  {name:8s} {r['pairs']} pair(s)  {r['median_s'] * 1e3:8.1f} ms  {r['gb_per_s']:6.2f} GB/s")
+            print(f"  {name:13s} {r['pairs']} pair(s)  {r['median_s'] * 1e3:8.1f} ms  {r['gb_per_s']:6.2f} GB/s")
         print(f"  striped / single: {result['striped_over_single']:.2f}×")
+        for w in wires:
+            print(f"  striped {w} / striped fp32: {result['striped']['median_s'] / result[f'striped_{w}']['median_s']:.2f}× "
+                  "(the same gradients: GB/s counts fp32 bytes)")
     return 0
 
 

@@ -1,11 +1,12 @@
 """Local SGD across replicas against the every-step gradient sync, on the tiny CPU example's model and data.
 
-    python benchmarks/replicas_local_sgd.py [--steps 320] [--every 1,8,32] [--no-bf16] [--json]
+    python benchmarks/replicas_local_sgd.py [--steps 320] [--every 1,8,32] [--wires bf16,fp8] [--json]
 
 Two replicas of one rank each (each its own island: every cross-replica byte goes through the bridge), 8 rows of
 every step's 16 each, trained with ``hal train`` once per H in ``--every`` (1: the exact every-step sync; H > 1:
 local SGD meeting every H steps over AdamW inner steps: the mean delta applied as it is, outer lr 1 and no
-momentum, unless ``--outer-lr`` / ``--outer-momentum`` ask DiLoCo's Nesterov step), and H = 1 with the cross-replica part sent as bf16 (``compress: bf16``). Reports, per run, the cross-replica bytes a step (from the run's log) and the final evaluation loss on
+momentum, unless ``--outer-lr`` / ``--outer-momentum`` ask DiLoCo's Nesterov step), and H = 1 with the cross-replica part sent compressed (``--wires``: ``compress: bf16``, ``compress: fp8`` with error
+feedback). Reports, per run, the cross-replica bytes a step (from the run's log) and the final evaluation loss on
 held-out text, and each against H = 1. Needs ``examples/data/tiny.bin`` (``hal data prepare``: see
 examples/tiny_cpu.yaml). Name the machine with the numbers.
 """
@@ -63,13 +64,17 @@ def main() -> int:
     parser.add_argument("--every", default="1,8,32", help="comma-separated H values; 1 is the baseline")
     parser.add_argument("--outer-lr", type=float, default=OUTER["outer_lr"])
     parser.add_argument("--outer-momentum", type=float, default=OUTER["outer_momentum"])
-    parser.add_argument("--no-bf16", action="store_true", help="leave out the H = 1 run with bf16 on the wire")
+    parser.add_argument("--wires", default="bf16,fp8",
+                        help="compressed wires tried at H = 1, comma-separated (bf16, fp8; empty: none)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     values = [int(v) for v in args.every.split(",")]
     OUTER.update(outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     if 1 not in values or any(args.steps % h for h in values):
         parser.error("--every must include 1 and divide --steps")
+    wires = [w for w in args.wires.split(",") if w]
+    if any(w not in ("bf16", "fp8") for w in wires):
+        parser.error(f"--wires {args.wires}: give bf16 and/or fp8, comma-separated")
     if not (REPO / "examples" / "data" / "tiny.bin").is_file():
         parser.error("examples/data/tiny.bin is missing: run the hal data prepare line of examples/tiny_cpu.yaml")
     with tempfile.TemporaryDirectory(prefix="hal-localsgd-") as tmp:
@@ -77,9 +82,9 @@ def main() -> int:
         for every in values:
             rows.append(run(args.steps, every, Path(tmp)))
             print(f"every {every}: {rows[-1]}", file=sys.stderr)
-        if not args.no_bf16:
-            rows.append(run(args.steps, 1, Path(tmp), "bf16"))
-            print(f"every 1, bf16: {rows[-1]}", file=sys.stderr)
+        for wire in wires:
+            rows.append(run(args.steps, 1, Path(tmp), wire))
+            print(f"every 1, {wire}: {rows[-1]}", file=sys.stderr)
     base = next(r for r in rows if r["every"] == 1 and r["compress"] == "none")
     for r in rows:
         r["bytes_ratio"] = base["bytes_per_step"] / r["bytes_per_step"] if r["bytes_per_step"] else None

@@ -8,13 +8,16 @@ Two islands declared separate (``HAL_ISLANDS``: the first half of the ranks and 
 * ``even``: both islands, half the rows each;
 * ``auto``: both islands, ``rows: auto`` (a calibration at start, then re-balanced every 10 steps).
 
+``--compress none,fp8`` runs ``even`` and ``auto`` once a wire (``even_fp8``, ``auto_fp8``: the cross-island part
+as fp8 with error feedback), against the one ``alone`` run.
+
 Each run's steady tokens/s (``hal train``'s summary: the first step and checkpoint writes left out) and the shares
 in force at its end; ``auto / even`` and ``auto / alone`` are the ratios to read. Every cross-island byte goes
 through the bridge (host-staged), so the sync's share of the step is reported too. ``--backend cpu`` runs the same
 on CPU ranks (a smoke run; the speeds then do not differ by precision on most hosts).
 
     python benchmarks/replicas_shares.py [--backend cuda] [--devices 2] [--steps 30] [--rows 64] [--hidden 768]
-                                         [--layers 12] [--seq 1024] [--json]
+                                         [--layers 12] [--seq 1024] [--compress none,fp8] [--no-even] [--json]
 """
 from __future__ import annotations
 
@@ -80,9 +83,16 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--slow-precision", default="fp32")
+    parser.add_argument("--compress", default="none",
+                        help="the replicas' cross-island wires (replica_sync.compress: none, bf16, fp8), comma-separated: "
+                             "an even and an auto run for each")
+    parser.add_argument("--no-even", action="store_true", help="leave out the even-shares runs")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    wires = [w for w in args.compress.split(",") if w]
+    if not wires or any(w not in ("none", "bf16", "fp8") for w in wires):
+        parser.error(f"--compress {args.compress}: give none, bf16 and/or fp8, comma-separated")
     n = args.devices
     islands = ",".join(["0"] * n + ["1"] * n)
     half = args.rows // 2
@@ -92,24 +102,37 @@ def main() -> int:
                                     "micro_batches": args.rows // (n * args.mbs_per_rank),
                                     "stages": [{"backend": args.backend, "devices": n, "layers": args.layers, "dp": n}]},
                     None, folder)]
-        rows.append(run(args, "even", {"replicas": [replica(args, half, None), replica(args, half, args.slow_precision)]},
-                        islands, folder))
-        rows.append(run(args, "auto", {"global_batch": args.rows, "replicas": [replica(args, "auto", None),
-                                                                                replica(args, "auto", args.slow_precision)]},
-                        islands, folder))
+        for wire in wires:
+            sync = {"replica_sync": {"compress": wire}} if wire != "none" else {}
+            tag = "" if wire == "none" else f"_{wire}"
+            if not args.no_even:
+                rows.append(run(args, f"even{tag}", {**sync, "replicas": [replica(args, half, None),
+                                                                          replica(args, half, args.slow_precision)]},
+                                islands, folder))
+            rows.append(run(args, f"auto{tag}", {**sync, "global_batch": args.rows,
+                                                 "replicas": [replica(args, "auto", None),
+                                                              replica(args, "auto", args.slow_precision)]},
+                            islands, folder))
     by = {r["run"]: r for r in rows}
-    ratios = {"auto_over_even": by["auto"]["tokens_per_s"] / by["even"]["tokens_per_s"],
-              "auto_over_alone": by["auto"]["tokens_per_s"] / by["alone"]["tokens_per_s"]}
+    ratios = {}
+    for wire in wires:
+        tag = "" if wire == "none" else f"_{wire}"
+        if not args.no_even:
+            ratios[f"auto_over_even{tag}"] = by[f"auto{tag}"]["tokens_per_s"] / by[f"even{tag}"]["tokens_per_s"]
+        ratios[f"auto_over_alone{tag}"] = by[f"auto{tag}"]["tokens_per_s"] / by["alone"]["tokens_per_s"]
     if args.json:
         print(json.dumps({"runs": rows, **ratios}, indent=2))
         return 0
     for r in rows:
         extra = "" if "rows" not in r else (f"  rows {r['first_rows']} -> {r['rows']} ({r['rebalances']} rebalance(s)), "
                                              f"sync {r['sync_share']:.0%} of the step")
-        print(f"{r['run']:6s} {r['tokens_per_s']:>12,.0f} tokens/s{extra}")
-    print(f"auto / even {ratios['auto_over_even']:.2f}x   auto / alone {ratios['auto_over_alone']:.2f}x")
-    for line in by["auto"].get("said", []):
-        print(f"  {line}")
+        print(f"{r['run']:10s} {r['tokens_per_s']:>12,.0f} tokens/s{extra}")
+    for wire in wires:
+        tag = "" if wire == "none" else f"_{wire}"
+        even = "" if args.no_even else f"auto / even {ratios[f'auto_over_even{tag}']:.2f}x   "
+        print(f"wire {'fp32' if wire == 'none' else wire}: {even}auto / alone {ratios[f'auto_over_alone{tag}']:.2f}x")
+        for line in by[f"auto{tag}"].get("said", []):
+            print(f"  {line}")
     return 0
 
 

@@ -9,7 +9,7 @@ makes it look like any other group, behind the same ``Communicator`` methods:
   (``layout.leaders_group``, gloo), and each leader broadcasts the result back into its island.
   Only one copy of the data per island crosses the slow host path. Where each island has one rank in
   the group (the replicas' speakers: ``parallel.replicas.sync``), the leaders' sum is striped over the
-  host channels as point-to-point messages are.
+  host channels as point-to-point messages are, and an all-gather is sent as such messages.
 * point-to-point across islands goes over the host group, staged through pinned host memory,
   chunked and double-buffered (``collectives.staging``); inside an island it stays native. A message
   of several chunks is striped over the layout's host channels (``HAL_BRIDGE_CHANNELS`` gloo groups
@@ -148,6 +148,8 @@ class Bridge:
 
     def all_gather(self, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         """Every rank's rows, concatenated in group-rank order (islands may interleave ranks)."""
+        if self.layout.size == len(self.islands):
+            return self._all_gather_by_messages(tensor, sizes)
         ranks = self.layout.ranks
         rows_of = dict(zip(ranks, sizes))
         block = self._island_all_gather(tensor.contiguous(), [rows_of[r] for r in self.island.ranks])
@@ -156,6 +158,21 @@ class Bridge:
             pieces = self._leaders_exchange_blocks(block, rows_of)
             self._fill(out, torch.cat([pieces[r] for r in ranks]))
         self._island_broadcast(out)
+        return out
+
+    def _all_gather_by_messages(self, tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """One rank an island (the replicas' speakers): every rank's rows go to every other as bridged point-to-point
+        messages — staged through pinned memory and striped over the host channels — where the leaders' gloo
+        all-gather would be one unstaged stream."""
+        ranks = self.layout.ranks
+        me = ranks.index(self.rank)
+        mine = tensor.detach().contiguous()
+        out = tensor.new_empty((sum(sizes), *tensor.shape[1:]))
+        pieces = list(out.split(sizes))
+        pieces[me].copy_(mine)
+        sends = [P2P("send", mine, r) for r in ranks if r != self.rank and sizes[me]]
+        recvs = [P2P("recv", pieces[i], r) for i, r in enumerate(ranks) if r != self.rank and sizes[i]]
+        self.batch_p2p(sends + recvs)
         return out
 
     def _hierarchical_reduce(self, work: torch.Tensor, op: str) -> None:

@@ -33,6 +33,15 @@ TAIL_LINES = 40
 # (hal.collectives names these CollectiveTimeout / CollectivePeerLost; the rest are the CCLs' own words.)
 CONSEQUENCE = ("CollectiveTimeout", "CollectivePeerLost", "closed the connection", "collectives were aborted",
                "Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# When every failure so far is such a consequence, the rank it lost is usually still ending (writing its traceback,
+# tearing down): the launcher waits this long for it to end on its own, so the report names it and not its victim.
+CONSEQUENCE_GRACE_S = 3.0
+
+
+def lost_a_peer(fate: str, code: int | None, last_line: str) -> bool:
+    """Whether a failed rank failed because of another: its last line says a peer went away, or it was killed by
+    SIGPIPE (it wrote to a connection whose other end had closed)."""
+    return (fate == "signal" and code == signal.SIGPIPE) or any(m in last_line for m in CONSEQUENCE)
 
 
 def signal_name(number: int) -> str:
@@ -100,7 +109,7 @@ class LaunchReport:
     def causes(self) -> list[RankFate]:
         """Ranks that failed on their own: root causes first, then those that lost a peer; else in order seen."""
         own = [f for f in self.fates if f.failed_on_its_own]
-        return sorted(own, key=lambda f: any(m in f.last_line for m in CONSEQUENCE))
+        return sorted(own, key=lambda f: lost_a_peer(f.fate, f.code, f.last_line))
 
     @property
     def exit_status(self) -> int:
@@ -296,6 +305,16 @@ class _Watch:
     def failed(self) -> bool:
         return any(fate != "ok" for fate, _ in self.seen.values())
 
+    def waiting_for_a_cause(self, now: float) -> bool:
+        """Every rank that failed so far lost a peer (its last line says so), within ``CONSEQUENCE_GRACE_S`` of the
+        first: the rank that caused it may yet end on its own."""
+        failed = [r for r, (fate, _) in self.seen.items() if fate != "ok"]
+        if not failed or now - min(self.seen_at[r] for r in failed) > CONSEQUENCE_GRACE_S:
+            return False
+        # a rank whose stderr is not read to its end yet may still show it lost a peer: waited for too
+        return all(r < len(self.tails) and (self.tails[r].closed_at is None
+                                            or lost_a_peer(*self.seen[r], self.tails[r].last_line())) for r in failed)
+
     def running(self) -> list[int]:
         return [r for r in range(len(self.procs)) if r not in self.seen]
 
@@ -323,7 +342,8 @@ def spawn_ranks(
 ) -> LaunchReport:
     """Run ``commands[r]`` with environment ``envs[r]`` (complete, not merged) for every rank r; wait for all.
 
-    On the first rank that fails, at ``deadline_s`` (whole run) or on SIGINT/SIGTERM/SIGHUP to this
+    On the first rank that fails (one that only lost a peer: up to ``CONSEQUENCE_GRACE_S`` later, while the peer
+    may end on its own), at ``deadline_s`` (whole run) or on SIGINT/SIGTERM/SIGHUP to this
     process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
     Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
     returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
@@ -363,7 +383,7 @@ def spawn_ranks(
                 now = time.monotonic()
                 if watch.stopping is None:
                     late = deadline_s is not None and now - started > deadline_s
-                    if late or watch.failed() or signals.received:
+                    if late or signals.received or (watch.failed() and not watch.waiting_for_a_cause(now)):
                         watch.stopping = "timed out" if late and not watch.failed() and not signals.received else "stopped"
                         stop_at = now
                         _signal_groups([watch.procs[r] for r in watch.running()], signal.SIGTERM)

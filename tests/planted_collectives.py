@@ -43,6 +43,34 @@ def hang(world: Any, spec: dict) -> None:
     comm.all_reduce(torch.ones(4))
 
 
+def crash_slowly(world: Any, spec: dict) -> None:
+    """Rank 1 drops its connections (rank 0, waiting in an all_reduce, fails at once: it lost a peer), then takes a
+    second before it raises: a crashing rank still tearing down when its victim's exit is seen."""
+    import os
+    import socket
+    import stat
+    import time
+
+    from hal.collectives import world_communicator
+
+    comm = world_communicator(validate=False)
+    if world.rank == 1:
+        for fd in map(int, os.listdir("/proc/self/fd")):  # every connection shut, as a dying process's are
+            try:
+                if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    sock = socket.socket(fileno=fd)
+                    try:
+                        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):  # not a listener
+                            sock.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        sock.detach()  # the descriptor stays gloo's
+            except OSError:
+                pass
+        time.sleep(1.0)
+        raise RuntimeError("planted crash on rank 1")
+    comm.all_reduce(torch.ones(4))
+
+
 def crash(world: Any, spec: dict) -> None:
     """Rank 1 raises while rank 0 waits in an all_reduce."""
     from hal.collectives import world_communicator

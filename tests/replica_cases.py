@@ -16,12 +16,13 @@ def global_rows(seed: int, step: int, rows: int, seq: int, vocab: int) -> torch.
 def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
                 num_layers: int = 4, moe: dict[str, Any] | None = None, inner: str = "adamw",
                 local_sgd: dict[str, Any] | None = None, runs: int = 1,
-                shares: list[list[int]] | None = None) -> dict[str, Any]:
+                shares: list[list[int]] | None = None, compress: str = "none") -> dict[str, Any]:
     """This rank's part of a replicated run: its replica's engine on its rows, gradients summed across replicas
     every step — or, with ``local_sgd`` ({every, outer_lr, outer_momentum}), each replica on its own gradients and
     the replicas' deltas meeting every H steps. ``inner``: adamw | sgd. ``runs`` > 1: the run again from the start
     in the same world (a fresh engine), with ``local_sgd`` only from the second on: {"first": ..., "second": ...}.
-    ``shares``: each step's rows per replica, in turn (a mid-run rebalance: ``Engine.set_micro_batches``)."""
+    ``shares``: each step's rows per replica, in turn (a mid-run rebalance: ``Engine.set_micro_batches``).
+    ``compress``: the cross-replica wire (none | bf16 | fp8)."""
     if runs == 2:
         first = replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner, None)
         return {"first": first, "second": replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner,
@@ -46,7 +47,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     index = rep.replica_of(joined.rank)
     plan = rep.replicas[index].plan
     engine = build_engine(config, plan, mesh, backend=joined.backend, seed=seed, device=joined.device)
-    exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined)
+    exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined, compress=compress)
     params = list(engine.module.parameters())
     opt: Any = (torch.optim.SGD(params, lr=lr) if inner == "sgd" else Zero1AdamW(params, mesh.dp, lr=lr) if plan.zero1
                 else torch.optim.AdamW(params, lr=lr))
@@ -76,3 +77,39 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     params_full = {n: t.cpu() for n, t in gather_full_params(engine.module).items()}
     return {"replica": index, "losses": losses, "grads": grads, "bytes_sent": sent, "params": params_full,
             "bridged": [len(c.layout.islands) for c in exchange.groups.values() if c is not None]}
+
+
+def fp8_wire_run(rank: int, world: int, steps: int, replicated: dict[str, Any]) -> dict[str, Any]:
+    """``Fp8Wire`` between the world's ranks (each its own island: through the bridge), ``steps`` sends of a block
+    whose small values fp8 cannot hold beside its large one, with and without error feedback; then
+    ``replica_run(**replicated)`` with compress: fp8 in the same world."""
+    from hal.collectives import current_world
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import make_layout
+    from hal.parallel.replicas.fp8_wire import Fp8Wire
+
+    joined = current_world()
+    group = Communicator(make_layout(joined, list(range(world))), joined, validate=False)
+    g = torch.Generator().manual_seed(rank)
+    sent = [torch.randn(3000, generator=g) for _ in range(steps)]
+    for x in sent:
+        x[5] = 448.0  # the first block's scale is 1: its values below 2^-10 are lost (or kept only as a residual)
+        x[6:1024] = 1e-3
+    wire, plain = Fp8Wire(), Fp8Wire()
+    summed, unfed, sums, wire_bytes = [], [], [], 0
+    for x in sent:
+        got = x.clone()
+        wire_bytes = wire.all_reduce(got, group, 0)
+        summed.append(got)
+        raw = x.clone()
+        plain.all_reduce(raw, group, 0)
+        plain.reset()  # no error feedback: every step starts without a residual
+        unfed.append(raw)
+        total = x.clone()
+        group.all_reduce(total, "sum")
+        sums.append(total)
+    residuals = wire.residuals[0].clone()
+    group.all_reduce(residuals, "sum")
+    return {"summed": torch.stack(summed), "unfed": torch.stack(unfed), "exact": torch.stack(sums),
+            "residuals": residuals, "wire_bytes": wire_bytes,
+            "replicated": replica_run(rank, world, **replicated, compress="fp8")}

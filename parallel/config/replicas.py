@@ -38,7 +38,7 @@ from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
 from hal.parallel.config.topology import Topology
 
 AUTO = "auto"
-COMPRESSIONS = ("none", "bf16")
+COMPRESSIONS = ("none", "bf16", "fp8")  # fp8: e4m3 blocks with error feedback (parallel.replicas.fp8_wire)
 MAX_REPLICAS = 64
 
 
@@ -225,6 +225,14 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
     if sync.every > 1 and sync.compress != "none":
         raise ConfigError(f"{origin}: parallel.replica_sync.compress applies to the every-step gradient sync; local "
                           "SGD (every > 1) sends parameter deltas uncompressed; drop compress or set every: 1")
+    if sync.compress == "fp8":
+        import torch
+
+        from hal.parallel.replicas.fp8_wire import fp8_available
+
+        if not fp8_available():
+            raise ConfigError(f"{origin}: parallel.replica_sync.compress is fp8 but this torch has no float8_e4m3fn "
+                              f"(torch {torch.__version__}); use compress: bf16, or torch 2.1 or later")
     return ReplicatedPlan(tuple(replicas), total, sync)
 
 

@@ -35,10 +35,12 @@ from hal.parallel.config.replicas import Replica, ReplicatedPlan, ReplicaSync, a
 from hal.parallel.planner.cluster import Cluster, DeviceType
 from hal.parallel.planner.cost import CostModel, ring_all_reduce_s, transfer_s
 from hal.parallel.planner.search import Result, Search
+from hal.parallel.replicas.fp8_wire import BLOCK as FP8_BLOCK
 from hal.parallel.replicas.sync import BUCKET_BYTES
 
 REFINE_ROUNDS = 8  # granule moves tried from the proportional shares
 CONFIRM = 20  # candidates each one-type search re-predicts with the simulator
+WIRE_BYTES = {"none": 4, "bf16": 2, "fp8": 1 + 4 / FP8_BLOCK}  # a gradient value on the bridge (fp8: its block's scale)
 MAX_TYPES = 4  # device types combined into replicas (every subset of two or more)
 
 
@@ -98,7 +100,7 @@ class ReplicaCandidate:
 def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, compress: str = "none") -> SyncCost:
     """The cross-island exchange of one step (its seconds divided by ``every``), as ``parallel.replicas.sync`` runs it."""
     params = model_parameters(cost.model)
-    wire = params * (2 if compress == "bf16" else 4)
+    wire = params * WIRE_BYTES[compress]
     kinds = [r.placement.kinds[0] for r in results]
     devices = [r.plan.world_size for r in results]
     buckets = max(1, math.ceil(params * 4 / BUCKET_BYTES))
@@ -111,7 +113,11 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
         worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
     nodes = min(len({k.node_of(i) for i in range(n)}) for k, n in zip(kinds, devices))
     per_pair = min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
-    bridge = ring_all_reduce_s(wire / stripes, len(results), per_pair, worst_lat, math.ceil(buckets / stripes))
+    R, rounds = len(results), math.ceil(buckets / stripes)
+    if compress == "fp8":  # gathered, not summed on the wire: every speaker's message reaches the R - 1 others
+        bridge = (R - 1) * wire / stripes / (per_pair * 1e9) + rounds * (R - 1) * worst_lat * 1e-6
+    else:
+        bridge = ring_all_reduce_s(wire / stripes, R, per_pair, worst_lat, rounds)
     # inside each island: the full gradients gathered over tp, and each speaker's sum handed back over its stage
     inside = 0.0
     for result, kind in zip(results, kinds):

@@ -221,8 +221,10 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
                       f"+ sync {c.sync.seconds:.4g} s over {c.sync.stripes} pair(s))  rows {shares}"]
         if i == 1:  # what compression and local SGD would change (the same replicas and shares)
             bf16 = sync_cost(cost, c.results, compress="bf16")
+            fp8 = sync_cost(cost, c.results, compress="fp8")
             local = sync_cost(cost, c.results, every=8)
             lines.append(f"    sync variants: bf16 on the wire {bf16.seconds:.4g} s (step {c.compute_s + bf16.seconds:.4g} s); "
+                         f"fp8 {fp8.seconds:.4g} s (step {c.compute_s + fp8.seconds:.4g} s); "
                          f"local SGD every 8 steps {local.seconds:.4g} s a step (step {c.compute_s + local.seconds:.4g} s; "
                          "trains differently from the single device)")
         for d, r in zip(c.devices, c.results):

@@ -10,7 +10,8 @@ a rank of one replica has no partner rank in another. What every replica does ha
    bucket never spans two stages of any replica — and each bucket has one *speaker* per replica, a rank of the
    stage holding it there, taken in turn over that stage's ranks: N ranks a side carry about N buckets at a
    time. The speakers of a bucket sum its weighted flat buffer over their own group (one rank per replica, each
-   its own island: ``collectives.bridge``), optionally as bf16 on the wire. Every speaker sums all its buckets
+   its own island: ``collectives.bridge``), optionally as bf16 on the wire, or as fp8 with error feedback
+   (``fp8_wire``). Every speaker sums all its buckets
    before any hand-back, so the pairs of speakers carry their buckets at once (the bridge striped over pairs), and
    the bridge stripes each pair's sum over its host channels (from 8 MiB: a bucket is 32 MiB).
 3. **Back inside**: each speaker broadcasts the sum over its stage (a tied embedding on two stages: over the
@@ -28,13 +29,14 @@ import torch
 import torch.distributed as dist
 
 from hal.parallel.pipeline.mesh import Mesh
+from hal.parallel.replicas.fp8_wire import Fp8Wire
 
 if TYPE_CHECKING:
     from hal.collectives.communicator import Communicator
     from hal.collectives.process_groups import World
 
 BUCKET_BYTES = 32 << 20  # the flat float32 buffer one speaker group sums at once (the bridge stripes it over channels)
-WIRE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16}
+WIRE_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp8": torch.uint8}  # fp8: ``fp8_wire``
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class ReplicaExchange:
 
         self.mesh, self.module, self.replica, self.world = mesh, module, replica, world
         self.wire = WIRE_DTYPES[compress]
+        self.fp8 = Fp8Wire() if compress == "fp8" else None  # its residuals: error feedback from step to step
         self.params = dict(module.named_parameters())
         tied = bool(getattr(module, "needs_tied_grad_sync", False)) and not mesh.first
         full = mesh.gather_full(module, {n: p.detach() for n, p in self.params.items()})  # collective over tp / ep
@@ -158,7 +161,9 @@ class ReplicaExchange:
         # My buckets, in the one global order (which keeps every rank's collectives deadlock-free): those my stage
         # holds, and a tied embedding's, whose sum my stage's second copy takes from the first stage's broadcast.
         self.tied_copy = bool(mine.tied_copy)
-        self.mine = [b for b in self.buckets
+        # Backward order (the last parameters first): a pipeline replica's later stages end their backward first, so
+        # their buckets cross the bridge while its earlier stages are still computing theirs.
+        self.mine = [b for b in reversed(self.buckets)
                      if b.stages[replica] == mesh.coord.stage or (self.tied_copy and "embed.weight" in b.names)]
         self.bytes_sent = 0  # cross-replica bytes this rank put on the wire in the last exchange
 
@@ -187,7 +192,9 @@ class ReplicaExchange:
                 for name, numel in zip(bucket.names, bucket.numels):
                     flat[at:at + numel].copy_(full[name].reshape(-1)).mul_(weight)
                     at += numel
-                if group.size > 1:
+                if group.size > 1 and self.fp8 is not None:
+                    self.bytes_sent += self.fp8.all_reduce(flat, group, bucket.index)
+                elif group.size > 1:
                     wire = flat if self.wire == torch.float32 else flat.to(self.wire)
                     group.all_reduce(wire, "sum")
                     self.bytes_sent += wire.numel() * wire.element_size()

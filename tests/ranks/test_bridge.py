@@ -354,6 +354,13 @@ def _check_striped(islands: list[int], check: _Checker) -> None:
         summed = pair.all_reduce(_data(rank, shape, torch.float32, -50, 50, salt=43), "sum")
         want = _data(0, shape, torch.float32, -50, 50, salt=43) + _data(peer, shape, torch.float32, -50, 50, salt=43)
         check.same(f"striped sum of one rank an island over {len(pair.layout.channels)} channel(s)", summed, want)
+        # ... and an all-gather, as messages striped over the channels (uneven rows: 9 MiB + 8 B beside 6 MiB)
+        rows = {0: 3 * 2**20 // 4 + 2, peer: 2**20 // 2}
+        gathered = pair.all_gather(_data(rank, (rows[rank], 3), torch.float32, -50, 50, salt=47),
+                                   sizes=[rows[0], rows[peer]])
+        want = torch.cat([_data(r, (rows[r], 3), torch.float32, -50, 50, salt=47) for r in (0, peer)])
+        check.same(f"striped all_gather of one rank an island over {len(pair.layout.channels)} channel(s)", gathered,
+                   want)
     comm.barrier()
 
 

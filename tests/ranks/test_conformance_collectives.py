@@ -146,7 +146,11 @@ def test_a_hung_job_is_killed_at_its_deadline() -> None:
     assert info.value.pids and all(_gone(pid) for pid in info.value.pids)
 
 
-def test_a_crashed_rank_is_named_and_the_rest_stopped() -> None:
+@pytest.mark.parametrize("job", ["crash", "crash_slowly"])
+def test_a_crashed_rank_is_named_and_the_rest_stopped(job: str) -> None:
+    """crash_slowly: the rank that lost its peer ends first; the launcher waits for the crashing rank to end on its
+    own, so the report names the crash, not its victim."""
     with pytest.raises(JobFailed, match="rank 1 failed .*planted crash on rank 1") as info:
-        run_job(run_function_forked, "tests.planted_collectives:crash", {}, 2, "cpu", timeout_s=120, collective_timeout_s=120)
+        run_job(run_function_forked, f"tests.planted_collectives:{job}", {}, 2, "cpu", timeout_s=120,
+                collective_timeout_s=120)
     assert all(_gone(pid) for pid in info.value.pids)

@@ -56,7 +56,10 @@ def test_the_sync_is_the_model_over_the_bridge_halved_by_bf16_divided_by_h_and_s
     [best] = ReplicaSearch(cost, BASE).run(top=1)
     fp32, bf16, local = (sync_cost(cost, best.results), sync_cost(cost, best.results, compress="bf16"),
                          sync_cost(cost, best.results, every=8))
+    fp8 = sync_cost(cost, best.results, compress="fp8")
     assert fp32.bridge_bytes == model_parameters(MODEL) * 4 and bf16.bridge_bytes == fp32.bridge_bytes / 2
+    assert fp8.bridge_bytes == pytest.approx(fp32.bridge_bytes / 4 * (1 + 4 / 1024))  # a byte a value, a scale a block
+    assert fp8.seconds < bf16.seconds
     assert fp32.stripes == 1  # the model's gradient is one bucket: one pair carries it
     assert local.seconds == pytest.approx(fp32.seconds / 8)
     assert bf16.seconds < fp32.seconds
