@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hal.parallel.planner.cluster import load_cluster
-    from hal.parallel.planner.make_profile import make_profile
+    from hal.parallel.planner.make_profile import fit_to_host, make_profile
     from hal.parallel.config.run import load_run_config
 
     from hal.launch import run_function
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_run_config(path, check_backends=False)
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
+    cluster = fit_to_host(cluster, config.model, seq, quick=args.quick, progress=_progress)
     plan = config.plan
     compiles = any(p.stage_compiles(k) for _, p in config.plans() for k in range(p.num_stages))  # any replica's
     profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,

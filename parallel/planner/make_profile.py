@@ -58,6 +58,9 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
     say = progress or (lambda _: None)
     started = time.monotonic()
     rows = QUICK_ROWS if quick else ROWS
+    for kind in cluster.types:  # before any measuring (``fit_to_host`` leaves such a type out of a probed cluster)
+        if present(kind):
+            _check_size(model, seq, max(rows), kind)
     reps = repeats or (1 if quick else 3)
     measured_links: dict[str, LinkProfile] = {}
     if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
@@ -80,7 +83,6 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         backend = get_backend(kind.backend)
         plan = resolve_precision(precision, backend, backend.capabilities(0), fallback)  # type: ignore[arg-type]
         plan.apply(backend)
-        _check_size(model, seq, max(rows), kind)
         measured = measure_device(
             backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
             repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say, compile_backend=compile_backend)
@@ -132,15 +134,45 @@ def boundary_time(cluster: Cluster, kind: DeviceType, links: dict[str, LinkProfi
     return lambda rows: transfer_s(rows * seq * model.hidden_size * BOUNDARY_BYTES, gbps, lat)
 
 
-def _check_size(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> None:
-    """Refuse, before allocating, a layer too big to time in seconds on this host (a 70B layer on a laptop cpu)."""
+def _layer_flops(model: ModelConfig, seq: int, rows: int) -> float:
     from hal.parallel.config.memory import layer_parameters
 
-    flops = 2.0 * layer_parameters(model) * rows * seq
-    if kind.is_cpu and flops > MAX_QUICK_LAYER_FLOPS:
-        raise ConfigError(f"hal profile: one layer of this model at {rows} row(s) × {seq} tokens is {flops:.2g} FLOPs, too "
-                          f"much to time on the cpu (limit {MAX_QUICK_LAYER_FLOPS:.0e}); profile with a shorter train.seq_len, "
-                          "or plan with the cpu left out of the cluster")
+    return 2.0 * layer_parameters(model) * rows * seq
+
+
+def _too_big(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> bool:
+    """Whether one layer's forward at ``rows`` rows is too much to time in seconds on ``kind`` (the cpu)."""
+    return kind.is_cpu and _layer_flops(model, seq, rows) > MAX_QUICK_LAYER_FLOPS
+
+
+def _check_size(model: ModelConfig, seq: int, rows: int, kind: DeviceType) -> None:
+    """Refuse, before allocating, a layer too big to time in seconds on this host (a 70B layer on a laptop cpu)."""
+    if _too_big(model, seq, rows, kind):
+        raise ConfigError(f"hal profile: one layer of this model at {rows} row(s) × {seq} tokens is "
+                          f"{_layer_flops(model, seq, rows):.2g} FLOPs, too much to time on the cpu (limit "
+                          f"{MAX_QUICK_LAYER_FLOPS:.0e}); profile with a shorter train.seq_len, or plan with the cpu left "
+                          "out of the cluster")
+
+
+def fit_to_host(cluster: Cluster, model: ModelConfig, seq: int, *, quick: bool = False,
+                progress: Callable[[str], None] | None = None) -> Cluster:
+    """The cluster this host can profile, decided before anything is measured: in a probed cluster (no cluster
+    declared), a present type whose layer is too big to time here (the host's cpu beside GPUs, for a GPU-sized model)
+    is left out, said with how to include it; a declared type, or the only one, that is too big is refused (one
+    line). Why up front: the alternative measured the GPUs for a minute, then refused at the cpu."""
+    rows = max(QUICK_ROWS if quick else ROWS)
+    big = [k for k in cluster.types if present(k) and _too_big(model, seq, rows, k)]
+    if not big:
+        return cluster
+    kept = tuple(k for k in cluster.types if k not in big)
+    if not cluster.probed or not kept:
+        _check_size(model, seq, rows, big[0])
+    notes = tuple(f"{kind.device}: one layer at {rows} row(s) × {seq} tokens is {_layer_flops(model, seq, rows):.2g} "
+                  "FLOPs, too much to time here: left out of the probed cluster (to plan with it, declare a cluster: "
+                  "section and profile it at a shorter train.seq_len)" for kind in big)
+    for note in notes:
+        (progress or (lambda _: None))(note)
+    return dataclasses.replace(cluster, types=kept, notes=cluster.notes + notes)
 
 
 def _torch_version() -> str:

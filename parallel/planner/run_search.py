@@ -18,7 +18,7 @@ from hal.parallel.planner.cost import CostModel
 from hal.parallel.planner.device_profile import Profile
 from hal.parallel.planner.profile_store import load_profile
 from hal.parallel.config.planned import planned_section, profile_label
-from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.make_profile import fit_to_host, make_profile
 from hal.parallel.planner.replica_search import ReplicaCandidate, ReplicaSearch, sync_cost
 from hal.parallel.planner.search import Result, Search, SearchReport, report_dict
 
@@ -46,6 +46,7 @@ def planning_inputs(run: RunConfig, cluster_file: str | None, profile_file: str 
                                  links=False, progress=progress)
             profile.devices.update(extra.devices)
     else:
+        cluster = fit_to_host(cluster, run.model, seq, quick=True, progress=progress)
         profile = make_profile(cluster, run.model, run.hal.precision, seq, quick=True, links=False, progress=progress)
     return cluster, profile, CostModel(cluster, profile, run.model, seq)
 
@@ -63,6 +64,7 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
         report.notes.append("no --profile: the devices present were measured now in quick mode (hal profile measures more)")
     if cluster.probed:
         report.notes.append("no cluster declared: planned for the devices present")
+    report.notes += list(cluster.notes)  # the probe's: a backend it could not read, a type left out
     moe = moe_note(run)
     if moe:
         report.notes.append(moe)

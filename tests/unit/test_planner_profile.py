@@ -91,3 +91,31 @@ def test_a_compiling_config_gets_its_layers_timed_compiled() -> None:
         pred = CostModel(cluster, profile, MODEL, 32).predict(dataclasses.replace(plan, compile=stage_compiles), kinds)
         notes = [e for e in pred.estimated if "timed" in e]
         assert (notes == []) if label is None else (label in notes[0]), (stage_compiles, notes)
+
+
+BIG = ModelConfig(vocab_size=32000, hidden_size=8192, num_layers=2, num_heads=64, num_kv_heads=8,
+                  ffn_hidden_size=28672, max_seq_len=4096)  # one layer at 2 rows x 4096 tokens: ~7e12 FLOPs
+
+
+def test_a_layer_too_big_for_the_cpu_is_decided_before_anything_is_measured() -> None:
+    """A probed cluster of GPUs and this host's cpu (the cpu present here, the GPUs estimated): the cpu is left out,
+    said; the cpu alone, or a cpu the user declared, is refused in one line — before any timing."""
+    from hal.launch import run_function
+    from hal.parallel.planner.make_profile import fit_to_host
+
+    groups = [{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}, {"backend": "cpu", "device": "cpu-generic",
+                                                                           "count": 2, "cores": 2}]
+    probed = dataclasses.replace(resolve(parse_cluster({"groups": groups})), probed=True)
+    said: list[str] = []
+    fitted = fit_to_host(probed, BIG, 4096, quick=True, progress=said.append)
+    assert [t.device for t in fitted.types] == ["nvidia-h100-sxm"]
+    assert len(said) == 1 and "cpu-generic" in said[0] and "left out" in said[0] and said[0] in fitted.notes
+    assert fit_to_host(probed, MODEL, 32, quick=True) is probed  # a small model: nothing left out
+    declared = resolve(parse_cluster({"groups": groups}))
+    for cluster in (declared, dataclasses.replace(probed, types=probed.types[1:])):
+        with pytest.raises(ConfigError, match="too much to time on the cpu"):
+            fit_to_host(cluster, BIG, 4096, quick=True)
+        steps: list[str] = []  # make_profile says each measurement as it starts it: the links first
+        with pytest.raises(ConfigError, match="too much to time on the cpu"):
+            make_profile(cluster, BIG, "fp32", 4096, links=True, launch=run_function, progress=steps.append)
+        assert steps == [], steps  # refused from the shapes, before anything was timed
