@@ -9,7 +9,8 @@ Two islands declared separate (``HAL_ISLANDS``: the first half of the ranks and 
 * ``auto``: both islands, ``rows: auto`` (a calibration at start, then re-balanced every 10 steps).
 
 ``--compress none,fp8`` runs ``even`` and ``auto`` once a wire (``even_fp8``, ``auto_fp8``: the cross-island part
-as fp8 with error feedback), against the one ``alone`` run.
+as fp8 with error feedback), against the one ``alone`` run; ``--overlap both`` runs each with the exchange during
+the backward and after it (``_after``).
 
 Each run's steady tokens/s (``hal train``'s summary: the first step and checkpoint writes left out) and the shares
 in force at its end; ``auto / even`` and ``auto / alone`` are the ratios to read. Every cross-island byte goes
@@ -17,7 +18,8 @@ through the bridge (host-staged), so the sync's share of the step is reported to
 on CPU ranks (a smoke run; the speeds then do not differ by precision on most hosts).
 
     python benchmarks/replicas_shares.py [--backend cuda] [--devices 2] [--steps 30] [--rows 64] [--hidden 768]
-                                         [--layers 12] [--seq 1024] [--compress none,fp8] [--no-even] [--json]
+                                         [--layers 12] [--seq 1024] [--compress none,fp8] [--overlap on|off|both] [--no-even]
+                                         [--json]
 """
 from __future__ import annotations
 
@@ -72,6 +74,11 @@ def run(args: argparse.Namespace, name: str, parallel: dict[str, Any], islands: 
     return out
 
 
+def _tag(wire: str, overlap: bool) -> str:
+    """A run's name suffix: its wire (none: nothing) and, when the exchange waits for the backward, ``_after``."""
+    return ("" if wire == "none" else f"_{wire}") + ("" if overlap else "_after")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="cuda")
@@ -87,12 +94,16 @@ def main() -> int:
                         help="the replicas' cross-island wires (replica_sync.compress: none, bf16, fp8), comma-separated: "
                              "an even and an auto run for each")
     parser.add_argument("--no-even", action="store_true", help="leave out the even-shares runs")
+    parser.add_argument("--overlap", choices=("on", "off", "both"), default="on",
+                        help="replica_sync.overlap: the exchange during the backward (on), after it (off), or both runs")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     wires = [w for w in args.compress.split(",") if w]
     if not wires or any(w not in ("none", "bf16", "fp8") for w in wires):
         parser.error(f"--compress {args.compress}: give none, bf16 and/or fp8, comma-separated")
+    overlaps = {"on": [True], "off": [False], "both": [True, False]}[args.overlap]
+    settings = [(wire, overlap) for wire in wires for overlap in overlaps]
     n = args.devices
     islands = ",".join(["0"] * n + ["1"] * n)
     half = args.rows // 2
@@ -102,9 +113,9 @@ def main() -> int:
                                     "micro_batches": args.rows // (n * args.mbs_per_rank),
                                     "stages": [{"backend": args.backend, "devices": n, "layers": args.layers, "dp": n}]},
                     None, folder)]
-        for wire in wires:
-            sync = {"replica_sync": {"compress": wire}} if wire != "none" else {}
-            tag = "" if wire == "none" else f"_{wire}"
+        for wire, overlap in settings:
+            sync = {"replica_sync": {"compress": wire, "overlap": "on" if overlap else "off"}}
+            tag = _tag(wire, overlap)
             if not args.no_even:
                 rows.append(run(args, f"even{tag}", {**sync, "replicas": [replica(args, half, None),
                                                                           replica(args, half, args.slow_precision)]},
@@ -115,8 +126,8 @@ def main() -> int:
                             islands, folder))
     by = {r["run"]: r for r in rows}
     ratios = {}
-    for wire in wires:
-        tag = "" if wire == "none" else f"_{wire}"
+    for wire, overlap in settings:
+        tag = _tag(wire, overlap)
         if not args.no_even:
             ratios[f"auto_over_even{tag}"] = by[f"auto{tag}"]["tokens_per_s"] / by[f"even{tag}"]["tokens_per_s"]
         ratios[f"auto_over_alone{tag}"] = by[f"auto{tag}"]["tokens_per_s"] / by["alone"]["tokens_per_s"]
@@ -127,10 +138,11 @@ def main() -> int:
         extra = "" if "rows" not in r else (f"  rows {r['first_rows']} -> {r['rows']} ({r['rebalances']} rebalance(s)), "
                                              f"sync {r['sync_share']:.0%} of the step")
         print(f"{r['run']:10s} {r['tokens_per_s']:>12,.0f} tokens/s{extra}")
-    for wire in wires:
-        tag = "" if wire == "none" else f"_{wire}"
+    for wire, overlap in settings:
+        tag = _tag(wire, overlap)
         even = "" if args.no_even else f"auto / even {ratios[f'auto_over_even{tag}']:.2f}x   "
-        print(f"wire {'fp32' if wire == 'none' else wire}: {even}auto / alone {ratios[f'auto_over_alone{tag}']:.2f}x")
+        print(f"wire {'fp32' if wire == 'none' else wire}, exchange {'during' if overlap else 'after'} the backward: "
+              f"{even}auto / alone {ratios[f'auto_over_alone{tag}']:.2f}x")
         for line in by[f"auto{tag}"].get("said", []):
             print(f"  {line}")
     return 0

@@ -126,7 +126,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
         print(f"hal train: replica {replica['replica']} ({'+'.join(replica['backends'])}, {rows}): "
               f"{replica['tokens_per_s'] or 0:.0f} tok/s, waiting for and exchanging with the other replicas "
               f"{'n/a' if share is None else f'{share:.0%}'} of the step, "
-              f"{_bytes(int(replica['cross_replica_bytes_per_step']))} sent a step")
+              f"{_bytes(int(replica['cross_replica_bytes_per_step']))} sent a step"
+              + _during(replica.get("buckets_during_backward_per_step")))
     print(f"hal train: log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 
@@ -152,6 +153,11 @@ def _spans(ids: Sequence[int]) -> str:
         else:
             runs.append([i])
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+def _during(buckets: float | None) -> str:
+    """How much of the exchange began inside the backward (``replica_sync.overlap: on``; nothing when it did not)."""
+    return "" if buckets is None else f"; {buckets:.3g} bucket(s) a step begun during the backward"
 
 
 def _bytes(n: int) -> str:

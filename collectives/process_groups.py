@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -134,6 +135,32 @@ def _gather_strings(value: str, world_size: int, group: dist.ProcessGroup | None
     return [str(v) for v in out]
 
 
+def stacks_after_s_from_env() -> float | None:
+    """``HAL_DUMP_STACKS_AFTER_S``: seconds after which a rank prints every thread's stack (None: unset).
+
+    Raises ConfigError (one line) for a value that is not a positive number."""
+    value = os.environ.get("HAL_DUMP_STACKS_AFTER_S")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(f"HAL_DUMP_STACKS_AFTER_S={value!r} is not a positive number of seconds; e.g. 60")
+    return seconds
+
+
+def _stacks_later() -> None:
+    """``HAL_DUMP_STACKS_AFTER_S=N``: every thread's Python stack to stderr N seconds after start, then every N
+    seconds — what a hung rank is waiting in (a debugging aid; off unless set)."""
+    seconds = stacks_after_s_from_env()
+    if seconds is not None:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(seconds, repeat=True, file=sys.stderr)
+
+
 def init_distributed(
     backend: Backend | str | None = None,
     *,
@@ -163,6 +190,7 @@ def init_distributed(
     if rank is None or world_size is None:
         raise ConfigError("rank and world size are unknown: start under 'hal launch' / torchrun, or pass rank= and world_size=")
 
+    _stacks_later()
     # Start on gloo everywhere: every rank can join it, whatever its device. A homogeneous world
     # then uses the device CCL through its own group (below).
     dist.init_process_group(

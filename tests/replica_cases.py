@@ -16,13 +16,16 @@ def global_rows(seed: int, step: int, rows: int, seq: int, vocab: int) -> torch.
 def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
                 num_layers: int = 4, moe: dict[str, Any] | None = None, inner: str = "adamw",
                 local_sgd: dict[str, Any] | None = None, runs: int = 1,
-                shares: list[list[int]] | None = None, compress: str = "none") -> dict[str, Any]:
+                shares: list[list[int]] | None = None, compress: str = "none", overlap: bool = True,
+                bucket_bytes: int | None = None) -> dict[str, Any]:
     """This rank's part of a replicated run: its replica's engine on its rows, gradients summed across replicas
     every step — or, with ``local_sgd`` ({every, outer_lr, outer_momentum}), each replica on its own gradients and
     the replicas' deltas meeting every H steps. ``inner``: adamw | sgd. ``runs`` > 1: the run again from the start
     in the same world (a fresh engine), with ``local_sgd`` only from the second on: {"first": ..., "second": ...}.
     ``shares``: each step's rows per replica, in turn (a mid-run rebalance: ``Engine.set_micro_batches``).
-    ``compress``: the cross-replica wire (none | bf16 | fp8)."""
+    ``compress``: the cross-replica wire (none | bf16 | fp8). ``overlap``: the exchange during the backward where a
+    stage allows it (``parallel.replicas.overlap``), as the trainer runs it. ``bucket_bytes``: the exchange's bucket
+    size (default: the shipped one)."""
     if runs == 2:
         first = replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner, None)
         return {"first": first, "second": replica_run(rank, world, raw, steps, lr, seed, tied, num_layers, moe, inner,
@@ -34,6 +37,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
     from hal.parallel.replicas.local_sgd import LocalSGD
+    from hal.parallel.replicas.overlap import BackwardOverlap
     from hal.parallel.replicas.sync import ReplicaExchange, token_weights
 
     from . import engine_cases, moe_cases
@@ -47,7 +51,10 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     index = rep.replica_of(joined.rank)
     plan = rep.replicas[index].plan
     engine = build_engine(config, plan, mesh, backend=joined.backend, seed=seed, device=joined.device)
-    exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined, compress=compress)
+    exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined, compress=compress,
+                               **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}))
+    during = BackwardOverlap(exchange, engine, topologies, "on") if overlap and local_sgd is None else None
+    early = 0
     params = list(engine.module.parameters())
     opt: Any = (torch.optim.SGD(params, lr=lr) if inner == "sgd" else Zero1AdamW(params, mesh.dp, lr=lr) if plan.zero1
                 else torch.optim.AdamW(params, lr=lr))
@@ -63,8 +70,14 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
         weight = token_weights(tokens, ranges)[index]
         mine = tokens[ranges[index].start:ranges[index].stop].reshape(plan.micro_batches, plan.micro_batch_size, -1)
         opt.zero_grad()
+        if during is not None:
+            during.begin(weight)
         loss = engine.step(mine)
-        if outer is None:
+        if during is not None and during.eligible:
+            during.finish()
+            early += during.early
+            sent += exchange.bytes_sent
+        elif outer is None:
             exchange.sync_grads(weight)
             sent += exchange.bytes_sent
         if step == 0:
@@ -76,6 +89,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
         losses.append(exchange.step_loss(loss, weight))
     params_full = {n: t.cpu() for n, t in gather_full_params(engine.module).items()}
     return {"replica": index, "losses": losses, "grads": grads, "bytes_sent": sent, "params": params_full,
+            "overlapped": None if during is None else (during.why_not or early),
             "bridged": [len(c.layout.islands) for c in exchange.groups.values() if c is not None]}
 
 

@@ -92,6 +92,13 @@ def _config(p: Preflight) -> None:
     p.run = load_run_config(p.request.config, check_backends=p.request.local, init_from=p.request.init_from)
 
 
+def _environment(p: Preflight) -> None:
+    """The HAL_* variables the ranks read, checked here so a bad one is one line before any rank starts."""
+    from hal.collectives.process_groups import stacks_after_s_from_env
+
+    stacks_after_s_from_env()
+
+
 def _local_ranks(p: Preflight) -> None:
     if p.request.local:  # a local run: every rank is a process on this host
         check_local_ranks(p.loaded.world_size, f"{p.loaded.origin}: the plan's world size")
@@ -301,6 +308,7 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
 # The one order. Each command runs the checks it names, in this order.
 CHECKS: tuple[Check, ...] = (
     Check("steps", _steps),
+    Check("environment", _environment),
     Check("config", _config),
     Check("local ranks", _local_ranks),
     Check("cpu binding", _cpu_binding),
@@ -318,7 +326,7 @@ CHECKS: tuple[Check, ...] = (
     Check("paths", _paths),
 )
 TRAIN = tuple(c.name for c in CHECKS)  # hal train: everything
-PLAN = ("config", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
+PLAN = ("environment", "config", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
         "corpus", "weights", "paths")  # hal plan: all but the flags only hal train has
 LOADED = ("backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory")  # over a loaded run
 

@@ -54,7 +54,7 @@ from hal.parallel.config.topology import Topology
 # "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
 # "replica_sync": the cross-replica exchange (parallel.replicas), 0 without replicas.
 TIME_FIELDS: tuple[str, ...] = ("compute", "p2p", "grad_sync", "optimizer", "schedule", "step", "peak_tflops", "timed",
-                                "peak_memory", "replica_sync", "replica_bytes")
+                                "peak_memory", "replica_sync", "replica_bytes", "replica_early")
 
 
 @dataclass
@@ -78,6 +78,7 @@ class RankRun:
     plan: Any = None  # this rank's plan (its replica's; job.plan without replicas)
     exchange: Any = None  # parallel.replicas.sync.ReplicaExchange with replicas, else None
     local_sgd: Any = None  # parallel.replicas.local_sgd.LocalSGD when the replicas meet every H > 1 steps
+    overlap: Any = None  # parallel.replicas.overlap.BackwardOverlap: the every-step exchange during the backward
     replica_sync_s: float = 0.0  # the last step's cross-replica exchange
     shares: Any = None  # parallel.replicas.shares.ShareTracker: rows: auto replicas re-balanced mid-run, else None
 
@@ -151,7 +152,7 @@ def setup(job: Job) -> RankRun:
     # replicas' exchange needs every gradient whole first.
     engine.reduce_dp_grads = not (plan.zero1 and mesh.dp.size > 1 and not engine.module.needs_tied_grad_sync
                                   and job.replicas is None)
-    exchange, local_sgd = _replica_sync(job, mesh, engine, replica, world)
+    exchange, local_sgd, overlap = _replica_sync(job, mesh, engine, replica, world)
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
@@ -172,7 +173,8 @@ def setup(job: Job) -> RankRun:
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
     return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
-                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd, shares=shares)
+                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd, shares=shares,
+                   overlap=overlap)
 
 
 def _share_tracker(job: Job) -> Any:
@@ -205,17 +207,21 @@ def _resolve_auto_rows(job: Job, replica: int, plan: Any, mesh: Any, world: Any,
     return replace(job, replicas=resolved, plan=resolved.replicas[0].plan)
 
 
-def _replica_sync(job: Job, mesh: Any, engine: Any, replica: int, world: Any) -> tuple[Any, Any]:
-    """With replicas: the cross-replica exchange (collective over the world) and, every H > 1, local SGD."""
+def _replica_sync(job: Job, mesh: Any, engine: Any, replica: int, world: Any) -> tuple[Any, Any, Any]:
+    """With replicas: the cross-replica exchange (collective over the world); every H > 1, local SGD; every step,
+    the exchange during the backward where a stage allows it (``replica_sync.overlap``)."""
     if job.replicas is None or len(job.replicas.replicas) == 1:  # one replica is its plan: nothing to meet
-        return None, None
+        return None, None, None
     from hal.parallel.replicas.local_sgd import LocalSGD
+    from hal.parallel.replicas.overlap import BackwardOverlap
     from hal.parallel.replicas.sync import ReplicaExchange
 
     sync = job.replicas.sync
     exchange = ReplicaExchange(mesh, engine.module, replica, job.topologies(), world, compress=sync.compress)
     local = LocalSGD(exchange, sync.every, sync.outer_lr, sync.outer_momentum) if sync.every > 1 else None
-    return exchange, local
+    overlap = (BackwardOverlap(exchange, engine, job.topologies(), sync.overlap)
+               if sync.every == 1 and sync.overlap == "on" else None)
+    return exchange, local, overlap
 
 
 def _loss_scaler(mine: bool) -> Any:
@@ -264,6 +270,9 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     if r.scaler is not None:
         r.engine.loss_scale = r.scaler.scale
     own = time.perf_counter() if r.shares is not None else 0.0
+    during = r.overlap is not None and r.overlap.eligible
+    if during:
+        r.overlap.begin(weight)  # buckets start from the gradient hooks as the backward finishes them
     loss = r.engine.step(tokens)
     own_s = None
     if r.shares is not None:  # this rank's own time of the step, before it waits for the other replicas
@@ -272,7 +281,9 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     r.replica_sync_s = 0.0
     if r.exchange is not None:
         began = time.perf_counter()
-        if r.local_sgd is None:
+        if during:
+            r.overlap.finish()  # what is left of the exchange after the backward: the part the step waits for
+        elif r.local_sgd is None:
             r.exchange.sync_grads(weight)  # every replica's gradient becomes the step's token-weighted mean
         loss = r.exchange.step_loss(loss, weight)
         r.replica_sync_s = time.perf_counter() - began
@@ -303,8 +314,9 @@ def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
     if r.shares is not None and own_s is not None:
         r.shares.record(own_s, step_s)
     sent = 0.0 if r.exchange is None else float(r.local_sgd.bytes_sent if r.local_sgd is not None else r.exchange.bytes_sent)
+    early = float(r.overlap.early) if during else float("nan")
     return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r),
-                  r.replica_sync_s, sent]
+                  r.replica_sync_s, sent, early]
 
 
 def _peak_memory(r: RankRun) -> float:
@@ -447,8 +459,16 @@ def run_record(r: RankRun, step: int, loss: float, times: torch.Tensor, tokens: 
             "replica": index, "rows": replica.rows, "backends": sorted({m.backend for m in topology.stages}),
             "tokens_per_s": (replica.rows or 0) * r.seq / step_s if step_s > 0 else None, "sync_s": sync_s,
             "sync_share": sync_s / step_s if step_s > 0 else None,
-            "cross_replica_bytes": int(times[ranks, col["replica_bytes"]].sum())})
+            "cross_replica_bytes": int(times[ranks, col["replica_bytes"]].sum()),
+            # buckets whose exchange began during the backward (null: none of its stages overlaps)
+            "buckets_during_backward": _early([times[list(m.ranks), col["replica_early"]] for m in topology.stages])})
     return record
+
+
+def _early(stages: list[torch.Tensor]) -> int | None:
+    """A replica's buckets begun during the backward: each stage's (its ranks share its buckets: their max), summed."""
+    counted = [float(c[~torch.isnan(c)].max()) for c in stages if (~torch.isnan(c)).any()]
+    return int(sum(counted)) if counted else None
 
 
 # --- what the writer shows -------------------------------------------------------------------------------
@@ -487,7 +507,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
 
 def _replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each replica over the steady steps (after the first): the rows in force at the end (and at the start, where a
-    rebalance moved them), tokens/s, the exchange's share of the step, bytes."""
+    rebalance moved them), tokens/s, the exchange's share of the step, bytes, buckets begun during the backward."""
     steady = records[1:] or records
     seconds = sum(rec["step_s"] for rec in steady)
     seq = records[0]["tokens"] // sum(r["rows"] for r in records[0]["replicas"])  # tokens a row
@@ -499,7 +519,9 @@ def _replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "backends": first["backends"],
                     "tokens_per_s": sum(r["rows"] for r in own) * seq / seconds if ok else None,
                     "sync_share": sum(r["sync_s"] for r in own) / seconds if ok else None,
-                    "cross_replica_bytes_per_step": sum(r["cross_replica_bytes"] for r in own) / len(own)})
+                    "cross_replica_bytes_per_step": sum(r["cross_replica_bytes"] for r in own) / len(own),
+                    "buckets_during_backward_per_step": (None if own[-1].get("buckets_during_backward") is None else
+                                                         sum(r["buckets_during_backward"] or 0 for r in own) / len(own))})
     return out
 
 

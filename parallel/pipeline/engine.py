@@ -120,6 +120,8 @@ class PipelineEngine:
         self.coord = mesh.coord
         self.rank = mesh.stage.rank  # global rank (transfer plans use global ranks)
         self.layout = mesh.layout  # this stage's grid, layers and options
+        # set by the replicas' exchange when it sums the dp gradients itself, during the backward (replicas.overlap)
+        self.grads_summed_elsewhere = False
         self.first, self.last = mesh.first, mesh.last  # the model's first chunk (embedding), its last (head, loss)
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
@@ -341,7 +343,7 @@ class PipelineEngine:
         self.timer.add("schedule", start, self.timer.mark(), "schedule")
         with self._timed("grad_sync", "grad sync"):
             self._fill_idle_experts()
-            if self.reduce_dp_grads:
+            if self.reduce_dp_grads and not self.grads_summed_elsewhere:
                 self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
                 sync_tied_embedding_grads(self.module, self.mesh.embedding)

@@ -192,14 +192,7 @@ class ReplicaExchange:
                 for name, numel in zip(bucket.names, bucket.numels):
                     flat[at:at + numel].copy_(full[name].reshape(-1)).mul_(weight)
                     at += numel
-                if group.size > 1 and self.fp8 is not None:
-                    self.bytes_sent += self.fp8.all_reduce(flat, group, bucket.index)
-                elif group.size > 1:
-                    wire = flat if self.wire == torch.float32 else flat.to(self.wire)
-                    group.all_reduce(wire, "sum")
-                    self.bytes_sent += wire.numel() * wire.element_size()
-                    if wire is not flat:
-                        flat.copy_(wire)
+                self.bridge_sum(bucket, flat)
             flats.append(flat)
         # 2. Back inside: each bucket's sum from its speaker to the stage (in the one global order).
         for bucket, flat in zip(self.mine, flats):
@@ -212,6 +205,19 @@ class ReplicaExchange:
                     out[name] = flat[at:at + numel].view(self.shapes[name])
                 at += numel
         return out
+
+    def bridge_sum(self, bucket: Bucket, flat: torch.Tensor) -> None:
+        """This speaker's ``flat`` becomes the sum over the bucket's speakers (one a replica), on the wire as set."""
+        group = self.groups[bucket.speakers]
+        assert group is not None, "only a bucket's speakers sum it"
+        if group.size > 1 and self.fp8 is not None:
+            self.bytes_sent += self.fp8.all_reduce(flat, group, bucket.index)
+        elif group.size > 1:
+            wire = flat if self.wire == torch.float32 else flat.to(self.wire)
+            group.all_reduce(wire, "sum")
+            self.bytes_sent += wire.numel() * wire.element_size()
+            if wire is not flat:
+                flat.copy_(wire)
 
     def sync_grads(self, weight: float) -> None:
         """Every gradient becomes Σ_r weight_r × g_r (this replica's ``weight``: its share of the step's tokens)."""

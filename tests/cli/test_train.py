@@ -442,11 +442,13 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
     """examples/replicas_cpu.yaml (tp2 on 6 rows beside dp2 on 2, two islands) trains the main job's 8 rows a step as
     its one plan does; its checkpoint resumes into that plan, and that plan's checkpoint into the replicas."""
     root, full = half_run["root"], half_run["full"]["losses"]
-    config = _config(root, "replicas", steps=6, parallel=REPLICAS)
+    config = _config(root, "replicas", steps=6, parallel={**REPLICAS, "replica_sync": {"overlap": "on"}})
     first = _train_islands(str(config), "--steps", "3", "--run-dir", str(root / "replicas_half"))
     _assert_close(first["losses"], full[:3], 1e-5)
     log = _log(root / "replicas_half" / "train.jsonl")
     assert [r["rows"] for r in log[0]["replicas"]] == [6, 2] and [s["replica"] for s in log[0]["stages"]] == [0, 1]
+    # overlap: on — the dp2 replica's exchange begins during its backward; the tp2 replica's waits for it (tp > 1)
+    assert [r["buckets_during_backward"] for r in log[-1]["replicas"]] == [None, 1]
     assert all(r["cross_replica_bytes"] > 0 and r["tokens_per_s"] > 0 for r in log[-1]["replicas"])
     into_plan = _train(str(half_run["config"]), "--resume", str(root / "replicas_half" / "checkpoints"),
                        "--run-dir", str(root / "plan_from_replicas"))
@@ -465,6 +467,9 @@ REPLICA_BAD = {
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
     "several nodes": (REPLICAS, ["--print-multinode", "2"], "--print-multinode places one plan's stages on nodes"),
+    "overlap on an accelerator": ({**REPLICAS, "replica_sync": {"overlap": "on"}, "replicas": [
+        {**REPLICAS["replicas"][0], "stages": [{**REPLICAS["replicas"][0]["stages"][0], "backend": "cuda"}]},
+        REPLICAS["replicas"][1]]}, [], "overlap: on runs on cpu stages only so far"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
                               [], "replicas train one model"),
 }

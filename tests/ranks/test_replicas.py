@@ -149,3 +149,25 @@ def test_fp8_on_the_wire_keeps_what_it_rounds_away_and_trains_close_to_exact() -
     params = sum(t.numel() for t in ref["grads"].values())
     fp32_bytes = 2 * 4 * params * STEPS  # both speakers, every step
     assert 0.25 <= sum(r["bytes_sent"] for r in runs) / fp32_bytes <= 0.27
+
+
+OVERLAP = {"replicas": [{"rows": 6, "micro_batch_size": 2, "stages": [_stage(2, 4, dp=2)]},
+                        {"rows": 2, "micro_batch_size": 1, "stages": [_stage(1, 2), _stage(1, 2)]}]}
+
+
+def test_the_exchange_during_the_backward_starts_buckets_early_and_computes_the_same_training() -> None:
+    """Small buckets (many a stage), a dp2 replica beside a 2-stage pipeline replica, every stage overlapping: most
+    buckets start from the gradient hooks, before the backward ends, and the run is the single-device training."""
+    results = run_world("tests.replica_cases", "replica_run", 4, deadline_s=300, islands=[0, 0, 1, 1], raw=OVERLAP,
+                        steps=STEPS, lr=LR, bucket_bytes=4096)
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    values = [outcome[1] for outcome in results.values()]
+    ref = reference({"schedule": "gpipe", "micro_batches": 1, "micro_batch_size": 8, "stages": [_stage(1, 4)]}, STEPS, LR)
+    for v in values:
+        assert isinstance(v["overlapped"], int) and v["overlapped"] >= 2 * STEPS, v["overlapped"]  # buckets a step, early
+        for got, want in zip(v["losses"], ref["losses"]):
+            assert abs(got - want) <= 1e-4 * abs(want), (v["losses"], ref["losses"])
+        for pname, grad in v["grads"].items():
+            want = ref["grads"][pname]
+            torch.testing.assert_close(torch.tensor(grad, dtype=want.dtype), want, rtol=1e-5, atol=1e-7, msg=pname)
