@@ -232,9 +232,7 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
     if sync.compress == "fp8":
         import torch
 
-        from hal.parallel.replicas.fp8_wire import fp8_available
-
-        if not fp8_available():
+        if not hasattr(torch, "float8_e4m3fn"):  # what parallel.replicas.fp8_wire encodes with (torch 2.1 on)
             raise ConfigError(f"{origin}: parallel.replica_sync.compress is fp8 but this torch has no float8_e4m3fn "
                               f"(torch {torch.__version__}); use compress: bf16, or torch 2.1 or later")
     return ReplicatedPlan(tuple(replicas), total, sync)

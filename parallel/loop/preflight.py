@@ -308,8 +308,8 @@ def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | Non
 # The one order. Each command runs the checks it names, in this order.
 CHECKS: tuple[Check, ...] = (
     Check("steps", _steps),
-    Check("environment", _environment),
     Check("config", _config),
+    Check("environment", _environment),
     Check("local ranks", _local_ranks),
     Check("cpu binding", _cpu_binding),
     Check("backend", _backend),
@@ -326,7 +326,7 @@ CHECKS: tuple[Check, ...] = (
     Check("paths", _paths),
 )
 TRAIN = tuple(c.name for c in CHECKS)  # hal train: everything
-PLAN = ("environment", "config", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
+PLAN = ("config", "environment", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
         "corpus", "weights", "paths")  # hal plan: all but the flags only hal train has
 LOADED = ("backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory")  # over a loaded run
 

@@ -24,11 +24,6 @@ E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 TINY = torch.finfo(torch.float32).tiny
 
 
-def fp8_available() -> bool:
-    """Whether this torch has the e4m3 dtype (torch 2.1 and later)."""
-    return hasattr(torch, "float8_e4m3fn")
-
-
 def quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 payload as uint8, float32 scale a block) of a flat float32 tensor; the payload is padded to whole blocks."""
     n = values.numel()

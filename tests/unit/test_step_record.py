@@ -18,7 +18,8 @@ TOPOLOGY = Topology.from_plan(ParallelPlan((StagePlan("cuda", 1, 1), StagePlan("
 
 def _row(peak: float, timed: float) -> list[float]:
     values = {"compute": 1.0, "p2p": 0.5, "grad_sync": 0.1, "optimizer": 0.2, "schedule": 2.0, "step": 2.5,
-              "peak_tflops": peak, "timed": timed, "peak_memory": 3e9, "replica_sync": 0.0, "replica_bytes": 0.0}
+              "peak_tflops": peak, "timed": timed, "peak_memory": 3e9, "replica_sync": 0.0, "replica_bytes": 0.0,
+              "replica_early": float("nan")}
     return [values[name] for name in TIME_FIELDS]
 
 
