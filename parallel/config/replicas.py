@@ -201,7 +201,10 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
         replica = _parse_replica(origin, i, item, first)
         replicas.append(replica)
         first += replica.world_size
-    sync = parse_section(origin, "parallel.replica_sync", raw.get("replica_sync", {}), ReplicaSync)
+    raw_sync = raw.get("replica_sync", {})
+    if isinstance(raw_sync, Mapping) and isinstance(raw_sync.get("overlap"), bool):  # YAML reads a bare on / off so
+        raw_sync = {**raw_sync, "overlap": "on" if raw_sync["overlap"] else "off"}
+    sync = parse_section(origin, "parallel.replica_sync", raw_sync, ReplicaSync)
     known = sum(r.rows for r in replicas if r.rows is not None)
     auto = [i for i, r in enumerate(replicas) if r.rows is None]
     if "global_batch" in raw:
@@ -220,12 +223,16 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
         if total - known < least:
             raise ConfigError(f"{origin}: parallel.global_batch {total} leaves {total - known} rows for the auto replicas "
                               f"{auto}, fewer than their micro_batch_size total {least}; raise global_batch")
-    if len(replicas) == 1 and (sync.compress != "none" or sync.every != 1):
-        raise ConfigError(f"{origin}: parallel.replica_sync sets {'compress' if sync.compress != 'none' else 'every'} "
+    if len(replicas) == 1 and (sync.compress != "none" or sync.every != 1 or sync.overlap == "on"):
+        which = "compress" if sync.compress != "none" else "every" if sync.every != 1 else "overlap"
+        raise ConfigError(f"{origin}: parallel.replica_sync sets {which} "
                           "but there is one replica: nothing crosses islands; drop replica_sync or add a replica")
     if sync.every == 1 and (sync.outer_lr != 1.0 or sync.outer_momentum != 0.0):
         raise ConfigError(f"{origin}: parallel.replica_sync.outer_lr / outer_momentum apply to local SGD (every > 1), "
                           "but every is 1 (gradients meet every step); set every: 8 or drop them")
+    if sync.every > 1 and sync.overlap == "on":
+        raise ConfigError(f"{origin}: parallel.replica_sync.overlap applies to the every-step gradient sync; local SGD "
+                          "(every > 1) meets after the optimizer step; drop overlap or set every: 1")
     if sync.every > 1 and sync.compress != "none":
         raise ConfigError(f"{origin}: parallel.replica_sync.compress applies to the every-step gradient sync; local "
                           "SGD (every > 1) sends parameter deltas uncompressed; drop compress or set every: 1")

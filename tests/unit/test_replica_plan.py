@@ -39,6 +39,11 @@ BAD = {
     "a plan key beside the replicas": ({"replicas": [TP2], "schedule": "gpipe"}, "unknown key 'parallel.schedule'"),
     "outer settings without local SGD": ({"replicas": [TP2, DP2], "replica_sync": {"outer_lr": 0.5}}, "every is 1"),
     "no replicas": ({"replicas": []}, "non-empty list of replicas"),
+    "overlap with local SGD": ({"replicas": [TP2, DP2], "replica_sync": {"every": 4, "overlap": "on"}},
+                               "overlap applies to the every-step gradient sync"),
+    "overlap with one replica": ({"replicas": [TP2], "replica_sync": {"overlap": "on"}}, "sets overlap but there is one"),
+    "an unknown overlap": ({"replicas": [TP2, DP2], "replica_sync": {"overlap": "yes"}}, "overlap"),
+    "an unknown wire": ({"replicas": [TP2, DP2], "replica_sync": {"compress": "int4"}}, "compress"),
 }
 
 
@@ -122,3 +127,13 @@ def test_a_replica_that_slows_the_job_is_named_with_the_fastest_alone() -> None:
     assert note is not None and note.startswith("replica 0 alone would step in about 0.492 s") and "replica(s) 1" in note
     assert drag_note([52, 12], [0.4, 0.45], 0.5) is None  # the second island pays for itself
     assert drag_note([52, 12], [0.4, float("nan")], 0.76) is None and drag_note([64], [0.4], 0.5) is None
+
+
+def test_overlap_reads_yamls_bare_on_and_off() -> None:
+    """``overlap: on`` in a YAML file arrives as True (YAML 1.1 booleans): it means on, as written."""
+    import yaml
+
+    for text, want in (("on", "on"), ("off", "off"), ("'on'", "on")):
+        raw = yaml.safe_load(f"replicas: []\nreplica_sync: {{overlap: {text}}}")
+        raw["replicas"] = [TP2, DP2]
+        assert parse_replicated(raw).sync.overlap == want
