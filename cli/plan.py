@@ -225,6 +225,7 @@ def _print_replicas(run: Any, args: argparse.Namespace) -> int:
            f"local SGD: the replicas meet every {sync['every']} steps (outer lr {sync['outer_lr']}, momentum "
            f"{sync['outer_momentum']})")
     wire = "" if sync["compress"] == "none" else f", {sync['compress']} on the wire"
+    wire += ", exchanged during the backward where a stage allows it" if sync.get("overlap") == "on" else ""
     print(f"replicas {report['config']}: {len(report['replicas'])} replicas, {report['world_size']} rank(s), global batch "
           f"{report['global_batch_size']} rows; {how}{wire}")
     for replica in report["replicas"]:

@@ -298,3 +298,20 @@ def test_example_config_is_accepted() -> None:
 def test_plan_needs_a_config() -> None:
     result = run_hal("plan")
     assert result.returncode == 2 and "give a config file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_replicated_config_says_how_its_replicas_meet(tmp_path: Path) -> None:
+    """hal plan of examples/replicas_cpu.yaml with ``overlap: on`` (written bare, as YAML reads it: a boolean) and
+    fp8 on the wire: the first line says both."""
+    import yaml
+
+    text = (REPO / "examples" / "replicas_cpu.yaml").read_text(encoding="utf-8")
+    raw = yaml.safe_load(text)
+    path = tmp_path / "replicas.yaml"
+    path.write_text(text.replace("replica_sync: {every: 1}", "replica_sync: {every: 1, overlap: on, compress: fp8}"),
+                    encoding="utf-8")
+    assert raw["parallel"]["replica_sync"] == {"every": 1}  # the example's line the replace above rewrites
+    result = run_hal("plan", "--config", str(path))
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert "fp8 on the wire" in first and "exchanged during the backward" in first, first
