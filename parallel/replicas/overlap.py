@@ -18,7 +18,7 @@ any bucket whose parameters never reported — take the exchange after the backw
 replicas still pair up. The result is the exchange's after the backward, up to the order of the dp sum's additions.
 
 Only cpu stages so far: on 4 x H200 (NCCL inside, the host-staged bridge across) a run with it did not finish a
-step, with the threads' work on streams of their own and the CCL calls in one order (docs/replicas.md); on cpu
+step, also with the threads' work on streams of their own and the CCL calls in one order (docs/replicas.md); on cpu
 ranks it is exact (tested) but its threads take cores the backward computes on, so it pays only where the bridge,
 not the cores, is the bottleneck.
 """
@@ -66,8 +66,8 @@ class BackwardOverlap:
     def __init__(self, exchange: "ReplicaExchange", engine: "PipelineEngine", replicas: Sequence[Any],
                  mode: str = "on") -> None:
         """``replicas``: every replica's Topology, in replica order (as ``ReplicaExchange`` takes them). Every rank of
-        the world builds it together: the stages that overlap get two groups of their own (reduce, hand-back) made
-        on every rank, as torch's rule for new groups asks."""
+        the world builds it together: each stage that overlaps gets a group of its own (the reduce and hand-back),
+        made on every rank, as torch's rule for new groups asks."""
         import torch.distributed as dist
 
         from hal.collectives.communicator import Communicator
@@ -88,17 +88,12 @@ class BackwardOverlap:
                 layout = make_layout(world, ranks)  # on every rank: torch's new_group rule
                 if world.rank in ranks:
                     self._group = Communicator(layout, world, validate=False)
-        if self._group is not None:  # its CCL set up now, on this thread, in one order everywhere
-            self._group.all_reduce(torch.zeros(1, device=engine.device), "sum")
-        # On an accelerator each thread works on a stream of its own: work queued on the backward's stream by these
-        # threads (a copy, a CCL's wait) would tie the backward to the other ranks' progress, in any order.
-        on_device = engine.device.type != "cpu"
-        self._streams = [engine.backend.Stream(engine.device.index) if on_device else None for _ in range(2)]
         if self.eligible:
             engine.grads_summed_elsewhere = True  # the dp sum is the reduce below, bucket by bucket
         self.params = dict(engine.module.named_parameters())
         self.mine: list["Bucket"] = list(exchange.mine) if self.eligible else []
         self._names = [[n for n in b.names if n in self.params] for b in self.mine]
+        self._names_of = {id(p): n for n, p in self.params.items()}
         self._lock = threading.Lock()
         self._armed = False
         self.early = 0  # buckets started from the hooks in the last step (before the backward ended)
@@ -113,9 +108,6 @@ class BackwardOverlap:
         if not self.eligible:
             return
         self.weight = weight
-        self._main = (self.engine.backend.current_stream(self.engine.device.index)
-                      if self._streams[0] is not None else None)  # the stream the backward queues its work on
-        self._kept: list[torch.Tensor] = []  # every bucket's buffer, alive until its streams are done (finish)
         self._expected = self.engine.micro_batches
         self._counts: dict[int, int] = {}
         self._ready: set[str] = set()
@@ -125,11 +117,10 @@ class BackwardOverlap:
         self._error: BaseException | None = None
         self._queues: list["queue.Queue[Any]"] = [queue.Queue(), queue.Queue()]
         self._bridged: dict[int, threading.Event] = {}
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True, name=f"hal-replica-{i}")
-                         for i in range(2)]
+        self._threads = [threading.Thread(target=body, daemon=True, name=f"hal-replica-{name}")
+                         for name, body in (("inside", self._inside), ("across", self._across))]
         for t in self._threads:
             t.start()
-        self._names_of = {id(p): n for n, p in self.params.items()}
         self._armed = True
 
     def _accumulated(self, param: torch.Tensor) -> None:
@@ -159,10 +150,6 @@ class BackwardOverlap:
             self._queues[0].put(_DONE)
         for t in self._threads:
             t.join()
-        for stream in self._streams:
-            if stream is not None:
-                stream.synchronize()  # the optimizer reads these gradients next; the buffers may go
-        self._kept.clear()
         if self._error is not None:
             raise self._error
 
@@ -171,14 +158,12 @@ class BackwardOverlap:
         """The stage's CCL calls, in one order on every rank of it whatever the timing: reduce(0), reduce(1),
         hand-back(0), reduce(2), hand-back(1), ... (CCL calls of one device issued in different orders on different
         ranks may deadlock); the hand-back of a bucket waits for its bridge sum (the other thread)."""
-        stream, pending = self._streams[0], None
+        pending = None
         while True:
             item = self._queues[0].get()
             if item is not _DONE and self._error is None:
                 try:
-                    if stream is not None:
-                        stream.wait_stream(self._main)  # the gradients were queued on the backward's stream
-                    flat = self._sum_inside(item, None)
+                    flat = self._sum_inside(item)
                     self._bridged[item] = threading.Event()
                     self._queues[1].put((item, flat))
                 except BaseException as exc:  # handed to finish()
@@ -195,15 +180,12 @@ class BackwardOverlap:
         if self._error is not None:
             return
         try:
-            if self._streams[0] is not None:
-                self._streams[0].wait_stream(self._streams[1])
             self._hand_back(index, flat)
         except BaseException as exc:
             self._error = self._error or exc
 
     def _across(self) -> None:
         """The bridge sums, bucket after bucket (this rank's speaker buckets only do anything)."""
-        stream = self._streams[1]
         while True:
             item = self._queues[1].get()
             if item is _DONE:
@@ -211,31 +193,18 @@ class BackwardOverlap:
             index, flat = item
             try:
                 if self._error is None:
-                    if stream is not None:
-                        stream.wait_stream(self._streams[0])  # the reduce queued there
                     self._cross(index, flat)
             except BaseException as exc:
                 self._error = self._error or exc
             finally:
                 self._bridged[index].set()
 
-    def _run(self, which: int) -> None:
-        body = self._inside if which == 0 else self._across
-        stream = self._streams[which]
-        if stream is None:
-            body()
-            return
-        with self.engine.backend.stream(stream):
-            body()
-
     def _speaker(self, index: int) -> int:
         return self.mine[index].speakers[self.exchange.replica]
 
-    def _sum_inside(self, index: int, _: Any) -> torch.Tensor:
+    def _sum_inside(self, index: int) -> torch.Tensor:
         bucket = self.mine[index]
-        device = next(iter(self.params.values())).device
-        flat = torch.empty(bucket.numel, dtype=torch.float32, device=device)
-        self._kept.append(flat)
+        flat = torch.empty(bucket.numel, dtype=torch.float32, device=self.engine.device)
         at = 0
         for name, numel in zip(bucket.names, bucket.numels):
             grad = self.params[name].grad
