@@ -16,16 +16,12 @@ REPO = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     """On a pytest-xdist worker (the README's ``-n 2``): torch's intra-op threads shared out over the workers. Each
     worker's pool spinning against the other's made an in-process module 5x slower beside another worker (41 s
-    alone, 208 s). The processes the tests start inherit the same share through ``OMP_NUM_THREADS`` (unless set):
-    their ranks size their threads by the cores as if alone, while the other worker computes beside them (the CLI
-    and MoE modules ran 12 % faster with it); ranks that set their thread count themselves still do."""
+    alone, 208 s); the ranks and commands the tests start set their own thread counts."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
         import torch
 
-        share = max(1, (os.cpu_count() or 1) // workers)
-        torch.set_num_threads(share)
-        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def run_hal(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
