@@ -71,5 +71,5 @@ class Fp8Wire:
         return message.numel()
 
     def reset(self) -> None:
-        """Forget every residual (a resumed run starts with none)."""
+        """Forget every residual: the next send carries no feedback from the earlier ones."""
         self.residuals.clear()

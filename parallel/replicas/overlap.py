@@ -204,34 +204,22 @@ class BackwardOverlap:
 
     def _sum_inside(self, index: int) -> torch.Tensor:
         bucket = self.mine[index]
-        flat = torch.empty(bucket.numel, dtype=torch.float32, device=self.engine.device)
-        at = 0
-        for name, numel in zip(bucket.names, bucket.numels):
-            grad = self.params[name].grad
-            if grad is None:
-                flat[at:at + numel].zero_()
-            else:
-                flat[at:at + numel].copy_(grad.reshape(-1))
-            at += numel
+        flat = bucket.pack({n: self.params[n].grad for n in bucket.names}, self.engine.device)
         if self._group is not None:
             self._group.reduce(flat, self._speaker(index), "sum")
         return flat
 
-    def _cross(self, index: int, flat: torch.Tensor) -> torch.Tensor:
+    def _cross(self, index: int, flat: torch.Tensor) -> None:
         if self.exchange.world.rank == self._speaker(index):
             flat.mul_(self.weight)
             self.exchange.bridge_sum(self.mine[index], flat)
-        return flat
 
     def _hand_back(self, index: int, flat: torch.Tensor) -> None:
         if self._group is not None:
             self._group.broadcast(flat, self._speaker(index))
-        at = 0
-        for name, numel in zip(self.mine[index].names, self.mine[index].numels):
+        for name, part in self.mine[index].parts(flat):
             p = self.params[name]
-            part = flat[at:at + numel].view(p.shape).to(p.dtype)
             if p.grad is None:
-                p.grad = part.clone()
+                p.grad = part.view(p.shape).to(p.dtype, copy=True)
             else:
-                p.grad.copy_(part)
-            at += numel
+                p.grad.copy_(part.view(p.shape))

@@ -23,7 +23,7 @@ parameter deltas (``parallel.replicas.local_sgd``). Every rank of the world must
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,21 @@ class Bucket:
     @property
     def numel(self) -> int:
         return sum(self.numels)
+
+    def pack(self, tensors: Mapping[str, "torch.Tensor | None"], device: torch.device) -> torch.Tensor:
+        """The bucket's tensors as one flat float32 buffer, in its order (a missing or None one: zeros)."""
+        flat = torch.empty(self.numel, dtype=torch.float32, device=device)
+        for name, part in self.parts(flat):
+            tensor = tensors.get(name)
+            if tensor is None:
+                part.zero_()
+            else:
+                part.copy_(tensor.reshape(-1))
+        return flat
+
+    def parts(self, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, its 1-D slice of ``flat``) for every parameter of the bucket, in its order."""
+        return zip(self.names, flat.split(list(self.numels)))
 
 
 def plan_buckets(holdings: Sequence[Holding], replicas: int, stage_ranks: Callable[[int, int], Sequence[int]],
@@ -186,24 +201,20 @@ class ReplicaExchange:
         #    stage's ranks taken in turn) carry their buckets at the same time instead of one after another.
         for bucket in self.mine:
             group = self.groups[bucket.speakers]
-            flat = torch.empty(bucket.numel, dtype=torch.float32, device=device)
             if group is not None:  # this replica's speaker for the bucket
-                at = 0
-                for name, numel in zip(bucket.names, bucket.numels):
-                    flat[at:at + numel].copy_(full[name].reshape(-1)).mul_(weight)
-                    at += numel
+                flat = bucket.pack(full, device).mul_(weight)
                 self.bridge_sum(bucket, flat)
+            else:
+                flat = torch.empty(bucket.numel, dtype=torch.float32, device=device)
             flats.append(flat)
         # 2. Back inside: each bucket's sum from its speaker to the stage (in the one global order).
         for bucket, flat in zip(self.mine, flats):
             home = self._handback(bucket)
             if home.size > 1:
                 home.broadcast(flat, bucket.speakers[self.replica])
-            at = 0
-            for name, numel in zip(bucket.names, bucket.numels):
+            for name, part in bucket.parts(flat):
                 if name in self.shapes:
-                    out[name] = flat[at:at + numel].view(self.shapes[name])
-                at += numel
+                    out[name] = part.view(self.shapes[name])
         return out
 
     def bridge_sum(self, bucket: Bucket, flat: torch.Tensor) -> None:
