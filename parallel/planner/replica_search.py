@@ -5,9 +5,11 @@ bridge where the backends differ) and runs as fast as its slowest stage allows; 
 itself and crosses once a step with the gradients (or every H steps with local SGD). Which wins depends on the
 bridge, the model's size and the batch, so the search prices both and says which it prefers and why.
 
-How a replica plan is found (``ReplicaSearch``), for every set of two or more device types:
-1. each type alone is searched (``search.Search`` on a one-type cluster) for the whole global batch: its speed;
-2. the batch is shared in proportion to those speeds, in granules of rows (``auto_rows``), and each type is
+How a replica plan is found (``ReplicaSearch``), for every split of two or more device types into groups, one
+replica a group — a group of one type is a replica on that type, a group of several a replica that is itself a
+pipeline over those types (a *mix*: replicas of heterogeneous pipelines, every type of the group holding a stage):
+1. each group is searched alone (``search.Search`` on a cluster of its types) for the whole global batch: its speed;
+2. the batch is shared in proportion to those speeds, in granules of rows (``auto_rows``), and each group is
    searched again for its own rows: its replica's plan and predicted step;
 3. a granule moves from the slowest replica to the fastest while that shortens the step (the speeds are not
    linear in rows: micro-batching and the bubble change with them);
@@ -41,7 +43,31 @@ from hal.parallel.replicas.sync import BUCKET_BYTES
 REFINE_ROUNDS = 8  # granule moves tried from the proportional shares
 CONFIRM = 20  # candidates each one-type search re-predicts with the simulator
 WIRE_BYTES = {"none": 4, "bf16": 2, "fp8": 1 + 4 / FP8_BLOCK}  # a gradient value on the bridge (fp8: its block's scale)
-MAX_TYPES = 4  # device types combined into replicas (every subset of two or more)
+MAX_TYPES = 4  # device types combined into replicas (every split of every subset of two or more)
+
+
+Group = DeviceType | tuple[DeviceType, ...]  # one replica's device type, or the types of a mixed replica's pipeline
+
+
+def splits(types: tuple[DeviceType, ...]) -> list[list[tuple[DeviceType, ...]]]:
+    """Every way to split ``types`` into two or more non-empty groups (set partitions, order kept; 4 types: 14)."""
+    out: list[list[tuple[DeviceType, ...]]] = []
+
+    def grow(i: int, groups: list[list[DeviceType]]) -> None:
+        if i == len(types):
+            if len(groups) >= 2:
+                out.append([tuple(g) for g in groups])
+            return
+        for g in groups:
+            g.append(types[i])
+            grow(i + 1, groups)
+            g.pop()
+        groups.append([types[i]])
+        grow(i + 1, groups)
+        groups.pop()
+
+    grow(0, [])
+    return out
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,18 @@ class ReplicaCandidate:
 
     @property
     def devices(self) -> tuple[str, ...]:
-        return tuple(r.placement.kinds[0].device for r in self.results)
+        """Each replica's device type; a mixed replica's types joined by '+', in stage order."""
+        return tuple("+".join(dict.fromkeys(k.device for k in r.placement.kinds)) for r in self.results)
+
+    @property
+    def type_count(self) -> int:
+        """Device types the replicas use, together."""
+        return sum(len(_types(r)) for r in self.results)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether some replica is a pipeline over several device types."""
+        return any("+" in d for d in self.devices)
 
     def replicated(self, sync: ReplicaSync) -> ReplicatedPlan:
         replicas, first = [], 0
@@ -97,21 +134,35 @@ class ReplicaCandidate:
                              for d, n, r in zip(self.devices, self.rows, self.results)]}
 
 
+def _nodes(result: Result) -> set[tuple[str, int]]:
+    """The nodes a replica's ranks sit on (a type's devices taken in order, as ``Placement.pack`` places them)."""
+    place = result.placement
+    return {(place.kinds[k].device, node) for k, stage in enumerate(result.plan.stages)
+            for node in place.nodes(k, stage.devices)}
+
+
+def _types(result: Result) -> tuple[DeviceType, ...]:
+    """A replica's device types, in stage order, each once."""
+    return tuple({k.device: k for k in result.placement.kinds}.values())
+
+
 def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, compress: str = "none") -> SyncCost:
     """The cross-island exchange of one step (its seconds divided by ``every``), as ``parallel.replicas.sync`` runs it."""
     params = model_parameters(cost.model)
     wire = params * WIRE_BYTES[compress]
-    kinds = [r.placement.kinds[0] for r in results]
+    groups = [_types(r) for r in results]
     devices = [r.plan.world_size for r in results]
     buckets = max(1, math.ceil(params * 4 / BUCKET_BYTES))
     stripes = max(1, min(min(devices), buckets))
     # the bridge: an all-reduce over one speaker a replica, the buckets spread over the stripes; a pair gets the
-    # bridge's figure, but the pairs of one node share its link out (inter_node_gbps a node)
+    # bridge's figure (the slowest between any two replicas' types), but the pairs of one node share its link out
+    # (inter_node_gbps a node)
     worst_gbps, worst_lat = math.inf, 0.0
-    for a, b in itertools.combinations(kinds, 2):
-        gbps, lat, _ = cost.link(a, b, False)
-        worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
-    nodes = min(len({k.node_of(i) for i in range(n)}) for k, n in zip(kinds, devices))
+    for ga, gb in itertools.combinations(groups, 2):
+        for a, b in itertools.product(ga, gb):
+            gbps, lat, _ = cost.link(a, b, False)
+            worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
+    nodes = min(len(_nodes(r)) for r in results)
     per_pair = min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
     R, rounds = len(results), math.ceil(buckets / stripes)
     if compress == "fp8":  # gathered, not summed on the wire: every speaker's message reaches the R - 1 others
@@ -120,14 +171,14 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
         bridge = ring_all_reduce_s(wire / stripes, R, per_pair, worst_lat, rounds)
     # inside each island: the full gradients gathered over tp, and each speaker's sum handed back over its stage
     inside = 0.0
-    for result, kind in zip(results, kinds):
+    for result in results:
         stages = result.plan.num_stages
-        gbps, lat, _ = cost.link(kind, kind, result.plan.world_size // stages <= kind.per_node)  # a stage's ranks
-        tp = max(s.tp for s in result.plan.stages)
-        hand_back = transfer_s(params * 4 / stages, gbps, lat) if result.plan.world_size > stages else 0.0
-        tp_gbps, tp_lat, _ = cost.link(kind, kind, True)  # a tp group sits on one node
-        gather = transfer_s(params * 4 / stages * (tp - 1) / tp, tp_gbps, tp_lat) if tp > 1 else 0.0
-        inside = max(inside, hand_back + gather)
+        for stage, kind in zip(result.plan.stages, result.placement.kinds):  # each stage's ranks hand back their part
+            gbps, lat, _ = cost.link(kind, kind, stage.devices <= kind.per_node)
+            hand_back = transfer_s(params * 4 / stages, gbps, lat) if stage.devices > 1 else 0.0
+            tp_gbps, tp_lat, _ = cost.link(kind, kind, True)  # a tp group sits on one node
+            gather = transfer_s(params * 4 / stages * (stage.tp - 1) / stage.tp, tp_gbps, tp_lat) if stage.tp > 1 else 0.0
+            inside = max(inside, hand_back + gather)
     return SyncCost((bridge + inside) / every, wire, stripes, every, compress)
 
 
@@ -140,16 +191,19 @@ class ReplicaSearch:
         self.say = progress or (lambda _: None)
         self._best: dict[tuple[str, int], Result | None] = {}
         self.notes: list[str] = []  # what the search left out, said beside its plans
+        self.tried: list[tuple[str, ...]] = []  # every split searched: each replica's types joined by '+'
 
-    def alone(self, kind: DeviceType, rows: int) -> Result | None:
-        """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits)."""
-        key = (kind.device, rows)
+    def alone(self, kind: DeviceType | tuple[DeviceType, ...], rows: int) -> Result | None:
+        """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits). A group of several
+        types is searched as one pipeline over all of them (each type holds a stage): a mixed replica."""
+        group = kind if isinstance(kind, tuple) else (kind,)
+        key = ("+".join(k.device for k in group), rows)
         if key not in self._best:
-            cluster = Cluster((kind,), self.cost.cluster.links, self.cost.cluster.origin)
+            cluster = Cluster(group, self.cost.cluster.links, self.cost.cluster.origin)
             one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
             base = replace(self.base, micro_batches=rows, micro_batch_size=1)
             try:
-                report = Search(one, base, confirm=CONFIRM).run(1)
+                report = Search(one, base, confirm=CONFIRM, use_all_types=len(group) > 1).run(1)
                 self._best[key] = report.results[0] if report.results else None
             except ConfigError:
                 self._best[key] = None
@@ -162,7 +216,7 @@ class ReplicaSearch:
             g *= 2
         return g
 
-    def _candidate(self, kinds: tuple[DeviceType, ...], rows: list[int]) -> ReplicaCandidate | None:
+    def _candidate(self, kinds: tuple[Group, ...], rows: list[int]) -> ReplicaCandidate | None:
         results = []
         for kind, n in zip(kinds, rows):
             result = self.alone(kind, n)
@@ -172,8 +226,9 @@ class ReplicaSearch:
         found = tuple(results)
         return ReplicaCandidate(found, tuple(rows), sync_cost(self.cost, found), self.cost.seq)
 
-    def for_types(self, kinds: tuple[DeviceType, ...]) -> ReplicaCandidate | None:
-        """The best replica plan of these types (one replica each), or None when a type cannot train its share."""
+    def for_types(self, kinds: tuple[Group, ...]) -> ReplicaCandidate | None:
+        """The best replica plan of these types or groups of types (one replica each), or None when one cannot train
+        its share."""
         speeds = []
         for kind in kinds:
             whole = self.alone(kind, self.rows_total)
@@ -202,7 +257,8 @@ class ReplicaSearch:
         return best
 
     def run(self, top: int = 3) -> list[ReplicaCandidate]:
-        """The best replica plans over every set of two or more device types, fastest first ([] with one type)."""
+        """The best replica plans over every split of every set of two or more device types into two or more groups
+        (a group of several types: a mixed replica), fastest first ([] with one type)."""
         types = list(self.cost.cluster.types)[:MAX_TYPES]
         if len(self.cost.cluster.types) > MAX_TYPES:
             self.notes.append(f"replica plans combine the first {MAX_TYPES} of the cluster's "
@@ -210,11 +266,13 @@ class ReplicaSearch:
                               "stage plans only")
         found = []
         for r in range(2, len(types) + 1):
-            for kinds in itertools.combinations(types, r):
-                self.say(f"replicas: {' + '.join(f'{k.count}× {k.device}' for k in kinds)}")
-                candidate = self.for_types(kinds)
-                if candidate is not None:
-                    found.append(candidate)
+            for subset in itertools.combinations(types, r):
+                for split in splits(subset):
+                    self.say("replicas: " + " | ".join(" + ".join(f"{k.count}× {k.device}" for k in g) for g in split))
+                    self.tried.append(tuple("+".join(k.device for k in g) for g in split))
+                    candidate = self.for_types(tuple(g[0] if len(g) == 1 else g for g in split))
+                    if candidate is not None:
+                        found.append(candidate)
         found.sort(key=lambda c: c.step_s)
         return found[:top]
 

@@ -57,7 +57,7 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
     report = Search(cost, run.plan, progress=progress, use_all_types=use_all_types).run(top)
     if len(cluster.types) > 1:
         replicas = ReplicaSearch(cost, run.plan, progress=progress)
-        report.replicas = [c for c in replicas.run(top) if not use_all_types or len(c.results) == len(cluster.types)]
+        report.replicas = [c for c in replicas.run(top) if not use_all_types or c.type_count == len(cluster.types)]
         report.notes += replicas.notes
         report.notes.append(family_note(report, replicas))
     if not profile_file:
@@ -215,8 +215,8 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
         if p.estimated:
             lines.append(f"    ESTIMATED: {'; '.join(p.estimated)}")
     if report.replicas:
-        lines += ["", "replica plans (each device type trains a whole replica on its share of the batch; gradients "
-                      "meet over the bridge every step):"]
+        lines += ["", "replica plans (each device type — or, in a mixed replica (a+b), a pipeline over several types — "
+                      "trains a whole replica on its share of the batch; gradients meet over the bridge every step):"]
     for i, c in enumerate(report.replicas, 1):
         shares = " + ".join(f"{d} {n}" for d, n in zip(c.devices, c.rows))
         lines += ["", f"R{i}  {c.tokens_per_s:,.0f} tokens/s  step {c.step_s:.4g} s  (slowest replica {c.compute_s:.4g} s "

@@ -104,3 +104,34 @@ def test_a_written_replica_plan_loads_as_a_replicated_run(tmp_path) -> None:
     again = load_run_config(written, check_backends=False)
     assert again.replicas is not None and [r.rows for r in again.replicas.replicas] == list(best.rows)
     assert [r.plan.stages[0].backend for r in again.replicas.replicas] == ["cuda", "ascend"]
+
+
+def test_a_type_too_small_for_a_replica_of_its_own_joins_one_as_a_pipeline_stage(tmp_path) -> None:
+    """Mixes: replicas of heterogeneous pipelines. Two MI300X declared with 2 MB each cannot hold the model, nor half
+    of it, so no replica of their own; the search splits the three types every way and the best plan puts them in a
+    pipeline with another type's devices, beside a plain replica."""
+    small = {"backend": "rocm", "device": "amd-mi300x", "count": 2, "node": 2, "memory_gb": 0.002}
+    cluster = resolve(parse_cluster({"groups": [H100, ASCEND, small], "links": {
+        "intra_node_gbps": 1e5, "intra_node_latency_us": 0, "bridge_gbps": 10.0, "bridge_latency_us": 0,
+        "inter_node_gbps": 1e5, "inter_node_latency_us": 0}}))
+    speed = {"nvidia-h100-sxm": 1e-3, "huawei-ascend-910b": 3e-3, "amd-mi300x": 1.2e-3}
+    profile = Profile(MODEL.to_dict(), "fp32", {t.device: _profile(t.device, t.backend, speed[t.device]) for t in cluster.types})
+    search = ReplicaSearch(CostModel(cluster, profile, MODEL, 32), BASE)
+    found = search.run(top=10)
+    h, a, m = "nvidia-h100-sxm", "huawei-ascend-910b", "amd-mi300x"
+    assert set(search.tried) == {(h, a), (h, m), (a, m), (f"{h}+{a}", m), (f"{h}+{m}", a), (h, f"{a}+{m}"), (h, a, m)}
+    assert all(m not in c.devices for c in found)  # never a replica of its own
+    best = found[0]
+    assert best.mixed and best.type_count == 3, best.devices
+    plain = next(c for c in found if not c.mixed)
+    assert best.step_s < plain.step_s  # the small devices add speed as stages
+    mixed = next(r for r, d in zip(best.results, best.devices) if "+" in d)
+    used = {k.device for k in mixed.placement.kinds}
+    assert m in used and len(used) == 2  # use_all_types: both of its types hold a stage
+    source = tmp_path / "run.yaml"
+    source.write_text(yaml.safe_dump({"model": MODEL.to_dict(), "parallel": BASE.to_dict(), "train": {"seq_len": 32}}))
+    written = tmp_path / "replicas.yaml"
+    write_replicas(load_run_config(source, check_backends=False), best, written)
+    again = load_run_config(written, check_backends=False)
+    assert again.replicas is not None and [r.rows for r in again.replicas.replicas] == list(best.rows)
+    assert any(len({s.backend for s in r.plan.stages}) == 2 for r in again.replicas.replicas)
