@@ -12,6 +12,12 @@ Two islands declared separate (``HAL_ISLANDS``: the first half of the ranks and 
 as fp8 with error feedback), against the one ``alone`` run; ``--overlap both`` runs each with the exchange during
 the backward and after it (``_after``).
 
+``--profile P`` (a ``hal profile`` of the fast island's config, links measured: the host-staged bridge among them)
+and ``--slow-profile S`` (the slow island's precision; default P) set the planner's prediction beside each run: the
+step the cost model predicts for the plan as it ran (``planner.replica_search.predict_replicas``, the islands
+declared apart, each replica at the shares in force at the run's end) against the measured one, and the sync's
+predicted share against the measured. ``--profile make`` runs ``hal profile`` for both first (its minutes said).
+
 Each run's steady tokens/s (``hal train``'s summary: the first step and checkpoint writes left out) and the shares
 in force at its end; ``auto / even`` and ``auto / alone`` are the ratios to read. Every cross-island byte goes
 through the bridge (host-staged), so the sync's share of the step is reported too. ``--backend cpu`` runs the same
@@ -19,7 +25,7 @@ on CPU ranks (a smoke run; the speeds then do not differ by precision on most ho
 
     python benchmarks/replicas_shares.py [--backend cuda] [--devices 2] [--steps 30] [--rows 64] [--hidden 768]
                                          [--layers 12] [--seq 1024] [--compress none,fp8] [--overlap on|off|both] [--no-even]
-                                         [--json]
+                                         [--profile P|make] [--slow-profile S] [--json]
 """
 from __future__ import annotations
 
@@ -74,6 +80,78 @@ def run(args: argparse.Namespace, name: str, parallel: dict[str, Any], islands: 
     return out
 
 
+def replica_plans(args: argparse.Namespace, rows: list[int]) -> list[Any]:
+    """The replicas' plans as they ran at the end (``rows`` each), for the cost model."""
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
+
+    mbs = args.devices * args.mbs_per_rank
+    out = []
+    for i, n in enumerate(rows):
+        stage = StagePlan(args.backend, args.devices, args.layers, dp=args.devices,
+                          precision=args.slow_precision if i == 1 else None)
+        out.append(ParallelPlan((stage,), "1f1b", n // mbs, mbs))
+    return out
+
+
+def make_profiles(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
+    """``hal profile`` of the fast island's config (links measured) and of the slow one's precision."""
+    from hal.parallel.planner.cluster import load_cluster
+
+    probed = load_cluster(None, "this host")  # the benchmark's backend only: the host's cpu is not timed
+    groups = [{"backend": t.backend, "device": t.device, "count": n, "node": node}
+              for t in probed.types if t.backend == args.backend for node, n in t.nodes]
+    cluster = folder / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"cluster": {"groups": groups}}), encoding="utf-8")
+    paths = []
+    for name, precision in (("fast", None), ("slow", args.slow_precision)):
+        cfg = config(args, {"micro_batch_size": args.devices * args.mbs_per_rank, "micro_batches": 1,
+                            "stages": [{"backend": args.backend, "devices": 1, "layers": args.layers}]})
+        if precision:
+            cfg["precision"] = precision
+        path, out = folder / f"profile_{name}.yaml", folder / f"profile_{name}.json"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        flags = [] if name == "fast" else ["--no-links"]
+        print(f"replicas_shares: hal profile of the {name} island ({cfg['precision']})", file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, "-m", "hal", "profile", "--config", str(path), "--out", str(out),
+                               "--cluster", str(cluster), *flags],
+                              capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
+        if done.returncode != 0:
+            raise SystemExit(f"hal profile ({name}) failed:\n{done.stderr[-3000:]}")
+        paths.append(str(out))
+    return paths[0], paths[1]
+
+
+def predictions(args: argparse.Namespace, rows: list[dict[str, Any]], fast: str, slow: str, folder: Path) -> None:
+    """Set ``predicted_step_s`` (and for replicated runs ``predicted_sync_share``) beside each run's measured step."""
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
+    from hal.parallel.config.run import load_run_config
+    from hal.parallel.planner.cluster import load_cluster
+    from hal.parallel.planner.cost import CostModel, Placement
+    from hal.parallel.planner.profile_store import load_profile
+    from hal.parallel.planner.replica_search import predict_replicas
+
+    path = folder / "alone.yaml"
+    run_config = load_run_config(path, check_backends=False)
+    cluster = load_cluster(None, str(path))
+    model, seq = run_config.model, args.seq
+    fast_cost = CostModel(cluster, load_profile(fast, model, run_config.hal.precision), model, seq)
+    slow_cost = CostModel(cluster, load_profile(slow, model, args.slow_precision), model, seq)
+    for r in rows:
+        r["measured_step_s"] = args.rows * seq / r["tokens_per_s"]
+        if "rows" not in r:  # alone
+            mbs = args.devices * args.mbs_per_rank
+            plan = ParallelPlan((StagePlan(args.backend, args.devices, args.layers, dp=args.devices),), "1f1b",
+                                args.rows // mbs, mbs)
+            kind = next(t for t in cluster.types if t.backend == args.backend)
+            r["predicted_step_s"] = fast_cost.predict(plan, Placement.pack(plan, (kind,))).step_s
+            continue
+        wire = "fp8" if "_fp8" in r["run"] else "bf16" if "_bf16" in r["run"] else "none"
+        c = predict_replicas([fast_cost, slow_cost], replica_plans(args, r["rows"]), r["rows"], bridged=True,
+                             compress=wire)
+        r["predicted_step_s"], r["predicted_sync_share"] = c.step_s, c.sync.seconds / c.step_s
+        r["predicted_replica_s"] = [x.prediction.step_s for x in c.results]
+
+
 def _tag(wire: str, overlap: bool) -> str:
     """A run's name suffix: its wire (none: nothing) and, when the exchange waits for the backward, ``_after``."""
     return ("" if wire == "none" else f"_{wire}") + ("" if overlap else "_after")
@@ -96,6 +174,9 @@ def main() -> int:
     parser.add_argument("--no-even", action="store_true", help="leave out the even-shares runs")
     parser.add_argument("--overlap", choices=("on", "off", "both"), default="on",
                         help="replica_sync.overlap: the exchange during the backward (on), after it (off), or both runs")
+    parser.add_argument("--profile", help="a hal profile of the fast island (links measured), or 'make': predictions "
+                                          "beside the measured steps")
+    parser.add_argument("--slow-profile", help="a hal profile at the slow island's precision (default: --profile's)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -124,6 +205,13 @@ def main() -> int:
                                                  "replicas": [replica(args, "auto", None),
                                                               replica(args, "auto", args.slow_precision)]},
                             islands, folder))
+        if args.profile:  # after the runs: a profile that fails costs the predictions, not the measurements
+            try:
+                fast, slow = (make_profiles(args, folder) if args.profile == "make" else
+                              (args.profile, args.slow_profile or args.profile))
+                predictions(args, rows, fast, slow, folder)
+            except (SystemExit, Exception) as exc:  # said, and the measured table still printed
+                print(f"replicas_shares: no predictions: {exc}", file=sys.stderr)
     by = {r["run"]: r for r in rows}
     ratios = {}
     for wire, overlap in settings:
@@ -138,6 +226,11 @@ def main() -> int:
         extra = "" if "rows" not in r else (f"  rows {r['first_rows']} -> {r['rows']} ({r['rebalances']} rebalance(s)), "
                                              f"sync {r['sync_share']:.0%} of the step")
         print(f"{r['run']:10s} {r['tokens_per_s']:>12,.0f} tokens/s{extra}")
+        if "predicted_step_s" in r:
+            err = r["predicted_step_s"] / r["measured_step_s"] - 1
+            sync = (f"; sync share predicted {r['predicted_sync_share']:.0%}" if "predicted_sync_share" in r else "")
+            print(f"{'':10s} step measured {r['measured_step_s']:.4g} s, predicted {r['predicted_step_s']:.4g} s "
+                  f"({err:+.1%}){sync}")
     for wire, overlap in settings:
         tag = _tag(wire, overlap)
         even = "" if args.no_even else f"auto / even {ratios[f'auto_over_even{tag}']:.2f}x   "

@@ -202,17 +202,23 @@ class Cluster:
         """(GB/s, µs) of the link from a device of ``a`` to one of ``b``: native CCL, inter-node, or the bridge."""
         links = self.links
         if a.backend != b.backend:
-            bw, lat = Figure(links.bridge_gbps, _src(links.bridge_gbps, DEFAULT_BRIDGE_GBPS)), \
-                Figure(links.bridge_latency_us, _src(links.bridge_latency_us, DEFAULT_BRIDGE_LATENCY_US))
-            if not same_node and links.inter_node_gbps < bw.value:
-                bw = Figure(links.inter_node_gbps, _src(links.inter_node_gbps, DEFAULT_INTER_NODE_GBPS))
-            return bw, Figure(lat.value + (0.0 if same_node else links.inter_node_latency_us), lat.source)
+            return self.bridge(same_node)
         if same_node and a.device == b.device:
             return a.link_gbps, a.link_latency_us
         if same_node:  # two models of one backend on one node: the slower device's link (often PCIe)
             return min(a.link_gbps, b.link_gbps, key=lambda f: f.value), max(a.link_latency_us, b.link_latency_us, key=lambda f: f.value)
         return (Figure(links.inter_node_gbps, _src(links.inter_node_gbps, DEFAULT_INTER_NODE_GBPS)),
                 Figure(links.inter_node_latency_us, _src(links.inter_node_latency_us, DEFAULT_INTER_NODE_LATENCY_US)))
+
+    def bridge(self, same_node: bool) -> tuple[Figure, Figure]:
+        """(GB/s, µs) of the bridge between two islands (different backends, or islands declared apart): host-staged,
+        and between nodes no faster than the nodes' link."""
+        links = self.links
+        bw, lat = Figure(links.bridge_gbps, _src(links.bridge_gbps, DEFAULT_BRIDGE_GBPS)), \
+            Figure(links.bridge_latency_us, _src(links.bridge_latency_us, DEFAULT_BRIDGE_LATENCY_US))
+        if not same_node and links.inter_node_gbps < bw.value:
+            bw = Figure(links.inter_node_gbps, _src(links.inter_node_gbps, DEFAULT_INTER_NODE_GBPS))
+        return bw, Figure(lat.value + (0.0 if same_node else links.inter_node_latency_us), lat.source)
 
     def estimated_or_default(self) -> list[str]:
         """Every figure of this cluster that is not catalog, declared or measured: said in every report."""

@@ -148,14 +148,23 @@ class CostModel:
         self.cluster, self.profile, self.model, self.seq = cluster, profile, model, seq
 
     # --- links ----------------------------------------------------------------------------------------
-    def link(self, a: DeviceType, b: DeviceType, same_node: bool) -> tuple[float, float, bool]:
-        """(GB/s, µs, estimated) between two devices; a measured link of the profile replaces a default figure."""
-        bw, lat = self.cluster.between(a, b, same_node)
-        if a.backend == b.backend == "cpu" and same_node:
+    def link(self, a: DeviceType, b: DeviceType, same_node: bool, *, bridged: bool | None = None) -> tuple[float, float, bool]:
+        """(GB/s, µs, estimated) between two devices; a measured link of the profile replaces a default figure.
+        ``bridged``: the two are in different islands (None: where their backends differ, as islands form by
+        default); the bridge measured by ``hal profile`` on either side (the slower) replaces its default figure."""
+        if bridged is None:
+            bridged = a.backend != b.backend
+        bw, lat = self.cluster.bridge(same_node) if bridged else self.cluster.between(a, b, same_node)
+        measured = None
+        if bridged:
+            found = [self.profile.links[f"{k.backend}-bridge"] for k in (a, b) if f"{k.backend}-bridge" in self.profile.links]
+            if found and same_node:
+                measured = min(found, key=lambda link: link.bandwidth_gbps)
+        elif a.backend == b.backend == "cpu" and same_node:
             measured = self.profile.links.get("cpu-island")
-            if measured is not None:
-                bw = Figure(measured.bandwidth_gbps, "measured") if bw.source == "default" else bw
-                lat = Figure(measured.latency_us, "measured") if lat.source == "default" else lat
+        if measured is not None:
+            bw = Figure(measured.bandwidth_gbps, "measured") if bw.source == "default" else bw
+            lat = Figure(measured.latency_us, "measured") if lat.source == "default" else lat
         return bw.value, lat.value, "default" in (bw.source, lat.source)
 
     def device(self, kind: DeviceType) -> DeviceProfile:
@@ -396,7 +405,9 @@ class CostModel:
         for k in {kind.device: kind for kind in place.kinds}.values():
             if k.link_gbps.source == "default" and not (k.is_cpu and "cpu-island" in self.profile.links):
                 out.append(f"{k.device} link ({k.link_gbps.value:g} GB/s, documented default)")
-        if len({k.backend for k in place.kinds}) > 1 and self.cluster.links.bridge_gbps == 10.0:
+        backends = {k.backend for k in place.kinds}
+        if len(backends) > 1 and self.cluster.links.bridge_gbps == 10.0 and not any(
+                f"{b}-bridge" in self.profile.links for b in backends):
             out.append("bridge between backends (10 GB/s, documented default)")
         return out
 

@@ -76,6 +76,10 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             measured_links["cpu-island"] = dataclasses.replace(
                 island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
                 basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
+    if links and launch is not None:
+        for backend_name in _bridgeable(cluster):  # an accelerator's host-staged bridge: what replicas' gradients cross
+            say(f"{backend_name}: P2P across the bridge (two declared islands, host-staged)")
+            measured_links[f"{backend_name}-bridge"] = measure_link(backend_name, True, launch)
     devices: dict[str, DeviceProfile] = {}
     for kind in cluster.types:
         if not present(kind):
@@ -92,11 +96,16 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
                                     rows=max(rows), seq=seq, launch=launch, boundary=boundary)
             measured = dataclasses.replace(measured, contention=points)
-            tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
-                                     rows=max(rows), seq=seq, launch=launch, boundary=boundary)
-            measured = dataclasses.replace(measured, tp_all_reduce=tp_points,
-                                           basis=measured.basis + "; in-run slowdown and waits from calibration pipelines")
-        elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE:
+            if splits_over_tp(model):
+                tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1,
+                                         threads=cpu_threads(kind), rows=max(rows), seq=seq, launch=launch, boundary=boundary)
+                measured = dataclasses.replace(measured, tp_all_reduce=tp_points)
+            else:
+                say(f"cpu: no tp {TP_DEGREE} calibration: {_no_tp(model)}")
+            measured = dataclasses.replace(measured, basis=measured.basis + "; in-run slowdown and waits from "
+                                           "calibration pipelines")
+        elif not kind.is_cpu and launch is not None and calibrate and backend.device_count() >= TP_DEGREE \
+                and splits_over_tp(model):
             say(f"{kind.device}: one layer at tp {TP_DEGREE} (sp off and on) on {TP_DEGREE} devices")
             tp_layers = measure_tp_layers(kind.backend, model, seq=seq, rows=rows, precision=precision, repeats=reps,
                                           launch=launch, fallback=fallback, compile_backend=compile_backend)
@@ -116,6 +125,32 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
     meta = {"torch": _torch_version(), "host": platform.node(), "quick": quick, "repeats": reps, "compiled_layers": compile_backend,
             "seconds": round(time.monotonic() - started, 2), "cluster": cluster.origin}
     return Profile(model.to_dict(), precision, devices, measured_links, seq, meta)
+
+
+def splits_over_tp(model: ModelConfig) -> bool:
+    """Whether the model splits over ``TP_DEGREE`` ranks (heads, kv heads and widths divisible): its tp layers can be
+    timed; a model that cannot run tp has no tp points to measure."""
+    return _no_tp(model) is None
+
+
+def _no_tp(model: ModelConfig) -> str | None:
+    sizes = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads, "hidden_size": model.hidden_size,
+             "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size}
+    odd = [f"model.{k} {v}" for k, v in sizes.items() if v % TP_DEGREE]
+    return f"{', '.join(odd)} not divisible by {TP_DEGREE}" if odd else None
+
+
+def _bridgeable(cluster: Cluster) -> list[str]:
+    """Accelerator backends present here with two devices or more: their bridge between two islands can be timed."""
+    from hal.backend_registry import get_backend
+
+    out = []
+    for kind in cluster.types:
+        if kind.is_cpu or not present(kind) or kind.backend in out:
+            continue
+        if get_backend(kind.backend).device_count() >= 2:
+            out.append(kind.backend)
+    return out
 
 
 def boundary_time(cluster: Cluster, kind: DeviceType, links: dict[str, LinkProfile], model: ModelConfig,

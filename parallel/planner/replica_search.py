@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hal.errors import ConfigError
 
@@ -35,7 +35,7 @@ from hal.parallel.config.flops import model_parameters
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.replicas import Replica, ReplicatedPlan, ReplicaSync, auto_rows
 from hal.parallel.planner.cluster import Cluster, DeviceType
-from hal.parallel.planner.cost import CostModel, ring_all_reduce_s, transfer_s
+from hal.parallel.planner.cost import CostModel, Placement, ring_all_reduce_s, transfer_s
 from hal.parallel.planner.search import Result, Search
 from hal.parallel.replicas.fp8_wire import BLOCK as FP8_BLOCK
 from hal.parallel.replicas.sync import BUCKET_BYTES
@@ -146,8 +146,11 @@ def _types(result: Result) -> tuple[DeviceType, ...]:
     return tuple({k.device: k for k in result.placement.kinds}.values())
 
 
-def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, compress: str = "none") -> SyncCost:
-    """The cross-island exchange of one step (its seconds divided by ``every``), as ``parallel.replicas.sync`` runs it."""
+def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, compress: str = "none",
+              bridged: bool | None = None) -> SyncCost:
+    """The cross-island exchange of one step (its seconds divided by ``every``), as ``parallel.replicas.sync`` runs it.
+    ``bridged``: the replicas are islands of their own (declared apart, as ``HAL_ISLANDS`` does); None: where their
+    backends differ, as islands form by default."""
     params = model_parameters(cost.model)
     wire = params * WIRE_BYTES[compress]
     groups = [_types(r) for r in results]
@@ -157,13 +160,15 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
     # the bridge: an all-reduce over one speaker a replica, the buckets spread over the stripes; a pair gets the
     # bridge's figure (the slowest between any two replicas' types), but the pairs of one node share its link out
     # (inter_node_gbps a node)
-    worst_gbps, worst_lat = math.inf, 0.0
-    for ga, gb in itertools.combinations(groups, 2):
+    worst_gbps, worst_lat, one_node = math.inf, 0.0, True
+    for (ra, ga), (rb, gb) in itertools.combinations(list(zip(results, groups)), 2):
+        same = bool({n for _, n in _nodes(ra)} & {n for _, n in _nodes(rb)})
+        one_node = one_node and same
         for a, b in itertools.product(ga, gb):
-            gbps, lat, _ = cost.link(a, b, False)
+            gbps, lat, _ = cost.link(a, b, same, bridged=bridged)
             worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
     nodes = min(len(_nodes(r)) for r in results)
-    per_pair = min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
+    per_pair = worst_gbps if one_node else min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
     R, rounds = len(results), math.ceil(buckets / stripes)
     if compress == "fp8":  # gathered, not summed on the wire: every speaker's message reaches the R - 1 others
         bridge = (R - 1) * wire / stripes / (per_pair * 1e9) + rounds * (R - 1) * worst_lat * 1e-6
@@ -180,6 +185,26 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
             gather = transfer_s(params * 4 / stages * (stage.tp - 1) / stage.tp, tp_gbps, tp_lat) if stage.tp > 1 else 0.0
             inside = max(inside, hand_back + gather)
     return SyncCost((bridge + inside) / every, wire, stripes, every, compress)
+
+
+def predict_replicas(costs: Sequence[CostModel], plans: Sequence[ParallelPlan], rows: Sequence[int], *,
+                     bridged: bool | None = None, every: int = 1, compress: str = "none") -> ReplicaCandidate:
+    """The predicted step of given replicas (each plan priced by its own cost model — its profile, its precision — on
+    the cluster type of each stage's backend) and their sync: what the search predicts, for plans a user wrote
+    (``benchmarks/replicas_shares.py`` sets it beside measured steps)."""
+    results = []
+    for cost, plan in zip(costs, plans):
+        kinds = []
+        for stage in plan.stages:
+            match = [t for t in cost.cluster.types if t.backend == stage.backend]
+            if not match:
+                raise ConfigError(f"no device type of backend {stage.backend!r} in the cluster {cost.cluster.origin}")
+            kinds.append(match[0])
+        place = Placement.pack(plan, tuple(kinds))
+        results.append(Result(plan, place, cost.predict(plan, place)))
+    found = tuple(results)
+    return ReplicaCandidate(found, tuple(rows), sync_cost(costs[0], found, every=every, compress=compress, bridged=bridged),
+                            costs[0].seq)
 
 
 class ReplicaSearch:

@@ -135,3 +135,28 @@ def test_a_type_too_small_for_a_replica_of_its_own_joins_one_as_a_pipeline_stage
     again = load_run_config(written, check_backends=False)
     assert again.replicas is not None and [r.rows for r in again.replicas.replicas] == list(best.rows)
     assert any(len({s.backend for s in r.plan.stages}) == 2 for r in again.replicas.replicas)
+
+
+def test_replicas_a_user_wrote_are_priced_with_the_bridge_hal_profile_measured_between_islands_declared_apart() -> None:
+    """Two dp2 replicas of one GPU type on one host, declared apart (HAL_ISLANDS): their gradients cross the host-staged
+    bridge, priced at the bridge figure ``hal profile`` measured (here 2 GB/s), not the native link between the GPUs."""
+    from hal.parallel.planner.cost import Placement
+    from hal.parallel.planner.device_profile import LinkProfile
+    from hal.parallel.planner.replica_search import predict_replicas
+
+    cluster = resolve(parse_cluster({"groups": [{**H100, "node": 0}], "links": {
+        "intra_node_gbps": 1e5, "intra_node_latency_us": 0}}))
+    bridge = LinkProfile("bridge", "cuda", 2.0, 0.0, "measured", "synthetic")
+    profile = Profile(MODEL.to_dict(), "fp32", {"nvidia-h100-sxm": _profile("nvidia-h100-sxm", "cuda", 1e-3)},
+                      {"cuda-bridge": bridge})
+    cost = CostModel(cluster, profile, MODEL, 32)
+    plan = ParallelPlan((StagePlan("cuda", 2, MODEL.num_layers, dp=2),), "1f1b", 8, 2)
+    apart = predict_replicas([cost, cost], [plan, plan], [16, 16], bridged=True)
+    together = predict_replicas([cost, cost], [plan, plan], [16, 16])
+    alone = cost.predict(plan, Placement.pack(plan, cluster.types))
+    assert [r.prediction.step_s for r in apart.results] == [alone.step_s, alone.step_s]
+    assert apart.step_s == pytest.approx(alone.step_s + apart.sync.seconds)
+    wire = model_parameters(MODEL) * 4
+    assert apart.sync.seconds == pytest.approx(wire / 2e9, rel=0.01)  # one bucket, one pair, 2 GB/s
+    assert together.sync.seconds < apart.sync.seconds / 100  # inside one island: the GPUs' own link
+    assert cost.link(cluster.types[0], cluster.types[0], True, bridged=True)[:2] == (2.0, 0.0)
