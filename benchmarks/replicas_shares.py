@@ -45,18 +45,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 def config(args: argparse.Namespace, parallel: dict[str, Any]) -> dict[str, Any]:
     h = args.hidden
-    return {"backend": args.backend, "precision": "bf16-mixed" if args.backend != "cpu" else "fp32", "fallback": "warn",
+    mixed = island(args, True)[0] != args.backend  # stages on two backends: none at the top
+    return {"backend": "auto" if mixed else args.backend, "precision": "bf16-mixed" if args.backend != "cpu" else "fp32",
+            "fallback": "warn",
             "model": {"vocab_size": 32000, "hidden_size": h, "num_layers": args.layers, "num_heads": max(1, h // 64),
                       "num_kv_heads": max(1, h // 256), "ffn_hidden_size": 4 * h, "max_seq_len": args.seq},
             "parallel": parallel,
             "train": {"steps": args.steps, "lr": 3e-4, "seed": 0, "data": "synthetic", "seq_len": args.seq}}
 
 
-def replica(args: argparse.Namespace, rows: Any, precision: str | None) -> dict[str, Any]:
-    stage: dict[str, Any] = {"backend": args.backend, "devices": args.devices, "layers": args.layers, "dp": args.devices}
-    if precision:
-        stage["precision"] = precision
-    return {"rows": rows, "micro_batch_size": args.devices * args.mbs_per_rank, "stages": [stage]}
+def island(args: argparse.Namespace, slow: bool) -> tuple[str, int]:
+    """(backend, ranks) of island A (``slow`` False) or B."""
+    if not slow:
+        return args.backend, args.devices
+    return args.slow_backend or args.backend, args.slow_devices or args.devices
+
+
+def replica(args: argparse.Namespace, rows: Any, slow: bool) -> dict[str, Any]:
+    backend, n = island(args, slow)
+    stage: dict[str, Any] = {"backend": backend, "devices": n, "layers": args.layers, "dp": n}
+    if slow:
+        stage["precision"] = args.slow_precision
+    return {"rows": rows, "micro_batch_size": n * args.mbs_per_rank, "stages": [stage]}
 
 
 def run(args: argparse.Namespace, name: str, parallel: dict[str, Any], islands: str | None, folder: Path) -> dict[str, Any]:
@@ -84,11 +94,11 @@ def replica_plans(args: argparse.Namespace, rows: list[int]) -> list[Any]:
     """The replicas' plans as they ran at the end (``rows`` each), for the cost model."""
     from hal.parallel.config.plan import ParallelPlan, StagePlan
 
-    mbs = args.devices * args.mbs_per_rank
     out = []
     for i, n in enumerate(rows):
-        stage = StagePlan(args.backend, args.devices, args.layers, dp=args.devices,
-                          precision=args.slow_precision if i == 1 else None)
+        backend, devices = island(args, i == 1)
+        stage = StagePlan(backend, devices, args.layers, dp=devices, precision=args.slow_precision if i == 1 else None)
+        mbs = devices * args.mbs_per_rank
         out.append(ParallelPlan((stage,), "1f1b", n // mbs, mbs))
     return out
 
@@ -97,20 +107,23 @@ def make_profiles(args: argparse.Namespace, folder: Path) -> tuple[str, str]:
     """``hal profile`` of the fast island's config (links measured) and of the slow one's precision."""
     from hal.parallel.planner.cluster import load_cluster
 
-    probed = load_cluster(None, "this host")  # the benchmark's backend only: the host's cpu is not timed
-    groups = [{"backend": t.backend, "device": t.device, "count": n, "node": node}
-              for t in probed.types if t.backend == args.backend for node, n in t.nodes]
-    cluster = folder / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"cluster": {"groups": groups}}), encoding="utf-8")
+    probed = load_cluster(None, "this host")  # each island's backend alone: the other devices are not timed
     paths = []
-    for name, precision in (("fast", None), ("slow", args.slow_precision)):
-        cfg = config(args, {"micro_batch_size": args.devices * args.mbs_per_rank, "micro_batches": 1,
-                            "stages": [{"backend": args.backend, "devices": 1, "layers": args.layers}]})
-        if precision:
-            cfg["precision"] = precision
+    for name, slow in (("fast", False), ("slow", True)):
+        backend, n = island(args, slow)
+        groups = [{"backend": t.backend, "device": t.device, "count": n if t.is_cpu else count, "node": node,
+                   **({"cores": t.cores} if t.is_cpu and t.cores else {})}
+                  for t in probed.types if t.backend == backend for node, count in t.nodes]
+        cluster = folder / f"cluster_{name}.yaml"
+        cluster.write_text(yaml.safe_dump({"cluster": {"groups": groups}}), encoding="utf-8")
+        cfg = config(args, {"micro_batch_size": n * args.mbs_per_rank, "micro_batches": 1,
+                            "stages": [{"backend": backend, "devices": 1, "layers": args.layers}]})
+        cfg["backend"] = backend
+        if slow:
+            cfg["precision"] = args.slow_precision
         path, out = folder / f"profile_{name}.yaml", folder / f"profile_{name}.json"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-        flags = [] if name == "fast" else ["--no-links"]
+        flags = ["--no-links"] if slow and backend == args.backend else []  # one bridge measurement is enough
         print(f"replicas_shares: hal profile of the {name} island ({cfg['precision']})", file=sys.stderr, flush=True)
         done = subprocess.run([sys.executable, "-m", "hal", "profile", "--config", str(path), "--out", str(out),
                                "--cluster", str(cluster), *flags],
@@ -134,8 +147,11 @@ def predictions(args: argparse.Namespace, rows: list[dict[str, Any]], fast: str,
     run_config = load_run_config(path, check_backends=False)
     cluster = load_cluster(None, str(path))
     model, seq = run_config.model, args.seq
-    fast_cost = CostModel(cluster, load_profile(fast, model, run_config.hal.precision), model, seq)
-    slow_cost = CostModel(cluster, load_profile(slow, model, args.slow_precision), model, seq)
+    fast_profile, slow_profile = load_profile(fast, model, run_config.hal.precision), load_profile(slow, model, args.slow_precision)
+    for name, link in slow_profile.links.items():  # island B's links (a cpu island's bridge) where A has none
+        fast_profile.links.setdefault(name, link)
+    fast_cost = CostModel(cluster, fast_profile, model, seq)
+    slow_cost = CostModel(cluster, slow_profile, model, seq)
     for r in rows:
         r["measured_step_s"] = args.rows * seq / r["tokens_per_s"]
         if "rows" not in r:  # alone
@@ -168,6 +184,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--slow-precision", default="fp32")
+    parser.add_argument("--slow-backend", help="island B's backend (default --backend's): cpu makes it a cpu island")
+    parser.add_argument("--slow-devices", type=int, help="island B's ranks (default --devices)")
     parser.add_argument("--compress", default="none",
                         help="the replicas' cross-island wires (replica_sync.compress: none, bf16, fp8), comma-separated: "
                              "an even and an auto run for each")
@@ -186,7 +204,7 @@ def main() -> int:
     overlaps = {"on": [True], "off": [False], "both": [True, False]}[args.overlap]
     settings = [(wire, overlap) for wire in wires for overlap in overlaps]
     n = args.devices
-    islands = ",".join(["0"] * n + ["1"] * n)
+    islands = ",".join(["0"] * n + ["1"] * island(args, True)[1])
     half = args.rows // 2
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -198,12 +216,12 @@ def main() -> int:
             sync = {"replica_sync": {"compress": wire, "overlap": "on" if overlap else "off"}}
             tag = _tag(wire, overlap)
             if not args.no_even:
-                rows.append(run(args, f"even{tag}", {**sync, "replicas": [replica(args, half, None),
-                                                                          replica(args, half, args.slow_precision)]},
+                rows.append(run(args, f"even{tag}", {**sync, "replicas": [replica(args, half, False),
+                                                                          replica(args, half, True)]},
                                 islands, folder))
             rows.append(run(args, f"auto{tag}", {**sync, "global_batch": args.rows,
-                                                 "replicas": [replica(args, "auto", None),
-                                                              replica(args, "auto", args.slow_precision)]},
+                                                 "replicas": [replica(args, "auto", False),
+                                                              replica(args, "auto", True)]},
                             islands, folder))
         if args.profile:  # after the runs: a profile that fails costs the predictions, not the measurements
             try:

@@ -21,6 +21,9 @@ from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Prof
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
 MAX_QUICK_LAYER_FLOPS = 5e11  # a present device is measured only when one layer's forward at the largest point is below this
+# ... and a probed host's cpu beside accelerators only below this: its calibration pipelines run the layer on a rank a
+# core, minutes for a GPU-sized layer (1.2B model, 1 x H200 host: past 200 s), for a type the plan would not use
+MAX_CPU_BESIDE_ACCELERATORS_FLOPS = 5e10
 
 
 def present(kind: DeviceType) -> bool:
@@ -197,14 +200,22 @@ def fit_to_host(cluster: Cluster, model: ModelConfig, seq: int, *, quick: bool =
     line). Why up front: the alternative measured the GPUs for a minute, then refused at the cpu."""
     rows = max(QUICK_ROWS if quick else ROWS)
     big = [k for k in cluster.types if present(k) and _too_big(model, seq, rows, k)]
-    if not big:
+    beside = cluster.probed and any(not k.is_cpu for k in cluster.types)
+    slow = [k for k in cluster.types if beside and k.is_cpu and k not in big and present(k)
+            and _layer_flops(model, seq, rows) > MAX_CPU_BESIDE_ACCELERATORS_FLOPS]
+    if not big and not slow:
         return cluster
-    kept = tuple(k for k in cluster.types if k not in big)
-    if not cluster.probed or not kept:
+    kept = tuple(k for k in cluster.types if k not in big and k not in slow)
+    if big and (not cluster.probed or not kept):
         _check_size(model, seq, rows, big[0])
-    notes = tuple(f"{kind.device}: one layer at {rows} row(s) × {seq} tokens is {_layer_flops(model, seq, rows):.2g} "
-                  "FLOPs, too much to time here: left out of the probed cluster (to plan with it, declare a cluster: "
-                  "section and profile it at a shorter train.seq_len)" for kind in big)
+    flops = f"{_layer_flops(model, seq, rows):.2g} FLOPs"
+    notes = tuple(f"{kind.device}: one layer at {rows} row(s) × {seq} tokens is {flops}, too much to time here: left "
+                  "out of the probed cluster (to plan with it, declare a cluster: section and profile it at a shorter "
+                  "train.seq_len)" for kind in big)
+    notes += tuple(f"{kind.device}: one layer at {rows} row(s) × {seq} tokens is {flops}, beyond what the host's cpu "
+                   f"beside the accelerators is timed for ({MAX_CPU_BESIDE_ACCELERATORS_FLOPS:.0e}: its calibration "
+                   "pipelines would take minutes): left out of the probed cluster (to plan with it, declare a cluster: "
+                   "section with it)" for kind in slow)
     for note in notes:
         (progress or (lambda _: None))(note)
     return dataclasses.replace(cluster, types=kept, notes=cluster.notes + notes)

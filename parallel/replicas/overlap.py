@@ -117,7 +117,7 @@ class BackwardOverlap:
         self._error: BaseException | None = None
         self._queues: list["queue.Queue[Any]"] = [queue.Queue(), queue.Queue()]
         self._bridged: dict[int, threading.Event] = {}
-        self._threads = [threading.Thread(target=body, daemon=True, name=f"hal-replica-{name}")
+        self._threads = [threading.Thread(target=self._on_this_device, args=(body,), daemon=True, name=f"hal-replica-{name}")
                          for name, body in (("inside", self._inside), ("across", self._across))]
         for t in self._threads:
             t.start()
@@ -154,6 +154,14 @@ class BackwardOverlap:
             raise self._error
 
     # --- the two threads ------------------------------------------------------------------------------------
+    def _on_this_device(self, body: Any) -> None:
+        """A new thread starts on device 0 (and its default stream): put it on this rank's device first, or its
+        allocations, events and collectives of a rank on device k > 0 land on device 0."""
+        device = self.engine.device
+        if device.type != "cpu" and device.index is not None:
+            self.engine.backend.set_device(device.index)
+        body()
+
     def _inside(self) -> None:
         """The stage's CCL calls, in one order on every rank of it whatever the timing: reduce(0), reduce(1),
         hand-back(0), reduce(2), hand-back(1), ... (CCL calls of one device issued in different orders on different

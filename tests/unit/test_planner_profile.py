@@ -119,3 +119,26 @@ def test_a_layer_too_big_for_the_cpu_is_decided_before_anything_is_measured() ->
         with pytest.raises(ConfigError, match="too much to time on the cpu"):
             make_profile(cluster, BIG, "fp32", 4096, links=True, launch=run_function, progress=steps.append)
         assert steps == [], steps  # refused from the shapes, before anything was timed
+
+
+MID = ModelConfig(vocab_size=32000, hidden_size=2048, num_layers=2, num_heads=16, num_kv_heads=4,
+                  ffn_hidden_size=8192, max_seq_len=2048)  # one layer at 2 rows x 2048 tokens: ~4e11 FLOPs
+
+
+def test_the_host_cpu_beside_accelerators_is_left_out_where_its_calibration_would_take_minutes() -> None:
+    """A layer the cpu can time alone, but not on a rank a core for a GPU host's calibration pipelines (on a 1 x H200
+    host a 1.2B config's profile ran past 200 s): beside accelerators, a probed cpu is left out (said); the cpu alone,
+    or declared beside them, is kept."""
+    from hal.parallel.planner.make_profile import fit_to_host
+
+    groups = [{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}, {"backend": "cpu", "device": "cpu-generic",
+                                                                           "count": 2, "cores": 2}]
+    probed = dataclasses.replace(resolve(parse_cluster({"groups": groups})), probed=True)
+    said: list[str] = []
+    fitted = fit_to_host(probed, MID, 2048, quick=True, progress=said.append)
+    assert [t.device for t in fitted.types] == ["nvidia-h100-sxm"]
+    assert len(said) == 1 and "beside the accelerators" in said[0] and said[0] in fitted.notes
+    alone = dataclasses.replace(probed, types=probed.types[1:])
+    assert fit_to_host(alone, MID, 2048, quick=True) is alone
+    declared = resolve(parse_cluster({"groups": groups}))
+    assert fit_to_host(declared, MID, 2048, quick=True) is declared
