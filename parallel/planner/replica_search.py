@@ -70,6 +70,27 @@ def splits(types: tuple[DeviceType, ...]) -> list[list[tuple[DeviceType, ...]]]:
     return out
 
 
+def fewer(kind: DeviceType, n: int) -> DeviceType:
+    """``kind`` with its first ``n`` devices only (taken node by node)."""
+    if n >= kind.count:
+        return kind
+    nodes, left = [], n
+    for node, count in kind.nodes:
+        if left <= 0:
+            break
+        nodes.append((node, min(count, left)))
+        left -= count
+    return replace(kind, nodes=tuple(nodes))
+
+
+def _halvings(count: int) -> list[int]:
+    """count, count / 2, ... down to 1 (while it halves evenly)."""
+    out = [count]
+    while out[-1] > 1 and out[-1] % 2 == 0:
+        out.append(out[-1] // 2)
+    return out
+
+
 @dataclass(frozen=True)
 class SyncCost:
     """A step's cross-island sync, priced: seconds (amortised over H), bytes a step on the bridge, pairs striped."""
@@ -220,19 +241,26 @@ class ReplicaSearch:
 
     def alone(self, kind: DeviceType | tuple[DeviceType, ...], rows: int) -> Result | None:
         """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits). A group of several
-        types is searched as one pipeline over all of them (each type holds a stage): a mixed replica."""
+        types is searched as one pipeline over all of them (each type holds a stage): a mixed replica. A single type
+        may use fewer of its devices (halving) where that is faster or where all of them cannot split a small share
+        (16 cpu ranks for 4 rows): a replica's devices are what its rows can use."""
         group = kind if isinstance(kind, tuple) else (kind,)
         key = ("+".join(k.device for k in group), rows)
         if key not in self._best:
-            cluster = Cluster(group, self.cost.cluster.links, self.cost.cluster.origin)
-            one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
-            base = replace(self.base, micro_batches=rows, micro_batch_size=1)
-            try:
-                report = Search(one, base, confirm=CONFIRM, use_all_types=len(group) > 1).run(1)
-                self._best[key] = report.results[0] if report.results else None
-            except ConfigError:
-                self._best[key] = None
+            options = [group] if len(group) > 1 else [(fewer(group[0], n),) for n in _halvings(group[0].count)]
+            found = [r for r in (self._search(g, rows) for g in options) if r is not None]
+            self._best[key] = min(found, key=lambda r: r.prediction.step_s) if found else None
         return self._best[key]
+
+    def _search(self, group: tuple[DeviceType, ...], rows: int) -> Result | None:
+        cluster = Cluster(group, self.cost.cluster.links, self.cost.cluster.origin)
+        one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
+        base = replace(self.base, micro_batches=rows, micro_batch_size=1)
+        try:
+            report = Search(one, base, confirm=CONFIRM, use_all_types=len(group) > 1).run(1)
+        except ConfigError:
+            return None
+        return report.results[0] if report.results else None
 
     def granule(self) -> int:
         """Rows moved at a time: the largest power of two dividing the batch that still leaves 16 granules (or 1)."""

@@ -160,3 +160,19 @@ def test_replicas_a_user_wrote_are_priced_with_the_bridge_hal_profile_measured_b
     assert apart.sync.seconds == pytest.approx(wire / 2e9, rel=0.01)  # one bucket, one pair, 2 GB/s
     assert together.sync.seconds < apart.sync.seconds / 100  # inside one island: the GPUs' own link
     assert cost.link(cluster.types[0], cluster.types[0], True, bridged=True)[:2] == (2.0, 0.0)
+
+
+def test_a_type_whose_devices_cannot_all_share_a_small_batch_share_trains_it_on_fewer() -> None:
+    """16 slow devices beside 4 fast ones get a share of a few rows, which 16 ranks cannot split (a dp or tp rank for
+    each): the replica takes fewer of them (halving) rather than no replica plan at all (on a 1 x H200 host with
+    its 16-core cpu, hal plan --search said "replica plans: none")."""
+    slow = {"backend": "ascend", "device": "huawei-ascend-910b", "count": 16, "node": 1, "memory_gb": 64}
+    cluster = resolve(parse_cluster({"groups": [H100, slow], "links": {
+        "intra_node_gbps": 1e5, "intra_node_latency_us": 0, "bridge_gbps": 10.0, "bridge_latency_us": 0,
+        "inter_node_gbps": 1e5, "inter_node_latency_us": 0}}))
+    speed = {"nvidia-h100-sxm": 1e-3, "huawei-ascend-910b": 0.1}
+    profile = Profile(MODEL.to_dict(), "fp32", {t.device: _profile(t.device, t.backend, speed[t.device]) for t in cluster.types})
+    [best] = ReplicaSearch(CostModel(cluster, profile, MODEL, 32), BASE).run(top=1)
+    rows = dict(zip(best.devices, best.rows))
+    assert rows["huawei-ascend-910b"] < 16
+    assert best.results[1].plan.world_size < 16  # a dp (or tp) rank a row at most: fewer ranks
