@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> None:
                    "present now, quick; estimate the others)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="--search: how many plans to show (default 5)")
     p.add_argument("--write", metavar="PLAN.yaml", help="--search: write the config with the best plan (hal train runs it)")
+    p.add_argument("--family", choices=("best", "stages", "replicas"), default="best",
+                   help="--search --write: which family's first plan to write (default best: the faster predicted one)")
     p.add_argument("--use-all-types", action="store_true",
                    help="--search: every device type of the cluster holds at least one stage (default: a type that only "
                    "slows the plan down is left out)")
@@ -136,6 +138,8 @@ def run_search(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
+    if args.family != "best" and not args.write:
+        raise ConfigError(f"--family {args.family} says which plan --write writes; add --write PLAN.yaml or drop --family")
     if args.write:  # checked before the search: not a traceback after it
         _check_write(args)
     if args.timeline is not None:
@@ -148,7 +152,13 @@ def run_search(args: argparse.Namespace) -> int:
     report, cost = search(run, args.cluster, args.profile, args.top, use_all_types=args.use_all_types,
                           progress=lambda m: print(f"hal plan: {m}", file=sys.stderr, flush=True))
     print(strict_json.dumps(as_json(report, cost), indent=2) if args.json else format_search(report, cost))
-    if args.write and preferred(report) == "replicas":
+    family = preferred(report) if args.family == "best" else args.family
+    if args.write and family == "stages" and not report.results:
+        raise ConfigError("--write: the search found no stage plan for this cluster (see the notes above)")
+    if args.write and family == "replicas" and not report.replicas:
+        raise ConfigError(f"--family replicas: the search found no replica plan for this cluster (see the notes above); "
+                          "drop --family or use --family stages")
+    if args.write and family == "replicas":
         write_replicas(run, report.replicas[0], args.write)
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs replica plan R1", file=sys.stderr)
     elif args.write:
@@ -173,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
         return run_search(args)
     from hal.errors import ConfigError
 
+    if args.family != "best":
+        raise ConfigError(f"--family {args.family} goes with --search --write; add them or drop --family")
     for flag in ("cluster", "profile", "write", "use_all_types"):
         if getattr(args, flag):
             raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
