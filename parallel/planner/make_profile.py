@@ -84,6 +84,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             say(f"{backend_name}: P2P across the bridge (two declared islands, host-staged)")
             measured_links[f"{backend_name}-bridge"] = measure_link(backend_name, True, launch)
     devices: dict[str, DeviceProfile] = {}
+    beside_accelerators = cluster.probed and any(not k.is_cpu and present(k) for k in cluster.types)
     for kind in cluster.types:
         if not present(kind):
             continue
@@ -93,7 +94,11 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         measured = measure_device(
             backend, model, seq=seq, rows=rows, autocast=lambda b=backend, p=plan: p.autocast(b), precision=precision,
             repeats=reps, threads=cpu_threads(kind) if kind.is_cpu else None, progress=say, compile_backend=compile_backend)
-        if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
+        if kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate and beside_accelerators:
+            say(f"cpu: not calibrated beside the accelerators ({kind.per_node} ranks' calibration pipelines take "
+                "minutes on a GPU host's cores; the cost model assumes each rank gets its share of the cores): declare "
+                "a cluster: section to calibrate it")
+        elif kind.is_cpu and kind.per_node > 1 and launch is not None and calibrate:
             say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
             boundary = boundary_time(cluster, kind, measured_links, model, seq)
             points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
