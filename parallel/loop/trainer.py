@@ -491,7 +491,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     stages = [_stage_summary(m, records, at) for at, m in enumerate(_all_stages(r))]
     value = mfu(rate, r.job.model, r.seq, peak)
     return {
-        "config": r.job.config, "precision": r.job.precision, "world_size": r.topology.world_size, "steps": r.steps, "resumed_from_step": r.start,
+        "config": r.job.config, "precision": r.job.precision, "world_size": (r.job.replicas.world_size if r.job.replicas is not None else r.topology.world_size), "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,

@@ -445,6 +445,7 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
     config = _config(root, "replicas", steps=6, parallel={**REPLICAS, "replica_sync": {"overlap": "on"}})
     first = _train_islands(str(config), "--steps", "3", "--run-dir", str(root / "replicas_half"))
     _assert_close(first["losses"], full[:3], 1e-5)
+    assert first["world_size"] == 4  # every replica's ranks, not replica 0's
     log = _log(root / "replicas_half" / "train.jsonl")
     assert [r["rows"] for r in log[0]["replicas"]] == [6, 2] and [s["replica"] for s in log[0]["stages"]] == [0, 1]
     # overlap: on — the dp2 replica's exchange begins during its backward; the tp2 replica's waits for it (tp > 1)
