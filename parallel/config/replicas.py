@@ -51,8 +51,8 @@ class ReplicaSync:
     outer_lr: float = key(Number(positive=True), 1.0, example="outer_lr: 0.7")  # local SGD's outer step (H > 1)
     outer_momentum: float = key(Number(positive=False), 0.0, example="outer_momentum: 0.9")  # Nesterov, H > 1
     compress: str = key(Choice(COMPRESSIONS), "none")  # the cross-island part's dtype on the wire
-    # every-step sync: the exchange during the backward where a stage allows it (on: cpu stages only so far; it hung
-    # on GPUs in testing: docs/replicas.md), or after it (off)
+    # every-step sync: the exchange during the backward where a stage allows it (on: cpu stages and one-rank
+    # accelerator stages so far; a GPU stage of several ranks hung in testing: docs/replicas.md), or after it (off)
     overlap: str = key(Choice(OVERLAPS), "off")
     # rows: auto replicas' shares re-balanced from measured step times every N steps (0: never)
     rebalance_every: int = key(NonNegativeInt(limits.STEPS), 10, example="rebalance_every: 10")
@@ -249,10 +249,11 @@ def validate_replicated(rep: ReplicatedPlan, model: ModelConfig, *, world_size: 
                         seq_len: int | None = None, single_host: bool = True, origin: str = "config",
                         precision: str | None = None) -> None:
     """Each replica's plan against the model (``validate_plan``), the world's size, and what replicas cannot mix."""
-    accelerated = sorted({s.backend for r in rep.replicas for s in r.plan.stages if s.backend != "cpu"})
-    if rep.sync.overlap == "on" and accelerated:
-        raise ConfigError(f"{origin}: parallel.replica_sync.overlap: on runs on cpu stages only so far (on "
-                          f"{accelerated[0]} it did not finish a step in testing: docs/replicas.md); drop it or set off")
+    shared = sorted({s.backend for r in rep.replicas for s in r.plan.stages if s.backend != "cpu" and s.devices > 1})
+    if rep.sync.overlap == "on" and shared:
+        raise ConfigError(f"{origin}: parallel.replica_sync.overlap: on runs on cpu stages and on one-rank accelerator "
+                          f"stages so far (a {shared[0]} stage of several ranks did not finish a step in testing: "
+                          "docs/replicas.md); drop it or set off")
     for i, r in enumerate(rep.replicas):
         validate_plan(r.plan, model, world_size=None, check_backends=check_backends, seq_len=seq_len,
                       single_host=single_host, origin=f"{origin}: parallel.replicas[{i}]", precision=precision)

@@ -17,10 +17,11 @@ backward is not split into I and W: the split's W adds to ``.grad`` by hand, whi
 any bucket whose parameters never reported — take the exchange after the backward, in the same order, so mixed
 replicas still pair up. The result is the exchange's after the backward, up to the order of the dp sum's additions.
 
-Only cpu stages so far: on 4 x H200 (NCCL inside, the host-staged bridge across) a run with it did not finish a
-step, also with the threads' work on streams of their own and the CCL calls in one order (docs/replicas.md); on cpu
-ranks it is exact (tested) but its threads take cores the backward computes on, so it pays only where the bridge,
-not the cores, is the bottleneck.
+Cpu stages, and accelerator stages of one rank (no CCL call from the threads: only the bridge): on H200s a stage of
+two GPU ranks (NCCL reduce and hand-back from the inside thread) did not finish a step in any of five runs, while
+one-rank GPU stages ran (2 x H200, a rank on cuda:1: once each thread starts on the rank's device;
+docs/replicas.md). On cpu ranks it is exact (tested) but its threads take cores the backward computes on, so it pays
+only where the bridge, not the cores, is the bottleneck.
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def overlappable(engine: "PipelineEngine", mode: str = "on") -> str | None:
     ``replica_sync.overlap`` (on: every cpu stage that can; off: none)."""
     if mode == "off":
         return "replica_sync.overlap is off"
-    if engine.device.type != "cpu":  # the config refuses it first; a direct caller gets the reason
-        return "an accelerator stage (on 4 x H200 it did not finish a step in testing: docs/replicas.md)"
+    if engine.device.type != "cpu" and engine.layout.dp * engine.layout.tp > 1:  # the config refuses it first
+        return ("an accelerator stage of several ranks (its reduce and hand-back from the exchange threads did not "
+                "finish a step on H200s in testing: docs/replicas.md)")
     if engine.layout.tp > 1:
         return "tp > 1 (full gradients are gathered over tp after the backward)"
     if engine.layout.ep > 1 or any(expert_shard(p) for p in engine.module.parameters()):

@@ -470,7 +470,7 @@ REPLICA_BAD = {
     "several nodes": (REPLICAS, ["--print-multinode", "2"], "--print-multinode places one plan's stages on nodes"),
     "overlap on an accelerator": ({**REPLICAS, "replica_sync": {"overlap": "on"}, "replicas": [
         {**REPLICAS["replicas"][0], "stages": [{**REPLICAS["replicas"][0]["stages"][0], "backend": "cuda"}]},
-        REPLICAS["replicas"][1]]}, [], "overlap: on runs on cpu stages only so far"),
+        REPLICAS["replicas"][1]]}, [], "overlap: on runs on cpu stages and on one-rank accelerator stages so far"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
                               [], "replicas train one model"),
 }
