@@ -33,10 +33,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--search", action="store_true",
                    help="search the plans of the cluster (stage order over device types, grids, layer split, schedule, "
                    "micro-batching, recompute, zero1) keeping the config's global batch; print the best")
-    p.add_argument("--cluster", metavar="C", help="--search: a YAML file with a cluster: section (default: the config's, "
-                   "else the devices present)")
-    p.add_argument("--profile", metavar="P", help="--search: a profile from hal profile (default: measure the devices "
-                   "present now, quick; estimate the others)")
+    p.add_argument("--cluster", metavar="C", help="--search or --profile: a YAML file with a cluster: section (default: "
+                   "the config's, else the devices present)")
+    p.add_argument("--profile", metavar="P", help="a profile from hal profile: with --search, the plans are priced with it "
+                   "(default: measure the devices present now, quick; estimate the others); without, the config's own "
+                   "plan (or replicas and their sync) is")
     p.add_argument("--top", type=int, default=5, metavar="K", help="--search: how many plans to show (default 5)")
     p.add_argument("--write", metavar="PLAN.yaml", help="--search: write the config with the best plan (hal train runs it)")
     p.add_argument("--family", choices=("best", "stages", "replicas"), default="best",
@@ -185,9 +186,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.family != "best":
         raise ConfigError(f"--family {args.family} goes with --search --write; add them or drop --family")
-    for flag in ("cluster", "profile", "write", "use_all_types"):
+    for flag in ("write", "use_all_types"):
         if getattr(args, flag):
             raise ConfigError(f"--{flag} goes with --search; add --search or drop --{flag}")
+    if args.cluster and not args.profile:
+        raise ConfigError("--cluster goes with --search or --profile; add one or drop --cluster")
     from hal.parallel.loop.preflight import PLAN, Request, preflight
     from hal.parallel.observe.plan_report import plan_report
 
@@ -195,10 +198,13 @@ def run(args: argparse.Namespace) -> int:
         _check_timeline(args.timeline)
     # hal train's checks but those of flags only it has: what passes here passes there, before anything starts
     run = preflight(Request(config_path(args), writes=False), PLAN).loaded
+    predicted = _predicted(run, args) if args.profile else None
     if run.replicas is not None:
-        return _print_replicas(run, args)
-    report = plan_report(run)
+        return _print_replicas(run, args, predicted)
+    report = plan_report(run) | ({"predicted": predicted} if predicted else {})
     print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))
+    if predicted and not args.json:
+        print("\n" + format_predicted(predicted))
     if args.timeline is not None:
         from hal.parallel.config.planned import mismatch_note
         from hal.parallel.observe.timeline import planned_timeline
@@ -214,7 +220,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_replicas(run: Any, args: argparse.Namespace) -> int:
+def _predicted(run: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The cost model's prediction for the config's own plan or replicas (``--profile`` without ``--search``)."""
+    import os
+
+    from hal.parallel.planner.run_search import predict_config
+
+    return predict_config(run, args.cluster, args.profile, islands_apart=bool(os.environ.get("HAL_ISLANDS")))
+
+
+def format_predicted(p: dict[str, Any]) -> str:
+    """The prediction's lines: one plan's step, or each replica's and the sync."""
+    if "prediction" in p:
+        one = p["prediction"]
+        lines = [f"predicted (cost model): step {one['step_s']:.4g} s, {one['tokens_per_s']:,.0f} tokens/s, idle share "
+                 f"{one['bubble_overall']:.1%}, bound by {one['bound']}"]
+        if one["estimated"]:
+            lines.append(f"  ESTIMATED: {'; '.join(one['estimated'])}")
+    else:
+        lines = [f"predicted (cost model): step {p['step_s']:.4g} s, {p['tokens_per_s']:,.0f} tokens/s — the slowest "
+                 f"replica {p['compute_s']:.4g} s + sync {p['sync_s']:.4g} s ({p['sync_s'] / p['step_s']:.0%} of the step, "
+                 f"{p['bridge_bytes'] / 1e9:.3g} GB a replica over {p['stripes']} pair(s))"]
+        for i, (rows, one) in enumerate(zip(p["rows"], p["replicas"])):
+            lines.append(f"  replica {i}: {rows} rows, step {one['step_s']:.4g} s, bound by {one['bound']}")
+    lines += [f"  note: {n}" for n in p["notes"]]
+    return "\n".join(lines)
+
+
+def _print_replicas(run: Any, args: argparse.Namespace, predicted: dict[str, Any] | None = None) -> int:
     """A replicated run: the global batch and sync, then each replica's plan as ``hal plan`` prints one plan (and with
     --timeline, each replica's predicted timeline in one picture)."""
     from hal.parallel.observe.plan_report import replicated_report
@@ -229,6 +262,8 @@ def _print_replicas(run: Any, args: argparse.Namespace) -> int:
                   for i, r in enumerate(run.replicas.replicas)]
         print(f"hal plan: predicted timelines of the replicas {write_replicas_png(docs, titles, args.timeline)}",
               file=sys.stderr)
+    if predicted:
+        report["predicted"] = predicted
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return 0
@@ -244,6 +279,8 @@ def _print_replicas(run: Any, args: argparse.Namespace) -> int:
         rows = "auto (by measured speed)" if replica["rows"] is None else f"{replica['rows']} rows"
         print(f"\nreplica {replica['replica']}: {rows}, ranks {replica['ranks'][0]}-{replica['ranks'][-1]}")
         print(format_plan(replica))
+    if predicted:
+        print("\n" + format_predicted(predicted))
     return 0
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from typing import Any, Callable
 
 import yaml
 
+from hal.errors import ConfigError
 from hal.run_dirs import write_text_atomic
 
+from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
 from hal.parallel.planner.cluster import Cluster, check_holds, load_cluster
 from hal.parallel.planner.cost import CostModel
@@ -241,3 +244,57 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
 
 def as_json(report: SearchReport, cost: CostModel) -> dict[str, Any]:
     return {**report_dict(report, cost), "preferred": preferred(report)}
+
+
+def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, *,
+                   islands_apart: bool = False) -> dict[str, Any]:
+    """``hal plan --profile P`` without ``--search``: what the cost model predicts for the config's own plan — one plan,
+    or its replicas and their sync (``rows: auto`` shared by the predicted speeds, as the search shares them).
+    ``islands_apart``: every replica its own island (``HAL_ISLANDS`` set): the sync crosses the bridge."""
+    from hal.parallel.config.replicas import auto_rows
+    from hal.parallel.planner.cost import Placement
+    from hal.parallel.planner.replica_search import predict_replicas
+
+    cluster, _, cost = planning_inputs(run, cluster_file, profile_file)
+    notes = [f"priced with {profile_file} on {cluster.origin}"]
+    plans = [run.plan] if run.replicas is None else [r.plan for r in run.replicas.replicas]
+    odd = sorted({s.precision for p in plans for s in p.stages if s.precision and s.precision != run.hal.precision})
+    if odd:
+        notes.append(f"stage precision {', '.join(odd)} priced at the profile's {run.hal.precision} (hal profile of a "
+                     "config at that precision times it)")
+
+    def kinds(plan: ParallelPlan) -> tuple[Any, ...]:
+        out = []
+        for stage in plan.stages:
+            match = [t for t in cluster.types if t.backend == stage.backend]
+            if not match:
+                raise ConfigError(f"{run.origin}: a stage runs on backend {stage.backend!r} but the cluster "
+                                  f"({cluster.origin}) has no device of it; give --cluster with one")
+            out.append(match[0])
+        return tuple(out)
+
+    if run.replicas is None:
+        prediction = cost.predict(run.plan, Placement.pack(run.plan, kinds(run.plan)))
+        return {"prediction": prediction.to_dict(), "notes": notes}
+    rep = run.replicas
+    if not rep.resolved:  # rows: auto -> each auto replica's predicted speed on the whole batch, as the search shares
+        speeds = []
+        for r in rep.replicas:
+            whole = replace(r.plan, micro_batches=max(1, rep.global_batch // r.plan.micro_batch_size))
+            speeds.append(whole.global_batch_size / cost.predict(whole, Placement.pack(whole, kinds(whole))).step_s)
+        rows = auto_rows(speeds, rep.global_batch, [r.plan.micro_batch_size for r in rep.replicas],
+                         [r.rows for r in rep.replicas])
+        rep = rep.with_rows(rows)
+        notes.append(f"rows: auto shared by predicted speed: {' + '.join(map(str, rows))} (hal train measures them at start)")
+    candidate = predict_replicas([cost] * len(rep.replicas), [r.plan for r in rep.replicas],
+                                 [r.rows or 0 for r in rep.replicas], bridged=True if islands_apart else None,
+                                 every=rep.sync.every, compress=rep.sync.compress)
+    if rep.sync.overlap == "on":
+        notes.append("replica_sync.overlap: on is not priced (the sync is added after the slowest replica's step)")
+    notes.append("each replica its own island (HAL_ISLANDS): the sync crosses the bridge" if islands_apart else
+                 "islands by backend (as hal train forms them without HAL_ISLANDS): replicas of one backend sum over "
+                 "its own library")
+    return {"step_s": candidate.step_s, "tokens_per_s": candidate.tokens_per_s, "compute_s": candidate.compute_s,
+            "sync_s": candidate.sync.seconds, "bridge_bytes": candidate.sync.bridge_bytes,
+            "stripes": candidate.sync.stripes, "rows": list(candidate.rows),
+            "replicas": [r.prediction.to_dict() for r in candidate.results], "notes": notes}

@@ -315,3 +315,42 @@ def test_a_replicated_config_says_how_its_replicas_meet(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     assert "fp8 on the wire" in first and "exchanged during the backward" in first, first
+
+
+def _synthetic_profile(path: Path, config: Path) -> None:
+    """A profile of cpu-generic for the config's model: a layer's time proportional to its rows."""
+    from hal.parallel.planner.device_profile import DeviceProfile, LayerPoint, PerToken, Profile
+
+    run = load_run_config(config, check_backends=False)
+    seq = run.train.seq_len or run.model.max_seq_len
+    points = tuple(LayerPoint(1, r, seq, rc, 1e-3 * r, (2e-3 + (1e-3 if rc else 0)) * r, 10_000 * r)
+                   for rc in (False, True) for r in (1, 2, 4, 8))
+    device = DeviceProfile("cpu-generic", "cpu", "measured", "synthetic", points, PerToken(0, 0, 0), PerToken(0, 0, 0), 0.0)
+    Profile(run.model.to_dict(), run.hal.precision, {"cpu-generic": device}, seq=seq).save(path)
+
+
+def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_path: Path) -> None:
+    """hal plan --profile P (no --search): the cost model's step for the plan as written; for replicas, each replica's
+    step and the sync (over the bridge when HAL_ISLANDS declares them apart), in text and in --json."""
+    example = REPO / "examples" / "replicas_cpu.yaml"
+    profile = tmp_path / "profile.json"
+    _synthetic_profile(profile, example)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("cluster:\n  groups: [{backend: cpu, device: cpu-generic, count: 4, node: 0, cores: 4}]\n"
+                       "  links: {bridge_gbps: 0.01}\n", encoding="utf-8")
+    together = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster), "--json")
+    assert together.returncode == 0, together.stderr
+    apart = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster), "--json",
+                    env={"HAL_ISLANDS": "0,0,1,1"})
+    assert apart.returncode == 0, apart.stderr
+    a, b = json.loads(together.stdout)["predicted"], json.loads(apart.stdout)["predicted"]
+    assert a["rows"] == b["rows"] == [6, 2] and len(a["replicas"]) == 2
+    assert a["step_s"] == pytest.approx(a["compute_s"] + a["sync_s"])
+    assert b["sync_s"] > 10 * a["sync_s"]  # 10 MB/s across the bridge, against the island's own link
+    assert b["compute_s"] == pytest.approx(a["compute_s"])
+    text = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster))
+    assert text.returncode == 0 and "predicted (cost model): step" in text.stdout and "replica 1: 2 rows" in text.stdout
+    one = run_hal("plan", "--config", str(REPO / "examples" / "tiny_cpu.yaml"), "--profile", str(profile))
+    assert one.returncode == 2 and "--profile" in one.stderr and len(one.stderr.strip().splitlines()) == 1  # another model
+    bare = run_hal("plan", "--config", str(example), "--cluster", str(cluster))
+    assert bare.returncode == 2 and "--cluster goes with --search or --profile" in bare.stderr
