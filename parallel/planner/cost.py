@@ -146,6 +146,8 @@ class CostModel:
 
     def __init__(self, cluster: Cluster, profile: Profile, model: ModelConfig, seq: int) -> None:
         self.cluster, self.profile, self.model, self.seq = cluster, profile, model, seq
+        # busy rank-threads of other work on a cpu node, (device, node) -> threads (replicas sharing the node's cores)
+        self.background: dict[tuple[str, int], float] = {}
 
     # --- links ----------------------------------------------------------------------------------------
     def link(self, a: DeviceType, b: DeviceType, same_node: bool, *, bridged: bool | None = None) -> tuple[float, float, bool]:
@@ -336,7 +338,7 @@ class CostModel:
     def _occupancy(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
         """Per stage: how busy the cores of its (busiest) cpu node are — busy share × threads of every rank
         there, over the node's cores; 0 for stages on accelerators."""
-        load: dict[tuple[str, int], float] = {}
+        load: dict[tuple[str, int], float] = dict(self.background)
         for k, (stage, kind) in enumerate(zip(plan.stages, place.kinds)):
             if kind.is_cpu:
                 for i in range(place.starts[k], place.starts[k] + stage.devices):

@@ -24,6 +24,7 @@ bridge's host channels inside a pair are not counted (the declared figure is tak
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from dataclasses import dataclass, replace
@@ -208,12 +209,24 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
     return SyncCost((bridge + inside) / every, wire, stripes, every, compress)
 
 
+def _cpu_load(cost: CostModel, result: Result) -> dict[tuple[str, int], float]:
+    """Rank-threads a replica keeps busy on each cpu node, (device, node) -> threads (while it computes)."""
+    place, out = result.placement, {}
+    for k, (stage, kind) in enumerate(zip(result.plan.stages, place.kinds)):
+        if kind.is_cpu:
+            for i in range(place.starts[k], place.starts[k] + stage.devices):
+                key = (kind.device, kind.node_of(i))
+                out[key] = out.get(key, 0.0) + cost.device(kind).threads_or_one()
+    return out
+
+
 def predict_replicas(costs: Sequence[CostModel], plans: Sequence[ParallelPlan], rows: Sequence[int], *,
                      bridged: bool | None = None, every: int = 1, compress: str = "none") -> ReplicaCandidate:
     """The predicted step of given replicas (each plan priced by its own cost model — its profile, its precision — on
     the cluster type of each stage's backend) and their sync: what the search predicts, for plans a user wrote
     (``benchmarks/replicas_shares.py`` sets it beside measured steps)."""
-    results = []
+    places: list[Placement] = []
+    used: dict[str, int] = {}
     for cost, plan in zip(costs, plans):
         kinds = []
         for stage in plan.stages:
@@ -221,9 +234,30 @@ def predict_replicas(costs: Sequence[CostModel], plans: Sequence[ParallelPlan], 
             if not match:
                 raise ConfigError(f"no device type of backend {stage.backend!r} in the cluster {cost.cluster.origin}")
             kinds.append(match[0])
-        place = Placement.pack(plan, tuple(kinds))
-        results.append(Result(plan, place, cost.predict(plan, place)))
-    found = tuple(results)
+        place = Placement.pack(plan, tuple(kinds))  # then after the replicas before it: their ranks come first
+        starts = tuple(start + used.get(kind.device, 0) for start, kind in zip(place.starts, place.kinds))
+        for stage, kind in zip(plan.stages, place.kinds):
+            used[kind.device] = used.get(kind.device, 0) + stage.devices
+            if used[kind.device] > kind.count:
+                raise ConfigError(f"the replicas use {used[kind.device]} {kind.device} devices but the cluster "
+                                  f"({cost.cluster.origin}) has {kind.count}; give a cluster that holds them")
+        places.append(Placement(place.kinds, starts))
+    found = tuple(Result(plan, place, cost.predict(plan, place)) for cost, plan, place in zip(costs, plans, places))
+    for _ in range(2):  # replicas whose cpu ranks share a node's cores slow each other: each sees the others' load
+        loads = [_cpu_load(cost, r) for cost, r in zip(costs, found)]
+        if not any(set(a) & set(b) for a, b in itertools.combinations(loads, 2)):
+            break
+        step = max(r.prediction.step_s for r in found)
+        again = []
+        for i, (cost, plan, place) in enumerate(zip(costs, plans, places)):
+            shared = copy.copy(cost)
+            shared.background = {}
+            for j, (other, load) in enumerate(zip(found, loads)):
+                for key, threads in load.items():
+                    if j != i:  # the other replica is busy for its own step's share of the common one
+                        shared.background[key] = shared.background.get(key, 0.0) + threads * other.prediction.step_s / step
+            again.append(Result(plan, place, shared.predict(plan, place)))
+        found = tuple(again)
     return ReplicaCandidate(found, tuple(rows), sync_cost(costs[0], found, every=every, compress=compress, bridged=bridged),
                             costs[0].seq)
 

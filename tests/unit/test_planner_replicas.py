@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from hal.errors import ConfigError
+
 from hal.parallel.config.flops import model_parameters
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 from hal.parallel.config.replicas import ReplicaSync
@@ -176,3 +178,29 @@ def test_a_type_whose_devices_cannot_all_share_a_small_batch_share_trains_it_on_
     rows = dict(zip(best.devices, best.rows))
     assert rows["huawei-ascend-910b"] < 16
     assert best.results[1].plan.world_size < 16  # a dp (or tp) rank a row at most: fewer ranks
+
+
+def test_replicas_sharing_a_nodes_cores_are_priced_with_each_others_load() -> None:
+    """Two dp2 cpu replicas on one 2-core node: each computes while the other does, so each is priced at the node's
+    whole load (on the 2-core host, examples/replicas_cpu.yaml was predicted 26 % short without it, 0.7 % with);
+    on two nodes of their own they do not meet."""
+    from hal.parallel.planner.cost import Placement
+    from hal.parallel.planner.replica_search import predict_replicas
+
+    def cost(nodes: list[dict]) -> CostModel:
+        cluster = resolve(parse_cluster({"groups": nodes}))
+        profile = Profile(MODEL.to_dict(), "fp32", {"cpu-generic": _profile("cpu-generic", "cpu", 1e-3)})
+        return CostModel(cluster, profile, MODEL, 32)
+
+    plan = ParallelPlan((StagePlan("cpu", 2, MODEL.num_layers, dp=2),), "1f1b", 4, 2)
+    one = cost([{"backend": "cpu", "device": "cpu-generic", "count": 4, "node": 0, "cores": 2}])
+    two = cost([{"backend": "cpu", "device": "cpu-generic", "count": 2, "node": n, "cores": 2} for n in (0, 1)])
+    alone = one.predict(plan, Placement.pack(plan, one.cluster.types)).step_s
+    shared = predict_replicas([one, one], [plan, plan], [8, 8])
+    apart = predict_replicas([two, two], [plan, plan], [8, 8])
+    assert [r.placement.starts for r in apart.results] == [(0,), (2,)]  # replica 1's ranks after replica 0's
+    assert all(r.prediction.step_s == pytest.approx(alone) for r in apart.results)
+    assert all(r.prediction.step_s > 1.5 * alone for r in shared.results)  # 4 busy ranks on 2 cores, not 2
+    assert one.background == {}  # the caller's cost model is left as it was
+    with pytest.raises(ConfigError, match="the replicas use 6 cpu-generic devices but the cluster"):
+        predict_replicas([one, one, one], [plan, plan, plan], [8, 4, 4])
