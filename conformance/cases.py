@@ -73,6 +73,11 @@ class Context:
     def backend_name(self) -> str:
         return self.backend.name
 
+    @property
+    def verdict(self) -> str:
+        """The verdict profile the ops and precision cases judge under (``--verdict``: hal, torch, cann)."""
+        return str(self.options.get("verdict", "hal"))
+
     def dtype_supported(self, dtype: torch.dtype) -> bool:
         """Whether the backend declares ``dtype`` usable (native or emulated) — cases skip others."""
         from hal.capabilities import DtypeSupport

@@ -32,6 +32,7 @@ import torch
 
 from hal.errors import ConfigError, HalError
 
+from hal.conformance.verdicts.profiles import looser_than
 from hal.conformance.cases import FAILING, SUITES, Case, Context, Outcome
 
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "unsupported")
@@ -381,7 +382,8 @@ def _meta(ctx: Context, backend_reason: str, the_plan: Plan, started: datetime.d
         "torch": torch.__version__, "python": platform.python_version(), "hal_version": hal_version,
         "host": platform.node(), "platform": platform.platform(),
         "started": started.isoformat(timespec="seconds"),
-        "seed": ctx.seed, "max_world_size": ctx.max_world_size,
+        "seed": ctx.seed, "max_world_size": ctx.max_world_size, "verdict_profile": ctx.verdict,
+        "verdict_profile_looser": [x.line(ctx.verdict) for x in looser_than(ctx.verdict)],
         "suites": list(the_plan.suites), "patterns": list(the_plan.patterns),
         "collected": the_plan.collected,
     }

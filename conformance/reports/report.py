@@ -16,7 +16,7 @@ from hal.run_dirs import new_run_dir, write_text_atomic
 
 from hal.conformance.reports.html_report import render
 # The document's names stay importable from here (``report.load_results``, ``report.json_safe``, ...).
-from hal.conformance.reports.results import (CASE_COLUMNS, ERROR_METRICS, KIND, SCHEMA_VERSION, STATUSES, as_float, by_suite,  # noqa: F401
+from hal.conformance.reports.results import (CASE_COLUMNS, verdict_profile_text, ERROR_METRICS, KIND, SCHEMA_VERSION, STATUSES, as_float, by_suite,  # noqa: F401
                       case_row, counts_rows, device_label, dumps, failing_metric, failures, fmt, headline, json_safe,
                       load_results, metadata_rows, title, validate, verdict_line, worst_by_tol_ratio)
 
@@ -36,7 +36,8 @@ def _text_table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
 def summary_text(doc: dict[str, Any], *, max_failures: int = 40, worst: int = 10) -> str:
     """What ``hal conformance run`` prints at the end: counts per suite, failures, worst tol_ratio."""
     out = [f"conformance: {title(doc)}", f"  hardware verification: {doc.get('verification')}",
-           f"  torch {doc.get('torch')}, python {doc.get('python')}, host {doc.get('host')}, started {doc.get('started')}", ""]
+           f"  torch {doc.get('torch')}, python {doc.get('python')}, host {doc.get('host')}, started {doc.get('started')}",
+           f"  verdict profile: {verdict_profile_text(doc)}", ""]
     out += _text_table(["suite", *STATUSES, "total", "seconds"],
                        ([s, *(str(c.get(k, 0)) for k in STATUSES), str(c.get("total", 0)), fmt(c.get("seconds"))]
                         for s, c in counts_rows(doc)))

@@ -198,6 +198,14 @@ def verdict_line(doc: dict[str, Any]) -> str:
             f"case(s) in {fmt(doc.get('wall_seconds'))} s")
 
 
+def verdict_profile_text(doc: dict[str, Any]) -> str:
+    """The rule the cases were judged by, and where our default table is looser than it (reports from before
+    profiles existed: hal)."""
+    profile = doc.get("verdict_profile") or "hal"
+    looser = doc.get("verdict_profile_looser") or []
+    return profile + (f" (where our default is looser: {'; '.join(looser)})" if looser else "")
+
+
 def metadata_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     """The header facts every report shows, in order."""
     selection = ", ".join(doc.get("suites") or []) + (f"; -k {','.join(doc['patterns'])}" if doc.get("patterns") else "")
@@ -211,6 +219,7 @@ def metadata_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("started", str(doc.get("started"))),
         ("wall time", f"{fmt(doc.get('wall_seconds'))} s"),
         ("seed / world size", f"{doc.get('seed')} / {doc.get('max_world_size')}"),
+        ("verdict profile", verdict_profile_text(doc)),
         ("selection", f"{selection} ({len(doc.get('cases') or [])} of {doc.get('collected')} case(s) run)"),
     ]
 

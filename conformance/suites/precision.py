@@ -33,6 +33,7 @@ from hal.precision import resolve_precision
 
 from hal.conformance.suites import precision_checks as pc
 from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
+from hal.conformance.verdicts.profiles import judge_under
 from hal.conformance.verdicts.tolerances import dtype_name, judge, tolerance_for
 
 SUITE = "precision"
@@ -296,14 +297,15 @@ def _run_matmul(ctx: Context, dtype: torch.dtype, k: int) -> Outcome:
     if result.dtype != dtype:
         return _fail("result_dtype", f"matmul asked in {name} returned a {dtype_name(result.dtype)} tensor",
                      {"result_dtype_ok": 0.0}, {"result_dtype_ok": 1.0})
-    return _judge_matmul(result, a.double() @ b.double(), dtype, dtype, k, f"sqrt(K)*u = {{bound:.3g}} for {name}, K={k}")
+    return _judge_matmul(result, a.double() @ b.double(), dtype, dtype, k, f"sqrt(K)*u = {{bound:.3g}} for {name}, K={k}",
+                         ctx.verdict)
 
 
 def _judge_matmul(result: torch.Tensor, expected: torch.Tensor, input_dtype: torch.dtype, result_dtype: torch.dtype,
-                  k: int, bound_text: str) -> Outcome:
-    """The matmul table's tolerance, then rel_l2 <= sqrt(K) x the result dtype's unit roundoff."""
-    tol = tolerance_for("matmul", input_dtype, k)
-    verdict = judge(result, expected, tol, result_dtype)
+                  k: int, bound_text: str, profile: str = "hal") -> Outcome:
+    """The matmul table's tolerance (or the verdict profile's rule), then rel_l2 <= sqrt(K) x the result dtype's
+    unit roundoff."""
+    verdict, tol = judge_under(profile, result, expected, tolerance_for("matmul", input_dtype, k), result_dtype)
     bound = pc.rel_l2_bound(k, pc.UNIT_ROUNDOFF[result_dtype])
     metrics = {**verdict.metrics, "result_dtype_ok": 1.0, "rel_l2_bound": bound}
     tolerance = {"tol_ratio": 1.0, "rtol": tol.rtol, "atol": tol.atol, "rel_l2": bound}
@@ -358,7 +360,8 @@ def _run_fp8_matmul(ctx: Context, k: int, fp8: torch.dtype | None) -> Outcome:
     if result.dtype != torch.bfloat16:
         return _fail("result_dtype", f"fp8 matmul asked for a bfloat16 output returned {dtype_name(result.dtype)}",
                      {"result_dtype_ok": 0.0}, {"result_dtype_ok": 1.0})
-    return _judge_matmul(result, x.double() @ w.double().t(), fp8, torch.bfloat16, k, f"sqrt(K)*2^-8 = {{bound:.3g}}, K={k}")
+    return _judge_matmul(result, x.double() @ w.double().t(), fp8, torch.bfloat16, k, f"sqrt(K)*2^-8 = {{bound:.3g}}, K={k}",
+                         ctx.verdict)
 
 
 # --- 4. reduced-precision fp32 matmul (TF32 / HF32) ------------------------------------------------------

@@ -220,3 +220,15 @@ def test_hal_lists_conformance_but_does_not_import_it_until_used() -> None:
             "if m != 'hal.conformance.suite_names'))")
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_hal_conformance_run_records_the_profile_and_judges_by_it(tmp_path: Path) -> None:
+    result = run_hal("conformance", "run", "--backend", "cpu", "--suite", "ops", "-k", "ops::swiglu/*/bfloat16/*",
+                     "--verdict", "cann", "--report", str(tmp_path / "r"), "--json", timeout=300)
+    assert result.returncode in (0, 1), result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["verdict_profile"] == "cann" and doc["verdict_profile_looser"]
+    assert "verdict profile: cann (where our default is looser: bfloat16" in result.stderr
+    cases = [c for c in doc["cases"] if c["status"] in ("pass", "fail")]
+    assert cases and all("pass_share" in c["metrics"] for c in cases)
+    assert all(c["tolerance"]["override"] == "verdict profile cann" for c in cases)

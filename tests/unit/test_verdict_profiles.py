@@ -1,0 +1,68 @@
+"""Verdict profiles: the same result judged by our table, torch.testing's defaults and the CANN mixed-tolerance rule
+(99 % of elements within rtol/atol, the largest error within 32 ULP of its golden value), and what a report says."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hal.conformance.verdicts.profiles import CANN_TOL, judge_under, looser_than
+from hal.conformance.verdicts.tolerances import tolerance_for
+
+
+def _golden(n: int = 1000) -> torch.Tensor:
+    return torch.linspace(0.5, 1.5, n, dtype=torch.float64)
+
+
+def test_cann_needs_99_percent_of_elements_within_its_bound_and_caps_the_largest_at_32_ulp() -> None:
+    g = _golden()
+    tol = tolerance_for("elementwise", torch.bfloat16)
+    rtol, atol = CANN_TOL[torch.bfloat16]
+    exact = g.to(torch.bfloat16)
+    assert judge_under("cann", exact, g, tol, torch.bfloat16)[0].passed
+    # 2 % of the elements just outside rtol/atol (each within 32 ULP): fails on the share, not on the cap
+    off = g.clone()
+    off[:20] += (atol + rtol * g[:20].abs()) * 1.5
+    verdict, bound = judge_under("cann", off, g, tol, torch.bfloat16)
+    assert not verdict.passed and verdict.failed_metric == "pass_share" and verdict.metrics["pass_share"] == 0.98
+    assert bound.reason == "verdict profile cann"
+    # 0.5 % outside: the share passes, and so does the cap
+    off = g.clone()
+    off[:5] += (atol + rtol * g[:5].abs()) * 1.5
+    assert judge_under("cann", off, g, tol, torch.bfloat16)[0].passed
+    # one element 40 ULP away: the share passes (99.9 %), the cap does not
+    ulp = 2.0 ** (torch.floor(torch.log2(g[0])) - 7)
+    off = g.clone()
+    off[0] += 40 * ulp
+    verdict = judge_under("cann", off, g, tol, torch.bfloat16)[0]
+    assert not verdict.passed and verdict.failed_metric == "ulp_cap_ratio" and verdict.metrics["pass_share"] >= 0.99
+    nan = g.clone()
+    nan[3] = float("nan")
+    assert judge_under("cann", nan, g, tol, torch.bfloat16)[0].failed_metric == "nonfinite_mismatch"
+
+
+def test_torch_profile_uses_assert_close_defaults_and_exact_cases_stay_bitwise_under_every_profile() -> None:
+    g = _golden()
+    tol = tolerance_for("elementwise", torch.bfloat16)  # ours: atol 1e-4
+    off = g.clone()
+    off[0] = 5e-5  # near zero: within our atol 1e-4, outside torch's 1e-5
+    ref = g.clone()
+    ref[0] = 0.0
+    assert judge_under("hal", off, ref, tol, torch.bfloat16)[0].passed
+    verdict, bound = judge_under("torch", off, ref, tol, torch.bfloat16)
+    assert not verdict.passed and (bound.rtol, bound.atol) == (1.6e-2, 1e-5)
+    exact = tolerance_for("exact", torch.bfloat16)
+    nudged = g.clone()
+    nudged[0] += 1e-12
+    for profile in ("hal", "torch", "cann"):
+        assert not judge_under(profile, nudged, g, exact, torch.bfloat16)[0].passed
+    fp64 = tolerance_for("elementwise", torch.float64)
+    verdict, bound = judge_under("cann", g, g, fp64, torch.float64)  # cann has no fp64 rule: ours, said
+    assert verdict.passed and "no float64 rule" in bound.reason
+
+
+def test_the_report_says_where_our_default_is_looser_than_the_profile() -> None:
+    assert looser_than("hal") == []
+    assert [x.dtype for x in looser_than("cann")] == ["bfloat16"]
+    assert "rtol 0.016 > cann's 0.0156" in looser_than("cann")[0].line("cann")
+    assert {x.dtype for x in looser_than("torch")} == {"float16", "bfloat16"}  # our atol 1e-4 against torch's 1e-5
+
