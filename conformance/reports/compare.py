@@ -12,17 +12,22 @@ tol_ratio and metric / bound 0.01 (1 % of the bound), rel_l2 / max_rel / max_abs
 ``--floor`` overrides all). B is also worse when A passed and B failed or errored (whatever the numbers), and
 when B's error is NaN where A's is not. A case B skipped or marked unsupported is not compared;
 cases in only one run are listed. Exit 1 when any case is worse, 0 otherwise, 2 for a bad file.
+
+Beside that verdict every common case that both runs measured gets a cross-device **level** (``levels``: L2, L1,
+L0 or fail, from the ratios of B's mean-relative, max-relative and RMS error to A's), folded into a matrix per op
+and dtype.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from hal.run_dirs import write_text_atomic
 
+from hal.conformance.reports import levels
 from hal.conformance.reports.report import check_report_dir
 from hal.conformance.reports.results import ERROR_METRICS, as_float, fmt, json_safe, load_results
 
@@ -31,9 +36,9 @@ DEFAULT_FACTOR = 2.0
 FAILING = ("fail", "error")
 NOT_RUN = ("skip", "unsupported")
 
-COMPARE_FILES: tuple[str, ...] = ("compare.json", "compare.txt")
+COMPARE_FILES: tuple[str, ...] = ("compare.json", "compare.txt", "compare.html")
 # run settings that must match for two runs' cases to be the same inputs and the same selection
-COMPARED_SETTINGS: tuple[str, ...] = ("seed", "suites", "patterns", "max_world_size", "hal_version")
+COMPARED_SETTINGS: tuple[str, ...] = ("seed", "suites", "patterns", "max_world_size", "hal_version", "verdict_profile")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Row:
     b: float | None
     verdict: str
     why: str
+    level: str | None = None  # the cross-device level (``levels``): L2 / L1 / L0 / fail; None: not graded
+    level_ratios: dict[str, float] | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -59,7 +66,8 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "status_a": self.status_a, "status_b": self.status_b, "metric": self.metric,
-                "a": self.a, "b": self.b, "b_over_a": self.ratio, "verdict": self.verdict, "why": self.why}
+                "a": self.a, "b": self.b, "b_over_a": self.ratio, "verdict": self.verdict, "why": self.why,
+                "level": self.level, "level_ratios": self.level_ratios}
 
 
 def _common_metric(ca: dict[str, Any], cb: dict[str, Any]) -> tuple[str, float, float] | None:
@@ -78,7 +86,15 @@ def _common_metric(ca: dict[str, Any], cb: dict[str, Any]) -> tuple[str, float, 
 
 
 def compare_case(ca: dict[str, Any], cb: dict[str, Any], factor: float, floors: dict[str, float]) -> Row:
-    """The verdict for one case present in both runs."""
+    """The verdict for one case present in both runs, with its cross-device level where both measured it."""
+    row = _verdict(ca, cb, factor, floors)
+    if row.status_a in NOT_RUN or row.status_b in NOT_RUN:
+        return row
+    r = levels.ratios(ca, cb)
+    return replace(row, level=levels.grade(r), level_ratios=r)
+
+
+def _verdict(ca: dict[str, Any], cb: dict[str, Any], factor: float, floors: dict[str, float]) -> Row:
     sa, sb = ca["status"], cb["status"]
     found = _common_metric(ca, cb)
     metric, a, b = found if found else (None, None, None)
@@ -122,6 +138,15 @@ class Comparison:
         return [r for r in self.rows if r.verdict == "worse"]
 
     @property
+    def level_counts(self) -> dict[str, int]:
+        return {level: sum(r.level == level for r in self.rows) for level in ("L2", "L1", "L0", "fail")}
+
+    @property
+    def levels(self) -> dict[str, dict[str, str]]:
+        """The worst level per op and dtype over the graded cases."""
+        return levels.matrix([(r.id, r.level) for r in self.rows if r.level is not None])
+
+    @property
     def exit_code(self) -> int:
         return 1 if self.worse else 0
 
@@ -135,6 +160,8 @@ class Comparison:
             "setting_differences": self.setting_differences,
             "counts": {v: sum(r.verdict == v for r in self.rows) for v in ("worse", "ok", "not compared")},
             "cases": [r.to_dict() for r in self.rows], "only_in_a": self.only_a, "only_in_b": self.only_b,
+            "levels": {"bounds": levels.BOUNDS, "floors": levels.FLOORS, "counts": self.level_counts,
+                       "matrix": self.levels},
         })
 
 
@@ -183,6 +210,12 @@ def format_text(cmp: Comparison, *, every_case: bool = False, listed: int = 10) 
                        + "  " + row[-1])
     if len(shown) < len(cmp.rows):
         out.append(f"({len(cmp.rows) - len(shown)} case(s) within the factor or not compared are not listed; --all lists them)")
+    grades = cmp.levels
+    if grades:
+        counts = ", ".join(f"{n} {level}" for level, n in cmp.level_counts.items())
+        out += ["", f"cross-device levels of B against A ({counts}; the worst case per op and dtype; L2: B's mean / max "
+                    "relative and RMS error within 2 / 1.2 / 1.2 x A's, L1 5 / 1.5 / 1.5, L0 10 / 2 / 2):",
+                *(f"  {line}" for line in levels.matrix_text(grades))]
     for label, ids in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
         if ids:
             head = ids if every_case else ids[:listed]
@@ -210,4 +243,9 @@ def compare_files(a_path: str, b_path: str, *, factor: float = DEFAULT_FACTOR, f
         written = [Path(directory) / name for name in COMPARE_FILES]
         write_text_atomic(written[0], json.dumps(cmp.to_dict(), indent=2, allow_nan=False) + "\n")
         write_text_atomic(written[1], format_text(cmp, every_case=True))
+        counts = ", ".join(f"{n} {level}" for level, n in cmp.level_counts.items())
+        write_text_atomic(written[2], levels.matrix_html(
+            cmp.levels, f"cross-device levels: {_side(cmp.b)} against {_side(cmp.a)}",
+            f"{counts}; the worst case per op and dtype. L2: B's mean-relative, max-relative and RMS error within "
+            "2 / 1.2 / 1.2 x A's; L1 5 / 1.5 / 1.5; L0 10 / 2 / 2; else fail. " + verdict_line(cmp)))
     return cmp, written

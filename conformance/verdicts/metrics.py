@@ -44,7 +44,8 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 
 
 def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> dict[str, float]:
-    """max_abs, max_rel, rel_l2, cosine (and ulp for float dtypes) of ``actual`` against ``expected``.
+    """max_abs, max_rel, mean_rel (over non-zero golden values), rmse, rel_l2, cosine (and ulp for float dtypes) of
+    ``actual`` against ``expected``.
 
     ``expected`` is the float64 reference; ``dtype`` is the dtype the result was computed in (for ULP).
     Shapes must match; empty tensors give zero errors and cosine 1.
@@ -56,11 +57,14 @@ def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     out: dict[str, float] = {"nonfinite_mismatch": float(nonfinite_mismatch(a_all, e_all))}
     a, e = _finite_pair(a_all.reshape(-1), e_all.reshape(-1))
     if a.numel() == 0:
-        out.update(max_abs=0.0, max_rel=0.0, rel_l2=0.0, cosine=1.0)
+        out.update(max_abs=0.0, max_rel=0.0, mean_rel=0.0, rmse=0.0, rel_l2=0.0, cosine=1.0)
     else:
         diff = (a - e).abs()
+        rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
         out["max_abs"] = float(diff.max())
-        out["max_rel"] = float((diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).max())
+        out["max_rel"] = float(rel.max())
+        out["mean_rel"] = float(rel[e != 0].mean()) if bool((e != 0).any()) else 0.0  # where the golden is not 0
+        out["rmse"] = float(diff.pow(2).mean().sqrt())
         norm_e = float(e.norm())
         out["rel_l2"] = float((a - e).norm()) / norm_e if norm_e > 0 else float((a - e).norm())
         norm_a = float(a.norm())

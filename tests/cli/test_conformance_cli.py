@@ -185,7 +185,7 @@ def test_a_report_directory_holding_a_report_is_refused_unless_overwrite(runs: d
     assert (earlier / "results.json").read_bytes() == before
     run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path))
     _one_line_error(run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path)),
-                    "already holds a report (compare.json, compare.txt)")
+                    "already holds a report (compare.json, compare.txt, compare.html)")
     again = run_hal("conformance", "compare", str(runs["a"]), str(runs["b"]), "--report", str(tmp_path), "--overwrite")
     assert again.returncode == 1 and "written:" in again.stdout
 
@@ -232,3 +232,28 @@ def test_hal_conformance_run_records_the_profile_and_judges_by_it(tmp_path: Path
     cases = [c for c in doc["cases"] if c["status"] in ("pass", "fail")]
     assert cases and all("pass_share" in c["metrics"] for c in cases)
     assert all(c["tolerance"]["override"] == "verdict profile cann" for c in cases)
+
+
+def test_compare_grades_every_common_case_and_draws_the_level_matrix(tmp_path: Path) -> None:
+    """B planted from a real cpu run of softmax: its bf16 forward errors 3x A's (L1), its fp16 backward 20x (fail);
+    the rest L2. compare prints the matrix and writes it to compare.json and compare.html."""
+    out = run_hal("conformance", "run", "--backend", "cpu", "--suite", "ops", "-k", "ops::softmax/reference/*",
+                  "--report", str(tmp_path / "a"), timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "a" / "results.json").read_text())
+    for case in doc["cases"]:
+        factor = (3.0 if "/bfloat16/" in case["id"] and case["id"].endswith("forward") else
+                  20.0 if "/float16/" in case["id"] and case["id"].endswith("backward") else 1.0)
+        for name in ("mean_rel", "max_rel", "rmse"):
+            case["metrics"][name] *= factor if name == "mean_rel" or factor > 3 else 1.0
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "results.json").write_text(json.dumps(doc))
+    cmp = run_hal("conformance", "compare", str(tmp_path / "a" / "results.json"), str(tmp_path / "b" / "results.json"),
+                  "--report", str(tmp_path / "c"))
+    assert cmp.returncode == 0, cmp.stderr
+    assert "cross-device levels of B against A" in cmp.stdout
+    levels = json.loads((tmp_path / "c" / "compare.json").read_text())["levels"]
+    assert levels["matrix"]["ops::softmax"] == {"float64": "L2", "float32": "L2", "bfloat16": "L1", "float16": "fail"}
+    assert levels["counts"]["fail"] > 0 and levels["counts"]["L1"] > 0
+    page = (tmp_path / "c" / "compare.html").read_text()
+    assert "ops::softmax" in page and ">fail<" in page and "<script" not in page

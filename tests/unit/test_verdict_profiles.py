@@ -66,3 +66,24 @@ def test_the_report_says_where_our_default_is_looser_than_the_profile() -> None:
     assert "rtol 0.016 > cann's 0.0156" in looser_than("cann")[0].line("cann")
     assert {x.dtype for x in looser_than("torch")} == {"float16", "bfloat16"}  # our atol 1e-4 against torch's 1e-5
 
+
+
+def test_cross_device_levels_grade_b_by_the_three_ratios_of_its_error_to_a_s() -> None:
+    from hal.conformance.reports import levels
+
+    a = {"metrics": {"mean_rel": 1e-3, "max_rel": 1e-2, "rmse": 1e-4}}
+
+    def b(mean: float, most: float, rms: float) -> dict:
+        return {"metrics": {"mean_rel": 1e-3 * mean, "max_rel": 1e-2 * most, "rmse": 1e-4 * rms}}
+
+    assert levels.grade(levels.ratios(a, b(1, 1, 1))) == "L2"
+    assert levels.grade(levels.ratios(a, b(2, 1.2, 1.2))) == "L2"
+    assert levels.grade(levels.ratios(a, b(3, 1.2, 1.2))) == "L1"  # mean_rel over L2's 2
+    assert levels.grade(levels.ratios(a, b(1, 1.8, 1))) == "L0"  # max_rel over L1's 1.5
+    assert levels.grade(levels.ratios(a, b(11, 1, 1))) == "fail"
+    exact = {"metrics": {"mean_rel": 0.0, "max_rel": 0.0, "rmse": 0.0}}
+    assert levels.grade(levels.ratios(exact, {"metrics": {"mean_rel": 5e-7, "max_rel": 5e-7, "rmse": 0.0}})) == "L2"  # floors
+    assert levels.ratios(a, {"metrics": {"max_rel": 1.0}}) is None  # ungraded
+    assert levels.op_and_dtype("ops::softmax/reference/bfloat16/normal/forward") == ("ops::softmax", "bfloat16")
+    assert levels.matrix([("ops::softmax/r/bfloat16/x/forward", "L2"), ("ops::softmax/r/bfloat16/y/backward", "L0")]) == \
+        {"ops::softmax": {"bfloat16": "L0"}}
