@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import torch
 
@@ -117,20 +117,23 @@ def host_threads(count: int | None) -> Iterator[None]:
 
 def train(settings: Settings, backend: Backend, device: torch.device, *, precision: str = "fp32",
           param_dtype: torch.dtype = torch.float32, steps: int | None = None, keep_params: bool = False,
-          threads: int | None = 1, skip_steps: Collection[int] = ()) -> RunResult:
+          threads: int | None = 1, skip_steps: Collection[int] = (),
+          tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
     """``steps`` AdamW steps on ``device``; losses per step, step-1 gradients (unscaled) and optionally final weights.
 
     ``precision``: fp32 (plain, reduced-precision matmul off), bf16-mixed (autocast bf16) or
     fp16-mixed (autocast fp16 + the backend's GradScaler). Parameters stay in ``param_dtype``.
     ``threads``: host intra-op threads for the run (``host_threads``; None keeps the process's).
     ``skip_steps``: steps whose optimizer update is left out, as a loss scaler leaves out an overflowing one.
+    ``tamper``: called with the model before training (tests plant a broken layer with it).
     """
     with host_threads(threads):
-        return _train(settings, backend, device, precision, param_dtype, steps, keep_params, frozenset(skip_steps))
+        return _train(settings, backend, device, precision, param_dtype, steps, keep_params, frozenset(skip_steps), tamper)
 
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
-           steps: int | None, keep_params: bool, skip_steps: frozenset[int]) -> RunResult:
+           steps: int | None, keep_params: bool, skip_steps: frozenset[int],
+           tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import full_model
 
@@ -139,6 +142,8 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
     dtype = PRECISIONS[precision]
     backend.manual_seed(settings.seed)  # nothing in the model draws random numbers; seeded anyway
     model = full_model(settings.model, settings.seed).to(device=device, dtype=param_dtype)
+    if tamper is not None:
+        tamper(model)
     opt = torch.optim.AdamW(model.parameters(), lr=settings.lr)
     scaler = backend.grad_scaler(enabled=MODES[precision].loss_scaling)
     losses: list[float] = []
@@ -181,6 +186,60 @@ def reference_grads(settings: Settings) -> dict[str, torch.Tensor]:
 
     with reference_ops_only():
         return train(settings, get_backend("cpu"), torch.device("cpu"), param_dtype=torch.float64, steps=1).grads
+
+
+def gradient_at(settings: Settings, backend: Backend, device: torch.device, params: dict[str, torch.Tensor], *,
+                precision: str = "fp32", param_dtype: torch.dtype = torch.float32,
+                tamper: Callable[[torch.nn.Module], None] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss and every parameter's gradient (float64 on the host, unscaled) of the model at ``params`` on the
+    batch after the run's last step, in ``precision`` on ``device``: the state N steps of training reached."""
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.decoder import full_model
+
+    dtype = PRECISIONS[precision]
+    model = full_model(settings.model, settings.seed).to(device=device, dtype=param_dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name].to(device=device, dtype=param_dtype))
+    if tamper is not None:
+        tamper(model)
+    tokens = batch(settings, settings.steps).to(device)
+    context = plain_fp32_matmul(backend) if dtype is None else contextlib.nullcontext()
+    with context, host_threads(1):
+        with backend.autocast(dtype) if dtype is not None else contextlib.nullcontext():
+            loss = vocab_parallel_cross_entropy(model(tokens[:, :-1]), tokens[:, 1:], None)
+        loss.backward()  # no loss scaling: one backward of an O(1) loss stays in range in every precision
+    grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach().double().cpu()), grads
+
+
+def reference_gradient_at(settings: Settings, params: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
+    """``gradient_at`` in float64 on the CPU with the reference operators: what the backend's should be."""
+    from hal.backend_registry import get_backend
+
+    with reference_ops_only():
+        return gradient_at(settings, get_backend("cpu"), torch.device("cpu"), params, param_dtype=torch.float64)
+
+
+def layer_parity(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """Per layer (``layer_of``), its parameters' gradients as one vector: cosine and norm ratio against ``expected``."""
+    groups: dict[str, list[str]] = {}
+    for name in expected:
+        groups.setdefault(layer_of(name), []).append(name)
+    rows = []
+    for layer, names in groups.items():
+        if any(n not in actual for n in names):
+            rows.append({"layer": layer, "cosine": 0.0, "norm_ratio": 0.0, "missing": True})
+            continue
+        got = torch.cat([actual[n].double().reshape(-1) for n in names])
+        want = torch.cat([expected[n].double().reshape(-1) for n in names])
+        ng, nw = float(got.norm()), float(want.norm())
+        cosine = float((got * want).sum()) / (ng * nw) if ng > 0 and nw > 0 else (1.0 if ng == nw else 0.0)
+        ratio = ng / nw if nw > 0 else (1.0 if ng == 0 else float("inf"))
+        if not bool(torch.isfinite(got).all()):
+            cosine, ratio = 0.0, float("inf")
+        rows.append({"layer": layer, "cosine": cosine, "norm_ratio": ratio, "missing": False})
+    return rows
 
 
 def layer_of(param: str) -> str:

@@ -67,7 +67,8 @@ def clean_run() -> dict[str, Outcome]:
 def test_every_case_passes_on_the_cpu(clean_run: dict[str, Outcome]) -> None:
     assert sorted(clean_run) == sorted([
         "loss_curve/fp32", "loss_curve/bf16-mixed", "loss_curve/fp16-mixed", "grad_agreement/fp32",
-        "grad_agreement/bf16-mixed", "grad_agreement/fp16-mixed", "determinism/fp32", "pipeline/2stage_tp2_to_dp2/world4",
+        "grad_agreement/bf16-mixed", "grad_agreement/fp16-mixed", "layer_parity/fp32", "layer_parity/bf16-mixed",
+        "layer_parity/fp16-mixed", "determinism/fp32", "pipeline/2stage_tp2_to_dp2/world4",
         "pipeline_moe/2stage_tp2_to_dp2/world4"])
     bad = {n: (o.status, o.reason) for n, o in clean_run.items() if o.status != "pass"}
     assert not bad, bad
