@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -97,21 +98,26 @@ BIG = ModelConfig(vocab_size=32000, hidden_size=8192, num_layers=2, num_heads=64
                   ffn_hidden_size=28672, max_seq_len=4096)  # one layer at 2 rows x 4096 tokens: ~7e12 FLOPs
 
 
+def _gpus_and_this_cpu() -> tuple[Any, Any]:
+    """4 H100 (estimated here) beside this host's cpu: the cluster as probed, and the same declared."""
+    groups = [{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}, {"backend": "cpu", "device": "cpu-generic",
+                                                                           "count": 2, "cores": 2}]
+    declared = resolve(parse_cluster({"groups": groups}))
+    return dataclasses.replace(declared, probed=True), declared
+
+
 def test_a_layer_too_big_for_the_cpu_is_decided_before_anything_is_measured() -> None:
     """A probed cluster of GPUs and this host's cpu (the cpu present here, the GPUs estimated): the cpu is left out,
     said; the cpu alone, or a cpu the user declared, is refused in one line — before any timing."""
     from hal.launch import run_function
     from hal.parallel.planner.make_profile import fit_to_host
 
-    groups = [{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}, {"backend": "cpu", "device": "cpu-generic",
-                                                                           "count": 2, "cores": 2}]
-    probed = dataclasses.replace(resolve(parse_cluster({"groups": groups})), probed=True)
+    probed, declared = _gpus_and_this_cpu()
     said: list[str] = []
     fitted = fit_to_host(probed, BIG, 4096, quick=True, progress=said.append)
     assert [t.device for t in fitted.types] == ["nvidia-h100-sxm"]
     assert len(said) == 1 and "cpu-generic" in said[0] and "left out" in said[0] and said[0] in fitted.notes
     assert fit_to_host(probed, MODEL, 32, quick=True) is probed  # a small model: nothing left out
-    declared = resolve(parse_cluster({"groups": groups}))
     for cluster in (declared, dataclasses.replace(probed, types=probed.types[1:])):
         with pytest.raises(ConfigError, match="too much to time on the cpu"):
             fit_to_host(cluster, BIG, 4096, quick=True)
@@ -131,14 +137,11 @@ def test_the_host_cpu_beside_accelerators_is_left_out_where_its_calibration_woul
     or declared beside them, is kept."""
     from hal.parallel.planner.make_profile import fit_to_host
 
-    groups = [{"backend": "cuda", "device": "nvidia-h100-sxm", "count": 4}, {"backend": "cpu", "device": "cpu-generic",
-                                                                           "count": 2, "cores": 2}]
-    probed = dataclasses.replace(resolve(parse_cluster({"groups": groups})), probed=True)
+    probed, declared = _gpus_and_this_cpu()
     said: list[str] = []
     fitted = fit_to_host(probed, MID, 2048, quick=True, progress=said.append)
     assert [t.device for t in fitted.types] == ["nvidia-h100-sxm"]
     assert len(said) == 1 and "beside the accelerators" in said[0] and said[0] in fitted.notes
     alone = dataclasses.replace(probed, types=probed.types[1:])
     assert fit_to_host(alone, MID, 2048, quick=True) is alone
-    declared = resolve(parse_cluster({"groups": groups}))
     assert fit_to_host(declared, MID, 2048, quick=True) is declared
