@@ -128,7 +128,7 @@ class ReplicaCandidate:
     @property
     def devices(self) -> tuple[str, ...]:
         """Each replica's device type; a mixed replica's types joined by '+', in stage order."""
-        return tuple("+".join(dict.fromkeys(k.device for k in r.placement.kinds)) for r in self.results)
+        return tuple("+".join(k.device for k in _types(r)) for r in self.results)
 
     @property
     def type_count(self) -> int:
