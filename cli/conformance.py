@@ -50,9 +50,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--seed", type=int, default=None, help="the seed every case starts from (default 1234)")
     r.add_argument("--overwrite", action="store_true", help="replace a report already in --report DIR (refused otherwise)")
     r.add_argument("--verdict", choices=("hal", "torch", "cann"), default="hal",
-                   help="the rule the ops and precision cases are judged by: hal (our table, default), torch "
-                   "(assert_close's defaults), cann (the mixed-tolerance standard: 99 %% of elements and a 32-ULP cap); "
-                   "recorded in the report, which says where our default is looser (docs/conformance.md)")
+                   help="the rule the ops and precision cases are judged by: our table (hal, the default), "
+                   "assert_close's defaults (torch) or the mixed-tolerance standard (cann: 99 %% of elements and a 32-ULP "
+                   "cap); recorded in the report, which says where our default is looser (docs/conformance.md)")
     r.set_defaults(func=cmd_run)
 
     c = inner.add_parser(

@@ -350,7 +350,9 @@ def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_pa
     assert b["compute_s"] == pytest.approx(a["compute_s"])
     text = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster))
     assert text.returncode == 0 and "predicted (cost model): step" in text.stdout and "replica 1: 2 rows" in text.stdout
-    one = run_hal("plan", "--config", str(REPO / "examples" / "tiny_cpu.yaml"), "--profile", str(profile))
-    assert one.returncode == 2 and "--profile" in one.stderr and len(one.stderr.strip().splitlines()) == 1  # another model
+    other = tmp_path / "other.yaml"  # the example's plan for another model: the profile is refused in one line
+    other.write_text(example.read_text(encoding="utf-8").replace("hidden_size: 64", "hidden_size: 32"), encoding="utf-8")
+    one = run_hal("plan", "--config", str(other), "--profile", str(profile), "--cluster", str(cluster))
+    assert one.returncode == 2 and "--profile" in one.stderr and len(one.stderr.strip().splitlines()) == 1, one.stderr
     bare = run_hal("plan", "--config", str(example), "--cluster", str(cluster))
     assert bare.returncode == 2 and "--cluster goes with --search or --profile" in bare.stderr

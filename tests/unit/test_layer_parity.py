@@ -25,7 +25,7 @@ def _half_of_one_layers_gradient_dropped(model: torch.nn.Module) -> None:
 def test_a_broken_layer_the_loss_hides_is_caught_and_named() -> None:
     settings = Settings(steps=12, seed=1234)
     cpu, here = get_backend("cpu"), torch.device("cpu")
-    for precision in ("bf16-mixed", "fp16-mixed", "fp32"):
+    for precision in ("bf16-mixed", "fp16-mixed"):  # where the loss curves hide it (fp32's curve bound catches it)
         clean = train(settings, cpu, here, precision=precision, keep_params=True)
         broken = train(settings, cpu, here, precision=precision, keep_params=True, tamper=_half_of_one_layers_gradient_dropped)
         for run, expect in ((clean, "pass"), (broken, "fail")):
