@@ -332,6 +332,8 @@ def _synthetic_profile(path: Path, config: Path) -> None:
 def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_path: Path) -> None:
     """hal plan --profile P (no --search): the cost model's step for the plan as written; for replicas, each replica's
     step and the sync (over the bridge when HAL_ISLANDS declares them apart), in text and in --json."""
+    import yaml
+
     example = REPO / "examples" / "replicas_cpu.yaml"
     profile = tmp_path / "profile.json"
     _synthetic_profile(profile, example)
@@ -350,6 +352,16 @@ def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_pa
     assert b["compute_s"] == pytest.approx(a["compute_s"])
     text = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster))
     assert text.returncode == 0 and "predicted (cost model): step" in text.stdout and "replica 1: 2 rows" in text.stdout
+    single = tmp_path / "single.yaml"  # the example's model as one plan: its own predicted step, no sync
+    raw = yaml.safe_load(example.read_text(encoding="utf-8"))
+    raw["parallel"] = {"micro_batch_size": 2, "micro_batches": 4, "stages": [{"backend": "cpu", "devices": 2, "layers": 4,
+                                                                              "dp": 2}]}
+    single.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    plain = run_hal("plan", "--config", str(single), "--profile", str(profile), "--cluster", str(cluster), "--json")
+    assert plain.returncode == 0, plain.stderr
+    one_plan = json.loads(plain.stdout)["predicted"]["prediction"]
+    assert one_plan["step_s"] > 0 and len(one_plan["stages"]) == 1
+    assert one_plan["tokens_per_s"] == pytest.approx(8 * 64 / one_plan["step_s"])
     other = tmp_path / "other.yaml"  # the example's plan for another model: the profile is refused in one line
     other.write_text(example.read_text(encoding="utf-8").replace("hidden_size: 64", "hidden_size: 32"), encoding="utf-8")
     one = run_hal("plan", "--config", str(other), "--profile", str(profile), "--cluster", str(cluster))
