@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hal.conformance.suites.collective_checks import (
-    NUMEL, PIECE, REPEATS, SWEEP_BLOCK, Check, RankVerdict, bits_of, bitwise, inputs, make_verdict, reduce_exact,
-    reduction_tolerance, within,
+    NUMEL, PIECE, REPEATS, SWEEP_BLOCK, Check, RankVerdict, bits_of, bitwise, classify, describe, inputs, make_verdict,
+    probe_inputs, reduce_exact, reduction_tolerance, summation_bound, within,
 )
 
 if TYPE_CHECKING:
@@ -149,6 +149,24 @@ class _RankChecks:
             return make_verdict("fail", verdict["metrics"], verdict["tolerance"], "nondeterministic_elements",
                             f"{differing} element(s) changed between {REPEATS} identical all_reduce calls of {numel} elements")
         return verdict
+
+    def _reduction_probe(self, c: Check) -> RankVerdict:
+        """How the library sums (``collective_checks.classify``): fails only when the result is farther from the exact
+        sum than any order of rounded additions could put it (``summation_bound``); the reason states which model
+        of the sum it matches bitwise, if any."""
+        xs = [probe_inputs(c, r, self.n, self.seed) for r in range(self.n)]
+        got = self.comm.all_reduce(xs[self.rank].to(self.dev, copy=True), "sum").cpu()
+        models, shares = classify(got, xs)
+        exact = reduce_exact(xs, "sum")
+        ratio = float(((got.double() - exact).abs() / summation_bound(xs).clamp_min(1e-300)).max())
+        metrics = {"bound_ratio": ratio, **{f"matches_{name}": share for name, share in shares.items()}}
+        data = {"models": models, "shares": shares}
+        if not ratio <= 1.0:
+            return make_verdict("fail", metrics, {"bound_ratio": 1.0}, "bound_ratio",
+                                f"{c.dtype} all_reduce sum is {ratio:.3g}x farther from the exact sum than rounded "
+                                "additions in any order can be", data)
+        return make_verdict("pass", metrics, {"bound_ratio": 1.0}, None,
+                            f"{c.dtype} all_reduce sum over {self.n} ranks: {describe(models, shares)}", data)
 
     def sweep_sizes(self) -> list[int]:
         if self.big:

@@ -60,6 +60,7 @@ REPEATS = 5
 _CCL_OPS: dict[str, tuple[str, ...]] = {
     "all_gather_uneven": ("all_gather",), "all_to_all_uneven": ("all_to_all",), "all_to_all_skewed": ("all_to_all",), "send_recv": ("send", "recv"),
     "batch_p2p_ring": ("send", "recv"), "determinism": ("all_reduce",), "size_sweep": ("all_reduce",),
+    "reduction_probe": ("all_reduce",),
 }  # fmt: skip
 
 
@@ -117,6 +118,10 @@ def plan_checks(dtypes: Sequence[str]) -> list[Check]:
                                 f"the same all_reduce sum repeated {REPEATS} times gives bitwise identical results"))
             checks.append(Check(f"size_sweep/all_reduce/{d}", "size_sweep", d, "sum", "random",
                                 "the same values reduced inside messages of different sizes agree"))
+        if d in PROBE_DTYPES or d == "float16":
+            checks.append(Check(f"reduction_probe/all_reduce/{d}", "reduction_probe", d, "sum", "probe",
+                                "how the library sums: its result set bitwise beside models of the sum (the float64 sum "
+                                "rounded once, rank order rounded at every hop, reverse order, a pairwise tree, a ring)"))
     return checks
 
 
@@ -182,6 +187,100 @@ def inputs(check: Check, rank: int, shape: tuple[int, ...], world_size: int, see
     if check.reduce_op in ("sum", "avg", "product"):
         return (0.5 + torch.rand(shape, generator=g, dtype=torch.float64)).to(dtype)
     return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+PROBE_NUMEL = 4096  # elements of the reduction probe (one chunk of a ring per rank: numel divides by 1, 2, 4, 8)
+
+
+def probe_inputs(check: Check, rank: int, world_size: int, seed: int) -> torch.Tensor:
+    """The reduction probe's values: random signs and magnitudes spread over 2^-8..2^8, so a sum's rounding depends on
+    its order and on the width it accumulates in — the models below disagree on most elements."""
+    g = _generator(seed, check.name, rank)
+    mantissa = torch.randn(PROBE_NUMEL, generator=g, dtype=torch.float64)
+    scale = torch.exp2(torch.randint(-8, 9, (PROBE_NUMEL,), generator=g).to(torch.float64))
+    return (mantissa * scale).to(check.torch_dtype)
+
+
+def _in_order(xs: Sequence[torch.Tensor], order: Sequence[int]) -> torch.Tensor:
+    """Σ in ``order``, every partial sum rounded to the inputs' dtype (a hop of a library that reduces in it)."""
+    acc = xs[order[0]].clone()
+    for r in order[1:]:
+        acc = acc + xs[r]
+    return acc
+
+
+def _pairwise(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    level = list(xs)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def reduction_models(xs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What an all_reduce sum of ``xs`` (one tensor a rank, in their dtype) gives under each model of a library's sum."""
+    n, dtype = len(xs), xs[0].dtype
+    models = {
+        "wide_once": torch.stack([x.double() for x in xs]).sum(0).to(dtype),
+        "rank_order": _in_order(xs, list(range(n))),
+        "reverse_order": _in_order(xs, list(range(n - 1, -1, -1))),
+        "pairwise": _pairwise(xs),
+    }
+    chunks = torch.arange(xs[0].numel()).chunk(n)
+    for step in (1, -1):  # a ring: chunk c's sum starts at rank c + k and goes round in one direction
+        for k in range(n):
+            ring = torch.empty_like(xs[0])
+            for c, chunk in enumerate(chunks):
+                ring[chunk] = _in_order([x[chunk] for x in xs], [(c + k + step * j) % n for j in range(n)])
+            models[f"ring{'+' if step > 0 else '-'}{k}"] = ring
+    return models
+
+
+MODEL_WORDS = {
+    "wide_once": "accumulates wider than the dtype and rounds once (bitwise the float64 sum, rounded)",
+    "rank_order": "rounds every partial sum to the dtype, adding in rank order",
+    "reverse_order": "rounds every partial sum to the dtype, adding in reverse rank order",
+    "pairwise": "rounds every partial sum to the dtype, adding as a pairwise tree",
+}
+
+
+def model_words(name: str) -> str:
+    """What a model of ``reduction_models`` says about the library."""
+    if name.startswith("ring"):
+        way = "up" if name[4] == "+" else "down"
+        return (f"rounds every partial sum to the dtype, in ring order (chunk c of n summed from rank c + {name[5:]}, "
+                f"going {way} the ranks)")
+    return MODEL_WORDS[name]
+
+
+def classify(got: torch.Tensor, xs: Sequence[torch.Tensor]) -> tuple[list[str], dict[str, float]]:
+    """Each model's share of elements bitwise equal to ``got``, and the models all of them match ([]: none does; several:
+    the inputs cannot tell them apart, as with 2 ranks, where every model is one addition)."""
+    shares = {name: float((bits_of(model) == bits_of(got)).double().mean()) for name, model in reduction_models(xs).items()}
+    return [name for name, share in shares.items() if share == 1.0], shares
+
+
+def describe(models: list[str], shares: dict[str, float]) -> str:
+    """One line: which model the library's sum is, bitwise."""
+    if len(models) == 1:
+        return model_words(models[0])
+    if len(models) == len(shares):
+        return "every model gives the same bits on these inputs (one addition, or no rounding): not told apart"
+    if models:
+        return "bitwise " + " = ".join(models) + " (these inputs do not tell them apart)"
+    best = sorted(shares.items(), key=lambda kv: -kv[1])[:2]
+    return "matches none of the models bitwise (closest: " + ", ".join(f"{n} {s:.1%}" for n, s in best) + ")"
+
+
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def summation_bound(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per element, how far any order of rounded additions may land from the exact sum: (n - 1)·u·Σ|x| + u·|Σx|
+    (recursive summation, Higham), u the dtype's unit roundoff — the probe's inputs cancel, so an elementwise
+    relative bound does not apply."""
+    u = UNIT_ROUNDOFF[xs[0].dtype]
+    stacked = torch.stack([x.double() for x in xs])
+    return (len(xs) - 1) * u * stacked.abs().sum(0) + u * stacked.sum(0).abs()
 
 
 def reduce_exact(tensors: Sequence[torch.Tensor], op: str) -> torch.Tensor:
@@ -264,7 +363,7 @@ def merge_ranks(verdicts: Sequence[RankVerdict | None]) -> RankVerdict:
                 metrics[key] = value
             elif key in _SUMMED:
                 metrics[key] += value
-            elif key in _LOWEST:
+            elif key in _LOWEST or key.startswith("matches_"):  # a probe's bitwise shares: the worst rank's
                 metrics[key] = min(metrics[key], value)
             elif key not in _SAME:
                 metrics[key] = max(metrics[key], value)

@@ -87,3 +87,23 @@ def test_cross_device_levels_grade_b_by_the_three_ratios_of_its_error_to_a_s() -
     assert levels.op_and_dtype("ops::softmax/reference/bfloat16/normal/forward") == ("ops::softmax", "bfloat16")
     assert levels.matrix([("ops::softmax/r/bfloat16/x/forward", "L2"), ("ops::softmax/r/bfloat16/y/backward", "L0")]) == \
         {"ops::softmax": {"bfloat16": "L0"}}
+
+
+def test_the_reduction_probe_names_how_a_library_sums() -> None:
+    """Simulated libraries (a ring rounding every hop in bf16; a wide accumulator rounding once) are told apart on the
+    probe's inputs at 4 ranks; at 2 ranks one addition cannot tell any of them apart, and the line says so."""
+    from hal.conformance.suites.collective_checks import Check, classify, describe, probe_inputs, reduction_models
+
+    check = Check("reduction_probe/all_reduce/bfloat16", "reduction_probe", "bfloat16", "sum", "probe")
+    xs = [probe_inputs(check, r, 4, 1234) for r in range(4)]
+    for library in ("ring-3", "wide_once", "rank_order"):
+        models, shares = classify(reduction_models(xs)[library], xs)
+        assert models == [library], (library, shares)
+    assert "in ring order" in describe(["ring-3"], {}) and "rounds once" in describe(["wide_once"], {})
+    two = xs[:2]
+    models, shares = classify(reduction_models(two)["wide_once"], two)
+    assert len(models) == len(shares) and "not told apart" in describe(models, shares)
+    noisy = reduction_models(xs)["wide_once"].clone()
+    noisy[0] = noisy[0] * 2 + 1
+    models, shares = classify(noisy, xs)
+    assert models == [] and "matches none" in describe(models, shares)
