@@ -90,17 +90,10 @@ class _Runs:
     def reference_grads(self) -> dict[str, torch.Tensor]:
         return self._get("reference_grads", lambda: reference_grads(self.settings))
 
-    def backend_run(self, ctx: Context, precision: str, keep_params: bool = False) -> RunResult:
-        """The backend's run in ``precision`` (once: ``keep_params`` keeps its final weights for every later caller)."""
-        key = f"run/{precision}"
-        with self._lock:
-            have = self._cache.get(key)
-        if have is not None and (have.params or not keep_params):
-            return have
-        result = train(self.settings, ctx.backend, ctx.device, precision=precision, keep_params=True)
-        with self._lock:
-            self._cache[key] = result
-        return result
+    def backend_run(self, ctx: Context, precision: str) -> RunResult:
+        """The backend's run in ``precision``, with its final weights (the layer parity starts from them)."""
+        return self._get(f"run/{precision}", lambda: train(self.settings, ctx.backend, ctx.device, precision=precision,
+                                                           keep_params=True))
 
 
 def _precision_blocked(ctx: Context, precision: str) -> str | None:
@@ -165,7 +158,7 @@ def _layer_case(runs: _Runs, precision: str) -> Callable[[Context], Outcome]:
         blocked = _precision_blocked(ctx, precision)
         if blocked:
             return unsupported(blocked)
-        reached = runs.backend_run(ctx, precision, keep_params=True).params
+        reached = runs.backend_run(ctx, precision).params
         got = gradient_at(runs.settings, ctx.backend, ctx.device, reached, precision=precision)
         return judge_layers(got, reference_gradient_at(runs.settings, reached), precision, runs.settings.steps)
 

@@ -221,6 +221,12 @@ def reference_gradient_at(settings: Settings, params: dict[str, torch.Tensor]) -
         return gradient_at(settings, get_backend("cpu"), torch.device("cpu"), params, param_dtype=torch.float64)
 
 
+def _cosine(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Cosine of two float64 vectors; two zero vectors agree (1), one zero vector does not (0)."""
+    ng, nw = float(got.norm()), float(want.norm())
+    return float((got * want).sum()) / (ng * nw) if ng > 0 and nw > 0 else (1.0 if ng == nw else 0.0)
+
+
 def layer_parity(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """Per layer (``layer_of``), its parameters' gradients as one vector: cosine and norm ratio against ``expected``."""
     groups: dict[str, list[str]] = {}
@@ -234,7 +240,7 @@ def layer_parity(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tens
         got = torch.cat([actual[n].double().reshape(-1) for n in names])
         want = torch.cat([expected[n].double().reshape(-1) for n in names])
         ng, nw = float(got.norm()), float(want.norm())
-        cosine = float((got * want).sum()) / (ng * nw) if ng > 0 and nw > 0 else (1.0 if ng == nw else 0.0)
+        cosine = _cosine(got, want)
         ratio = ng / nw if nw > 0 else (1.0 if ng == 0 else float("inf"))
         if not bool(torch.isfinite(got).all()):
             cosine, ratio = 0.0, float("inf")
@@ -259,8 +265,7 @@ def grad_agreement(actual: dict[str, torch.Tensor], expected: dict[str, torch.Te
         got, want = got.double().reshape(-1), want.double().reshape(-1)
         norm = float(want.norm())
         rel = float((got - want).norm()) / norm if norm > 0 else float((got - want).norm())
-        denom = float(got.norm()) * norm
-        cosine = float((got * want).sum()) / denom if denom > 0 else (1.0 if float(got.norm()) == norm else 0.0)
+        cosine = _cosine(got, want)
         if not (torch.isfinite(got).all()):
             rel, cosine = float("inf"), 0.0
         rows.append({"param": name, "layer": layer_of(name), "rel_l2": rel, "cosine": cosine, "missing": False})

@@ -29,18 +29,21 @@ def ulp_distance(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     """Max |actual - expected| in units of ``dtype``'s spacing at |expected| (finite positions)."""
     if not dtype.is_floating_point or actual.numel() == 0:
         return 0.0
-    info = torch.finfo(dtype)
     a, e = _finite_pair(actual.double(), expected.double())
     if a.numel() == 0:
         return 0.0
-    # spacing of dtype at |e|: 2^(floor(log2|e|) - mantissa bits), floored at the smallest subnormal step
+    return float(((a - e).abs() / spacing(e, dtype)).max())
+
+
+def spacing(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each |e| (float64): 2^(floor(log2|e|) - mantissa bits), floored at the smallest
+    subnormal step — one ULP."""
+    info = torch.finfo(dtype)
     mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}.get(dtype)
     if mantissa is None:  # fp8 and others: use eps-relative spacing
         mantissa = int(round(-math.log2(info.eps)))
     mag = e.abs().clamp_min(info.tiny)
-    spacing = torch.exp2(torch.floor(torch.log2(mag)) - mantissa)
-    spacing = spacing.clamp_min(info.tiny * 2.0 ** -mantissa)
-    return float(((a - e).abs() / spacing).max())
+    return torch.exp2(torch.floor(torch.log2(mag)) - mantissa).clamp_min(info.tiny * 2.0 ** -mantissa)
 
 
 def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> dict[str, float]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 
-from hal.conformance.verdicts.metrics import error_metrics
+from hal.conformance.verdicts.metrics import error_metrics, spacing
 from hal.conformance.verdicts.tolerances import ATOL, ATOL_BASE, RESOLUTION, Judgement, Tolerance, dtype_name, judge
 
 PROFILES = ("hal", "torch", "cann")
@@ -86,7 +86,7 @@ def _judge_cann(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, dt
     diff = (a - g).abs()
     passing = diff <= tol.atol + tol.rtol * g.abs()
     share = float(passing.double().mean()) if a.numel() else 1.0
-    cap = torch.maximum(torch.full_like(g, tol.atol), CANN_ULP_CAP * _ulp(g, dtype))
+    cap = torch.maximum(torch.full_like(g, tol.atol), CANN_ULP_CAP * spacing(g, dtype))
     worst = float((diff / cap).max()) if a.numel() else 0.0
     metrics.update(pass_share=share, ulp_cap_ratio=worst, tol_ratio=worst)
     if metrics["nonfinite_mismatch"] > 0:
@@ -101,16 +101,6 @@ def _judge_cann(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance, dt
                          f"largest error {metrics['max_abs']:.3g} is {worst:.3g}x max(atol, {CANN_ULP_CAP} ULP) of its "
                          "golden value (cann)")
     return Judgement(True, metrics, None, "")
-
-
-def _ulp(g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype`` at each |g| (as ``metrics.ulp_distance`` measures it)."""
-    info = torch.finfo(dtype)
-    mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}.get(dtype)
-    if mantissa is None:
-        mantissa = int(round(-torch.log2(torch.tensor(info.eps)).item()))
-    mag = g.abs().clamp_min(info.tiny)
-    return torch.exp2(torch.floor(torch.log2(mag)) - mantissa).clamp_min(info.tiny * 2.0 ** -mantissa)
 
 
 @dataclass(frozen=True)

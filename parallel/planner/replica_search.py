@@ -209,6 +209,18 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
     return SyncCost((bridge + inside) / every, wire, stripes, every, compress)
 
 
+def stage_kinds(cluster: Cluster, plan: ParallelPlan) -> tuple[DeviceType, ...]:
+    """Each stage's device type: the cluster's (first) type of the stage's backend; one line where it has none."""
+    kinds = []
+    for stage in plan.stages:
+        match = [t for t in cluster.types if t.backend == stage.backend]
+        if not match:
+            raise ConfigError(f"a stage runs on backend {stage.backend!r} but the cluster ({cluster.origin}) has no "
+                              "device of it; give --cluster with one")
+        kinds.append(match[0])
+    return tuple(kinds)
+
+
 def _cpu_load(cost: CostModel, result: Result) -> dict[tuple[str, int], float]:
     """Rank-threads a replica keeps busy on each cpu node, (device, node) -> threads (while it computes)."""
     place, out = result.placement, {}
@@ -228,13 +240,7 @@ def predict_replicas(costs: Sequence[CostModel], plans: Sequence[ParallelPlan], 
     places: list[Placement] = []
     used: dict[str, int] = {}
     for cost, plan in zip(costs, plans):
-        kinds = []
-        for stage in plan.stages:
-            match = [t for t in cost.cluster.types if t.backend == stage.backend]
-            if not match:
-                raise ConfigError(f"no device type of backend {stage.backend!r} in the cluster {cost.cluster.origin}")
-            kinds.append(match[0])
-        place = Placement.pack(plan, tuple(kinds))  # then after the replicas before it: their ranks come first
+        place = Placement.pack(plan, stage_kinds(cost.cluster, plan))  # then after the replicas before it: their ranks come first
         starts = tuple(start + used.get(kind.device, 0) for start, kind in zip(place.starts, place.kinds))
         for stage, kind in zip(plan.stages, place.kinds):
             used[kind.device] = used.get(kind.device, 0) + stage.devices

@@ -11,10 +11,8 @@ from typing import Any, Callable
 
 import yaml
 
-from hal.errors import ConfigError
 from hal.run_dirs import write_text_atomic
 
-from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
 from hal.parallel.planner.cluster import Cluster, check_holds, load_cluster
 from hal.parallel.planner.cost import CostModel
@@ -253,7 +251,7 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
     ``islands_apart``: every replica its own island (``HAL_ISLANDS`` set): the sync crosses the bridge."""
     from hal.parallel.config.replicas import auto_rows
     from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.replica_search import predict_replicas
+    from hal.parallel.planner.replica_search import predict_replicas, stage_kinds
 
     cluster, _, cost = planning_inputs(run, cluster_file, profile_file)
     notes = [f"priced with {profile_file} on {cluster.origin}"]
@@ -263,25 +261,15 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
         notes.append(f"stage precision {', '.join(odd)} priced at the profile's {run.hal.precision} (hal profile of a "
                      "config at that precision times it)")
 
-    def kinds(plan: ParallelPlan) -> tuple[Any, ...]:
-        out = []
-        for stage in plan.stages:
-            match = [t for t in cluster.types if t.backend == stage.backend]
-            if not match:
-                raise ConfigError(f"{run.origin}: a stage runs on backend {stage.backend!r} but the cluster "
-                                  f"({cluster.origin}) has no device of it; give --cluster with one")
-            out.append(match[0])
-        return tuple(out)
-
     if run.replicas is None:
-        prediction = cost.predict(run.plan, Placement.pack(run.plan, kinds(run.plan)))
+        prediction = cost.predict(run.plan, Placement.pack(run.plan, stage_kinds(cluster, run.plan)))
         return {"prediction": prediction.to_dict(), "notes": notes}
     rep = run.replicas
     if not rep.resolved:  # rows: auto -> each auto replica's predicted speed on the whole batch, as the search shares
         speeds = []
         for r in rep.replicas:
             whole = replace(r.plan, micro_batches=max(1, rep.global_batch // r.plan.micro_batch_size))
-            speeds.append(whole.global_batch_size / cost.predict(whole, Placement.pack(whole, kinds(whole))).step_s)
+            speeds.append(whole.global_batch_size / cost.predict(whole, Placement.pack(whole, stage_kinds(cluster, whole))).step_s)
         rows = auto_rows(speeds, rep.global_batch, [r.plan.micro_batch_size for r in rep.replicas],
                          [r.rows for r in rep.replicas])
         rep = rep.with_rows(rows)
