@@ -12,13 +12,14 @@ events (median of --iters after --warmup; inputs rotate over enough copies to sp
 Printed per op and pass: each variant's kernel time (the device time of its kernels, from the profiler:
 what a step pays when its host runs ahead of the device), the speed-ups triton/eager and triton/compile
 on it and on wall time (events around each call: at small shapes that is the host's launch cost), the
-triton kernel's GB/s over the fewest bytes the op must move and its share of the catalog's HBM bandwidth
-for the card (TFLOP/s instead for linear_cross_entropy, whose matmuls dominate), the peak memory each
+triton kernel's GB/s over the fewest bytes the op must move, its share of the catalog's HBM bandwidth
+for the card and (%cpy) of a device copy moving the same bytes — what one kernel of that size can reach
+at all (TFLOP/s instead for linear_cross_entropy, whose matmuls dominate), the peak memory each
 variant allocates beyond its inputs, and the max relative difference of triton's results from eager.
 
     python benchmarks/kernels.py [--backend cuda] [--hidden 2048] [--tokens 2048] [--vocab 32000]
         [--heads 16] [--kv-heads 4] [--ffn 5632] [--dtype bf16] [--iters 50] [--warmup 10]
-        [--no-compile] [--only rms_norm,swiglu] [--json]
+        [--no-compile] [--only rms_norm,swiglu] [--breakdown] [--json]
 
 Needs a GPU backend (cuda; rocm untested) and triton. ``--backend cpu`` runs only under
 TRITON_INTERPRET=1, with tiny shapes, as a smoke test of this script: the interpreter times numpy.
@@ -163,12 +164,36 @@ def _kernel_ms(backend: Any, run: Callable[[int], Any], iters: int) -> float:
     return total_us / iters / 1e3
 
 
-def _copy_gbps(backend: Any, device: torch.device) -> float:
-    """Measured ceiling: a 1 GiB device-to-device copy, bytes read plus written, timed as the kernels are."""
-    src = torch.empty(2**30, dtype=torch.uint8, device=device)
+def _breakdown(backend: Any, run: Callable[[int], Any], iters: int, top: int = 8) -> list[tuple[str, float, int]]:
+    """The device kernels one call runs, heaviest first: (name, microseconds a call, launches a call)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(2):
+        run(i)
+    backend.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            run(i)
+        backend.synchronize()
+    totals: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU:
+            slot = totals.setdefault(e.name, [0.0, 0])
+            slot[0] += e.time_range.elapsed_us()
+            slot[1] += 1
+    rows = sorted(((n, us / iters, round(c / iters)) for n, (us, c) in totals.items()), key=lambda r: -r[1])
+    return rows[:top]
+
+
+def _copy_gbps(backend: Any, device: torch.device, moved: int = 2 * 2**30, iters: int = 10) -> float:
+    """Measured ceiling: a device-to-device copy moving ``moved`` bytes (half read, half written), timed as
+    the kernels are. At 1 GiB it is the card's; at an op's own traffic it is what one kernel of that size
+    can reach (a few MB do not fill the GPU long enough to reach the card's rate)."""
+    src = torch.empty(max(1, moved // 2), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = _kernel_ms(backend, lambda i: dst.copy_(src), 10)
-    return 2 * 2**30 / ms / 1e6
+    ms = _kernel_ms(backend, lambda i: dst.copy_(src), iters)
+    return 2 * src.numel() / ms / 1e6
 
 
 def _peak_mib(backend: Any, run: Callable[[int], Any]) -> float:
@@ -205,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile of the reference")
     p.add_argument("--only", default="", help="comma-separated ops (default: all)")
+    p.add_argument("--breakdown", action="store_true", help="also print each variant's device kernels, heaviest first")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
 
@@ -252,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
                    "wall_vs_eager": wall["eager"] / wall["triton"],
                    "wall_vs_compile": wall["compile"] / wall["triton"] if "compile" in wall else None,
                    "triton_gbps": moved / ms["triton"] / 1e6, "max_rel_diff": check, "registry_picks": chosen.impl.name}
+            if a.breakdown and backend.device_type != "cpu":
+                row["breakdown"] = {name: _breakdown(backend, run, a.iters) for name, run in runs.items()}
             row["hbm_share"] = row["triton_gbps"] / hbm if hbm else None
+            if device.type != "cpu" and not flops:
+                row["copy_gbps_same_bytes"] = _copy_gbps(backend, device, moved, a.iters)
+                row["copy_share"] = row["triton_gbps"] / row["copy_gbps_same_bytes"]
             row["triton_tflops"] = flops / ms["triton"] / 1e9 if flops else None
             rows.append(row)
     result = {"card": card, "backend": backend.name, "dtype": a.dtype, "torch": torch.__version__,
@@ -266,17 +297,21 @@ def main(argv: list[str] | None = None) -> int:
           f"x = speed-up of triton over eager / compile on it (wall: on host-bound wall time); HBM {hbm} GB/s "
           f"(catalog), a 1 GiB copy measured {copy_gbps or 0:.0f} GB/s")
     print(f"{'op':22}{'pass':9}{'eager':>8}{'compile':>8}{'triton':>8}{'x eager':>8}{'x comp':>7}"
-          f"{'GB/s':>7}{'%HBM':>5}{'TFLOP/s':>8}{'wall x e/c':>12}  {'peak MiB e/c/t':17}{'rel diff':>9}  picks")
+          f"{'GB/s':>7}{'%HBM':>5}{'%cpy':>5}{'TFLOP/s':>8}{'wall x e/c':>12}  {'peak MiB e/c/t':17}{'rel diff':>9}  picks")
     for r in rows:
         ms, mem = r["kernel_ms"], r["peak_mib"]
         comp = f"{ms['compile']:8.3f}" if "compile" in ms else f"{'-':>8}"
         vs_c = f"{r['vs_compile']:7.2f}" if r["vs_compile"] else f"{'-':>7}"
         share = f"{100 * r['hbm_share']:5.0f}" if r["hbm_share"] and not r["triton_tflops"] else f"{'-':>5}"
         tf = f"{r['triton_tflops']:8.0f}" if r["triton_tflops"] else f"{'-':>8}"
+        copy = f"{100 * r['copy_share']:5.0f}" if r.get("copy_share") else f"{'-':>5}"
         wall = f"{r['wall_vs_eager']:.2f}/" + (f"{r['wall_vs_compile']:.2f}" if r["wall_vs_compile"] else "-")
         peaks = "/".join(f"{mem[k]:.0f}" if k in mem else "-" for k in ("eager", "compile", "triton"))
         print(f"{r['op']:22}{r['pass']:9}{ms['eager']:8.3f}{comp}{ms['triton']:8.3f}{r['vs_eager']:8.2f}{vs_c}"
-              f"{r['triton_gbps']:7.0f}{share}{tf}{wall:>12}  {peaks:17}{r['max_rel_diff']:9.1e}  {r['registry_picks']}")
+              f"{r['triton_gbps']:7.0f}{share}{copy}{tf}{wall:>12}  {peaks:17}{r['max_rel_diff']:9.1e}  {r['registry_picks']}")
+    for r in rows:
+        for variant, kernels in r.get("breakdown", {}).items():
+            print(f"  {r['op']} {r['pass']} {variant}: " + "; ".join(f"{n[:60]} {us:.1f}us x{c}" for n, us, c in kernels))
     return 0
 
 

@@ -7,6 +7,12 @@ matmuls, dh_c = g_c @ W and dW += g_c^T @ h_c. Only a (C, V) block of logits eve
 memory is C x V instead of N x V (and no fp32 copy of the logits). The gradients are computed in
 the forward (the logits are needed for both) and scaled by the loss's gradient in the backward, as
 Liger-Kernel does; dW accumulates in the weight's dtype, rounded once per chunk.
+
+A row is walked twice (online softmax, then the gradient): loading a 32k row once into registers instead
+ran 26 % slower on an H200 (116 against 92 µs at 2048 x 32000). The backward's scale by the
+loss's gradient is a Triton kernel reading that fp32 scalar on the device (no host sync): torch's in-place
+``mul_`` of a bf16 tensor by a 0-dim fp32 device tensor takes its slow non-vectorised path (270 against
+an expected 65 µs for a 32k x 2k weight gradient on an H200).
 """
 from __future__ import annotations
 
@@ -55,6 +61,55 @@ def _ce_rows(L, stride_l, T, LOSS, N_VALID, n_cols, ignore_index, MEAN_REDUCTION
             tl.store(row_ptr + start + cols, (g * scale).to(L.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _scale_in_place(X, S, n, BLOCK: tl.constexpr):
+    """X *= S[0] (an fp32 scalar on the device), computed in fp32 and rounded once to X's dtype."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    s = tl.load(S).to(tl.float32)
+    tl.store(X + offsets, (tl.load(X + offsets, mask=mask, other=0.0).to(tl.float32) * s).to(X.dtype.element_ty),
+             mask=mask)
+
+
+SCALE_BLOCK = 4096
+TOKENS_BLOCK = 1024  # tokens a step of the one-program count and total below
+
+
+@triton.jit
+def _count_valid(T, OUT, n, ignore_index, BLOCK: tl.constexpr):
+    """OUT = how many targets are not ``ignore_index`` (int32 count, stored as fp32): one program."""
+    count = tl.zeros((BLOCK,), dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        t = tl.load(T + offsets, mask=offsets < n, other=ignore_index)
+        count += tl.where(t != ignore_index, 1, 0).to(tl.int32)
+    tl.store(OUT, tl.sum(count, axis=0).to(tl.float32))
+
+
+@triton.jit
+def _total_loss(LOSS, N_VALID, OUT, n, MEAN_REDUCTION: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT = the per-token losses summed in fp32 (over n_valid for the mean; 0/0 is NaN, as torch's): one program."""
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        acc += tl.load(LOSS + offsets, mask=offsets < n, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if MEAN_REDUCTION:
+        total = total / tl.load(N_VALID)
+    tl.store(OUT, total)
+
+
+def scale_in_place(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` (contiguous) times the 0-dim ``scale``, in place; a non-contiguous ``x`` takes torch's ``mul_``."""
+    if not x.is_contiguous() or x.numel() == 0:
+        return x.mul_(scale)
+    check_device(_scale_in_place, x.device)
+    with on_device(x.device):
+        launcher(_scale_in_place)[(triton.cdiv(x.numel(), SCALE_BLOCK),)](x, scale.to(torch.float32).reshape(1), x.numel(),
+                                                                           BLOCK=SCALE_BLOCK, num_warps=8)
+    return x
+
+
 LOGITS_BUDGET = 768 * 2**20  # bytes of one chunk's logits (bf16 at vocab 128k: 3072 tokens)
 MIN_CHUNK, MAX_CHUNK = 256, 8192  # tokens: fewer starve the matmuls; more gain nothing
 ALIGN = 128  # chunk sizes are multiples of this (matmul tiles)
@@ -89,12 +144,16 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     chunk = chunk_size if chunk_size > 0 else default_chunk(n, vocab, hidden.element_size())
     target = target.contiguous()
     per_token = torch.empty((n,), dtype=torch.float32, device=hidden.device)
-    n_valid = (target != ignore_index).sum().to(torch.float32)  # stays on the device: no host sync
+    # the count and the total are one small kernel each (torch's compare, sum, cast and divide were five
+    # launches, 10 of 450 µs of the forward at 2048 tokens on an H200); both stay on the device: no host sync
+    n_valid = torch.empty((), dtype=torch.float32, device=hidden.device)
+    loss = torch.empty((), dtype=torch.float32, device=hidden.device)
     dh = torch.empty_like(hidden) if grad_hidden else hidden.new_empty(0)
     # The first chunk writes dW, the others accumulate: no pass to zero a (V, H) buffer first.
     dw = (torch.empty_like(weight) if n else torch.zeros_like(weight)) if grad_weight else weight.new_empty(0)
     block = min(BLOCK_V, triton.next_power_of_2(max(vocab, 1)))
     with on_device(hidden.device):
+        launcher(_count_valid)[(1,)](target, n_valid, n, ignore_index, BLOCK=TOKENS_BLOCK, num_warps=4)
         for start in range(0, n, chunk):
             h_c = hidden[start:start + chunk]
             logits = h_c @ weight.t()  # (C, V) in the inputs' dtype, fp32 accumulation in the matmul
@@ -107,5 +166,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                 torch.mm(logits.t(), h_c, out=dw)
             elif grad_weight:
                 dw.addmm_(logits.t(), h_c)
-    loss = per_token.sum()
-    return (loss / n_valid if reduction == MEAN else loss), dh, dw
+        launcher(_total_loss)[(1,)](per_token, n_valid, loss, n, MEAN_REDUCTION=reduction == MEAN, BLOCK=TOKENS_BLOCK,
+                                    num_warps=4)
+    return loss, dh, dw

@@ -5,7 +5,8 @@ rounded once to x's dtype; the fused form first rounds h = x + residual to the p
 two (the residual stream the model keeps: fp32 under autocast with fp32 weights) and normalises h. One program owns a whole row (a hidden size up to
 ``launch.MAX_FUSED_SIZE``). The backward runs a persistent grid: each program walks rows
 pid, pid + G, ... and keeps its share of the weight gradient in fp32 registers, summed over
-programs afterwards — no atomics, so the result is deterministic.
+programs afterwards by a column-sum kernel that also rounds to the weight's dtype — no atomics, so the
+result is deterministic. (torch's ``partial.sum(0).to(dtype)`` took 7 us of 22 on an H200 at 2048 x 2048.)
 """
 from __future__ import annotations
 
@@ -65,6 +66,25 @@ def _rms_norm_bwd(DY, X, W, RSTD, DRES, DX, DW, stride_dy, stride_x, stride_dres
     tl.store(DW + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
 
 
+@triton.jit
+def _column_sum(P, OUT, n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT[c] = sum over rows of P[r, c] in fp32, rounded once to OUT's dtype. One program a narrow block of
+    columns loads every row of it at once (ROWS covers them all up to MAX_SUM_ROWS): the loads are issued
+    together instead of chained through a loop (7.2 µs for 264 x 2048 on an H200 as a loop of 32-row tiles)."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    col_mask = cols < n_cols
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n_rows, ROWS):
+        rows = tl.cast(start, tl.int64) + tl.arange(0, ROWS)
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        acc += tl.sum(tl.load(P + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0), axis=0)
+    tl.store(OUT + cols, acc.to(OUT.dtype.element_ty), mask=col_mask)
+
+
+SUM_COLUMNS = 16  # 64-byte row segments; 128 programs at hidden 2048
+MAX_SUM_ROWS = 512  # rows one load covers (the backward's grid is 2 programs an SM: 264 on an H100/H200)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` as (rows, hidden) with unit column stride: a view where possible, else one copy."""
     flat = t.reshape(-1, t.shape[-1])
@@ -108,11 +128,16 @@ def rms_norm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, r
     dx = torch.empty((rows, n), dtype=h.dtype, device=h.device)
     dres = _rows(d_residual) if d_residual is not None else dy2
     programs = program_count(h.device, rows, BWD_PROGRAMS_PER_SM)
-    partial = torch.zeros((programs, n), dtype=torch.float32, device=h.device)
-    if rows and n:
-        block, warps = row_block(n)
-        with on_device(h.device):
-            launcher(_rms_norm_bwd)[(programs,)](dy2, h2, weight.contiguous(), rstd, dres, dx, partial, dy2.stride(0), h2.stride(0),
-                                       dres.stride(0), dx.stride(0), rows, n, HAS_DRES=d_residual is not None,
-                                       ROWS=BWD_ROWS, BLOCK=block, num_warps=warps)
-    return dx.view(h.shape), partial.sum(0).to(weight.dtype)
+    if not (rows and n):
+        return dx.view(h.shape), torch.zeros_like(weight)
+    partial = torch.empty((programs, n), dtype=torch.float32, device=h.device)  # every program writes its row
+    dw = torch.empty((n,), dtype=weight.dtype, device=h.device)
+    block, warps = row_block(n)
+    with on_device(h.device):
+        launcher(_rms_norm_bwd)[(programs,)](dy2, h2, weight.contiguous(), rstd, dres, dx, partial, dy2.stride(0), h2.stride(0),
+                                   dres.stride(0), dx.stride(0), rows, n, HAS_DRES=d_residual is not None,
+                                   ROWS=BWD_ROWS, BLOCK=block, num_warps=warps)
+        launcher(_column_sum)[(triton.cdiv(n, SUM_COLUMNS),)](
+            partial, dw, programs, n, ROWS=min(MAX_SUM_ROWS, triton.next_power_of_2(programs)), BLOCK=SUM_COLUMNS,
+            num_warps=4)
+    return dx.view(h.shape), dw
