@@ -11,13 +11,13 @@ from __future__ import annotations
 import abc
 import os
 from types import ModuleType
-from typing import Any, ContextManager
+from typing import Any, ClassVar, ContextManager
 
 import torch
 
 from hal.backend import Availability, Backend
 from hal.capabilities import DeviceCapabilities, ProbedFacts, lookup, merge
-from hal.errors import BackendUnavailable
+from hal.errors import BackendUnavailable, UnsupportedError
 
 
 class RuntimeMissing(Exception):
@@ -26,6 +26,11 @@ class RuntimeMissing(Exception):
 
 class DeviceModuleBackend(Backend):
     """A backend whose device API is a ``torch.cuda``-shaped module."""
+
+    # The device module's graph class and capture context (torch.cuda.CUDAGraph / torch.cuda.graph); None: none.
+    graph_names: ClassVar[tuple[str, str] | None] = None
+    # The torch.profiler.ProfilerActivity member that records this device's kernels (CUDA, MLU ...).
+    profiler_activity: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         self._availability: Availability | None = None
@@ -162,6 +167,71 @@ class DeviceModuleBackend(Backend):
 
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
         self._mod().set_rng_state(state, self.current_device() if index is None else index)
+
+    # --- host cache, graphs, profiler ------------------------------------------------------------------
+    def host_memory_stats(self) -> dict[str, Any]:
+        stats = getattr(self._mod(), "host_memory_stats", None)
+        if stats is None:
+            raise UnsupportedError(self._why_not("host_cache"))
+        return dict(stats())
+
+    def empty_host_cache(self) -> None:
+        empty = getattr(self._mod(), "empty_host_cache", None)
+        if empty is None:  # torch 2.12+: torch.accelerator.empty_host_cache serves the current accelerator
+            accelerator = getattr(torch, "accelerator", None)
+            empty = getattr(accelerator, "empty_host_cache", None) if accelerator is not None else None
+        if getattr(self._mod(), "host_memory_stats", None) is None:
+            raise UnsupportedError(self._why_not("host_cache"))
+        if empty is None:
+            raise UnsupportedError(f"backend '{self.name}': this torch ({torch.__version__}) has no empty_host_cache for "
+                                   f"torch.{self.device_type} (torch 2.12+ has torch.accelerator.empty_host_cache)")
+        empty()
+
+    def Graph(self) -> Any:  # noqa: N802
+        return getattr(self._mod(), self._graph_api()[0])()
+
+    def graph(self, graph: Any, stream: Any = None) -> ContextManager[Any]:
+        return getattr(self._mod(), self._graph_api()[1])(graph, stream=stream)
+
+    def _graph_api(self) -> tuple[str, str]:
+        mod = self._mod()
+        if self.graph_names is None or not all(hasattr(mod, n) for n in self.graph_names):
+            raise UnsupportedError(self._why_not("graph_capture"))
+        return self.graph_names
+
+    def profiler(self, **kwargs: Any) -> ContextManager[Any]:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.require_available()
+        device = getattr(ProfilerActivity, self.profiler_activity or "", None)
+        if device is None:
+            raise UnsupportedError(self._why_not("profiler"))
+        return profile(activities=[ProfilerActivity.CPU, device], **kwargs)
+
+    def _contract_answers(self) -> dict[str, tuple[bool, str, str]]:
+        """What the device module offers, read off it where it is loaded (a vendor build may lack a piece)."""
+        from torch.profiler import ProfilerActivity
+
+        answers = super()._contract_answers()
+        mod, dev = self._module, f"torch.{self.device_type}"
+        present = lambda name: mod is not None and hasattr(mod, name)  # noqa: E731
+        answers["capability"] = (True, f"{dev}.get_device_properties merged with the catalog", "")
+        answers["streams_events"] = (True, f"{dev}.Stream / Event / stream", "")
+        answers["memory_stats"] = (True, f"{dev}.memory_allocated / max_memory_allocated / mem_get_info", "")
+        answers["rng"] = (True, f"{dev}.get_rng_state / set_rng_state", "")
+        answers["host_cache"] = (present("host_memory_stats"), f"{dev}.host_memory_stats",
+                                 f"this {dev} has no host_memory_stats (no pinned-cache statistics to read)")
+        if self.graph_names is None:
+            answers["graph_capture"] = (False, "none", f"no graph capture is known for {dev}")
+        else:
+            names = " / ".join(f"{dev}.{n}" for n in self.graph_names)
+            answers["graph_capture"] = (all(present(n) for n in self.graph_names), names,
+                                        f"this {dev} lacks {names} (a vendor build older than its graph support)")
+        activity = self.profiler_activity or "none"
+        answers["profiler"] = (hasattr(ProfilerActivity, activity),
+                               f"torch.profiler with ProfilerActivity.CPU + {activity}",
+                               f"torch.profiler.ProfilerActivity has no {activity} here")
+        return answers
 
     # --- capabilities --------------------------------------------------------------------------
     def capabilities(self, index: int = 0) -> DeviceCapabilities:

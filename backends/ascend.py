@@ -16,11 +16,13 @@ import importlib
 import importlib.util
 import os
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from hal.backend import CclGap
 from hal.capabilities import DtypeSupport, ProbedFacts
+from hal.errors import UnsupportedError
 
 from ._device_module import DeviceModuleBackend, RuntimeMissing, registered_device_module
 
@@ -48,6 +50,16 @@ def find_torch_npu() -> tuple[ModuleType | None, str]:
         return None, f"torch_npu failed to import: {_first_line(exc)}"
 
 
+def _npu_profiler() -> ModuleType | None:
+    """torch_npu.profiler where it imports and has the NPU activity; None otherwise."""
+    try:
+        module = importlib.import_module(f"{PACKAGE}.profiler")
+    except Exception:  # absent or broken: the contract says unsupported, with the reason
+        return None
+    activity = getattr(module, "ProfilerActivity", None)
+    return module if activity is not None and hasattr(activity, "NPU") and callable(getattr(module, "profile", None)) else None
+
+
 def _first_line(exc: BaseException) -> str:
     """'<Type>: <first line of the message>', kept to one short line."""
     lines = str(exc).strip().splitlines()
@@ -72,6 +84,27 @@ class AscendBackend(DeviceModuleBackend):
     )
     reduced_precision_matmul_format = "hf32"
     hardware_verification = None  # never run on an Ascend NPU yet
+    # NPUGraph (aclgraph) capture/replay, torch.cuda.graph's signature: torch_npu.npu.NPUGraph, torch_npu.npu.graph,
+    # https://gitcode.com/Ascend/pytorch/blob/master/docs/zh/developer_notes/npugraph.md (torch_npu/npu/graphs.py)
+    graph_names = ("NPUGraph", "graph")
+    profiler_activity = "NPU"  # of torch_npu.profiler.ProfilerActivity, not torch.profiler's (see ``profiler``)
+
+    def profiler(self, **kwargs: Any) -> Any:
+        """Ascend PyTorch Profiler: ``torch_npu.profiler.profile`` with its CPU and NPU activities (torch.profiler
+        does not record NPU kernels), https://www.hiascend.com/document (Ascend PyTorch Profiler, torch_npu.profiler)."""
+        self.require_available()
+        profiler = _npu_profiler()
+        if profiler is None:
+            raise UnsupportedError(self._why_not("profiler"))
+        return profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.NPU], **kwargs)
+
+    def _contract_answers(self) -> dict[str, tuple[bool, str, str]]:
+        answers = super()._contract_answers()
+        loaded = self._module is not None
+        answers["profiler"] = (loaded and _npu_profiler() is not None,
+                               "torch_npu.profiler.profile with ProfilerActivity.CPU + NPU",
+                               "torch_npu.profiler (with ProfilerActivity.NPU) is missing from this torch_npu")
+        return answers
 
     def _load_module(self) -> ModuleType:
         package, why = find_torch_npu()

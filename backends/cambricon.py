@@ -83,6 +83,10 @@ class CambriconBackend(DeviceModuleBackend):
     visible_devices_env = "MLU_VISIBLE_DEVICES"  # torch_mlu also reads CN_VISIBLE_DEVICES first
     reduced_precision_matmul_format = "tf32"  # MLU500+ only; capabilities() says per device
     hardware_verification = None  # never run on an MLU yet
+    # MLU graphs, torch.cuda.graph's shape: torch.mlu.MLUGraph / torch.mlu.graph (torch_mlu's cuda-to-mlu map pairs
+    # torch.cuda.CUDAGraph with torch.mlu.MLUGraph); torch_mlu adds ProfilerActivity.MLU to torch.profiler.
+    graph_names = ("MLUGraph", "graph")
+    profiler_activity = "MLU"
 
     def _load_module(self) -> ModuleType:
         package = _import_torch_mlu()

@@ -181,6 +181,18 @@ class CpuBackend(Backend):
     def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
         torch.random.default_generator.set_state(state)
 
+    def _contract_answers(self) -> dict[str, tuple[bool, str, str]]:
+        return {
+            "capability": (True, "capabilities(): the CPU's feature flags and /proc/meminfo, merged with the catalog", ""),
+            "streams_events": (True, "torch.cpu.Stream; host events timed by the wall clock (CPU work is synchronous)", ""),
+            "memory_stats": (True, "the process's resident set (VmRSS, peak VmHWM, reset through clear_refs)", ""),
+            "host_cache": (False, "none", "the host is the memory: a pinned host cache stages copies to an accelerator"),
+            "rng": (True, "torch's default CPU generator get_state / set_state", ""),
+            "graph_capture": (False, "none", "no graph capture on the host: CPU ops run as they are called, with no "
+                                             "launch cost a replay would save"),
+            "profiler": (True, "torch.profiler with ProfilerActivity.CPU", ""),
+        }
+
     def set_reduced_precision_matmul(self, enabled: bool) -> None:
         if enabled:
             raise UnsupportedError(

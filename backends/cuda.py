@@ -25,6 +25,8 @@ class CudaBackend(DeviceModuleBackend):
     ccl = "nccl"
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     reduced_precision_matmul_format = "tf32"
+    graph_names = ("CUDAGraph", "graph")  # CUDA graphs (hipGraph on ROCm builds: the same torch.cuda API)
+    profiler_activity = "CUDA"  # CUPTI through kineto (roctracer on ROCm builds)
     ccl_reduce_ops = frozenset({"sum", "avg", "max", "min", "product"})  # ncclAvg since NCCL 2.10
     ccl_coalesces = True  # ProcessGroupNCCL's start/end coalescing is ncclGroupStart/End (RCCL on HIP builds: the same code)
     hardware_verification = (

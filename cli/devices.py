@@ -29,6 +29,24 @@ def _device_rows(backend: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _contract(backend: Any) -> dict[str, Any]:
+    """Each contract item's answer (supported / unsupported / unavailable, the API, why not)."""
+    try:
+        return {item: answer.to_dict() for item, answer in backend.contract().items()}
+    except Exception as exc:  # a plug-in's broken answer is shown, not raised
+        return {"error": {"item": "contract", "state": "error", "api": "", "reason": f"{type(exc).__name__}: {exc}"}}
+
+
+def _print_contract(contract: dict[str, Any]) -> None:
+    marks = {"supported": "yes", "unsupported": "no", "unavailable": "n/a"}
+    print(f"  {'contract':<9} " + ", ".join(f"{item} {marks.get(a['state'], a['state'])}" for item, a in contract.items()))
+    for item, a in contract.items():
+        if a["state"] == "unsupported" or a["state"] == "error":
+            print(f"  {'':<9} {item}: {a['reason']}")
+        elif a["state"] == "unavailable" and item in ("graph_capture", "host_cache", "profiler"):
+            print(f"  {'':<9} {item} would use {a['api']}")
+
+
 def devices_report() -> dict[str, Any]:
     """Every registered backend: availability and why, devices, CCL, hardware verification."""
     import torch
@@ -58,6 +76,7 @@ def devices_report() -> dict[str, Any]:
                 "devices": devices,
                 "verified_on_hardware": backend.hardware_verification is not None,
                 "verification": backend.verification,
+                "contract": _contract(backend),
             }
         )
     chosen, why = choose_backend("auto")
@@ -76,6 +95,7 @@ def _print_devices(report: dict[str, Any]) -> None:
         print(f"\n{b['name']:<10} {state:<12} vendor {b['vendor']}, device type '{b['device_type']}', ccl {b['ccl']}")
         print(f"  {'why':<9} {b['reason']}")
         print(f"  {'verified':<9} {b['verification']}")
+        _print_contract(b["contract"])
         for d in b["devices"]:
             native = " ".join(k for k, v in d["dtypes"].items() if v == "native")
             catalog = d["catalog_id"] or "not in catalog (probed facts only)"

@@ -15,12 +15,30 @@ from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator
 import torch
 
 from hal.capabilities import DeviceCapabilities
-from hal.errors import BackendUnavailable
+from hal.errors import BackendUnavailable, UnsupportedError
 
 if TYPE_CHECKING:
     from hal.ops.registry import OpRegistry
 
 NOT_VERIFIED = "not verified on hardware"
+# What a backend answers for beyond compute (torch.accelerator's and the accelerator-integration guide's list):
+# each is exercised by the ``contract`` conformance suite and shown by ``hal devices``.
+CONTRACT_ITEMS: tuple[str, ...] = ("capability", "streams_events", "memory_stats", "host_cache", "rng",
+                                   "graph_capture", "profiler")
+
+
+@dataclass(frozen=True)
+class ContractItem:
+    """How a backend answers one contract item: ``state`` is supported, unsupported or unavailable (the runtime
+    is not here); ``api`` is what serves it (or would); ``reason`` why not, empty when supported."""
+
+    item: str
+    state: str
+    api: str
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"item": self.item, "state": self.state, "api": self.api, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -201,6 +219,61 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def capabilities(self, index: int = 0) -> DeviceCapabilities:
         """Catalog facts for the device at ``index`` merged with a run-time probe."""
+
+    # --- host cache, graphs, profiler, and the contract's answers ------------------------------------
+    def host_memory_stats(self) -> dict[str, Any]:
+        """Statistics of the pinned host-memory cache the device copies stage through (CUDA's keys:
+        ``allocated_bytes.current`` ...). Raises UnsupportedError with the reason where there is none."""
+        raise UnsupportedError(self._why_not("host_cache"))
+
+    def empty_host_cache(self) -> None:
+        """Give the pinned host cache's unused blocks back (UnsupportedError where there is no such cache)."""
+        raise UnsupportedError(self._why_not("host_cache"))
+
+    def Graph(self) -> Any:  # noqa: N802 - mirrors CUDAGraph and torch.accelerator.Graph
+        """A new capture/replay graph (CUDA graphs on cuda); UnsupportedError with the reason elsewhere."""
+        raise UnsupportedError(self._why_not("graph_capture"))
+
+    def graph(self, graph: Any, stream: Any = None) -> ContextManager[Any]:
+        """Context manager capturing the device work queued inside it into ``graph`` (replay: ``graph.replay()``)."""
+        raise UnsupportedError(self._why_not("graph_capture"))
+
+    def profiler(self, **kwargs: Any) -> ContextManager[Any]:
+        """A profiler recording host and device activity (``torch.profiler.profile`` with this device's
+        activity, or the vendor's own profiler); ``kwargs`` go to it. Default: host activity only."""
+        from torch.profiler import ProfilerActivity, profile
+
+        return profile(activities=[ProfilerActivity.CPU], **kwargs)
+
+    def contract(self) -> dict[str, ContractItem]:
+        """Every CONTRACT_ITEMS entry: the API that serves it here, or why not (runtime absent: unavailable)."""
+        status = self.availability()
+        answers = self._contract_answers()
+        out = {}
+        for item in CONTRACT_ITEMS:
+            supported, api, why = answers[item]
+            if not status.available:
+                out[item] = ContractItem(item, "unavailable", api, status.reason)
+            else:
+                out[item] = ContractItem(item, "supported" if supported else "unsupported", api, "" if supported else why)
+        return out
+
+    def _contract_answers(self) -> dict[str, tuple[bool, str, str]]:
+        """item -> (supported, api, why not): what this backend class can say; the base serves the items every
+        backend implements above and none of the optional ones."""
+        return {
+            "capability": (True, "capabilities(): catalog merged with a device probe", ""),
+            "streams_events": (True, "Stream / Event / stream()", ""),
+            "memory_stats": (True, "memory_allocated / max_memory_allocated / mem_get_info", ""),
+            "host_cache": (False, "host_memory_stats", f"backend '{self.name}' declares no pinned host cache"),
+            "rng": (True, "get_rng_state / set_rng_state", ""),
+            "graph_capture": (False, "Graph / graph()", f"backend '{self.name}' declares no graph capture"),
+            "profiler": (True, "torch.profiler (host activity only)", ""),
+        }
+
+    def _why_not(self, item: str) -> str:
+        answer = self.contract()[item]
+        return f"backend '{self.name}' cannot serve {item.replace('_', ' ')} ({answer.api}): {answer.reason}"
 
     # --- distributed --------------------------------------------------------------------------
     def process_group_backend(self) -> str:

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hal.backend import Availability, Backend
+from hal.backend import CONTRACT_ITEMS, Availability, Backend
 from hal.backend_registry import all_backends
-from hal.errors import BackendUnavailable
+from hal.errors import BackendUnavailable, UnsupportedError
 
 from ..conftest import REPO
 
@@ -25,7 +25,7 @@ CONTRACT_METHODS = {
     "mem_get_info", "total_memory", "empty_cache", "manual_seed", "manual_seed_all", "get_rng_state",
     "set_rng_state", "autocast", "grad_scaler", "set_reduced_precision_matmul",
     "reduced_precision_matmul_enabled", "set_deterministic", "capabilities", "process_group_backend",
-    "register_ops",
+    "register_ops", "host_memory_stats", "empty_host_cache", "Graph", "graph", "profiler", "contract",
 }
 IDENTITY = ("name", "device_type", "vendor", "ccl", "visible_devices_env", "reduced_precision_matmul_format",
             "hardware_verification", "ccl_reduce_ops", "ccl_gaps")
@@ -81,6 +81,46 @@ def test_unavailable_backend_refuses_device_calls_with_its_reason(name: str) -> 
     assert backend.hardware_verification is None or name == "cuda"
     for call in (lambda: backend.set_device(0), lambda: backend.synchronize(), lambda: backend.memory_allocated(),
                  lambda: backend.Stream(), lambda: backend.manual_seed(0), lambda: backend.capabilities(0)):
+        with pytest.raises(BackendUnavailable) as info:
+            call()
+        assert status.reason in str(info.value)
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_backend_answers_every_contract_item(name: str) -> None:
+    """Each item: supported, unsupported with a reason, or unavailable with the runtime's reason; never silent."""
+    backend = all_backends()[name]
+    status = backend.availability()
+    answers = backend.contract()
+    assert tuple(answers) == CONTRACT_ITEMS
+    for item, answer in answers.items():
+        assert answer.item == item and answer.api, answer
+        assert answer.state == ("unavailable" if not status.available else answer.state), answer
+        assert answer.state in ("supported", "unsupported", "unavailable"), answer
+        if answer.state == "unavailable":
+            assert answer.reason == status.reason
+        elif answer.state == "unsupported":
+            assert len(answer.reason) > 15, answer
+
+
+def test_an_unsupported_item_refuses_with_its_reason() -> None:
+    cpu = all_backends()["cpu"]
+    for call, item in ((cpu.Graph, "graph_capture"), (cpu.host_memory_stats, "host_cache"),
+                       (cpu.empty_host_cache, "host_cache")):
+        with pytest.raises(UnsupportedError) as info:
+            call()
+        assert cpu.contract()[item].reason in str(info.value)
+    with pytest.raises(UnsupportedError, match="no graph capture on the host"):
+        cpu.graph(object())
+
+
+@pytest.mark.parametrize("name", ["cuda", "rocm", "ascend", "cambricon"])
+def test_an_absent_runtime_refuses_graphs_host_cache_and_profiler_with_its_reason(name: str) -> None:
+    backend = all_backends()[name]
+    status = backend.availability()
+    if status.available:
+        pytest.skip(f"{name} is available on this machine")
+    for call in (backend.Graph, backend.host_memory_stats, backend.profiler):
         with pytest.raises(BackendUnavailable) as info:
             call()
         assert status.reason in str(info.value)

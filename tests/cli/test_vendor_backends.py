@@ -225,6 +225,43 @@ for _name_ in filter(None, os.environ.get("FAKE_NPU_WITHOUT", "").split(",")):
     del globals()[_name_]
 '''
 
+FAKE_NPU_GRAPHS = '''
+# torch_npu.npu.NPUGraph / torch_npu.npu.graph (torch_npu/npu/graphs.py): recorded, nothing captured.
+class NPUGraph:
+    def replay(self):
+        CALLS.append(["NPUGraph.replay"])
+
+
+@contextlib.contextmanager
+def _graph(npu_graph, pool=None, stream=None, capture_error_mode="global"):
+    CALLS.append(["graph", type(npu_graph).__name__, stream])
+    yield npu_graph
+
+
+if MODE != "no_module":
+    npu.NPUGraph = NPUGraph
+    npu.graph = _graph
+'''
+
+# torch_npu.profiler: the Ascend PyTorch Profiler's entry points (a recording stand-in).
+FAKE_NPU_PROFILER = '''
+import contextlib
+import enum
+
+from torch_npu import CALLS
+
+
+class ProfilerActivity(enum.Enum):
+    CPU = 0
+    NPU = 1
+
+
+@contextlib.contextmanager
+def profile(activities=None, **kwargs):
+    CALLS.append(["profile", sorted(a.name for a in activities), sorted(kwargs)])
+    yield None
+'''
+
 FAKE_MLU_EXTRA = '''
 # torch_mlu installs these on import (torch_mlu/__init__.py): matmul TF32 default False, cnnl TF32 default True.
 if MODE != "no_module":
@@ -239,13 +276,14 @@ def fake_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fake_vendor_runtimes")
     sources = {
         "torch_npu": FAKE_DEVICE_MODULE.format(pkg="torch_npu", dev="npu", pfx="NPU", default_name="Ascend910B2")
-        + FAKE_NPU_EXTRA.format(),
+        + FAKE_NPU_EXTRA.format() + FAKE_NPU_GRAPHS,
         "torch_mlu": FAKE_DEVICE_MODULE.format(pkg="torch_mlu", dev="mlu", pfx="MLU", default_name="MLU590")
         + FAKE_MLU_EXTRA,
     }
     for package, source in sources.items():
         (root / package).mkdir()
         (root / package / "__init__.py").write_text(source, encoding="utf-8")
+    (root / "torch_npu" / "profiler.py").write_text(FAKE_NPU_PROFILER, encoding="utf-8")
     return root
 
 
@@ -530,6 +568,55 @@ def test_cambricon_logic_with_fake_mlu590(fake_root: Path) -> None:
     mlu.set_deterministic(False)
     assert torch.backends.cnnl.deterministic is False
     assert mlu.process_group_backend() == "cpu:gloo,mlu:cncl"
+    """, fake_root)
+
+
+def test_contract_answers_over_the_fake_runtimes(fake_root: Path) -> None:
+    """What each vendor backend answers for graphs, the host cache and the profiler is read off the runtime it
+    loaded: the fake torch_npu has NPUGraph and torch_npu.profiler but no host_memory_stats; the fake torch_mlu
+    has no MLUGraph, and its profiler activity is torch's PrivateUse1 under the name the package renames it to."""
+    run_child(BYPASS + """
+    import torch_npu
+    from hal.backend import CONTRACT_ITEMS
+    from hal.backends.ascend import AscendBackend
+    npu = bypassed(AscendBackend, "npu")
+    calls = torch_npu.CALLS
+    answers = npu.contract()
+    assert tuple(answers) == CONTRACT_ITEMS, answers
+    assert answers["graph_capture"].state == "supported", answers
+    assert answers["graph_capture"].api == "torch.npu.NPUGraph / torch.npu.graph", answers
+    graph = npu.Graph()
+    with npu.graph(graph, stream="s1"):
+        pass
+    assert type(graph).__name__ == "NPUGraph" and calls[-1] == ["graph", "NPUGraph", "s1"], calls[-3:]
+    assert answers["profiler"].state == "supported", answers
+    with npu.profiler(record_shapes=True):
+        pass
+    assert calls[-1] == ["profile", ["CPU", "NPU"], ["record_shapes"]], calls[-3:]
+    assert answers["host_cache"].state == "unsupported", answers
+    assert "host_memory_stats" in answers["host_cache"].reason, answers
+    for call in (npu.host_memory_stats, npu.empty_host_cache):
+        try:
+            call()
+            raise AssertionError(f"{call.__name__} without host_memory_stats was served")
+        except UnsupportedError as exc:
+            assert "cannot serve host cache" in str(exc) and "no host_memory_stats" in str(exc), str(exc)
+    """, fake_root)
+    # a second child: one process renames PrivateUse1 once
+    run_child(BYPASS + """
+    from hal.backends.cambricon import CambriconBackend
+    mlu = bypassed(CambriconBackend, "mlu")
+    answers = mlu.contract()
+    assert answers["graph_capture"].state == "unsupported", answers
+    assert "torch.mlu.MLUGraph" in answers["graph_capture"].reason, answers
+    try:
+        mlu.Graph()
+        raise AssertionError("a graph without MLUGraph was made")
+    except UnsupportedError as exc:
+        assert "graph capture" in str(exc), str(exc)
+    # renaming PrivateUse1 to "mlu" (what torch_mlu does on import) gives torch.profiler a ProfilerActivity.MLU
+    assert answers["profiler"].state == "supported", answers
+    assert answers["rng"].state == "supported" and answers["rng"].api == "torch.mlu.get_rng_state / set_rng_state", answers
     """, fake_root)
 
 
