@@ -13,13 +13,14 @@ from typing import Any, Callable
 from hal.errors import ConfigError
 
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.planner.calibrate import calibrate_host, calibrate_node, calibrate_tp
+from hal.parallel.planner.calibrate import STEPS as CALIBRATION_STEPS, calibrate_host, calibrate_node, calibrate_tp
 from hal.parallel.planner.cluster import Cluster, DeviceType
 from hal.parallel.planner.estimate import estimate_device
 from hal.parallel.planner.measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_loaded_collectives, measure_tp_layers
 from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Profile
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
+QUICK_CALIBRATION_STEPS = 3  # timed steps a calibration pipeline runs under quick (calibrate.STEPS otherwise)
 MAX_QUICK_LAYER_FLOPS = 5e11  # a present device is measured only when one layer's forward at the largest point is below this
 # ... and a probed host's cpu beside accelerators only below this: its calibration pipelines run the layer on a rank a
 # core, minutes for a GPU-sized layer (1.2B model, 1 x H200 host: past 200 s), for a type the plan would not use
@@ -44,7 +45,7 @@ def cpu_threads(kind: DeviceType) -> int:
 def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int, *, quick: bool = False,
                  links: bool = True, repeats: int | None = None, progress: Callable[[str], None] | None = None,
                  fallback: str = "warn", launch: Callable[..., Any] | None = None, calibrate: bool = True,
-                 compile_backend: str | None = None) -> Profile:
+                 compile_backend: str | None = None, calibration_steps: int | None = None) -> Profile:
     """Measure every device type of ``cluster`` present here, estimate the rest from the catalog; the links too.
 
     A cpu node with several ranks also gets its in-run slowdown (``planner.calibrate``) unless ``calibrate``
@@ -54,7 +55,8 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
     only when it is given (the command hands it in: the launcher is above this floor). ``compile_backend``: the
     layers are timed compiled (a plan that compiles them runs another program); the calibration pipelines stay
     eager — they measure the node's slowdown and the engine's own work, ratios and per-action costs the layer's
-    program does not set."""
+    program does not set. ``calibration_steps``: timed steps of each calibration pipeline (the median is kept;
+    default 5, 3 under ``quick``)."""
     from hal.backend_registry import get_backend
     from hal.precision import resolve_precision
 
@@ -65,6 +67,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
         if present(kind):
             _check_size(model, seq, max(rows), kind)
     reps = repeats or (1 if quick else 3)
+    steps = calibration_steps or (QUICK_CALIBRATION_STEPS if quick else CALIBRATION_STEPS)
     measured_links: dict[str, LinkProfile] = {}
     if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
         for bridged in (False, True):
@@ -102,11 +105,12 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             say(f"cpu: calibration pipelines of {kind.per_node} rank(s) sharing {kind.cores} core(s)")
             boundary = boundary_time(cluster, kind, measured_links, model, seq)
             points = calibrate_node(measured, model, ranks=kind.per_node, cores=kind.cores or 1, threads=cpu_threads(kind),
-                                    rows=max(rows), seq=seq, launch=launch, boundary=boundary)
+                                    rows=max(rows), seq=seq, launch=launch, boundary=boundary, steps=steps)
             measured = dataclasses.replace(measured, contention=points)
             if splits_over_tp(model):
                 tp_points = calibrate_tp(measured, model, ranks=kind.per_node, cores=kind.cores or 1,
-                                         threads=cpu_threads(kind), rows=max(rows), seq=seq, launch=launch, boundary=boundary)
+                                         threads=cpu_threads(kind), rows=max(rows), seq=seq, launch=launch, boundary=boundary,
+                                         steps=steps)
                 measured = dataclasses.replace(measured, tp_all_reduce=tp_points)
             else:
                 say(f"cpu: no tp {TP_DEGREE} calibration: {_no_tp(model)}")
@@ -120,7 +124,7 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
             measured = dataclasses.replace(measured, layers=measured.layers + tp_layers)
             say(f"{kind.device}: calibration pipeline (the engine's host work per action)")
             per_action = calibrate_host(measured, cluster, kind, model, precision=precision, seq=seq, launch=launch,
-                                        fallback=fallback)
+                                        fallback=fallback, steps=steps)
             measured = dataclasses.replace(measured, action_host_s=per_action,
                                            basis=measured.basis + f"; tp {TP_DEGREE} layers measured with their group; "
                                            "the engine's host work from a calibration pipeline")
