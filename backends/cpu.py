@@ -108,6 +108,9 @@ class CpuBackend(Backend):
     reduced_precision_matmul_format = None
     hardware_verification = "host CPU: the whole test suite runs here (CI)"
     memory_stats_measure = "the process's resident set size (all host memory of the process, not tensor bytes)"
+    # gloo's sums round every partial sum to the tensor's dtype, bf16 and fp16 included (the reduction probe at 4 ranks
+    # on a CPU host, torch 2.13, 2026-11-29: bitwise a ring, chunk c summed from rank c - 1 going down the ranks)
+    ccl_accumulation = {"float32": "dtype", "bfloat16": "dtype", "float16": "dtype"}
 
     def availability(self) -> Availability:
         return Availability(True, f"host CPU ({_cpu_name(_cpu_features())}, {os.cpu_count()} logical cores)")

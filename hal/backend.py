@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator, Mapping
 
 import torch
 
@@ -80,6 +80,11 @@ class Backend(abc.ABC):
     ccl_coalesces: ClassVar[bool] = False
     # Known CCL gaps (dtypes or ops the vendor library cannot do) and their handling.
     ccl_gaps: ClassVar[tuple[CclGap, ...]] = ()
+    # How the CCL's sum accumulates, per dtype name, where it is known (documented or measured): "dtype" — every
+    # partial sum rounded to the tensor's dtype (a ring or tree in the dtype); "wide" — a wider accumulator, rounded
+    # once. The collectives suite's reduction probe fails a declared dtype whose sums show the other kind; two
+    # vendors' all-reduces can agree bitwise only where they sum alike. Empty: undeclared (the probe only states it).
+    ccl_accumulation: ClassVar[Mapping[str, str]] = {}
     # What real hardware this backend was verified on, and how; None = not verified.
     hardware_verification: ClassVar[str | None] = None
     # What memory_allocated & co. measure when it is not the device allocator's tensor bytes

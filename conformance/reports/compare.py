@@ -147,6 +147,31 @@ class Comparison:
         return levels.matrix([(r.id, r.level) for r in self.rows if r.level is not None])
 
     @property
+    def reductions(self) -> list[dict[str, Any]]:
+        """For each reduction probe both runs hold (``collectives::reduction_probe/...``): the models of the sum each
+        library's result matched bitwise, and whether the two all-reduces can agree bitwise — only when they sum
+        the same way (a shared model); a library matching no model cannot be said to."""
+        cases_b = {c["id"]: c for c in self.b["cases"]}
+        out = []
+        for ca in self.a["cases"]:
+            cb = cases_b.get(ca["id"])
+            if "reduction_probe/" not in ca["id"] or cb is None:
+                continue
+            ma, mb = (ca.get("data") or {}).get("models"), (cb.get("data") or {}).get("models")
+            if ma is None or mb is None:  # not run on one side
+                continue
+            shared = [m for m in ma if m in mb]
+            if shared:
+                agree, line = True, f"can agree bitwise: both sum as {' = '.join(shared)}"
+            elif not ma or not mb:
+                agree, line = None, ("cannot tell: " + " and ".join(f"{side}'s sum matches none of the models"
+                                                                     for side, m in (("A", ma), ("B", mb)) if not m))
+            else:
+                agree, line = False, f"cannot agree bitwise: A sums as {' = '.join(ma)}, B as {' = '.join(mb)}"
+            out.append({"case": ca["id"], "a_models": ma, "b_models": mb, "agree_bitwise": agree, "line": line})
+        return out
+
+    @property
     def exit_code(self) -> int:
         return 1 if self.worse else 0
 
@@ -162,6 +187,7 @@ class Comparison:
             "cases": [r.to_dict() for r in self.rows], "only_in_a": self.only_a, "only_in_b": self.only_b,
             "levels": {"bounds": levels.BOUNDS, "floors": levels.FLOORS, "counts": self.level_counts,
                        "matrix": self.levels},
+            "reductions": self.reductions,
         })
 
 
@@ -216,6 +242,9 @@ def format_text(cmp: Comparison, *, every_case: bool = False, listed: int = 10) 
         out += ["", f"cross-device levels of B against A ({counts}; the worst case per op and dtype; L2: B's mean / max "
                     "relative and RMS error within 2 / 1.2 / 1.2 x A's, L1 5 / 1.5 / 1.5, L0 10 / 2 / 2):",
                 *(f"  {line}" for line in levels.matrix_text(grades))]
+    if cmp.reductions:
+        out += ["", "how the two collective libraries sum (reduction probes; model names: hal conformance docs):",
+                *(f"  {r['case']}: {r['line']}" for r in cmp.reductions)]
     for label, ids in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
         if ids:
             head = ids if every_case else ids[:listed]

@@ -243,6 +243,14 @@ MODEL_WORDS = {
 }
 
 
+ACCUMULATION_WORDS = {"dtype": "rounding every partial sum to the dtype", "wide": "in a wider accumulator, rounded once"}
+
+
+def accumulation_kind(model: str) -> str:
+    """The kind of accumulation a model of ``reduction_models`` is: "wide" (rounded once) or "dtype" (every partial sum)."""
+    return "wide" if model == "wide_once" else "dtype"
+
+
 def model_words(name: str) -> str:
     """What a model of ``reduction_models`` says about the library."""
     if name.startswith("ring"):

@@ -16,6 +16,8 @@ Options (``ctx.options``):
   ``ctx.max_world_size``).
 - ``collectives_timeout_s``: the deadline of one job (default 300 s); past it every rank is killed and
   the job's cases are errors.
+- ``ccl_accumulation``: how the CCL's sums accumulate per dtype name ("dtype" or "wide"), over the backend's own
+  declaration (``Backend.ccl_accumulation``): the reduction probe holds the library to it.
 - ``busbw_sizes``: message sizes for the bandwidth table, a list of bytes or ``"MIN..MAX"``
   (default 1 KiB, 16 KiB, 256 KiB on the CPU; 1 MiB..256 MiB on accelerators).
 """
@@ -25,7 +27,9 @@ import threading
 from typing import Any, Callable
 
 from hal.conformance.cases import Case, Context, Outcome, skip
-from hal.conformance.suites.collective_checks import DTYPES, Check, merge_ranks, not_runnable, plan_checks
+from hal.conformance.suites.collective_checks import (
+    ACCUMULATION_WORDS, DTYPES, Check, accumulation_kind, merge_ranks, not_runnable, plan_checks,
+)
 from hal.conformance.jobs.launch import JobFailed, JobResult, run_job
 
 SUITE = "collectives"
@@ -101,9 +105,30 @@ def _check_case(job: _Job, check: Check) -> Callable[[Context], Outcome]:
         if result is None:
             return Outcome("error", reason=f"the world-{job.world_size} job failed: {error}")
         v = merge_ranks([rank["checks"].get(check.name) for rank in result.values])
-        return Outcome(v["status"], v["metrics"], v["tolerance"], v["failed_metric"], v["reason"], v["data"])
+        outcome = Outcome(v["status"], v["metrics"], v["tolerance"], v["failed_metric"], v["reason"], v["data"])
+        if check.op == "reduction_probe" and outcome.status == "pass":
+            declared = {**ctx.backend.ccl_accumulation, **ctx.options.get("ccl_accumulation", {})}.get(check.dtype)
+            return held_to_declaration(outcome, check.dtype, declared)
+        return outcome
 
     return run
+
+
+def held_to_declaration(outcome: Outcome, dtype: str, declared: str | None) -> Outcome:
+    """A passing reduction probe against the backend's declared accumulation for ``dtype`` ("dtype" or "wide"): a fail
+    where the library's sums are bitwise only of the other kind; confirmed, or not confirmed where no model matched."""
+    if declared is None:
+        return outcome
+    models = list(outcome.data.get("models") or [])
+    kinds = {accumulation_kind(m) for m in models}
+    if models and declared not in kinds:
+        (found,) = kinds
+        return Outcome("fail", {**outcome.metrics, "matches_declared": 0.0}, {**outcome.tolerance, "matches_declared": 1.0},
+                       "matches_declared", f"declared to accumulate {dtype} sums {ACCUMULATION_WORDS[declared]}, but they "
+                       f"are bitwise {ACCUMULATION_WORDS[found]}: {outcome.reason}", outcome.data)
+    said = "confirmed" if models else "not confirmed: its sums match no model"
+    return Outcome("pass", outcome.metrics, outcome.tolerance, None,
+                   f"{outcome.reason} (declared: {ACCUMULATION_WORDS[declared]}; {said})", outcome.data)
 
 
 def _busbw_case(job: _Job, op: str, dtype: str) -> Callable[[Context], Outcome]:

@@ -37,9 +37,36 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def clean_run() -> dict[str, object]:
-    """The whole suite at world sizes 2 and 4 (the CPU runner's 4 slots): one job per world size."""
-    return _run_all(_ctx(4))
+def clean_suite() -> tuple[Context, list]:
+    """The suite's cases at world sizes 2 and 4 (the CPU runner's 4 slots): one job per world size, run once."""
+    ctx = _ctx(4)
+    return ctx, suite.cases(ctx)
+
+
+@pytest.fixture(scope="module")
+def clean_run(clean_suite: tuple[Context, list]) -> dict[str, object]:
+    ctx, cases = clean_suite
+    return {case.name: case.run(ctx) for case in cases}
+
+
+def test_a_wrong_accumulation_declaration_is_caught_by_the_probe_and_missed_by_the_old_checks(
+        clean_suite: tuple[Context, list], clean_run: dict[str, object]) -> None:
+    """gloo rounds every bf16 partial sum to bf16; a backend declaring that its bf16 sums accumulate wide (fp32,
+    rounded once) is the planted fault. The probe at 4 ranks fails it, naming both kinds; at 2 ranks one addition
+    cannot tell them apart (pass); every tolerance-based bf16 all_reduce case passes the same library."""
+    ctx, cases = clean_suite
+    claims_wide = Context(ctx.backend, ctx.device, ctx.capabilities, max_world_size=ctx.max_world_size,
+                          options={"ccl_accumulation": {"bfloat16": "wide"}}, launch=ctx.launch)
+    probes = {case.name: case.run(claims_wide) for case in cases if case.name.startswith("reduction_probe/")}
+    bf16 = probes["reduction_probe/all_reduce/bfloat16/world4"]
+    assert bf16.status == "fail" and bf16.failed_metric == "matches_declared", bf16.reason
+    assert "declared to accumulate bfloat16 sums in a wider accumulator" in bf16.reason
+    assert "bitwise rounding every partial sum to the dtype" in bf16.reason
+    assert probes["reduction_probe/all_reduce/bfloat16/world2"].status == "pass"
+    assert probes["reduction_probe/all_reduce/float32/world4"].status == "pass"  # declared as gloo does: confirmed
+    assert "confirmed" in probes["reduction_probe/all_reduce/float32/world4"].reason
+    old = {n: o.status for n, o in clean_run.items() if n.startswith("all_reduce/") and "/bfloat16/" in n}
+    assert old and set(old.values()) == {"pass"}, old
 
 
 def test_every_op_and_dtype_passes_on_gloo(clean_run: dict[str, object]) -> None:

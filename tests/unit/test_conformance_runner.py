@@ -111,7 +111,7 @@ def test_unknown_suite_and_missing_module_are_one_line_errors(ctx: Context) -> N
         runner.plan(ctx, "tests.no_such_suite")
     with pytest.raises(ConfigError, match="empty suite name"):
         runner.parse_suites("ops,,training")
-    assert runner.parse_suites(None) == ["ops", "precision", "collectives", "training", "onnx"]
+    assert runner.parse_suites(None) == ["ops", "precision", "collectives", "training", "onnx", "contract"]
 
 
 def test_a_broken_suite_is_recorded_and_the_others_still_run(ctx: Context, tmp_path, monkeypatch) -> None:

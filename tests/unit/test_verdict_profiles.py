@@ -107,3 +107,23 @@ def test_the_reduction_probe_names_how_a_library_sums() -> None:
     noisy[0] = noisy[0] * 2 + 1
     models, shares = classify(noisy, xs)
     assert models == [] and "matches none" in describe(models, shares)
+
+
+def test_compare_says_whether_two_libraries_can_agree_bitwise() -> None:
+    """A ring rounding every hop against a wide accumulator: cannot agree; the same ring on both: can; a library
+    matching no model: cannot tell. Each from the models each run's probe recorded."""
+    from hal.conformance.reports.compare import compare
+
+    def run(models: dict[str, list[str] | None]) -> dict:
+        cases = [{"id": f"collectives::reduction_probe/all_reduce/{dtype}/world4", "status": "pass",
+                  "metrics": {"bound_ratio": 0.1}, "tolerance": {"bound_ratio": 1.0}, "reason": "",
+                  "data": {} if found is None else {"models": found}} for dtype, found in models.items()]
+        return {"cases": cases}
+
+    a = run({"bfloat16": ["ring-3"], "float32": ["ring-3"], "float16": ["wide_once"], "int8": ["ring-3"]})
+    b = run({"bfloat16": ["wide_once"], "float32": ["ring-3", "ring+1"], "float16": [], "int8": None})
+    lines = {r["case"].split("/")[2]: r for r in compare(a, b).reductions}
+    assert set(lines) == {"bfloat16", "float32", "float16"}  # int8: B did not run the probe
+    assert lines["bfloat16"]["agree_bitwise"] is False and "A sums as ring-3, B as wide_once" in lines["bfloat16"]["line"]
+    assert lines["float32"]["agree_bitwise"] is True and "both sum as ring-3" in lines["float32"]["line"]
+    assert lines["float16"]["agree_bitwise"] is None and "B's sum matches none" in lines["float16"]["line"]
