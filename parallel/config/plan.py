@@ -6,8 +6,8 @@ The ``parallel:`` section of the hal config is declared here once, as the ``Stag
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
-      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble | interleaved-zero-bubble | zbv
-      virtual_stages: 1         # model chunks per stage (interleaved schedules: 2 or more; zbv: 2)
+      schedule: 1f1b            # gpipe | 1f1b | interleaved-1f1b | zero-bubble | interleaved-zero-bubble | zbv | dualpipev
+      virtual_stages: 1         # model chunks per stage (interleaved schedules: 2 or more; zbv, dualpipev: 2)
       micro_batches: 8          # micro-batches per step           (default: number of stages)
       micro_batch_size: 4       # rows per micro-batch             (default: lcm of the stages' dp)
       zero1: false              # ZeRO-1 optimizer-state sharding inside each stage's dp group
@@ -40,6 +40,8 @@ Meaning of the degrees (the engine relies on these):
 - ``zbv`` (ZB-V, ``parallel.schedules.zbv``) splits backwards too, over exactly 2 chunks a stage
   placed in a V: stage k holds virtual stages k and 2S-1-k, so the first stage holds the embedding
   and the head (the loss is computed there) and every transfer is between neighbouring stages.
+- ``dualpipev`` (DualPipeV, ``parallel.schedules.dualpipev``): ZB-V's V with DeepSeek's fixed phase order, a
+  forward of one chunk paired with a backward of the other in its steady state; at least 2 x stages micro-batches.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from hal.parallel.schedules.base import Schedule
+from hal.parallel.schedules.dualpipev import DualPipeV
 from hal.parallel.schedules.gpipe import GPipe
 from hal.parallel.schedules.interleaved import Interleaved1F1B, InterleavedZeroBubble
 from hal.parallel.schedules.one_f_one_b import OneFOneB
@@ -9,7 +10,7 @@ from hal.parallel.schedules.zbv import ZeroBubbleV
 from hal.parallel.schedules.zero_bubble import ZeroBubbleH1
 
 _SCHEDULES: dict[str, type[Schedule]] = {cls.name: cls for cls in (GPipe, OneFOneB, Interleaved1F1B, ZeroBubbleH1, InterleavedZeroBubble,
-                                                                  ZeroBubbleV)}
+                                                                  ZeroBubbleV, DualPipeV)}
 
 
 def schedule_names() -> tuple[str, ...]:

@@ -125,7 +125,8 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
                 done[(action.kind, action.micro_batch, place.index(s, action.chunk))] = end
                 free[s] = end
                 timeline.append(Span(s, action, start, end))
-                last_of_backward = action.kind is (Kind.BACKWARD_WEIGHT if splits[s] else Kind.BACKWARD) or (
+                # a whole backward frees a micro-batch's activations, a split one with its W (DualPipeV mixes both)
+                last_of_backward = action.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT) or (
                     action.kind is Kind.BACKWARD_INPUT and not splits[s])
                 live[s] += 1 if action.kind is Kind.FORWARD else -1 if last_of_backward else 0
                 peak[s] = max(peak[s], live[s])

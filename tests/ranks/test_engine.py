@@ -1,7 +1,7 @@
 """The heterogeneous pipeline engine equals a single-process run of the same model, seed and data.
 
 Every plan's first loss (1e-5) and step-1 gradients (rtol 1e-5) are checked against the single process. The
-first plan of each schedule (1F1B, GPipe, zero-bubble, interleaved 1F1B, interleaved zero-bubble, ZB-V) trains
+first plan of each schedule (1F1B, GPipe, zero-bubble, interleaved 1F1B, interleaved zero-bubble, ZB-V, DualPipeV) trains
 20 AdamW steps within 1e-4; its layout variants train 5 (what a layout can break — a boundary, a tied pair, a
 sharded optimizer — shows from step 2 on; drift over many steps belongs to the schedule), which keeps the
 suite inside its time on two cores."""
@@ -82,13 +82,19 @@ PLANS[ZBV_THREE] = {**PLANS[IL_THREE], "schedule": "zbv", "micro_batches": 5}
 ZBV_BRIDGED = "zbv d: zbv, 3 stages x 2 chunks, every stage its own island"
 PLANS[ZBV_BRIDGED] = PLANS[ZBV_THREE]
 ISLANDS[ZBV_BRIDGED] = [0, 1, 1, 2]
-LAYERS = {IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
+# DualPipeV: ZB-V's V in DeepSeek's phase order (whole backwards paired with forwards, split ones in the cool-down).
+DPV_UNEVEN = "dpv a: dualpipev, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
+PLANS[DPV_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "dualpipev"}
+DPV_BRIDGED = "dpv b: dualpipev, 3 stages x 2 chunks, dp1/dp2/dp1, 6 micro-batches, every stage its own island"
+PLANS[DPV_BRIDGED] = {**PLANS[IL_THREE], "schedule": "dualpipev", "micro_batches": 6}
+ISLANDS[DPV_BRIDGED] = [0, 1, 1, 2]
+LAYERS = {DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
           ZBV_BRIDGED: 6}
-TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}
 STEPS, LR = 20, 3e-3
 VARIANT_STEPS = 5
 LONG_RUNS = {"a: 2 stages 3/1, tp2 -> dp2, 1f1b", "c: 3 stages dp1/dp2/dp1, gpipe", "zb a: 2 stages 3/1, tp2 -> dp2, zero-bubble",
-             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN}  # one plan per schedule: 20 steps
+             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}  # one plan per schedule: 20 steps
 assert LONG_RUNS <= set(PLANS) and {p["schedule"] for n, p in PLANS.items() if n in LONG_RUNS} == {
     p["schedule"] for p in PLANS.values()}
 
@@ -107,7 +113,7 @@ def test_plan_matches_single_process(name: str) -> None:
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
     losses = [v["losses"] for v in values if v["losses"][0] is not None]  # the stage holding the head (zbv: the first)
-    head = plan["stages"][0 if plan["schedule"] == "zbv" else -1]
+    head = plan["stages"][0 if plan["schedule"] in ("zbv", "dualpipev") else -1]  # the V: the loss on the first stage
     assert len(losses) == head["devices"], f"{len(losses)} ranks reported a loss; the head's stage has {head['devices']}"
     for run in losses:
         assert len(run) == steps, (len(run), steps)

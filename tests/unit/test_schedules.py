@@ -99,13 +99,14 @@ def test_a_broken_order_is_reported_as_a_deadlock() -> None:
 
 
 def test_registry_names_and_unknown_names() -> None:
-    assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv")
+    assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv",
+                                "dualpipev")
     assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
-    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
+    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
     assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule.name == "gpipe"
-    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv"):
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"):
         parse_plan({"schedule": "gpipee", "stages": stages})
 
 
@@ -326,6 +327,44 @@ def test_zbv_talks_to_neighbours_only_and_turns_round_in_memory(S: int, M: int) 
                 sorted((x.kind.value, x.micro_batch) for x in b.actions if x.kind not in flip) for b in theirs]
     sent = sum(1 for p in programs for b in p if isinstance(b, P2PBatch) for a in b.actions if a.kind in flip)
     assert sent == 2 * M * (2 * S - 2)  # every hand-over but the last stage's turn, both directions
+
+
+@pytest.mark.parametrize("S,M", [(2, 4), (2, 7), (3, 6), (4, 8), (4, 13), (8, 16), (8, 32)])
+def test_dualpipev_runs_every_micro_batch_once_each_way_in_its_phases(S: int, M: int) -> None:
+    """Every forward once per chunk and every backward once (whole, or I then W); the orders play without a
+    deadlock (``rounds`` raises one); neighbours only; 2S + 1 chunk activations held at most (ZB-V: 2S)."""
+    from hal.parallel.schedules.interleaved import rounds
+
+    sch = get_schedule("dualpipev")
+    for s in range(S):
+        order = sch.compute_order(S, M, s, 2)
+        forwards = sorted((a.chunk, a.micro_batch) for a in order if a.kind is Kind.FORWARD)
+        backwards = sorted((a.chunk, a.micro_batch) for a in order if a.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT))
+        assert forwards == backwards == sorted((c, m) for c in range(2) for m in range(M))
+        halves = [(a.chunk, a.micro_batch) for a in order if a.kind is Kind.BACKWARD_INPUT]
+        weights = [(a.chunk, a.micro_batch) for a in order if a.kind is Kind.BACKWARD_WEIGHT]
+        # split: phase 3's and 7's S - s - 1 each, and both chunks in phase 6's second half; W in I's order
+        assert halves == weights and len(halves) == 2 * (S - s - 1) + 2 * ((s + 1) - (s + 1) // 2)
+        whole = [a for a in order if a.kind is Kind.BACKWARD]
+        assert len(whole) + len(halves) == 2 * M
+    rounds(sch, S, M, 2)
+    sim = simulate(sch, S, M, virtual_stages=2, forward_s=1.0, backward_s=2.0)
+    assert max(sim.peak_in_flight) == 2 * S + 1  # ZB-V's 2S chunk activations and the one a pair adds
+    assert sim.makespan < simulate(OneFOneB(), S, M).makespan
+    programs = [sch.program(S, M, s, 2) for s in range(S)]
+    for s in range(S):
+        assert {b.peer_stage for b in programs[s] if isinstance(b, P2PBatch)} <= {s - 1, s + 1}
+
+
+def test_dualpipev_needs_two_micro_batches_a_stage() -> None:
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.config.plan import validate_plan
+
+    with pytest.raises(ConfigError, match="dualpipev needs at least 2 x the 2 stages = 4 micro-batches, the plan has 3"):
+        validate_plan(parse_plan(_interleaved_plan(schedule="dualpipev", micro_batches=3)), ModelConfig(num_layers=4),
+                      world_size=None, check_backends=False)
+    validate_plan(parse_plan(_interleaved_plan(schedule="dualpipev", micro_batches=4)), ModelConfig(num_layers=4),
+                  world_size=None, check_backends=False)
 
 
 def test_zbv_simulation_charges_no_transfer_at_the_turn() -> None:
