@@ -10,7 +10,10 @@ L0/L1/L2; msprobe's dual-benchmark ratio is the same idea): three ratios of B's 
 
 — and the case's level is the highest whose three bounds all hold (L2 the strictest), else **fail**. An error below
 its floor counts as the floor on both sides (``FLOORS``), so "A exact, B one rounding off" is not graded as an
-infinite ratio. Cases whose results lack the three metrics (runs from before they were recorded, status-only
+infinite ratio. The rmse floor scales with the golden (``RMS_FLOOR_SHARE`` of its RMS, where the results record
+``golden_rms``): an absolute 1e-9 graded float32 noise on values of magnitude 100 as a failure. And where B's rmse is
+at that floor, B is as exact as the comparison can tell: its ratios count at most 1 — a near-zero golden element
+(a gradient that is 0 in exact arithmetic) otherwise turns a 1e-17 error into a relative error of 1. Cases whose results lack the three metrics (runs from before they were recorded, status-only
 cases) are not graded. ``matrix`` folds the grades per op and dtype, worst case first: the report's picture.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ BOUNDS: dict[str, tuple[float, float, float]] = {  # level -> (mean_rel, max_rel
 }
 METRICS = ("mean_rel", "max_rel", "rmse")
 FLOORS = {"mean_rel": 1e-6, "max_rel": 1e-6, "rmse": 1e-9}
+RMS_FLOOR_SHARE = 1e-6  # rmse below this share of the golden's RMS is at the floor
 RANK = {"fail": 0, "L0": 1, "L1": 2, "L2": 3}
 DTYPES = ("float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int64", "int32")
 
@@ -34,12 +38,18 @@ DTYPES = ("float64", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_
 def ratios(ca: dict[str, Any], cb: dict[str, Any]) -> dict[str, float] | None:
     """B's error over A's for the three metrics (each floored), or None where a case lacks one."""
     ma, mb = ca.get("metrics") or {}, cb.get("metrics") or {}
+    scale = ma.get("golden_rms", mb.get("golden_rms"))
+    floors = dict(FLOORS)
+    if isinstance(scale, (int, float)) and math.isfinite(scale):
+        floors["rmse"] = max(FLOORS["rmse"], RMS_FLOOR_SHARE * scale)
     out = {}
     for name in METRICS:
         a, b = ma.get(name), mb.get(name)
         if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or math.isnan(a):
             return None
-        out[name] = math.inf if math.isnan(b) else max(b, FLOORS[name]) / max(a, FLOORS[name])
+        out[name] = math.inf if math.isnan(b) else max(b, floors[name]) / max(a, floors[name])
+    if mb["rmse"] <= floors["rmse"]:  # B's error is below what the golden's scale lets us see
+        out = {name: min(r, 1.0) for name, r in out.items()}
     return out
 
 

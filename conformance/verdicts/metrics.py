@@ -48,7 +48,7 @@ def spacing(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> dict[str, float]:
     """max_abs, max_rel, mean_rel (over non-zero golden values), rmse, rel_l2, cosine (and ulp for float dtypes) of
-    ``actual`` against ``expected``.
+    ``actual`` against ``expected``, and golden_rms (the golden's own scale: what the cross-device levels floor rmse by).
 
     ``expected`` is the float64 reference; ``dtype`` is the dtype the result was computed in (for ULP).
     Shapes must match; empty tensors give zero errors and cosine 1.
@@ -60,7 +60,7 @@ def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     out: dict[str, float] = {"nonfinite_mismatch": float(nonfinite_mismatch(a_all, e_all))}
     a, e = _finite_pair(a_all.reshape(-1), e_all.reshape(-1))
     if a.numel() == 0:
-        out.update(max_abs=0.0, max_rel=0.0, mean_rel=0.0, rmse=0.0, rel_l2=0.0, cosine=1.0)
+        out.update(max_abs=0.0, max_rel=0.0, mean_rel=0.0, rmse=0.0, rel_l2=0.0, cosine=1.0, golden_rms=0.0)
     else:
         diff = (a - e).abs()
         rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
@@ -68,6 +68,7 @@ def error_metrics(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
         out["max_rel"] = float(rel.max())
         out["mean_rel"] = float(rel[e != 0].mean()) if bool((e != 0).any()) else 0.0  # where the golden is not 0
         out["rmse"] = float(diff.pow(2).mean().sqrt())
+        out["golden_rms"] = float(e.pow(2).mean().sqrt())
         norm_e = float(e.norm())
         out["rel_l2"] = float((a - e).norm()) / norm_e if norm_e > 0 else float((a - e).norm())
         norm_a = float(a.norm())

@@ -84,6 +84,14 @@ def test_cross_device_levels_grade_b_by_the_three_ratios_of_its_error_to_a_s() -
     exact = {"metrics": {"mean_rel": 0.0, "max_rel": 0.0, "rmse": 0.0}}
     assert levels.grade(levels.ratios(exact, {"metrics": {"mean_rel": 5e-7, "max_rel": 5e-7, "rmse": 0.0}})) == "L2"  # floors
     assert levels.ratios(a, {"metrics": {"max_rel": 1.0}}) is None  # ungraded
+    # the rmse floor scales with the golden: float32 noise on values of magnitude ~100 is not a 100x ratio
+    big = {"metrics": {"mean_rel": 1e-7, "max_rel": 1e-7, "rmse": 1e-11, "golden_rms": 100.0}}
+    noisy = {"metrics": {"mean_rel": 1e-7, "max_rel": 1e-7, "rmse": 3e-5, "golden_rms": 100.0}}
+    assert levels.grade(levels.ratios(big, noisy)) == "L2"
+    assert levels.grade(levels.ratios(big, {"metrics": {**noisy["metrics"], "rmse": 3e-4}})) == "fail"  # 3x the floor
+    # a golden that is 0 in exact arithmetic: a 1e-17 error is a relative error of 1, but B is at the floor
+    zero = {"metrics": {"mean_rel": 0.0, "max_rel": 0.0, "rmse": 0.0, "golden_rms": 1e-17}}
+    assert levels.grade(levels.ratios(zero, {"metrics": {"mean_rel": 1.0, "max_rel": 1.0, "rmse": 1e-17}})) == "L2"
     assert levels.op_and_dtype("ops::softmax/reference/bfloat16/normal/forward") == ("ops::softmax", "bfloat16")
     assert levels.matrix([("ops::softmax/r/bfloat16/x/forward", "L2"), ("ops::softmax/r/bfloat16/y/backward", "L0")]) == \
         {"ops::softmax": {"bfloat16": "L0"}}
