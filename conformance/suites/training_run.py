@@ -228,23 +228,21 @@ def _cosine(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def layer_parity(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """Per layer (``layer_of``), its parameters' gradients as one vector: cosine and norm ratio against ``expected``."""
-    groups: dict[str, list[str]] = {}
-    for name in expected:
-        groups.setdefault(layer_of(name), []).append(name)
+    """Per parameter tensor (its layer in ``layer``, ``layer_of``): the gradient's cosine and norm ratio against
+    ``expected``. Why per tensor, not a layer's tensors as one vector: one weight's gradient 1 % too large moved its
+    layer's norm by 0.1 % (the other tensors dilute it), exactly fp32's bound; alone it is 1 %."""
     rows = []
-    for layer, names in groups.items():
-        if any(n not in actual for n in names):
-            rows.append({"layer": layer, "cosine": 0.0, "norm_ratio": 0.0, "missing": True})
+    for name in expected:
+        if name not in actual:
+            rows.append({"param": name, "layer": layer_of(name), "cosine": 0.0, "norm_ratio": 0.0, "missing": True})
             continue
-        got = torch.cat([actual[n].double().reshape(-1) for n in names])
-        want = torch.cat([expected[n].double().reshape(-1) for n in names])
+        got, want = actual[name].double().reshape(-1), expected[name].double().reshape(-1)
         ng, nw = float(got.norm()), float(want.norm())
         cosine = _cosine(got, want)
         ratio = ng / nw if nw > 0 else (1.0 if ng == 0 else float("inf"))
         if not bool(torch.isfinite(got).all()):
             cosine, ratio = 0.0, float("inf")
-        rows.append({"layer": layer, "cosine": cosine, "norm_ratio": ratio, "missing": False})
+        rows.append({"param": name, "layer": layer_of(name), "cosine": cosine, "norm_ratio": ratio, "missing": False})
     return rows
 
 
