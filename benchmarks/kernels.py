@@ -145,43 +145,34 @@ def _time_ms(backend: Any, run: Callable[[int], Any], iters: int, warmup: int) -
     return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
-def _kernel_ms(backend: Any, run: Callable[[int], Any], iters: int) -> float:
-    """Device time of one call's kernels, copies and fills (the profiler's device activities; launch gaps
-    excluded): what a training step whose host runs ahead of the device pays. At small shapes the wall
-    time is the host's, not this. Only device events are summed: an aten op's own "device time" is
-    the same kernels again."""
+def _device_events(backend: Any, run: Callable[[int], Any], iters: int) -> list[Any]:
+    """The device activities (kernels, copies, fills) of ``iters`` calls after two warm-up calls, through the
+    backend's profiler hook. Only device events: an aten op's own "device time" is the same kernels again."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     for i in range(2):
         run(i)
     backend.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with backend.profiler() as prof:
         for i in range(iters):
             run(i)
         backend.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type != DeviceType.CPU)
-    return total_us / iters / 1e3
+    return [e for e in prof.events() if e.device_type != DeviceType.CPU]
+
+
+def _kernel_ms(backend: Any, run: Callable[[int], Any], iters: int) -> float:
+    """Device time of one call's kernels (launch gaps excluded): what a training step whose host runs ahead of
+    the device pays. At small shapes the wall time is the host's, not this."""
+    return sum(e.time_range.elapsed_us() for e in _device_events(backend, run, iters)) / iters / 1e3
 
 
 def _breakdown(backend: Any, run: Callable[[int], Any], iters: int, top: int = 8) -> list[tuple[str, float, int]]:
     """The device kernels one call runs, heaviest first: (name, microseconds a call, launches a call)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    for i in range(2):
-        run(i)
-    backend.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(iters):
-            run(i)
-        backend.synchronize()
     totals: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type != DeviceType.CPU:
-            slot = totals.setdefault(e.name, [0.0, 0])
-            slot[0] += e.time_range.elapsed_us()
-            slot[1] += 1
+    for e in _device_events(backend, run, iters):
+        slot = totals.setdefault(e.name, [0.0, 0])
+        slot[0] += e.time_range.elapsed_us()
+        slot[1] += 1
     rows = sorted(((n, us / iters, round(c / iters)) for n, (us, c) in totals.items()), key=lambda r: -r[1])
     return rows[:top]
 
