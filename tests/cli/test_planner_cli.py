@@ -18,10 +18,12 @@ cluster:
 
 
 def test_profile_search_write_train(tmp_path) -> None:
-    config, profile, written = tmp_path / "run.yaml", tmp_path / "p.json", tmp_path / "plan.yaml"
+    config, written = tmp_path / "run.yaml", tmp_path / "plan.yaml"
+    profile = tmp_path / "new" / "deeper" / "p.json"  # a missing folder is made
     config.write_text(CONFIG)
     out = run_hal("profile", "--config", str(config), "--out", str(profile), "--quick")
     assert out.returncode == 0, out.stderr
+    assert [p.name for p in profile.parent.iterdir()] == ["p.json"]  # written whole: no temporary file beside it
     assert "cpu-generic (cpu): measured" in out.stdout and "hal profile: cpu-generic: one layer" in out.stderr
     assert "in a run on a shared node (occupancy → slowdown): 0.50 → 1.00×; " in out.stdout  # 1 of 2 cores: one rank alone
     out = run_hal("plan", "--search", "--config", str(config), "--profile", str(profile), "--top", "2", "--write", str(written))
@@ -109,11 +111,7 @@ def test_unwritable_outputs_are_refused_before_any_measuring(tmp_path) -> None:
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith(f"hal: error: {flag}") and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert "one layer" not in out.stderr  # refused before measuring anything
-    # a missing folder is made, and the file is written whole (no temporary file left beside it)
-    nested = tmp_path / "new" / "deeper" / "p.json"
-    out = run_hal("profile", "--config", str(config), "--out", str(nested), "--quick")
-    assert out.returncode == 0, out.stderr
-    assert json.loads(nested.read_text())["devices"] and [p.name for p in nested.parent.iterdir()] == ["p.json"]
+    # (a missing folder made and the file written whole: test_profile_search_write_train, whose profile does it)
 
 
 
