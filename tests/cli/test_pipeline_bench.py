@@ -48,7 +48,8 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
 
 
 @pytest.mark.parametrize("schedule,torch_schedule,ideal", [("interleaved-1f1b", "ScheduleInterleaved1F1B", 1 / 9),
-                                                              ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5)])
+                                                              ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5),
+                                                              ("dualpipev", "ScheduleDualPipeV", 1 / 13)])
 def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
     out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--steps", "1",
          "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", schedule,
