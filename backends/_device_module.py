@@ -176,12 +176,11 @@ class DeviceModuleBackend(Backend):
         return dict(stats())
 
     def empty_host_cache(self) -> None:
-        empty = getattr(self._mod(), "empty_host_cache", None)
-        if empty is None:  # torch 2.12+: torch.accelerator.empty_host_cache serves the current accelerator
-            accelerator = getattr(torch, "accelerator", None)
-            empty = getattr(accelerator, "empty_host_cache", None) if accelerator is not None else None
-        if getattr(self._mod(), "host_memory_stats", None) is None:
+        mod = self._mod()
+        if getattr(mod, "host_memory_stats", None) is None:
             raise UnsupportedError(self._why_not("host_cache"))
+        # the device module's own, else torch 2.12+'s torch.accelerator.empty_host_cache (the current accelerator)
+        empty = getattr(mod, "empty_host_cache", None) or getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
         if empty is None:
             raise UnsupportedError(f"backend '{self.name}': this torch ({torch.__version__}) has no empty_host_cache for "
                                    f"torch.{self.device_type} (torch 2.12+ has torch.accelerator.empty_host_cache)")
