@@ -10,7 +10,11 @@ are global ranks, as in torch.distributed.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any, Callable, ContextManager, Sequence
 
 import torch
@@ -25,6 +29,7 @@ from .failures import starting, wait_all
 from .p2p import P2P
 from .p2p_check import check_peers
 from .process_groups import Layout, World, aborted, current_world, make_layout
+from .serial_worker import SerialWorker
 from .validation import (
     REDUCE_OPS, SPLITS_IN, SPLITS_OUT, CallSignature, CollectiveError, agree_splits, all_gather_single, check, exchange,
     exchange_split_rows, reduce_scatter_single, split_row,
@@ -68,6 +73,24 @@ class Handle:
         return self._done or all(w.is_completed() for w in self._works)
 
 
+P2P_THREAD_ENV = "HAL_BRIDGE_P2P_THREAD"  # "0": bridged point-to-point calls complete in the caller (no thread)
+
+
+class _FutureWork:
+    """A call running on a ``SerialWorker``, as the work item ``Handle`` waits on: waiting only waits (the call's own
+    error, already named by the bridge, is raised by the handle's result)."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self._future = future
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        wait_futures([self._future], None if timeout is None else timeout.total_seconds())
+        return self._future.done()
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
 class Communicator:
     """Collectives over a set of ranks; native inside an island, bridged across islands."""
 
@@ -88,6 +111,7 @@ class Communicator:
         self._gaps: dict[tuple[str, torch.dtype, str | None], CclGap | None] = {}
         self._island_backend = get_backend(layout.island_of(self.rank).backend) if self.is_member else self.backend
         self._bridge: Bridge | None = None
+        self._p2p_worker: SerialWorker | None = None  # bridged point-to-point calls, in posting order (_bridged_p2p)
         if layout.is_heterogeneous and self.is_member:
             with self._bridged("setup"):
                 self._bridge = Bridge(layout, self.rank, self.backend, self.device, self.timeout, self._gap)
@@ -508,8 +532,7 @@ class Communicator:
         if self.validate:
             check_peers(self.layout.host_group, self.rank, ops, timeout or self.timeout)
         if self._bridge is not None:
-            with self._bridged(what):
-                return self._done(self._bridge.batch_p2p(ops), async_op)
+            return self._bridged_p2p(ops, what, peers, async_op)
         buffers = [(p, self._group_for(p.kind, p.tensor, None)) for p in ops]
         torch_ops = [
             dist.P2POp(dist.isend if p.kind == "send" else dist.irecv, buf, p.peer, group=group)
@@ -565,6 +588,29 @@ class Communicator:
                 f"fix input_splits on {where}"
             )
         return [size for size, _ in rows]
+
+    def _bridged_p2p(self, ops: Sequence[P2P], what: str, peers: Sequence[int], async_op: bool) -> Any:
+        """A bridged batch, run on this communicator's one P2P thread (``serial_worker``) so an asynchronous post
+        returns at once and the caller computes on while the transfer waits for its peer; every bridged batch goes
+        through that thread, in posting order, the order both ends of the link agree on. The thread runs on the
+        caller's stream, so a send's staging copy follows the kernels that made the tensor, and a received tensor
+        is used only after ``wait``. ``HAL_BRIDGE_P2P_THREAD=0`` runs them in the caller, each completing before it
+        returns (what every release before this one did: for comparison)."""
+        if os.environ.get(P2P_THREAD_ENV, "1") == "0":
+            with self._bridged(what):
+                return self._done(self._bridge.batch_p2p(ops), async_op)  # type: ignore[union-attr]
+        if self._p2p_worker is None:
+            self._p2p_worker = SerialWorker(f"hal-bridge-p2p-{self.rank}")
+        bridge, stream = self._bridge, self.backend.current_stream() if self.device.type != "cpu" else None
+        assert bridge is not None
+
+        def run() -> list[torch.Tensor]:
+            with self._bridged(what), (self.backend.stream(stream) if stream is not None else contextlib.nullcontext()):
+                return bridge.batch_p2p(ops)
+
+        future = self._p2p_worker.submit(run)
+        handle = Handle([_FutureWork(future)], future.result, None, what, peers)
+        return handle if async_op else handle.wait()
 
     def _done(self, result: Any, async_op: bool) -> Any:
         """Bridge calls complete before they return; async callers still get a Handle."""

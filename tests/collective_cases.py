@@ -181,3 +181,28 @@ def declared_gaps(rank: int, world: int) -> dict[str, Any]:
         strict = _error_of(lambda: comm.all_reduce(torch.ones(2, dtype=torch.float64)))
     return {"staged": staged, "refused": refused, "strict": strict,
             "downgrades": [d.describe() for d in recorded_downgrades() if d.kind == "ccl"]}
+
+
+def async_bridged_p2p(rank: int, world: int, gate: str) -> list[float]:
+    """Two islands of one rank: rank 0 posts an asynchronous receive over the bridge and only then opens the gate
+    rank 1 waits at before it sends. A post that waited for its peer (a bridged call completing inside itself)
+    would never open the gate: the run would hang past its deadline. Also: a synchronous call queued behind it runs
+    after it (posting order), and the received values are the sent ones."""
+    import torch.distributed as dist
+
+    from hal.collectives import P2P, world_communicator
+
+    comm = world_communicator(validate=False)
+    store = dist.FileStore(gate, world)
+    if rank == 0:
+        first, second = torch.zeros(4), torch.zeros(4)
+        handle = comm.batch_p2p([P2P("recv", first, 1)], async_op=True)
+        store.set("posted", "1")
+        comm.batch_p2p([P2P("recv", second, 1)])  # behind the first: it cannot complete before it
+        assert handle.is_completed()
+        (got,) = handle.wait()
+        return got.tolist() + second.tolist()
+    store.wait(["posted"], datetime.timedelta(seconds=60))
+    comm.batch_p2p([P2P("send", torch.arange(4, dtype=torch.float32), 0)])
+    comm.batch_p2p([P2P("send", torch.arange(4, dtype=torch.float32) + 10, 0)])
+    return []

@@ -58,8 +58,10 @@ def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float,
 
 
 def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
-               num_layers: int = MODEL.num_layers) -> dict[str, Any]:
-    """This rank's part of the same run through the pipeline engine."""
+               num_layers: int = MODEL.num_layers, times: dict | None = None, switch_at: int = 0) -> dict[str, Any]:
+    """This rank's part of the same run through the pipeline engine. ``times`` (``StageTimes.of``'s arguments): from
+    step ``switch_at`` on, the schedule's order is the one played with them (as ``parallel.order: measured`` does)."""
+    from hal.parallel.schedules.stage_times import StageTimes
     from hal.collectives import current_world
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
@@ -74,16 +76,20 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     engine = build_engine(model_config(tied, num_layers), plan, groups, backend=world.backend, seed=seed,
                             device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
-    losses, grads = [], {}
+    losses, grads, link = [], {}, None
     for step in range(steps):
+        if times is not None and step == switch_at:
+            engine.set_schedule(plan.schedule.timed(StageTimes.of(**times)))
         tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
         opt.zero_grad()
         loss = engine.step(tokens)
         if step == 0:
             grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
+            if times is not None:  # what a calibration measures: one activation's trip to the next stage
+                link = engine.time_links(repeats=1)
         opt.step()
         losses.append(loss)
-    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads}
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "link": link}
 
 
 def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float | None:

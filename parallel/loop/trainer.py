@@ -47,6 +47,7 @@ from hal.parallel.data.batches import global_batch
 from hal.parallel.config.job import Job
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.progress import Progress
+from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.config.topology import Topology
 
@@ -476,8 +477,10 @@ def _early(stages: list[torch.Tensor]) -> int | None:
 
 def steady_rate(records: list[dict[str, Any]]) -> float | None:
     """Tokens per second of the steps after the first: the first step's warm-up (allocator, kernels,
-    autotuning) and checkpoint writes (outside ``step_s``) are not training speed. One step: that step."""
-    steady = records[1:] or records
+    autotuning) and checkpoint writes (outside ``step_s``) are not training speed. One step: that step.
+    With ``parallel.order: measured`` the steps from the one after the calibration: the order that trains."""
+    after = [i + 1 for i, rec in enumerate(records) if "order" in rec]
+    steady = (records[after[0]:] if after and after[0] < len(records) else records[1:]) or records
     seconds = sum(rec["step_s"] for rec in steady)
     return sum(rec["tokens"] for rec in steady) / seconds if seconds > 0 else None
 
@@ -502,6 +505,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": stages,
         **({"replicas": _replica_summary(records)} if records and "replicas" in records[0] else {}),
+        **({"order": rec["order"] for rec in records if "order" in rec}),
     }
 
 
@@ -592,7 +596,7 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
     dist.gather_object(mine, everyone, dst=r.writer)
     if everyone is None:
         return
-    doc = measured_document(r.job.plan, r.topology, everyone, step=step)
+    doc = measured_document(r.job.plan, r.topology, everyone, step=step, schedule=r.engine.schedule)
     Path(r.job.run_dir, "timeline.json").write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
 
 
@@ -681,10 +685,20 @@ def train(r: RankRun) -> None:
     began = time.perf_counter()
     timeline_step = r.steps - 1 if r.job.profile else None
     rebalanced: list[int] | None = None  # the rows a mid-run rebalance just set (the next step's record says so)
+    order = None  # parallel.order: measured — the calibration's choice, once made
+    note = measured_order.skipped(r.plan, r.start, r.steps)
+    if note is not None and is_writer:
+        print(f"hal train: warning: {note}", file=sys.stderr, flush=True)
     try:
         for step in range(r.start, r.steps):
             origin = _common_start(r) if step == timeline_step else None
+            calibrating = measured_order.due(r.plan, r.start, r.steps, step)
+            if calibrating:
+                r.engine.measure_on_device = True  # the device's own times, not the host's enqueueing
             loss, row = train_step(r, step)
+            if calibrating:
+                order = measured_order.calibrate(r, step)
+                r.engine.measure_on_device = r.job.profile
             times = gather_times(row, r.writer)
             moe = gather_moe(r)
             if origin is not None:
@@ -702,6 +716,8 @@ def train(r: RankRun) -> None:
                     record["moe"] = moe
                 if rebalanced is not None:  # this step was the first on re-balanced shares
                     record["rebalanced"] = rebalanced
+                if order is not None and step + 1 == order.step - 1:  # the calibration step: what it chose
+                    record["order"] = order.to_dict()
                 if r.scaler is not None:  # the scale the step ran with; the same on every rank
                     record["loss_scale"] = r.engine.loss_scale
                     record["skipped"] = r.scaler.skipped_steps > skipped_before

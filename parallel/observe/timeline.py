@@ -27,7 +27,7 @@ from hal.errors import HalError
 
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.planned import Planned
-from hal.parallel.schedules import Action, P2PBatch, get_schedule, simulate
+from hal.parallel.schedules import Action, P2PBatch, Schedule, get_schedule, simulate
 from hal.parallel.config.topology import Topology
 
 VERSION = 1
@@ -71,7 +71,7 @@ def rank_record(rank: int, stage: int, dp: int, tp: int, spans: Sequence[Any], *
 
 
 def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[dict[str, Any]], *, step: int,
-                      ) -> dict[str, Any]:
+                      schedule: Schedule | None = None) -> dict[str, Any]:
     """Every rank's record of one step on one time axis, the earliest schedule start at 0, with shares and the prediction.
 
     Ranks on one host are placed by the host clock they share (``aligned`` "host clock"); across hosts
@@ -92,7 +92,9 @@ def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[di
     doc = _header(plan, topology, "s")
     clocks = sorted({r["clock"] for r in ranks})
     doc.update(step=step, clock=clocks[0] if len(clocks) == 1 else " + ".join(clocks), aligned="host clock" if shared else "barrier", makespan=makespan, ranks=ranks)
-    doc["predicted"] = predict(doc, **measured_costs(doc),
+    if schedule is not None and schedule.times is not None:  # parallel.order: measured — the order that ran
+        doc["order"] = "measured"
+    doc["predicted"] = predict(doc, **measured_costs(doc), schedule=schedule,
                                assumes="each stage's measured mean forward and backward per micro-batch; "
                                        "communication free")
     return doc
@@ -151,9 +153,10 @@ def layer_proportional(plan: ParallelPlan) -> dict[str, Any]:
 
 
 def predict(doc: dict[str, Any], *, forward: Sequence[float], backward: Sequence[float], weight_share: float,
-            chunk_share: Sequence[Sequence[float]], assumes: str) -> dict[str, Any]:
-    """The simulator's timeline of the document's schedule with these per-stage times."""
-    sim = simulate(get_schedule(doc["schedule"]), doc["num_stages"], doc["micro_batches"], forward_s=list(forward),
+            chunk_share: Sequence[Sequence[float]], assumes: str, schedule: Schedule | None = None) -> dict[str, Any]:
+    """The simulator's timeline of the document's schedule with these per-stage times (``schedule``: the object
+    that ran, whose order may have been played from measured times; default: the named schedule's unit order)."""
+    sim = simulate(schedule or get_schedule(doc["schedule"]), doc["num_stages"], doc["micro_batches"], forward_s=list(forward),
                    backward_s=list(backward), weight_share=weight_share, virtual_stages=doc["virtual_stages"],
                    chunk_share=[list(row) for row in chunk_share])
     return {"assumes": assumes, "forward": list(forward), "backward": list(backward), "weight_share": weight_share,

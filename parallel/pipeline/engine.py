@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
@@ -160,6 +162,7 @@ class PipelineEngine:
         self._sends_in_flight: list[Any] = []  # Handles of pure-send batches not yet waited on
         self._weight_grads: dict[Key, WeightGradStore] = {}  # split backwards: W halves still to run
         self._deferred: dict[tuple[Kind, int, int], _Posted] = {}  # receives posted, not yet claimed (interleaved)
+        self._output_like: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}  # per chunk: what its forward sends on
         self.loss_scale = 1.0  # the pipeline's dynamic loss scale (parallel.loop.loss_scale), applied by the last stage
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
@@ -278,6 +281,8 @@ class PipelineEngine:
         if not item.is_loss and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
             item = _InFlight(item.inputs, item.output.to(self.dtype))
+        if not item.is_loss:
+            self._output_like[key[0]] = (tuple(item.output.shape), item.output.dtype)
         return item
 
     def _forward_stage(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
@@ -356,6 +361,54 @@ class PipelineEngine:
         self.micro_batches = micro_batches
         self._moe_share = 1.0 / (micro_batches * self.layout.dp)
         self.program = self.schedule.program(S, micro_batches, k, V)
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` from the next step on: the plan's schedule with its order played from measured times
+        (``parallel.order: measured``). Every rank of the pipeline switches at the same step, or their programs
+        would not pair."""
+        S, k, V = self.mesh.topology.num_stages, self.coord.stage, self.chunks
+        self.program = schedule.program(S, self.micro_batches, k, V)
+        self.schedule = schedule
+
+    def action_times(self) -> dict[tuple[Kind, int], float]:
+        """The last step's mean seconds per (compute kind, chunk) on this rank, from its labelled compute spans
+        (device time where ``measure_on_device`` was set for the step; host time otherwise)."""
+        durations: dict[tuple[Kind, int], list[float]] = {}
+        for span in self.step_spans():
+            if span.phase == "compute" and isinstance(span.label, Action) and span.label.kind.is_compute:
+                durations.setdefault((span.label.kind, span.label.chunk), []).append(span.end - span.start)
+        return {key: sum(values) / len(values) for key, values in durations.items()}
+
+    def time_links(self, repeats: int = 3) -> float | None:
+        """Seconds one micro-batch's activation takes over the boundary to the next stage: chunk 0's forward send
+        and the gradient back, timed as a round trip and halved, the median of ``repeats`` after one warm-up;
+        None on a stage with no next boundary. Collective over the pipeline: every rank calls it after a step
+        (which sized the activations). A stage takes its boundary with the previous stage first, then the next,
+        so the exchanges chain from the first stage and never wait in a circle."""
+        rounds = repeats + 1
+        k, S = self.coord.stage, self.mesh.topology.num_stages
+        # chunk 0 crosses boundary k -> k+1 under both placements; a loop's last chunk 0 goes round the wrap link instead
+        if k > 0 and self.recv_boundaries[0] is not None:  # the far end of the previous stage's timing
+            for _ in range(rounds):
+                (given,) = self._post(self.mesh.prev_boundary, self._recv_fwd_ops(0))
+                self._post(self.mesh.prev_boundary, self._send_bwd_ops(None if given is None else torch.zeros_like(given), 0))
+            self._drain_sends()
+        if k == S - 1 or self.send_boundaries[0] is None:
+            return None
+        if 0 not in self._output_like:
+            raise RuntimeError("time_links runs after a step: no forward has sized this stage's activations yet")
+        shape, dtype = self._output_like[0]
+        out = torch.zeros(shape, dtype=dtype, device=self.device)
+        seconds = []
+        for _ in range(rounds):
+            self.backend.synchronize()
+            began = time.perf_counter()
+            self._post(self.mesh.next_boundary, self._send_fwd_ops(out, 0))
+            self._post(self.mesh.next_boundary, self._recv_bwd_ops(out, 0))
+            self._drain_sends()
+            self.backend.synchronize()
+            seconds.append((time.perf_counter() - began) / 2)
+        return statistics.median(seconds[1:])
 
     def evaluate(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """The loss of ``tokens`` (M, micro_batch_size, S+1) without gradients: every forward, no backward.

@@ -11,10 +11,12 @@ from typing import ClassVar
 
 from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
 from hal.parallel.schedules.placement import last_stage
+from hal.parallel.schedules.stage_times import StageTimes
 
 
 class Schedule(ABC):
-    """A pipeline schedule without parameters of its own: everything follows from (S, M, stage).
+    """A pipeline schedule: everything follows from (S, M, stage) and, for a schedule whose order is played
+    (``plays_times``), the stage times it is played with (``timed``; unit times when none are given).
 
     Parsed once (``ParallelPlan`` holds the object, never its name again), a schedule owns its rules and
     everything else asks it: how many model chunks a stage runs (``chunks``), which stage holds the head
@@ -33,18 +35,29 @@ class Schedule(ABC):
     fills_pipeline: ClassVar[bool] = False  # True: needs micro_batches >= stages to fill the pipeline (1f1b)
     bubble_divisor: ClassVar[float] = 1.0  # the planner's screen: ideal bubble = 1F1B's / this
     torch_class: ClassVar[str | None] = None  # torch.distributed.pipelining's schedule of the same order, if any
+    plays_times: ClassVar[bool] = False  # True: its order is found by a play that can take measured stage times
 
-    def __eq__(self, other: object) -> bool:  # no parameters: every instance of a class is the same schedule
-        return type(other) is type(self)
+    def __init__(self, times: StageTimes | None = None) -> None:
+        if times is not None and not self.plays_times:
+            raise ValueError(f"schedule {self.name} has a fixed order; only a played one (zero-bubble, "
+                             "interleaved-zero-bubble, zbv) is built from stage times")
+        self.times = times  # None: the play's unit times (and the order every earlier release ran)
+
+    def timed(self, times: StageTimes | None) -> "Schedule":
+        """This schedule with its order played from ``times`` (None: unit times again)."""
+        return type(self)(times)
+
+    def __eq__(self, other: object) -> bool:  # a schedule is its class and the times its order was played with
+        return type(other) is type(self) and other.times == self.times  # type: ignore[attr-defined]
 
     def __hash__(self) -> int:
-        return hash(type(self))
+        return hash((type(self), self.times))
 
     def __str__(self) -> str:
         return self.name
 
     def __repr__(self) -> str:
-        return f"<schedule {self.name}>"
+        return f"<schedule {self.name}{' (timed)' if self.times is not None else ''}>"
 
     @property
     def compiles(self) -> bool:

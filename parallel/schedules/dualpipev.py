@@ -36,6 +36,7 @@ class DualPipeV(ZeroBubbleV):
     name = "dualpipev"
     bubble_divisor = 12.0  # as ZB-V's: the same V, the cool-down filled by weight halves
     torch_class = "ScheduleDualPipeV"
+    plays_times = False  # a fixed eight-phase order, not a play
 
     def problem(self, num_stages: int, micro_batches: int) -> str | None:
         S, M = num_stages, micro_batches

@@ -27,6 +27,8 @@ from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
 from hal.parallel.schedules.base import Schedule, _check
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.simulator import Deadlock
+from hal.parallel.schedules.fastest import fastest
+from hal.parallel.schedules.stage_times import StageTimes, fit_variants, unit_times
 
 
 class Interleaved1F1B(Schedule):
@@ -179,7 +181,8 @@ class InterleavedZeroBubble(Interleaved1F1B):
     interleaved 1F1B's forward and input-gradient orders, every backward split into ``I`` and ``W``, and the
     ``W`` halves run wherever a stage would otherwise wait.
 
-    The order is found by playing the pipeline with unit F, I and W times; at each moment a stage is free:
+    The order is found by playing the pipeline with unit F, I and W times (or the measured ones, ``timed``, where a
+    ``W`` runs only if it ends before the next input arrives); at each moment a stage is free:
     1. the next ``I`` of its interleaved backward order, once its gradient has arrived;
     2. else the next ``F`` of its interleaved forward order, once its input has arrived and while fewer
        chunk activations are held (forwarded, ``W`` not done) than interleaved 1F1B's warm-up plus one —
@@ -191,29 +194,43 @@ class InterleavedZeroBubble(Interleaved1F1B):
     splits_backward = True
     bubble_divisor = 6.0
     torch_class = "ScheduleInterleavedZeroBubble"
+    plays_times = True
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:
         check_interleaved(num_stages, num_micro_batches, virtual_stages)
-        return list(_zb_orders(num_stages, num_micro_batches, virtual_stages)[stage])
+        return list(_zb_orders(num_stages, num_micro_batches, virtual_stages, self.times)[stage])
 
 
 def choose(options: list[tuple[float, Any, Action]], now: float, oldest_weight: Action | None, weight_rank: Any,
-           ) -> tuple[float, Any, Action] | None:
-    """A free stage's pick in the unit-time plays of the zero-bubble family: the most urgent option that can
-    start ``now`` (options are (start, rank, action), lowest rank first), else its oldest pending ``W``
-    (ranked ``weight_rank``), else the option ready soonest; None when it has nothing at all."""
+           weight_cost: float | None = None) -> tuple[float, Any, Action] | None:
+    """A free stage's pick in the plays of the zero-bubble family: the most urgent option that can start
+    ``now`` (options are (start, rank, action), lowest rank first), else its oldest pending ``W`` (ranked
+    ``weight_rank``), else the option ready soonest; None when it has nothing at all.
+
+    ``weight_cost`` (a play with measured times): the ``W`` runs only if it ends before the soonest option
+    can start, or nothing else is coming; otherwise the stage waits for that option, keeping the ``W``."""
     runnable = [o for o in options if o[0] <= now]
     if runnable:
         return min(runnable, key=lambda o: o[1])
-    if oldest_weight is not None:
+    soonest = min(options, key=lambda o: (o[0], o[1])) if options else None
+    if oldest_weight is not None and (weight_cost is None or soonest is None or now + weight_cost <= soonest[0]):
         return now, weight_rank, oldest_weight
-    return min(options, key=lambda o: (o[0], o[1])) if options else None
+    return soonest
 
 
 @functools.lru_cache(maxsize=64)
-def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
-    """Every stage's compute order from a unit-time play under ``InterleavedZeroBubble``'s rules."""
+def _zb_orders(S: int, M: int, V: int, times: StageTimes | None = None) -> tuple[tuple[Action, ...], ...]:
+    """Every stage's compute order: the unit-time play under ``InterleavedZeroBubble``'s rules, or with ``times`` the
+    fastest in simulation of it and the plays with those times (``fastest``, over ``fit_variants``)."""
+    cost = checked_times(times, S, V, "interleaved-zero-bubble")
+    if times is None:
+        return _zb_play(S, M, V, cost, (False,) * S)
+    return fastest([_zb_orders(S, M, V)] + [_zb_play(S, M, V, cost, fit) for fit in fit_variants(cost)], cost, V, "loop")
+
+
+def _zb_play(S: int, M: int, V: int, cost: StageTimes, fit: tuple[bool, ...]) -> tuple[tuple[Action, ...], ...]:
+    """The play with ``cost``'s times; ``fit[s]``: stage s runs a ``W`` only where it ends before its next input."""
     base = Interleaved1F1B()
     forwards = [[a for a in base.compute_order(S, M, s, V) if a.kind is Kind.FORWARD] for s in range(S)]
     inputs = [[Action(Kind.BACKWARD_INPUT, a.micro_batch, a.chunk) for a in base.compute_order(S, M, s, V)
@@ -234,16 +251,18 @@ def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
                 a = inputs[s][i_at[s]]
                 j = virtual_index(s, a.chunk, S)
                 own = done.get((Kind.FORWARD, a.micro_batch, j))
-                grad = own if j == S * V - 1 else done.get((Kind.BACKWARD_INPUT, a.micro_batch, j + 1))
+                grad = own if j == S * V - 1 else arrival(done.get((Kind.BACKWARD_INPUT, a.micro_batch, j + 1)), j + 1, j, S, V, "loop", cost)
                 if own is not None and grad is not None:
                     options.append((max(free[s], own, grad), 1, a))
             if f_at[s] < len(forwards[s]) and held < bound[s]:
                 a = forwards[s][f_at[s]]
                 j = virtual_index(s, a.chunk, S)
-                arrives = 0.0 if j == 0 else done.get((Kind.FORWARD, a.micro_batch, j - 1))
+                arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, a.micro_batch, j - 1)), j - 1, j, S, V, "loop", cost)
                 if arrives is not None:
                     options.append((max(free[s], arrives), 2, a))
-            pick = choose(options, free[s], weights[s][0] if weights[s] else None, 3)
+            oldest = weights[s][0] if weights[s] else None
+            pick = choose(options, free[s], oldest, 3,
+                          None if not fit[s] or oldest is None else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
             if pick is None:
                 continue
             start, rule, a = pick
@@ -252,7 +271,7 @@ def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
         assert best is not None, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"
         start, _, s, a = best
         j = virtual_index(s, a.chunk, S)
-        done[(a.kind, a.micro_batch, j)] = free[s] = start + 1.0
+        done[(a.kind, a.micro_batch, j)] = free[s] = start + cost.cost(a.kind, s, a.chunk)
         if a.kind is Kind.FORWARD:
             f_at[s] += 1
         elif a.kind is Kind.BACKWARD_INPUT:
@@ -262,3 +281,21 @@ def _zb_orders(S: int, M: int, V: int) -> tuple[tuple[Action, ...], ...]:
             weights[s].pop(0)
         orders[s].append(a)
     return tuple(tuple(o) for o in orders)
+
+
+def checked_times(times: StageTimes | None, S: int, V: int, name: str) -> StageTimes:
+    """``times`` for a play of S stages x V chunks (unit times when None); ValueError when their shape differs."""
+    if times is None:
+        return unit_times(S, V)
+    if times.num_stages != S or times.chunks != V:
+        raise ValueError(f"{name}: stage times for {times.num_stages} stages x {times.chunks} chunks, the plan has "
+                         f"{S} stages x {V} chunks")
+    return times
+
+
+def arrival(made: float | None, from_j: int, to_j: int, S: int, V: int, placement: str, times: StageTimes,
+            ) -> float | None:
+    """When what virtual stage ``from_j`` made at ``made`` is at virtual stage ``to_j`` (None: not made yet)."""
+    if made is None:
+        return None
+    return made + times.hop(position(from_j, S, V, placement)[0], position(to_j, S, V, placement)[0])

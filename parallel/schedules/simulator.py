@@ -22,6 +22,7 @@ from typing import Mapping, Sequence, Union
 from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
 from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.placement import position, virtual_index
+from hal.parallel.schedules.stage_times import StageTimes
 
 Times = Union[float, Sequence[float]]  # one value for every stage, or one per stage
 
@@ -54,7 +55,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
              weight_share: float = 0.5, virtual_stages: int = 1,
              chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None,
              host_forward_s: Times | None = None, host_backward_s: Times | None = None,
-             host_action_s: Times = 0.0, action_s: Times = 0.0) -> Simulation:
+             host_action_s: Times = 0.0, action_s: Times = 0.0, times: StageTimes | None = None) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
@@ -71,11 +72,17 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
 
     ``action_s``: seconds every compute action of a stage takes beyond its share of the compute, whatever its
     size (cpu ranks outnumbering their cores wait that long for a hand-off's partner to be scheduled).
+
+    ``times``: per (stage, chunk) F, I and W seconds and per-link transfers (``StageTimes``, what a measured
+    order was played with); when given they replace ``forward_s``, ``backward_s``, ``weight_share``,
+    ``chunk_share`` and ``p2p_s``.
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
     if placement is None:
         placement = schedule.placement if isinstance(schedule, Schedule) else "loop"
-    place = _Place(S, V, placement)
+    if times is not None and (times.num_stages != S or times.chunks != V):
+        raise ValueError(f"times: for {times.num_stages} stages x {times.chunks} chunks; the play has {S} x {V}")
+    place = _Place(S, V, placement, times)
     orders = [_compute(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
     if not 0.0 <= weight_share <= 1.0:
@@ -87,6 +94,8 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     fixed = _per_stage(action_s, S, "action_s")
 
     def cost(action: Action, s: int) -> float:
+        if times is not None:
+            return times.cost(action.kind, s, action.chunk) + fixed[s]
         return per_kind[action.kind][s] * shares[s][action.chunk] + fixed[s]
 
     hf = _per_stage(0.0 if host_forward_s is None else host_forward_s, S, "host_forward_s")
@@ -162,6 +171,7 @@ class _Place:
     S: int
     V: int
     placement: str
+    times: StageTimes | None = None
 
     def index(self, stage: int, chunk: int) -> int:
         return virtual_index(stage, chunk, self.S, self.placement)
@@ -170,7 +180,9 @@ class _Place:
         return position(j, self.S, self.V, self.placement)[0]
 
     def p2p(self, a: int, b: int, p2p_s: float) -> float:
-        """The transfer from virtual stage a to b: none when one stage holds both."""
+        """The transfer from virtual stage a to b: none when one stage holds both; the link's own with ``times``."""
+        if self.times is not None:
+            return self.times.hop(self.stage(a), self.stage(b))
         return 0.0 if self.stage(a) == self.stage(b) else p2p_s
 
 

@@ -18,14 +18,17 @@ at each moment a stage is free it runs:
 3. else the oldest pending ``W``.
 
 The play is the proof the orders finish; the engine derives the transfers the way it does for every
-chunked schedule (``interleaved.tick_program``).
+chunked schedule (``interleaved.tick_program``). Played with measured times (``timed``), arrivals include
+each link's transfer and rule 3 runs a ``W`` only where it ends before the next input arrives.
 """
 from __future__ import annotations
 
 import functools
 
 from hal.parallel.schedules.action import Action, Kind
-from hal.parallel.schedules.interleaved import Interleaved1F1B, choose, tick_program
+from hal.parallel.schedules.interleaved import Interleaved1F1B, arrival, checked_times, choose, tick_program
+from hal.parallel.schedules.fastest import fastest
+from hal.parallel.schedules.stage_times import StageTimes, fit_variants
 from hal.parallel.schedules.placement import virtual_index
 
 
@@ -37,6 +40,7 @@ class ZeroBubbleV(Interleaved1F1B):
     fixed_chunks = 2
     bubble_divisor = 12.0  # the simulator's bubble at S=4, M=8 is half interleaved zero-bubble's
     torch_class = "ScheduleZBVZeroBubble"
+    plays_times = True
 
     def forward_only(self) -> "ZeroBubbleV":
         return ZeroBubbleVForwardOnly()
@@ -44,7 +48,7 @@ class ZeroBubbleV(Interleaved1F1B):
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:
         check_zbv(num_stages, num_micro_batches, virtual_stages)
-        return list(_orders(num_stages, num_micro_batches)[stage])
+        return list(_orders(num_stages, num_micro_batches, self.times)[stage])
 
     def program(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2) -> list:
         check_zbv(num_stages, num_micro_batches, virtual_stages)
@@ -79,8 +83,17 @@ def peak_chunk_activations(num_stages: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _orders(S: int, M: int) -> tuple[tuple[Action, ...], ...]:
-    """Every stage's compute order from a unit-time play under the module's rules."""
+def _orders(S: int, M: int, times: StageTimes | None = None) -> tuple[tuple[Action, ...], ...]:
+    """Every stage's compute order: the unit-time play under the module's rules, or with ``times`` the fastest in
+    simulation of it and the plays with those times (``fastest``, over ``fit_variants``)."""
+    cost = checked_times(times, S, 2, "zbv")
+    if times is None:
+        return _play(S, M, cost, (False,) * S)
+    return fastest([_orders(S, M)] + [_play(S, M, cost, fit) for fit in fit_variants(cost)], cost, 2, "v")
+
+
+def _play(S: int, M: int, cost: StageTimes, fit: tuple[bool, ...]) -> tuple[tuple[Action, ...], ...]:
+    """The play with ``cost``'s times; ``fit[s]``: stage s runs a ``W`` only where it ends before its next input."""
     last = 2 * S - 1
     done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, virtual stage) -> end time
     free = [0.0] * S
@@ -96,15 +109,18 @@ def _orders(S: int, M: int) -> tuple[tuple[Action, ...], ...]:
             for c in (1, 0):
                 m, j = i_next[s][c], virtual_index(s, c, S, "v")
                 if m < f_next[s][c]:
-                    grad = done[(Kind.FORWARD, m, j)] if j == last else done.get((Kind.BACKWARD_INPUT, m, j + 1))
+                    grad = (done[(Kind.FORWARD, m, j)] if j == last
+                            else arrival(done.get((Kind.BACKWARD_INPUT, m, j + 1)), j + 1, j, S, 2, "v", cost))
                     if grad is not None:
                         options.append((max(free[s], done[(Kind.FORWARD, m, j)], grad), (1, m), Action(Kind.BACKWARD_INPUT, m, c)))
                 m = f_next[s][c]
                 if m < M and held < 2 * S - 1 + c:
-                    arrives = 0.0 if j == 0 else done.get((Kind.FORWARD, m, j - 1))
+                    arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, m, j - 1)), j - 1, j, S, 2, "v", cost)
                     if arrives is not None:
                         options.append((max(free[s], arrives), (3 - c, m), Action(Kind.FORWARD, m, c)))
-            pick = choose(options, free[s], weights[s][0] if weights[s] else None, (4, 0))
+            oldest = weights[s][0] if weights[s] else None
+            pick = choose(options, free[s], oldest, (4, 0), None if not fit[s] or oldest is None
+                          else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
             if pick is None:
                 continue
             start, priority, action = pick
@@ -112,7 +128,7 @@ def _orders(S: int, M: int) -> tuple[tuple[Action, ...], ...]:
                 best = (start, priority, s, action)
         assert best is not None, "zbv order: no stage can progress (a bug in the rules)"
         start, _, s, a = best
-        done[(a.kind, a.micro_batch, virtual_index(s, a.chunk, S, "v"))] = free[s] = start + 1.0
+        done[(a.kind, a.micro_batch, virtual_index(s, a.chunk, S, "v"))] = free[s] = start + cost.cost(a.kind, s, a.chunk)
         if a.kind is Kind.FORWARD:
             f_next[s][a.chunk] += 1
         elif a.kind is Kind.BACKWARD_INPUT:

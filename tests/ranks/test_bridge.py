@@ -385,3 +385,31 @@ def test_the_bridge_benchmark_times_each_channel_count_against_the_single_stream
     assert summary["channels"] == [1, 2] and set(row["bridge_gbps"]) == {"1", "2"}  # JSON keys are strings
     assert all(v > 0 for v in row["bridge_gbps"].values()) and row["striped_over_single"] > 0
     assert "p2p" in summary["correctness"]
+
+
+def test_an_asynchronous_bridged_receive_returns_before_its_peer_sends(tmp_path: Path) -> None:
+    """Bridged point-to-point calls run on the communicator's own thread (collectives.serial_worker): an asynchronous
+    post returns at once, so a pipeline stage computes on while its transfer waits (issue: transfers off the
+    critical path); calls keep their posting order."""
+    from ..dist_harness import ok_values, run_world
+
+    values = ok_values(run_world("tests.collective_cases", "async_bridged_p2p", 2, deadline_s=90, islands=[0, 1],
+                                 gate=str(tmp_path / "gate")), 2)
+    assert values[0] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]
+
+
+def test_serial_worker_keeps_order_and_hands_back_errors() -> None:
+    from hal.collectives.serial_worker import SerialWorker
+
+    worker = SerialWorker("test")
+    seen: list[int] = []
+    futures = [worker.submit(lambda i=i: seen.append(i) or i) for i in range(20)]
+    failing = worker.submit(lambda: 1 / 0)
+    assert [f.result(timeout=10) for f in futures] == list(range(20)) and seen == list(range(20))
+    try:
+        failing.result(timeout=10)
+    except ZeroDivisionError:
+        pass
+    else:
+        raise AssertionError("the job's error was not handed back")
+    worker.close()

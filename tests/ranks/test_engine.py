@@ -88,13 +88,31 @@ PLANS[DPV_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "dualpipev"}
 DPV_BRIDGED = "dpv b: dualpipev, 3 stages x 2 chunks, dp1/dp2/dp1, 6 micro-batches, every stage its own island"
 PLANS[DPV_BRIDGED] = {**PLANS[IL_THREE], "schedule": "dualpipev", "micro_batches": 6}
 ISLANDS[DPV_BRIDGED] = [0, 1, 1, 2]
-LAYERS = {DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
+# Orders played from measured times (parallel.order: measured): times under which the play's order differs from the unit
+# one (tests/unit/test_stage_times.py checks that it does), the transfers derived by playing the order in rounds. The
+# interleaved zero-bubble run switches after its first step, as hal train does after its calibration step.
+TIMED: dict[str, tuple[dict, int]] = {}
+IZB_TIMED = "timed izb a: interleaved zero-bubble, order from link-heavy times after step 1, tp2 -> dp2, tied"
+PLANS[IZB_TIMED] = PLANS[IZB_UNEVEN]
+LINK_HEAVY_2X2 = {"forward": [[0.5, 0.5]] * 2, "backward_input": [[0.5, 0.5]] * 2, "backward_weight": [[0.5, 0.5]] * 2,
+                  "links": [3.0, 3.0]}
+TIMED[IZB_TIMED] = (LINK_HEAVY_2X2, 1)
+ZBV_TIMED = "timed zbv d: zbv, 3 stages x 2 chunks, every stage its own island, order from uneven stage times"
+PLANS[ZBV_TIMED] = PLANS[ZBV_THREE]
+ISLANDS[ZBV_TIMED] = [0, 1, 1, 2]
+TIMED[ZBV_TIMED] = ({"forward": [[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]], "backward_input": [[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]],
+                     "backward_weight": [[0.15, 0.15]] * 3, "links": [0.5, 0.5]}, 0)
+ZB_TIMED = "timed zb c: zero-bubble, 3 stages 1/2/1, dp1/dp2/dp1, transfers derived from a timed play"
+PLANS[ZB_TIMED] = PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"]
+TIMED[ZB_TIMED] = ({"forward": [[3.0], [1.0], [1.0]], "backward_input": [[3.0], [1.0], [1.0]], "backward_weight": [[3.0], [1.0], [1.0]],
+                    "links": [2.0, 2.0]}, 0)
+LAYERS = {IZB_TIMED: 6, ZBV_TIMED: 6, DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
           ZBV_BRIDGED: 6}
-TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}
+TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}
 STEPS, LR = 20, 3e-3
 VARIANT_STEPS = 5
 LONG_RUNS = {"a: 2 stages 3/1, tp2 -> dp2, 1f1b", "c: 3 stages dp1/dp2/dp1, gpipe", "zb a: 2 stages 3/1, tp2 -> dp2, zero-bubble",
-             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}  # one plan per schedule: 20 steps
+             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}  # one plan per schedule (and a timed order): 20 steps
 assert LONG_RUNS <= set(PLANS) and {p["schedule"] for n, p in PLANS.items() if n in LONG_RUNS} == {
     p["schedule"] for p in PLANS.values()}
 
@@ -107,8 +125,9 @@ def test_plan_matches_single_process(name: str) -> None:
     layers = LAYERS.get(name, 4)
     steps = STEPS if name in LONG_RUNS else VARIANT_STEPS
     ref = reference(plan, STEPS, LR, tied=tied, num_layers=layers)  # cached, shared: a variant reads its first steps
+    times, switch_at = TIMED.get(name, (None, 0))
     results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=steps, lr=LR,
-                        tied=tied, num_layers=layers, islands=ISLANDS.get(name))
+                        tied=tied, num_layers=layers, islands=ISLANDS.get(name), times=times, switch_at=switch_at)
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
@@ -128,6 +147,11 @@ def test_plan_matches_single_process(name: str) -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{name}: gradient of {pname}")
             seen.add(pname)
     assert seen == set(ref["grads"]), set(ref["grads"]) - seen
+    if times is not None:  # time_links: every stage but the last times its boundary (a loop's last stage: the wrap, not it)
+        S = len(plan["stages"])
+        for v in values:
+            stage = v["coord"][0]
+            assert (v["link"] is None) == (stage == S - 1) and (v["link"] is None or v["link"] > 0), (stage, v["link"])
 
 
 def test_sends_overlap_compute(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ def test_every_section_is_declared_once_with_its_keys() -> None:
     assert KEYS == ("backend", "devices", "precision", "fallback") and SECTIONS == ("model", "parallel", "train", "cluster", "planned")
     assert list(section_specs(HalConfig)) == [*KEYS, *SECTIONS]  # origins is bookkeeping, not a key
     assert list(section_specs(ParallelPlan)) == ["stages", "schedule", "micro_batches", "micro_batch_size", "zero1",
-                                                 "compile", "compile_backend", "fused_head", "virtual_stages"]
+                                                 "compile", "compile_backend", "fused_head", "virtual_stages", "order"]
     assert list(section_specs(StagePlan)) == ["backend", "devices", "layers", "tp", "dp", "sp", "checkpoint", "compile",
                                               "precision", "ep"]
     assert list(section_specs(TrainConfig)) == ["steps", "lr", "seed", "weight_decay", "warmup_steps", "lr_schedule", "min_lr",
