@@ -92,6 +92,8 @@ def _draw_timeline(job: Any) -> None:
     if job.planned is not None and job.planned.matches:
         doc["planned"] = planned_timeline(job.planned, job.plan)
         write_text_atomic(source, strict_json.dumps(doc) + "\n")
+    for line in _stage_shares(doc):
+        print(f"hal train: {line}", file=sys.stderr)
     reason = missing()
     if reason is not None:
         print(f"hal train: timeline.png not drawn: {reason} (the spans are in {source})", file=sys.stderr)
@@ -99,6 +101,20 @@ def _draw_timeline(job: Any) -> None:
     png = write_png(doc, source.with_suffix(".png"))
     against = "planned and predicted" if "planned" in doc else "predicted"
     print(f"hal train: timeline of step {doc['step']}, {against} against measured: {png}", file=sys.stderr)
+
+
+def _stage_shares(doc: dict[str, Any]) -> list[str]:
+    """Per rank of the profiled step: its compute, P2P (posts and waits) and idle shares of the step beside the
+    simulator's idle share for its stage (fed the measured compute, communication free): what the plan's
+    communication and waiting cost where the prediction has none."""
+    predicted = doc.get("predicted", {}).get("bubble", [])
+    lines = [f"step {doc['step']} per rank: computing / in P2P calls / idle, and the simulator's idle for its stage"
+             + (" (the order played from measured times)" if doc.get("order") == "measured" else "")]
+    for r in doc.get("ranks", []):
+        idle = f"{predicted[r['stage']]:.0%}" if r["stage"] < len(predicted) else "n/a"
+        lines.append(f"  stage {r['stage']} rank {r['rank']}: {r['compute']:.0%} / {r['p2p']:.0%} / {r['idle']:.0%}; "
+                     f"predicted idle {idle}")
+    return lines
 
 
 def _loss(value: float | None) -> str:

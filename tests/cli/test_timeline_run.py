@@ -58,6 +58,9 @@ def test_hal_train_profile_writes_timeline_json_and_png(tmp_path: Path) -> None:
     result = run_hal("train", str(config), "--run-dir", str(run_dir), "--profile", "--json", timeout=180)
     assert result.returncode == 0, result.stderr
     assert f"{run_dir / 'timeline.png'}" in result.stderr
+    assert "hal train: step 2 per rank: computing / in P2P calls / idle, and the simulator's idle for its stage" in result.stderr
+    shares = [line for line in result.stderr.splitlines() if line.startswith("hal train:   stage ")]
+    assert [line.split(":")[1].strip() for line in shares] == ["stage 0 rank 0", "stage 1 rank 1"], shares
     doc = json.loads((run_dir / "timeline.json").read_text(encoding="utf-8"))
     assert doc["step"] == 2 and doc["clock"] == "host" and doc["aligned"] == "host clock" and doc["unit"] == "s"
     assert [r["rank"] for r in doc["ranks"]] == [0, 1] and [r["stage"] for r in doc["ranks"]] == [0, 1]
