@@ -107,6 +107,8 @@ def _stage_shares(doc: dict[str, Any]) -> list[str]:
     """Per rank of the profiled step: its compute, P2P (posts and waits) and idle shares of the step beside the
     simulator's idle share for its stage (fed the measured compute, communication free): what the plan's
     communication and waiting cost where the prediction has none."""
+    if not doc.get("ranks"):  # a document with no measured step
+        return []
     predicted = doc.get("predicted", {}).get("bubble", [])
     lines = [f"step {doc['step']} per rank: computing / in P2P calls / idle, and the simulator's idle for its stage"
              + (" (the order played from measured times)" if doc.get("order") == "measured" else "")]

@@ -14,7 +14,7 @@ key, the value and the fix, so a bad plan never turns into a hang or a shape err
       compile: false            # torch.compile each decoder layer (regional); a stage may override it
       compile_backend: inductor # inductor | aot_eager | eager (the last two: no code generation, for tests)
       fused_head: false         # the LM head and the loss as one chunked op: full logits never in memory
-      order: unit               # unit | measured: a played schedule's order from measured stage times (hal train)
+      order: auto               # auto | unit | measured: a played schedule's order from measured stage times (hal train)
       stages:                   # stage k owns the next `devices` global ranks (see parallel/config/topology.py)
         - {backend: cpu, devices: 2, layers: 3, tp: 2, sp: true}
         - {backend: cpu, devices: 2, layers: 1, dp: 2, checkpoint: true, compile: true, precision: bf16-mixed}
@@ -74,7 +74,7 @@ def _stage_backend(origin: str, name: str, value: Any) -> str:
 
 
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
-ORDERS = ("unit", "measured")  # parallel.order: how a played schedule's order is found (parallel.schedules.stage_times)
+ORDERS = ("auto", "unit", "measured")  # parallel.order: how a played schedule's order is found (parallel.loop.measured_order)
 MAX_CHUNKS = limits.CHUNKS.maximum
 
 
@@ -141,8 +141,9 @@ class ParallelPlan:
     fused_head: bool = key(Flag(), False)  # last stage: head + cross-entropy chunked over tokens (parallel.models.fused_head)
     virtual_stages: int = key(PositiveInt(limits.CHUNKS), 1,
                               derive=lambda v: v["schedule"].chunks())  # model chunks a stage; YAML default: the schedule's
-    # "measured": hal train re-plays a zero-bubble-family order from the stage times of a calibration step
-    order: str = key(Choice(ORDERS), "unit")
+    # "measured": hal train re-plays a zero-bubble-family order from the stage times of a calibration step; "auto" (the
+    # default): that, for a schedule whose order is played, and the fixed order of any other; "unit": never
+    order: str = key(Choice(ORDERS), "auto")
 
     def __post_init__(self) -> None:
         if isinstance(self.schedule, str):  # built in code from a name (a job file, a test): parse it here, once
@@ -183,7 +184,7 @@ class ParallelPlan:
                        for s in data["stages"])
         return cls(stages, data["schedule"], data["micro_batches"],
                    data["micro_batch_size"], data["zero1"], data.get("compile", False), data.get("compile_backend", "inductor"),
-                   data.get("fused_head", False), data.get("virtual_stages", 1), data.get("order", "unit"))
+                   data.get("fused_head", False), data.get("virtual_stages", 1), data.get("order", "auto"))
 
     @property
     def placement(self) -> str:
@@ -289,7 +290,7 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig, precisi
     if plan.order == "measured" and not plan.schedule.plays_times:
         raise ConfigError(
             f"{origin}: parallel.order: measured re-plays a schedule's order from measured stage times, and schedule "
-            f"{plan.schedule} has a fixed order; use zero-bubble, interleaved-zero-bubble or zbv, or set order: unit"
+            f"{plan.schedule} has a fixed order; use zero-bubble, interleaved-zero-bubble or zbv, or set order: auto"
         )
     _check_moe(origin, plan, model, precision)
     compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]

@@ -1,4 +1,4 @@
-"""``parallel.order: measured``: after a calibration step, every rank re-plays its schedule's order from measured times.
+"""``parallel.order: measured`` (and ``auto``, the default, for a played schedule): after a calibration step, every rank re-plays its schedule's order from measured times.
 
 Why: the zero-bubble family's orders come from a play with unit F, I and W times and free transfers; a real
 pipeline has a head on one stage, uneven layer counts, a CPU stage beside a GPU stage, links that take time.
@@ -53,13 +53,20 @@ class OrderChoice:
                 "backward_weight_s": [list(r) for r in self.times.backward_weight], "links_s": list(self.times.links)}
 
 
+def wanted(plan: Any) -> bool:
+    """Whether the plan's order is to come from measured times: ``order: measured``, or ``auto`` (the default) with a
+    schedule whose order is played."""
+    return plan.order in ("auto", "measured") and plan.schedule.plays_times
+
+
 def due(plan: Any, start: int, steps: int, step: int) -> bool:
     """Whether ``step`` (0-based) is the calibration step of this run."""
-    return plan.order == "measured" and plan.schedule.plays_times and step == start + CALIBRATION_STEP and step < steps - 1
+    return wanted(plan) and step == start + CALIBRATION_STEP and step < steps - 1
 
 
 def skipped(plan: Any, start: int, steps: int) -> str | None:
-    """Why a run asking for ``order: measured`` will not calibrate (too few steps left), said before it starts; else None."""
+    """Why a run asking for ``order: measured`` will not calibrate (too few steps left), said before it starts; else None
+    (``auto`` asks nothing: a short run simply keeps the unit order)."""
     if plan.order != "measured" or not plan.schedule.plays_times or start + CALIBRATION_STEP < steps - 1:
         return None
     return (f"parallel.order: measured calibrates on the run's step {start + CALIBRATION_STEP + 1} and needs one after it; "

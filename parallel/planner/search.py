@@ -285,7 +285,7 @@ class Search:
             StagePlan(g.kind.backend, g.devices, _chunks(n, V), g.tp, g.dp, g.sp, recompute[k], None, None, g.ep)
             for k, (g, n) in enumerate(zip(stages, layers)))
         plan = ParallelPlan(plan_stages, schedule, M, mbs, zero1, self.base.compile, self.base.compile_backend,
-                            self.base.fused_head, V, self.base.order if schedule.plays_times else "unit")
+                            self.base.fused_head, V, self.base.order if schedule.plays_times or self.base.order != "measured" else "auto")
         holding = set(moe_stages(plan, m))
         if any(g.ep > 1 and k not in holding for k, g in enumerate(stages)):
             return None  # the layer split left an ep stage without MoE layers: the same plan at ep 1 is searched

@@ -13,7 +13,7 @@ import pytest
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import parse_plan, validate_plan
-from hal.parallel.loop.measured_order import choose, stage_times
+from hal.parallel.loop.measured_order import choose, due, skipped, stage_times, wanted
 from hal.parallel.schedules import Kind, get_schedule, simulate
 from hal.parallel.schedules.stage_times import StageTimes, fit_variants, unit_times
 
@@ -152,3 +152,10 @@ def test_order_key_is_checked() -> None:
     plan = parse_plan({"schedule": "zero-bubble", "order": "measured", "micro_batches": 2, "stages": stages})
     validate_plan(plan, model, world_size=2, check_backends=False)
     assert plan.order == "measured" and type(plan).from_dict(plan.to_dict()).order == "measured"
+    # the default: measured where the order is played, the fixed order elsewhere (no refusal)
+    for schedule, calibrates in (("1f1b", False), ("zbv", True), ("dualpipev", False), ("interleaved-zero-bubble", True)):
+        default = parse_plan({"schedule": schedule, "micro_batches": 4, "stages": stages})
+        assert default.order == "auto" and wanted(default) is calibrates, schedule
+        assert due(default, 0, 5, 1) is calibrates and not due(default, 0, 2, 1)
+        assert skipped(default, 0, 2) is None  # auto asks nothing of a short run
+    assert not wanted(parse_plan({"schedule": "zbv", "order": "unit", "micro_batches": 4, "stages": stages}))
