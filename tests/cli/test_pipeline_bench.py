@@ -47,8 +47,9 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
     assert all(0.0 <= s["idle_simulated"] < 1.0 for s in summary["per_stage"])
 
 
-@pytest.mark.parametrize("schedule,torch_schedule,ideal", [("interleaved-1f1b", "ScheduleInterleaved1F1B", 1 / 9),
-                                                              ("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5),
+# the chunked path once with a played order (zbv) and once with a fixed one (dualpipev); interleaved 1F1B takes the same
+# path (its equivalence is tests/ranks/test_engine.py's), left out to keep the suite inside its time
+@pytest.mark.parametrize("schedule,torch_schedule,ideal", [("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5),
                                                               ("dualpipev", "ScheduleDualPipeV", 1 / 13)])
 def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
     out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--steps", "1",

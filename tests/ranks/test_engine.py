@@ -90,7 +90,7 @@ PLANS[DPV_BRIDGED] = {**PLANS[IL_THREE], "schedule": "dualpipev", "micro_batches
 ISLANDS[DPV_BRIDGED] = [0, 1, 1, 2]
 # Orders played from measured times (parallel.order: measured): times under which the play's order differs from the unit
 # one (tests/unit/test_stage_times.py checks that it does), the transfers derived by playing the order in rounds. The
-# interleaved zero-bubble run switches after its first step, as hal train does after its calibration step.
+# interleaved zero-bubble run switches after its first step, as hal train does after its calibration step (4 steps on it).
 TIMED: dict[str, tuple[dict, int]] = {}
 IZB_TIMED = "timed izb a: interleaved zero-bubble, order from link-heavy times after step 1, tp2 -> dp2, tied"
 PLANS[IZB_TIMED] = PLANS[IZB_UNEVEN]
@@ -102,8 +102,9 @@ PLANS[ZBV_TIMED] = PLANS[ZBV_THREE]
 ISLANDS[ZBV_TIMED] = [0, 1, 1, 2]
 TIMED[ZBV_TIMED] = ({"forward": [[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]], "backward_input": [[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]],
                      "backward_weight": [[0.15, 0.15]] * 3, "links": [0.5, 0.5]}, 0)
-ZB_TIMED = "timed zb c: zero-bubble, 3 stages 1/2/1, dp1/dp2/dp1, transfers derived from a timed play"
+ZB_TIMED = "timed zb c: zero-bubble, 3 stages 1/2/1, dp1/dp2/dp1, every stage its own island, transfers of a timed play"
 PLANS[ZB_TIMED] = PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"]
+ISLANDS[ZB_TIMED] = [0, 1, 1, 2]
 TIMED[ZB_TIMED] = ({"forward": [[3.0], [1.0], [1.0]], "backward_input": [[3.0], [1.0], [1.0]], "backward_weight": [[3.0], [1.0], [1.0]],
                     "links": [2.0, 2.0]}, 0)
 LAYERS = {IZB_TIMED: 6, ZBV_TIMED: 6, DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
@@ -112,7 +113,7 @@ TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UN
 STEPS, LR = 20, 3e-3
 VARIANT_STEPS = 5
 LONG_RUNS = {"a: 2 stages 3/1, tp2 -> dp2, 1f1b", "c: 3 stages dp1/dp2/dp1, gpipe", "zb a: 2 stages 3/1, tp2 -> dp2, zero-bubble",
-             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}  # one plan per schedule (and a timed order): 20 steps
+             IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}  # one plan per schedule: 20 steps
 assert LONG_RUNS <= set(PLANS) and {p["schedule"] for n, p in PLANS.items() if n in LONG_RUNS} == {
     p["schedule"] for p in PLANS.values()}
 
