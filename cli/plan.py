@@ -81,6 +81,13 @@ def _moe_line(model: dict[str, Any]) -> str:
             f"layers {', '.join(map(str, layers))}")
 
 
+def _played(schedule: str) -> bool:
+    """Whether the schedule's order is played, so ``parallel.order`` may play it from measured times."""
+    from hal.parallel.schedules import get_schedule
+
+    return get_schedule(schedule).plays_times
+
+
 def format_plan(report: dict[str, Any]) -> str:
     plan, model, topo = report["plan"], report["model"], report["topology"]
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
@@ -90,7 +97,9 @@ def format_plan(report: dict[str, Any]) -> str:
         f"zero1 {yes(plan['zero1'])}, fused head {yes(plan.get('fused_head'))}"
         + (f", {plan['virtual_stages']} chunks per stage" if plan.get("virtual_stages", 1) > 1 else "")
         + (" placed in a V (stage 0 holds the first and the last chunk: the embedding, the head and the loss)"
-           if topo.get("placement") == "v" else ""),
+           if topo.get("placement") == "v" else "")
+        + (f"; order played from measured times at hal train's step 2 (parallel.order {plan.get('order', 'auto')})"
+           if _played(plan["schedule"]) and plan.get("order", "auto") != "unit" else ""),
         f"model: {model['num_layers']} layers, hidden {model['hidden_size']}, heads {model['num_heads']} "
         f"(kv {model['num_kv_heads']}), ffn {model['ffn_hidden_size']}, vocab {model['vocab_size']}, "
         f"max seq {model['max_seq_len']}" + _moe_line(model),

@@ -51,3 +51,9 @@ def test_too_few_steps_to_calibrate_is_said(tmp_path: Path) -> None:
     assert ("hal train: warning: parallel.order: measured calibrates on the run's step 2 and needs one after it; this run "
             "has 2 step(s) left, so the unit-time order runs throughout") in result.stderr
     assert "order from measured times" not in result.stderr
+
+
+def test_hal_plan_says_the_order_will_be_measured(tmp_path: Path) -> None:
+    result = run_hal("plan", "--config", str(_config(tmp_path, 3)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].endswith("; order played from measured times at hal train's step 2 (parallel.order measured)")
