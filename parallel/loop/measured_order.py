@@ -73,6 +73,13 @@ def skipped(plan: Any, start: int, steps: int) -> str | None:
             f"this run has {steps - start} step(s) left, so the unit-time order runs throughout")
 
 
+def due_anywhere(job: Any, plan: Any, start: int, steps: int, step: int) -> bool:
+    """Whether any replica calibrates at ``step`` (the same answer on every rank): every rank then joins the gather,
+    those of a replica that does not calibrate with nothing to add."""
+    plans = [rep.plan for rep in job.replicas.replicas] if job.replicas is not None else [plan]
+    return any(due(p, start, steps, step) for p in plans)
+
+
 def stage_times(records: Sequence[dict[str, Any]], num_stages: int, chunks: int, placement: str) -> StageTimes:
     """Every rank's measurements (``calibrate``'s records of one pipeline) as one ``StageTimes``: per stage and
     chunk, the slowest rank's mean F, I and W (a whole backward counts as I with no W); per boundary, the slowest
@@ -105,17 +112,22 @@ def choose(schedule: Schedule, times: StageTimes, micro_batches: int, step: int)
     return OrderChoice(times, unit_s, measured_s, keep, step)
 
 
-def calibrate(r: Any, step: int) -> OrderChoice:
+def calibrate(r: Any, step: int) -> OrderChoice | None:
     """After the calibration step (run with device events): time the links, gather every rank's figures, and
-    switch every rank of this pipeline to the chosen order. Collective over the world."""
+    switch every rank of this pipeline to the chosen order. Collective over the world (``due_anywhere``); None on
+    a rank whose replica does not calibrate."""
     engine = r.engine
-    link = engine.time_links()
-    actions = {f"{kind.value}{chunk}": seconds for (kind, chunk), seconds in engine.action_times().items()
-               if kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)}
-    mine = {"replica": r.replica, "stage": engine.coord.stage, "actions": actions, "link": link}
+    mine: dict[str, Any] | None = None
+    if due(r.plan, r.start, r.steps, step):
+        link = engine.time_links()
+        actions = {f"{kind.value}{chunk}": seconds for (kind, chunk), seconds in engine.action_times().items()
+                   if kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)}
+        mine = {"replica": r.replica, "stage": engine.coord.stage, "actions": actions, "link": link}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    ours = [e for e in everyone if e["replica"] == r.replica]
+    if mine is None:
+        return None
+    ours = [e for e in everyone if e is not None and e["replica"] == r.replica]
     plan = r.plan
     times = stage_times(ours, plan.num_stages, plan.virtual_stages, plan.placement)
     choice = choose(plan.schedule, times, plan.micro_batches, step + 2)

@@ -692,12 +692,12 @@ def train(r: RankRun) -> None:
     try:
         for step in range(r.start, r.steps):
             origin = _common_start(r) if step == timeline_step else None
-            calibrating = measured_order.due(r.plan, r.start, r.steps, step)
-            if calibrating:
+            calibrating = measured_order.due_anywhere(r.job, r.plan, r.start, r.steps, step)
+            if measured_order.due(r.plan, r.start, r.steps, step):
                 r.engine.measure_on_device = True  # the device's own times, not the host's enqueueing
             loss, row = train_step(r, step)
             if calibrating:
-                order = measured_order.calibrate(r, step)
+                order = measured_order.calibrate(r, step) or order
                 r.engine.measure_on_device = r.job.profile
             times = gather_times(row, r.writer)
             moe = gather_moe(r)

@@ -57,3 +57,22 @@ def test_hal_plan_says_the_order_will_be_measured(tmp_path: Path) -> None:
     result = run_hal("plan", "--config", str(_config(tmp_path, 3)))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].endswith("; order played from measured times at hal train's step 2 (parallel.order measured)")
+
+
+def test_a_replica_of_a_fixed_order_joins_the_calibration_of_one_that_plays(tmp_path: Path) -> None:
+    """Replica 0 plays zbv, replica 1 runs 1F1B: every rank joins the gather of the calibration step (ranks of a
+    replica that does not calibrate add nothing), so the run neither hangs nor mixes the replicas' figures."""
+    config = tmp_path / "replicas.yaml"
+    config.write_text(json.dumps({
+        "backend": "cpu", "precision": "fp32",
+        "model": {"vocab_size": 256, "hidden_size": 32, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+                  "ffn_hidden_size": 64, "max_seq_len": 16},
+        "parallel": {"replica_sync": {"every": 1}, "replicas": [
+            {"rows": 8, "micro_batch_size": 2, "schedule": "zbv", "virtual_stages": 2,
+             "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]},
+            {"rows": 4, "micro_batch_size": 2, "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}]},
+        "train": {"steps": 3, "lr": 3e-3, "seed": 0, "data": "corpus"}}), encoding="utf-8")
+    result = run_hal("train", str(config), "--run-dir", str(tmp_path / "run"), timeout=240)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "order from measured times" in line]
+    assert len(said) == 1 and said[0].startswith("hal train: step 2: replica 0: zbv order from measured times"), said
