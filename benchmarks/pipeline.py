@@ -17,7 +17,7 @@ Reported, with the card:
 
     python benchmarks/pipeline.py [--backend cuda] [--stages 4] [--micro-batches 8] [--micro-batch-size 1]
         [--preset 1b|tiny] [--layers 7,6,6,5] [--compile] [--fused-head] [--reference-ops] [--master-weights]
-        [--steps 5] [--warmup 2] [--rounds 2] [--json] [--timeout 900] [--trace DIR]
+        [--steps 5] [--warmup 2] [--rounds 2] [--order unit|measured] [--json] [--timeout 900] [--trace DIR]
 
 ``--master-weights`` keeps the weights in float32 and runs the forward under ``--dtype`` autocast — what
 ``hal train``'s bf16-mixed does (fp32 master weights and gradients, casts every micro-batch, fp32 boundaries)
@@ -114,7 +114,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         plan = ParallelPlan(tuple(StagePlan(backend.name, 1, tuple(n) if isinstance(n, list) else n) for n in layers),
                             opts.get("schedule", "1f1b"), opts["micro_batches"],
                             opts["micro_batch_size"], compile=opts.get("compile", False),
-                            fused_head=opts.get("fused_head", False), virtual_stages=opts.get("virtual_stages", 1))
+                            fused_head=opts.get("fused_head", False), virtual_stages=opts.get("virtual_stages", 1),
+                            order=opts.get("order", "unit"))
         validate_plan(plan, model, world_size=world_size, check_backends=False, seq_len=opts["seq"])
         topology = Topology.from_plan(plan)
         groups = build_mesh(topology, world, validate=False)
@@ -145,6 +146,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         for fn in (ours, torch_step):  # warm up both (torch's first step also infers shapes)
             for _ in range(opts["warmup"]):
                 fn()
+        if opts.get("order") == "measured":  # hal train's calibration: one step with device events, then the links
+            report_order = _measured_order(engine, plan, topology, rank, ours)
         for _ in range(opts["rounds"]):
             for name, fn in (("ours", ours), ("torch", torch_step)):
                 sync()
@@ -158,6 +161,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
                 if device.type != "cpu":
                     peak[name] = max(peak[name], backend.max_memory_allocated())
         report["step_s"] = times
+        if opts.get("order") == "measured":
+            report["order"] = report_order
         report["peak_memory_bytes"] = peak
         report["bubble"] = _bubble(engine, tokens, opts["steps"])
         if opts.get("trace"):
@@ -169,6 +174,24 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         return report
     finally:
         shutdown()
+
+
+def _measured_order(engine: Any, plan: Any, topology: Any, rank: int, step: Any) -> dict[str, Any]:
+    """``--order measured``: one step timed with device events, each link's round trip, and every rank's engine
+    switched to the order the simulator finds fastest with those times (``parallel.loop.measured_order``, as
+    ``hal train`` does on its second step); what it chose, for the summary."""
+    from types import SimpleNamespace
+
+    from hal.parallel.loop import measured_order
+
+    engine.measure_on_device = True
+    step()
+    engine.measure_on_device = False
+    run = SimpleNamespace(engine=engine, plan=plan, topology=topology, replica=0, job=SimpleNamespace(replicas=None),
+                          rank=rank, writer=-1, start=0, steps=measured_order.CALIBRATION_STEP + 2)
+    choice = measured_order.calibrate(run, measured_order.CALIBRATION_STEP)
+    assert choice is not None
+    return {**choice.to_dict(), "said": choice.text().replace(f"; it runs from step {choice.step}", "; the timed rounds run it")}
 
 
 def _split_layers(num_layers: int, stages: int) -> list[int]:
@@ -323,13 +346,20 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     from hal.parallel.schedules import simulate
 
     schedule = get_schedule(opts.get("schedule", "1f1b"))
+    ran = schedule  # the idle our engine should have had: with the order it ran
+    order = r0.get("order")
+    if order and order["chosen"] == "measured":
+        from hal.parallel.schedules.stage_times import StageTimes
+
+        ran = schedule.timed(StageTimes.of(order["forward_s"], order["backward_input_s"], order["backward_weight_s"],
+                                           order["links_s"]))
 
     V = opts.get("virtual_stages", 1)
     compute = [r["bubble"]["compute_s"] / (3 * M) for _, r in sorted(reports.items())]  # F per micro-batch, B = 2F
     chunk_layers = [r["layers"] for _, r in sorted(reports.items())]
     shares = ([[c / sum(n) for c in n] if isinstance(n, list) else [1.0 / V] * V for n in chunk_layers]
               if V > 1 else None)  # uneven chunks ('3+4'): a chunk's share of its stage's time
-    predicted = simulate(schedule, P, M, forward_s=compute,
+    predicted = simulate(ran, P, M, forward_s=compute,
                          backward_s=[2 * c for c in compute], virtual_stages=V, chunk_share=shares).bubble
     stages = [{"stage": r["stage"], "layers": r["layers"], "device": r["device_name"],
                "peak_mem_gib_ours": r["peak_memory_bytes"]["ours"] / 2**30,
@@ -345,7 +375,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
-        "torch_schedule": schedule.torch_class,
+        "torch_schedule": schedule.torch_class, "order": r0.get("order", {"chosen": "unit"}),
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -363,6 +393,7 @@ def table(s: dict[str, Any]) -> str:
         + (", layers compiled" if s.get("compile") else ", eager")
         + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
         + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",
+        *([f"order: {s['order']['said']}"] if "said" in s.get("order", {}) else []),
         f"{'schedule':<32}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
     for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", f"torch {s.get('torch_schedule', 'Schedule1F1B')}")):
@@ -413,6 +444,9 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                              "refuses --compile")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
+    parser.add_argument("--order", choices=("unit", "measured"), default="unit",
+                        help="measured: after the warm-up, our engine re-plays a zero-bubble-family order from measured "
+                             "stage and link times, as hal train does (torch's class keeps its own order)")
     parser.add_argument("--trace", metavar="DIR",
                         help="after the timed rounds, profile one step of each schedule on every rank into DIR")
     parser.add_argument("--json", action="store_true")
@@ -431,6 +465,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
         parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
                      "inside the loss; drop --fused-head")
+    if args.order == "measured" and not schedule.plays_times:
+        parser.error(f"--order measured re-plays a zero-bubble-family order; --schedule {args.schedule} has a fixed one")
     virtual = args.virtual_stages or schedule.chunks()
     problem = schedule.chunk_problem(virtual) or schedule.problem(args.stages, args.micro_batches)
     if virtual < 1 or problem:
@@ -458,7 +494,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
             "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual,
-            "master_weights": args.master_weights, "trace": args.trace}
+            "master_weights": args.master_weights, "trace": args.trace, "order": args.order}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.pipeline import PRESETS, flops_per_token, parameter_counts
+from hal.parallel.schedules import get_schedule
 
 from ..plain_client import run_plain, shared
 
@@ -52,12 +53,17 @@ def test_tiny_pipeline_benchmark_on_cpu() -> None:
 @pytest.mark.parametrize("schedule,torch_schedule,ideal", [("zbv", "ScheduleZBVZeroBubble", 0.5 / 12.5),
                                                               ("dualpipev", "ScheduleDualPipeV", 1 / 13)])
 def test_chunked_benchmarks_run_torchs_schedule_on_the_same_chunks(schedule: str, torch_schedule: str, ideal: float) -> None:
+    played = get_schedule(schedule).plays_times  # zbv: our engine on the order played from measured times, as hal train
     out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--steps", "1",
          "--rounds", "1", "--warmup", "1", "--stages", "2", "--micro-batches", "4", "--schedule", schedule,
-         "--json", "--timeout", "240"], timeout=300)
+         *(["--order", "measured"] if played else []), "--json", "--timeout", "240"], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout)
     assert summary["virtual_stages"] == 2 and summary["torch_schedule"] == torch_schedule
+    if played:
+        assert summary["order"]["chosen"] in ("unit", "measured") and summary["order"]["said"].startswith(f"{schedule} order from")
+    else:
+        assert summary["order"] == {"chosen": "unit"}
     assert summary["bubble_ideal"] == pytest.approx(ideal) and summary["tokens_per_s"]["torch"] > 0
 
 
