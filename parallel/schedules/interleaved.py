@@ -242,34 +242,40 @@ def _zb_play(S: int, M: int, V: int, cost: StageTimes, fit: tuple[bool, ...]) ->
     weights: list[list[Action]] = [[] for _ in range(S)]  # I done, W pending, oldest first
     orders: list[list[Action]] = [[] for _ in range(S)]
     total = 3 * M * V
+
+    def pick_of(s: int) -> tuple[float, int, Action] | None:
+        """Stage s's most urgent action now (``choose``), from its state and what its neighbours made."""
+        held = f_at[s] - (i_at[s] - len(weights[s]))  # chunk activations forwarded here, W not done
+        options: list[tuple[float, int, Action]] = []
+        if i_at[s] < len(inputs[s]):
+            a = inputs[s][i_at[s]]
+            j = virtual_index(s, a.chunk, S)
+            own = done.get((Kind.FORWARD, a.micro_batch, j))
+            grad = own if j == S * V - 1 else arrival(done.get((Kind.BACKWARD_INPUT, a.micro_batch, j + 1)), j + 1, j, S, V, "loop", cost)
+            if own is not None and grad is not None:
+                options.append((max(free[s], own, grad), 1, a))
+        if f_at[s] < len(forwards[s]) and held < bound[s]:
+            a = forwards[s][f_at[s]]
+            j = virtual_index(s, a.chunk, S)
+            arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, a.micro_batch, j - 1)), j - 1, j, S, V, "loop", cost)
+            if arrives is not None:
+                options.append((max(free[s], arrives), 2, a))
+        oldest = weights[s][0] if weights[s] else None
+        return choose(options, free[s], oldest, 3,
+                      None if not fit[s] or oldest is None else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
+
+    # only the acting stage and its neighbours round the loop (the wrap link joins the last and the first) pick again
+    picks: list[tuple[float, int, Action] | None] = [None] * S
+    stale = set(range(S))
     while sum(len(o) for o in orders) < S * total:
-        best: tuple[float, int, int, Action] | None = None  # (start, rule, stage, action)
-        for s in range(S):
-            held = f_at[s] - (i_at[s] - len(weights[s]))  # chunk activations forwarded here, W not done
-            options: list[tuple[float, int, Action]] = []
-            if i_at[s] < len(inputs[s]):
-                a = inputs[s][i_at[s]]
-                j = virtual_index(s, a.chunk, S)
-                own = done.get((Kind.FORWARD, a.micro_batch, j))
-                grad = own if j == S * V - 1 else arrival(done.get((Kind.BACKWARD_INPUT, a.micro_batch, j + 1)), j + 1, j, S, V, "loop", cost)
-                if own is not None and grad is not None:
-                    options.append((max(free[s], own, grad), 1, a))
-            if f_at[s] < len(forwards[s]) and held < bound[s]:
-                a = forwards[s][f_at[s]]
-                j = virtual_index(s, a.chunk, S)
-                arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, a.micro_batch, j - 1)), j - 1, j, S, V, "loop", cost)
-                if arrives is not None:
-                    options.append((max(free[s], arrives), 2, a))
-            oldest = weights[s][0] if weights[s] else None
-            pick = choose(options, free[s], oldest, 3,
-                          None if not fit[s] or oldest is None else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
-            if pick is None:
-                continue
-            start, rule, a = pick
-            if best is None or (start, rule, s) < best[:3]:
-                best = (start, rule, s, a)
-        assert best is not None, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"
-        start, _, s, a = best
+        for s in stale:
+            picks[s] = pick_of(s)
+        stale.clear()
+        candidates = [(p[0], p[1], s) for s, p in enumerate(picks) if p is not None]
+        assert candidates, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"
+        start, _, s = min(candidates)
+        a = picks[s][2]  # type: ignore[index]
+        stale.update({(s - 1) % S, s, (s + 1) % S})
         j = virtual_index(s, a.chunk, S)
         done[(a.kind, a.micro_batch, j)] = free[s] = start + cost.cost(a.kind, s, a.chunk)
         if a.kind is Kind.FORWARD:

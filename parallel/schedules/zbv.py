@@ -101,33 +101,39 @@ def _play(S: int, M: int, cost: StageTimes, fit: tuple[bool, ...]) -> tuple[tupl
     i_next = [[0, 0] for _ in range(S)]
     weights: list[list[Action]] = [[] for _ in range(S)]  # I done, W pending, oldest first
     orders: list[list[Action]] = [[] for _ in range(S)]
+
+    def pick_of(s: int) -> tuple[float, tuple[int, int], Action] | None:
+        """Stage s's most urgent action now (``choose``), from its state and what its neighbours made."""
+        held = sum(f_next[s]) - sum(i_next[s]) + len(weights[s])
+        options: list[tuple[float, tuple[int, int], Action]] = []
+        for c in (1, 0):
+            m, j = i_next[s][c], virtual_index(s, c, S, "v")
+            if m < f_next[s][c]:
+                grad = (done[(Kind.FORWARD, m, j)] if j == last
+                        else arrival(done.get((Kind.BACKWARD_INPUT, m, j + 1)), j + 1, j, S, 2, "v", cost))
+                if grad is not None:
+                    options.append((max(free[s], done[(Kind.FORWARD, m, j)], grad), (1, m), Action(Kind.BACKWARD_INPUT, m, c)))
+            m = f_next[s][c]
+            if m < M and held < 2 * S - 1 + c:
+                arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, m, j - 1)), j - 1, j, S, 2, "v", cost)
+                if arrives is not None:
+                    options.append((max(free[s], arrives), (3 - c, m), Action(Kind.FORWARD, m, c)))
+        oldest = weights[s][0] if weights[s] else None
+        return choose(options, free[s], oldest, (4, 0), None if not fit[s] or oldest is None
+                      else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
+
+    # only the acting stage and its neighbours (virtual stages j - 1 and j + 1 live there) pick again after an action
+    picks: list[tuple[float, tuple[int, int], Action] | None] = [None] * S
+    stale = set(range(S))
     while sum(len(o) for o in orders) < S * 2 * 3 * M:
-        best: tuple[float, tuple[int, int], int, Action] | None = None  # (start, priority, stage, action)
-        for s in range(S):
-            held = sum(f_next[s]) - sum(i_next[s]) + len(weights[s])
-            options: list[tuple[float, tuple[int, int], Action]] = []
-            for c in (1, 0):
-                m, j = i_next[s][c], virtual_index(s, c, S, "v")
-                if m < f_next[s][c]:
-                    grad = (done[(Kind.FORWARD, m, j)] if j == last
-                            else arrival(done.get((Kind.BACKWARD_INPUT, m, j + 1)), j + 1, j, S, 2, "v", cost))
-                    if grad is not None:
-                        options.append((max(free[s], done[(Kind.FORWARD, m, j)], grad), (1, m), Action(Kind.BACKWARD_INPUT, m, c)))
-                m = f_next[s][c]
-                if m < M and held < 2 * S - 1 + c:
-                    arrives = 0.0 if j == 0 else arrival(done.get((Kind.FORWARD, m, j - 1)), j - 1, j, S, 2, "v", cost)
-                    if arrives is not None:
-                        options.append((max(free[s], arrives), (3 - c, m), Action(Kind.FORWARD, m, c)))
-            oldest = weights[s][0] if weights[s] else None
-            pick = choose(options, free[s], oldest, (4, 0), None if not fit[s] or oldest is None
-                          else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
-            if pick is None:
-                continue
-            start, priority, action = pick
-            if best is None or (start, priority, s) < best[:3]:
-                best = (start, priority, s, action)
-        assert best is not None, "zbv order: no stage can progress (a bug in the rules)"
-        start, _, s, a = best
+        for s in stale:
+            picks[s] = pick_of(s)
+        stale.clear()
+        candidates = [(p[0], p[1], s) for s, p in enumerate(picks) if p is not None]
+        assert candidates, "zbv order: no stage can progress (a bug in the rules)"
+        start, _, s = min(candidates)
+        a = picks[s][2]  # type: ignore[index]
+        stale.update(t for t in (s - 1, s, s + 1) if 0 <= t < S)
         done[(a.kind, a.micro_batch, virtual_index(s, a.chunk, S, "v"))] = free[s] = start + cost.cost(a.kind, s, a.chunk)
         if a.kind is Kind.FORWARD:
             f_next[s][a.chunk] += 1

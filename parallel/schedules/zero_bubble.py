@@ -81,14 +81,19 @@ def _play(S: int, M: int, cost: StageTimes, fit: tuple[bool, ...]) -> tuple[tupl
     free = [0.0] * S
     next_f, next_i, next_w = [0] * S, [0] * S, [0] * S
     orders: list[list[Action]] = [[] for _ in range(S)]
+    # A stage's pick depends on its own state and on what its neighbours made: after an action only the acting
+    # stage and its neighbours pick again (the same orders as re-picking every stage, S / 3 times faster).
+    picks: list[tuple[float, Kind, int] | None] = [None] * S
+    stale = set(range(S))
     while sum(next_w) < S * M:
-        best: tuple[float, int, Kind, int] | None = None  # (start, stage, kind, micro-batch)
-        for s in range(S):
-            pick = _pick(s, S, M, free[s], done, next_f[s], next_i[s], next_w[s], cost, fit[s])
-            if pick is not None and (best is None or pick[0] < best[0]):
-                best = (pick[0], s, pick[1], pick[2])
-        assert best is not None, "zero-bubble order: no stage can progress (a bug in the rules)"
-        start, s, kind, m = best
+        for s in stale:
+            picks[s] = _pick(s, S, M, free[s], done, next_f[s], next_i[s], next_w[s], cost, fit[s])
+        stale.clear()
+        candidates = [(p[0], s) for s, p in enumerate(picks) if p is not None]
+        assert candidates, "zero-bubble order: no stage can progress (a bug in the rules)"
+        start, s = min(candidates)  # the earliest start; the lowest stage on a tie
+        _, kind, m = picks[s]  # type: ignore[misc]
+        stale.update(t for t in (s - 1, s, s + 1) if 0 <= t < S)
         done[(kind, m, s)] = free[s] = start + cost.cost(kind, s)
         if kind is Kind.FORWARD:
             next_f[s] += 1
