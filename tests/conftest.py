@@ -103,10 +103,23 @@ def _kind(item: pytest.Item) -> str | None:
 platform.platform()  # the stdlib runs `uname -p` once and caches it: run it here, not inside a guarded test
 
 
+# The longest modules (worker seconds on the 2-core host, 2026-11-29), handed out first: under ``--dist loadfile`` a
+# module runs whole on one worker, and one of a minute or more that starts last leaves the other worker idle.
+LONGEST_FIRST = ("ranks/test_engine.py", "cli/test_train.py", "ranks/test_moe_pipeline.py", "ranks/test_migration_corpus.py",
+                 "ranks/test_planner_calibrate.py", "ranks/test_replicas.py", "ranks/test_bridge.py",
+                 "cli/test_pipeline_bench.py", "cli/test_planner_cli.py", "ranks/test_loss_scale.py")
+
+
+def _longest_first(item: pytest.Item) -> int:
+    where = "/".join(Path(str(item.path)).parts[-2:])
+    return LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _kind(item) in MULTIPROCESS_FOLDERS:
             item.add_marker(pytest.mark.multiprocess)
+    items.sort(key=_longest_first)  # stable: each module keeps its own order, the rest keep theirs
 
 
 @pytest.fixture(autouse=True)
