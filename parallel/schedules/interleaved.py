@@ -21,7 +21,7 @@ bridge between islands). Batches are posted without waiting; a compute waits onl
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
 from hal.parallel.schedules.base import Schedule, _check
@@ -265,16 +265,10 @@ def _zb_play(S: int, M: int, V: int, cost: StageTimes, fit: tuple[bool, ...]) ->
                       None if not fit[s] or oldest is None else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
 
     # only the acting stage and its neighbours round the loop (the wrap link joins the last and the first) pick again
-    picks: list[tuple[float, int, Action] | None] = [None] * S
+    picks: list[tuple[float, Any, Action] | None] = [None] * S
     stale = set(range(S))
     while sum(len(o) for o in orders) < S * total:
-        for s in stale:
-            picks[s] = pick_of(s)
-        stale.clear()
-        candidates = [(p[0], p[1], s) for s, p in enumerate(picks) if p is not None]
-        assert candidates, "interleaved zero-bubble order: no stage can progress (a bug in the rules)"
-        start, _, s = min(candidates)
-        a = picks[s][2]  # type: ignore[index]
+        start, s, a = earliest(picks, stale, pick_of, "interleaved zero-bubble")
         stale.update({(s - 1) % S, s, (s + 1) % S})
         j = virtual_index(s, a.chunk, S)
         done[(a.kind, a.micro_batch, j)] = free[s] = start + cost.cost(a.kind, s, a.chunk)
@@ -287,6 +281,19 @@ def _zb_play(S: int, M: int, V: int, cost: StageTimes, fit: tuple[bool, ...]) ->
             weights[s].pop(0)
         orders[s].append(a)
     return tuple(tuple(o) for o in orders)
+
+
+def earliest(picks: list[tuple[float, Any, Action] | None], stale: set[int],
+             pick_of: Callable[[int], tuple[float, Any, Action] | None], what: str) -> tuple[float, int, Action]:
+    """The next action of a play: the stale stages pick again (``pick_of``; ``stale`` is emptied), then the pick that
+    starts first, the lowest rank then the lowest stage on a tie, as (start, stage, action)."""
+    for s in stale:
+        picks[s] = pick_of(s)
+    stale.clear()
+    candidates = [(p[0], p[1], s) for s, p in enumerate(picks) if p is not None]
+    assert candidates, f"{what} order: no stage can progress (a bug in the rules)"
+    start, _, s = min(candidates)
+    return start, s, picks[s][2]  # type: ignore[index]
 
 
 def checked_times(times: StageTimes | None, S: int, V: int, name: str) -> StageTimes:

@@ -24,9 +24,10 @@ each link's transfer and rule 3 runs a ``W`` only where it ends before the next 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from hal.parallel.schedules.action import Action, Kind
-from hal.parallel.schedules.interleaved import Interleaved1F1B, arrival, checked_times, choose, tick_program
+from hal.parallel.schedules.interleaved import Interleaved1F1B, arrival, checked_times, choose, earliest, tick_program
 from hal.parallel.schedules.fastest import fastest
 from hal.parallel.schedules.stage_times import StageTimes, fit_variants
 from hal.parallel.schedules.placement import virtual_index
@@ -123,16 +124,10 @@ def _play(S: int, M: int, cost: StageTimes, fit: tuple[bool, ...]) -> tuple[tupl
                       else cost.cost(Kind.BACKWARD_WEIGHT, s, oldest.chunk))
 
     # only the acting stage and its neighbours (virtual stages j - 1 and j + 1 live there) pick again after an action
-    picks: list[tuple[float, tuple[int, int], Action] | None] = [None] * S
+    picks: list[tuple[float, Any, Action] | None] = [None] * S
     stale = set(range(S))
     while sum(len(o) for o in orders) < S * 2 * 3 * M:
-        for s in stale:
-            picks[s] = pick_of(s)
-        stale.clear()
-        candidates = [(p[0], p[1], s) for s, p in enumerate(picks) if p is not None]
-        assert candidates, "zbv order: no stage can progress (a bug in the rules)"
-        start, _, s = min(candidates)
-        a = picks[s][2]  # type: ignore[index]
+        start, s, a = earliest(picks, stale, pick_of, "zbv")
         stale.update(t for t in (s - 1, s, s + 1) if 0 <= t < S)
         done[(a.kind, a.micro_batch, virtual_index(s, a.chunk, S, "v"))] = free[s] = start + cost.cost(a.kind, s, a.chunk)
         if a.kind is Kind.FORWARD:
