@@ -20,7 +20,9 @@ throughput at ep = world against ep = 1. Both measured in the same run, on the s
    tokens/s and MFU on the active parameters (``parallel.config.flops``), peak memory per rank.
 
     python benchmarks/moe.py [--backend cuda] [--world-size 4] [--tokens 8192] [--hidden 2048] [--experts 8]
-        [--top-k 2] [--model-steps 4] [--seq 2048] [--micro-batch-size 1] [--json]
+        [--top-k 2] [--model-steps 4] [--seq 2048] [--micro-batch-size 1] [--compile] [--json]
+
+``--world-size 1`` times the model alone (ep 1: nothing to exchange).
 
 ``--backend cpu --world-size 2 --tiny`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
 """
@@ -189,7 +191,7 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     model = ModelConfig(**opts["model"])
     mbs = opts["micro_batch_size"] * world
     plan = ParallelPlan((StagePlan(backend.name, world, model.num_layers, dp=world, ep=ep),), "1f1b",
-                        opts["micro_batches"], mbs)
+                        opts["micro_batches"], mbs, compile=opts["compile"])
     validate_plan(plan, model, world_size=world, check_backends=False, seq_len=opts["seq"])
     topology = Topology.from_plan(plan)
     groups = build_mesh(topology, current_world(), validate=False)
@@ -244,10 +246,11 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
 
             why = moe_exchange.launch_problem()
             report["triton_launch"] = "cached" if why is None else f"Triton's own ({why})"
-        report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]]
+        # one rank has nothing to exchange: the model alone (ep 1)
+        report["exchange"] = [_exchange(rank, world, opts, tokens, comm, group, device, sync) for tokens in opts["tokens"]] if world > 1 else []
         if opts["model_steps"]:
-            report["model"] = {f"ep{world}": _model(rank, world, opts, world, device, backend, sync)}
-            if report["model"][f"ep{world}"]["exchange"] == "symmetric":  # and the same through the all-to-alls
+            report["model"] = {f"ep{world}": _model(rank, world, opts, world, device, backend, sync)} if world > 1 else {}
+            if world > 1 and report["model"][f"ep{world}"]["exchange"] == "symmetric":  # and the same through the all-to-alls
                 import os
 
                 from hal.collectives.symmetric_exchange import ENV
@@ -271,7 +274,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
     world = len(reports)
     r0 = reports[0]
     exchanges = []
-    for i, tokens in enumerate(opts["tokens"]):
+    for i, tokens in enumerate(opts["tokens"] if world > 1 else []):
         ours = max(r["exchange"][i]["ours_s"] for r in reports.values())
         raw = max(r["exchange"][i]["raw_s"] for r in reports.values())
         sym = [r["exchange"][i]["symmetric_s"] for r in reports.values()]
@@ -289,6 +292,7 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
                           "gbps_per_rank_ours": statistics.mean(r["exchange"][i]["bytes"] for r in reports.values()) / ours / 1e9,
                           "recv_rows_rank0": r0["exchange"][i]["recv_rows"]})
     out: dict[str, Any] = {"card": r0["device"], "torch": torch.__version__, "world_size": world, "dtype": opts["dtype"],
+                           "compile": opts.get("compile", False),
                            "triton_launch": r0.get("triton_launch"),
                            "exchange": exchanges}
     if "model" in r0:
@@ -312,7 +316,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 
 
 def table(s: dict[str, Any]) -> str:
-    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}, Triton launches: {s.get('triton_launch')}"]
+    lines = [f"MoE on {s['world_size']} x {s['card']} (torch {s['torch']}), {s['dtype']}, "
+             f"{'compiled' if s.get('compile') else 'eager'}, Triton launches: {s.get('triton_launch')}"]
     for x in s["exchange"]:
         lines.append(f"dispatch + combine, {x['tokens_per_rank']} tokens/rank, hidden {x['hidden']}, {x['experts']} experts "
                      f"top-{x['top_k']}: ours {x['ours_s'] * 1e3:.3f} ms (counts + host read alone {x['counts_s'] * 1e3:.3f} ms), "
@@ -356,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--micro-batch-size", type=int, default=1, help="rows per rank per micro-batch")
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--compile", action="store_true", help="compile the decoder layers (the plan's compile: true)")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and exchange (smoke test)")
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", action="store_true")

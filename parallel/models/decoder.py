@@ -20,7 +20,6 @@ checkpoint) nothing is drawn: each rank reads only its slices (``parallel.models
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import math
@@ -168,12 +167,21 @@ class MLP(nn.Module):
         return self.down(ops.swiglu(self.gate_up(x)))
 
 
-_RECOMPUTING = contextvars.ContextVar("hal_recomputing", default=False)
+class _ReplayFlag:
+    """Whether a checkpointed layer is being recomputed. A plain attribute, not a context variable: a compiled layer
+    reads it as a guarded constant (Dynamo cannot trace ``ContextVar.get``), so the recompute gets its own graph
+    instead of a graph break. One flag per process is enough: the recompute runs inside the backward, while no
+    forward of this process runs."""
+
+    active = False
+
+
+_REPLAYING = _ReplayFlag()
 
 
 class _Replayed:
     """A checkpointed layer: its first call is the forward, any later one torch.utils.checkpoint's recompute
-    in the backward — marked (``_RECOMPUTING``) so what a forward counts (the MoE tally) is counted once."""
+    in the backward — marked (``_REPLAYING``) so what a forward counts (the MoE tally) is counted once."""
 
     def __init__(self, layer: nn.Module) -> None:
         self.layer, self.calls = layer, 0
@@ -182,11 +190,11 @@ class _Replayed:
         self.calls += 1
         if self.calls == 1:
             return self.layer(h)
-        token = _RECOMPUTING.set(True)
+        _REPLAYING.active = True
         try:
             return self.layer(h)
         finally:
-            _RECOMPUTING.reset(token)
+            _REPLAYING.active = False
 
 
 class MoEFeedForward(MoE):
@@ -202,13 +210,11 @@ class MoEFeedForward(MoE):
         super().__init__(config.hidden_size, config.moe_config(), out_std=_out_std(config), ep_group=ep_comm,
                          tp_comm=tp_comm, sequence_parallel=sp)
         self.aux_scale = 1.0
-        self._tally: list[torch.Tensor] | None = None  # [pairs per expert, aux sum, z sum, forwards]
+        self._tally: torch.Tensor | None = None  # (E + 3,): pairs per expert, aux sum, z sum, forwards
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         out, stats = super().forward(x)
-        # Counted once: not again in a checkpointed layer's recompute, and on one TP rank (all route the same tokens)
-        if not _RECOMPUTING.get() and tp_rank(self.tp_comm) == 0:
-            self._count(stats)
+        self._count(stats)
         aux = self.loss(stats)
         if torch.is_grad_enabled() and aux.requires_grad and self.aux_scale:
             out = attach_aux_loss(out, aux, self.aux_scale)
@@ -216,18 +222,24 @@ class MoEFeedForward(MoE):
 
     @torch.no_grad()
     def _count(self, stats: Any) -> None:
-        row = [stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
-               stats.z_loss.detach().double().reshape(1), torch.ones(1, dtype=torch.float64, device=stats.load.device)]
-        self._tally = row if self._tally is None else [a + b for a, b in zip(self._tally, row)]
+        """Add one forward's routing to the tally — once: not again in a checkpointed layer's recompute, and on one TP
+        rank (all route the same tokens). One (E + 3,) float64 row on the device (pairs per expert, aux loss, z loss,
+        forwards), so a compiled layer keeps it in its graph."""
+        if _REPLAYING.active or tp_rank(self.tp_comm) != 0:
+            return
+        row = torch.cat([stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
+                         stats.z_loss.detach().double().reshape(1), stats.load.new_ones(1, dtype=torch.float64)])
+        self._tally = row if self._tally is None else self._tally + row
 
     def take_tally(self) -> dict[str, Any] | None:
         """What the forwards since the last call routed (host values; one read), then start again."""
         if self._tally is None:
             return None
-        load, aux, z, n = (t.cpu() for t in self._tally)
+        row = self._tally.cpu().tolist()
         self._tally = None
-        count = max(float(n), 1.0)
-        return {"load": [int(v) for v in load.tolist()], "aux_loss": float(aux) / count, "z_loss": float(z) / count,
+        load, (aux, z, n) = row[:-3], row[-3:]
+        count = max(n, 1.0)
+        return {"load": [int(v) for v in load], "aux_loss": aux / count, "z_loss": z / count,
                 "exchange": self.exchange}  # under ep: the path the last forward took (symmetric | all_to_all)
 
 

@@ -8,10 +8,13 @@ the single-rank semantics are the reference the EP version is checked against.
   independent sigmoid per expert (DeepSeek-V3); the top-k experts of each token are kept, their weights
   optionally renormalised to sum to 1 (Mixtral always; Qwen2-MoE's ``norm_topk_prob``).
 - **Dropless routing**: every (token, choice) pair is processed — no capacity factor, nothing dropped.
-  Pairs are sorted by expert once (``argsort``), so each expert sees one contiguous block; the only
-  host read is the per-expert counts (as torchtitan's and Megablocks' dropless paths) — none at all under
-  ep on CUDA GPUs of one host, where the exchange runs over symmetric memory
+  Pairs are sorted by expert once (``argsort``), so each expert sees one contiguous block. The grouped
+  matmul takes the blocks' offsets on the device, so a block on one rank reads nothing on the host and its
+  shapes are static (a compiled layer has no graph break and no recompile); the experts' loop and the
+  all-to-all exchange read the per-expert counts on the host (as torchtitan's and Megablocks' dropless paths)
+  — none at all under ep on CUDA GPUs of one host, where the exchange runs over symmetric memory
   (``hal.collectives.symmetric_exchange``; ``MoE.exchange`` says which path ran and ``exchange_reason`` why).
+  What talks to the host or to other ranks runs eagerly inside a compiled layer (``torch.compiler.disable``).
 - **Experts**: SwiGLU MLPs whose weights are stacked (E, ·, ·), so a grouped matmul can run all of them
   in one call. ``torch._grouped_mm`` is used where the device and dtype take it (CUDA, bf16, aligned
   strides: probed once per device and dtype); elsewhere a loop over the experts' blocks. The loop is the
@@ -26,6 +29,7 @@ the single-rank semantics are the reference the EP version is checked against.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -115,11 +119,13 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int] | torch.Tensor, path: ExpertPath) -> torch.Tensor:
         """``x``: (N, H) rows sorted by expert, ``counts[e]`` rows for expert e — or, for the grouped path, the
-        cumulative counts already on the device (int32; rows past the last are not read); (N, H) outputs in that order."""
+        cumulative counts already on the device (int32; rows past the last are not read); (N, H) outputs in that order.
+        The loop needs the counts on the host."""
         if path == "grouped_mm":
             offsets = counts if isinstance(counts, torch.Tensor) else torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-            hidden = ops.swiglu(torch._grouped_mm(x, self.gate_up.to(x.dtype).transpose(-2, -1), offs=offsets))
-            return torch._grouped_mm(hidden, self.down.to(x.dtype).transpose(-2, -1), offs=offsets)
+            dtype = matmul_dtype(x)
+            hidden = ops.swiglu(torch._grouped_mm(x.to(dtype), self.gate_up.to(dtype).transpose(-2, -1), offs=offsets))
+            return torch._grouped_mm(hidden, self.down.to(dtype).transpose(-2, -1), offs=offsets)
         outs = []
         for e, block in enumerate(torch.split(x, counts)):
             if block.shape[0]:  # an expert no token chose does no work (its weights get no gradient this step)
@@ -160,6 +166,15 @@ class SharedExpert(nn.Module):
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
 
 
+def matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the experts' matmuls run in: autocast's where autocast is on for ``x``'s device (as it runs any
+    matmul there), else ``x``'s."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
 def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``torch._grouped_mm`` runs forward and backward here (probed once per device type and dtype).
 
@@ -178,6 +193,56 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
                 ok = False
         _GROUPED_OK[key] = ok
     return _GROUPED_OK[key]
+
+
+_GROUPED_TRACES: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def grouped_mm_traces(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the grouped matmul also runs traced — its fake-tensor kernel, what torch.compile runs, takes
+    ``dtype``: torch 2.11's eager kernel takes fp32 (a fallback) while its traced one refuses all but bf16."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_TRACES:
+        ok = grouped_mm_works(device, dtype)
+        if ok:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs the refusal at ERROR level
+            level, quiet.level = quiet.level, logging.CRITICAL
+            try:
+                with FakeTensorMode():
+                    x = torch.empty(32, 64, device=device, dtype=dtype)
+                    w = torch.empty(2, 32, 64, device=device, dtype=dtype)
+                    torch._grouped_mm(x, w.transpose(-2, -1), offs=torch.empty(2, device=device, dtype=torch.int32))
+            except (RuntimeError, NotImplementedError, TypeError):
+                ok = False
+            finally:
+                quiet.level = level
+        _GROUPED_TRACES[key] = ok
+    return _GROUPED_TRACES[key]
+
+
+def _compiling() -> bool:
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(E,) int64: how many of ``chosen``'s entries name each expert. ``torch.bincount`` sizes its output from the
+    largest value, which on an accelerator is a host read and in a compiled graph a data-dependent shape; a
+    scatter-add into E zeros is neither."""
+    return torch.zeros(num_experts, dtype=torch.int64, device=chosen.device).scatter_add_(
+        0, chosen, torch.ones_like(chosen, dtype=torch.int64))
+
+
+eager_when_compiled = getattr(torch.compiler, "disable", lambda fn: fn)  # torch >= 2.1: run eagerly inside a compiled region
+
+
+@eager_when_compiled
+def _loop_experts(experts: "Experts", rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
+    """The experts as a loop over their blocks: the block sizes are read on the host, so inside a compiled layer
+    this runs eagerly (one graph break, not a recompile for every new split)."""
+    return experts(rows, load.tolist(), "loop")
 
 
 class MoE(nn.Module):
@@ -211,6 +276,7 @@ class MoE(nn.Module):
         self.shared = (SharedExpert(hidden, config.shared_ffn_size, config.shared_gate, out_std=out_std, tp_comm=tp_comm)
                        if config.shared_ffn_size else None)
         self.path: ExpertPath | None = None  # which expert path the last forward took
+        self.compiled = False  # inside a compiled layer (``compile_layers`` sets it): the experts' path must trace
         self.exchange: str | None = None  # under ep: which exchange the last forward took (symmetric or all_to_all)
         self.exchange_reason = ""
         self._exchange_choices: dict[tuple[Any, ...], tuple[str, str]] = {}
@@ -220,14 +286,24 @@ class MoE(nn.Module):
         self.balance_group: Any = None
 
     def _path(self, x: torch.Tensor) -> ExpertPath:
+        """``grouped_mm`` where the grouped matmul runs for the matmuls' dtype (in a compiled layer: runs traced),
+        else ``loop``; a downgrade said (in the eager first forward a compiled stage runs) where it was expected."""
         if not self.grouped:
             return "loop"
-        if grouped_mm_works(x.device, x.dtype):
-            return "grouped_mm"
-        if x.device.type == "cuda":  # asked for and expected to run: say that it did not
-            record_downgrade(Downgrade("op", f"moe experts on {x.device.type}/{str(x.dtype).replace('torch.', '')}",
-                                       "grouped_mm", "loop", "torch._grouped_mm does not run for this device and dtype"))
-        return "loop"
+        dtype = matmul_dtype(x)
+        if _compiling():
+            return "grouped_mm" if grouped_mm_traces(x.device, dtype) else "loop"
+        if not grouped_mm_works(x.device, dtype):
+            if x.device.type == "cuda":  # asked for and expected to run: say that it did not
+                record_downgrade(Downgrade("op", f"moe experts on {x.device.type}/{str(dtype).replace('torch.', '')}",
+                                           "grouped_mm", "loop", "torch._grouped_mm does not run for this device and dtype"))
+            return "loop"
+        if self.compiled and not grouped_mm_traces(x.device, dtype):
+            record_downgrade(Downgrade("op", f"compile of MoE experts on {x.device.type}/{str(dtype).replace('torch.', '')}",
+                                       "the grouped matmul in the compiled layer",
+                                       "the experts' loop, eager between the layer's graphs",
+                                       "torch._grouped_mm's traced kernel does not take this dtype (bf16 does)"))
+        return "grouped_mm"
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         if self.sequence_parallel:
@@ -238,22 +314,19 @@ class MoE(nn.Module):
         experts, weights, probs, logits = self.router(tokens)
         flat = experts.reshape(-1)  # (T·k,) the expert of each (token, choice) pair
         ep = self.ep_group.size if self.ep_group is not None else 1
-        load = torch.bincount(flat, minlength=E)
+        load = expert_counts(flat, E)
         self.path = self._path(tokens)
-        self.exchange = self._exchange_path(T * k, tokens) if self.ep_group is not None else None
         # under ep (all-to-all path) the count exchange starts now: its latency hides behind the sort and the gather below
-        counts = CountExchange(load, self.ep_group, E // ep) if self.exchange == "all_to_all" else None
+        counts = self._start_exchange(T * k, tokens, load) if self.ep_group is not None else None
         # pairs grouped by expert (in dispatch's block order under ep), token order kept inside a group
         order = torch.argsort(dispatch_key(flat, ep, E // ep), stable=True)
         rows = copy_to_tp_region(tokens[order // k], self.tp_comm)  # each pair's token, in that order
-        if self.ep_group is None:
-            out_sorted = self.experts(rows, load.tolist(), self.path)  # the one host read: the block sizes
-        elif self.exchange == "symmetric":  # no host read: the exchange and the experts' offsets stay on the device
-            exchange = exchange_for(self.ep_group, rows.shape[0], rows.shape[1], rows.dtype, E)
-            arrived, route = exchange.dispatch(rows, flat[order], load)
-            out_sorted = exchange.combine(self.experts(arrived, route.offsets, self.path), route)
+        if self.ep_group is None and self.path == "grouped_mm":  # no host read: the offsets stay on the device
+            out_sorted = self.experts(rows, load.cumsum(0).to(torch.int32), self.path)
+        elif self.ep_group is None:
+            out_sorted = _loop_experts(self.experts, rows, load)
         else:
-            out_sorted = self._expert_parallel(rows, counts)
+            out_sorted = self._expert_parallel(rows, flat[order], load, counts)
         pair_out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)  # back to (token, choice) order
         # TP-split experts give partial sums: weighted here, summed over TP once below
         out = (pair_out.view(T, k, -1) * copy_to_tp_region(weights, self.tp_comm).unsqueeze(-1)).sum(dim=1)
@@ -262,13 +335,23 @@ class MoE(nn.Module):
         out = out.view(shape)
         out = (reduce_scatter_to_seq_region(out, self.tp_comm) if self.sequence_parallel
                else reduce_from_tp_region(out, self.tp_comm))
-        routed = load
-        if self.balance_group is not None and self.balance_group.size > 1:
-            routed = load.clone()
-            self.balance_group.all_reduce(routed, "sum")
+        routed = self._routed_over_balance_group(load) if self.balance_group is not None and self.balance_group.size > 1 else None
         stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring, routed=routed),
                          z_loss(logits), load)
         return out, stats
+
+    @eager_when_compiled
+    def _routed_over_balance_group(self, load: torch.Tensor) -> torch.Tensor:
+        """The routed pairs per expert summed over the balance group (one all-reduce; eager inside a compiled layer)."""
+        routed = load.clone()
+        self.balance_group.all_reduce(routed, "sum")
+        return routed
+
+    @eager_when_compiled
+    def _start_exchange(self, pairs: int, tokens: torch.Tensor, load: torch.Tensor) -> CountExchange | None:
+        """Under ep: pick the exchange (``exchange``) and, for the all-to-all path, start the count exchange."""
+        self.exchange = self._exchange_path(pairs, tokens)
+        return CountExchange(load, self.ep_group, self.config.num_experts // self.ep_group.size) if self.exchange == "all_to_all" else None
 
     def _exchange_path(self, rows: int, tokens: torch.Tensor) -> str:
         """``symmetric`` (CUDA symmetric memory, no host read) or ``all_to_all`` (counts read on the host, then
@@ -284,11 +367,19 @@ class MoE(nn.Module):
         path, self.exchange_reason = self._exchange_choices[key]
         return path
 
-    def _expert_parallel(self, rows: torch.Tensor, counts: CountExchange) -> torch.Tensor:
-        """The experts' outputs for ``rows`` (sorted by ``dispatch_key``) when the experts are spread over the ep group."""
+    @eager_when_compiled
+    def _expert_parallel(self, rows: torch.Tensor, experts_sorted: torch.Tensor, load: torch.Tensor,
+                         counts: CountExchange | None) -> torch.Tensor:
+        """The experts' outputs for ``rows`` (sorted by ``dispatch_key``) when the experts are spread over the ep
+        group: over symmetric memory (no host read) or the all-to-alls (``counts`` started). Eager inside a
+        compiled layer: the exchanges are other ranks' business and the all-to-all splits are host values."""
+        if self.exchange == "symmetric":
+            exchange = exchange_for(self.ep_group, rows.shape[0], rows.shape[1], rows.dtype, self.config.num_experts)
+            arrived, route = exchange.dispatch(rows, experts_sorted, load)
+            return exchange.combine(self.experts(arrived, route.offsets, self.path), route)
         local = self.config.num_experts // self.ep_group.size
-        arrived, route = dispatch(rows, counts, self.ep_group, local)
-        return combine(self.experts(arrived, route.counts, self.path), route)
+        arrived, blocks = dispatch(rows, counts, self.ep_group, local)
+        return combine(self.experts(arrived, blocks.counts, self.path), blocks)
 
     def loss(self, stats: MoEStats) -> torch.Tensor:
         """The auxiliary terms to add to the language-model loss, with the config's weights."""
@@ -418,7 +509,7 @@ def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor, num_experts: 
     if routed is not None:
         f = routed.float() / routed.sum().clamp_min(1).float()
     else:
-        f = torch.bincount(chosen, minlength=num_experts).float() / max(pairs, 1)
+        f = expert_counts(chosen, num_experts).float() / max(pairs, 1)
     p = probs.mean(dim=0)
     if scoring == "sigmoid":
         p = p / p.sum().clamp_min(1e-20)

@@ -1,6 +1,6 @@
 """Regional compilation of a stage: every decoder layer through ``torch.compile`` (``compile: true``).
 
-Each layer is compiled on its own (as torchtitan does; an MoE layer around its experts, ``compile_layers``): the layers share one code object, so the
+Each layer is compiled on its own (as torchtitan does; an MoE layer's host reads and exchanges eager inside it, ``compile_layers``): the layers share one code object, so the
 compiler traces one layer and reuses it for the rest, and the stage's embedding, head, loss and the
 engine's communication stay eager. hal's ops dispatch through a per-op cache keyed by device and
 dtype; a miss inside a traced region is a graph break, so the stage's first forward runs eagerly
@@ -25,24 +25,37 @@ def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> N
     """Compile each decoder layer of ``stage`` in place (``nn.Module.compile``; ``dynamic`` as torch.compile's:
     ``hal profile`` passes False, so each row count it times gets the static graph a run of that shape gets).
 
-    An MoE layer is compiled around its experts: the attention (with its norm), the router and the shared
-    expert are compiled, the experts' block runs eagerly — it reads the per-expert token counts on the host,
-    which inside a compiled region would be a graph break in every layer. That is recorded as a downgrade."""
+    An MoE layer is compiled whole. Its experts run in the graph where the grouped matmul takes them (CUDA:
+    offsets on the device, static shapes, no host read); what reads the host or talks to other ranks — the
+    experts' loop on other devices, the expert-parallel exchange, the balance all-reduce — runs eagerly between
+    the layer's graphs (a graph break, not a recompile). Where the experts will not be in the graph, that is
+    recorded as a downgrade."""
     if not hasattr(torch.nn.Module, "compile"):
         raise UnsupportedError(f"torch {torch.__version__} has no nn.Module.compile; use torch >= 2.2 or compile: false")
-    around_experts = []
+    breaks: dict[int, str] = {}
     for index, layer in stage.layers.items():
+        layer.compile(backend=backend, dynamic=dynamic)
         if isinstance(layer.mlp, MoE):
-            for part in (layer.attn_norm, layer.attn, layer.mlp.router, layer.mlp.shared):
-                if part is not None:
-                    part.compile(backend=backend, dynamic=dynamic)
-            around_experts.append(int(index))
-        else:
-            layer.compile(backend=backend, dynamic=dynamic)
-    if around_experts:
-        record_downgrade(Downgrade("op", f"compile of MoE layers {sorted(around_experts)}", "whole decoder layers",
-                                   "attention, router and shared expert compiled; the experts eager",
-                                   "the experts' block sizes are read on the host (a graph break in a compiled layer)"))
+            layer.mlp.compiled = True
+            why = _experts_outside_the_graph(layer.mlp)
+            if why:
+                breaks[int(index)] = why
+    for why in sorted(set(breaks.values())):
+        layers = sorted(i for i, w in breaks.items() if w == why)
+        record_downgrade(Downgrade("op", f"compile of MoE layers {layers}", "the experts inside the compiled layer",
+                                   "the layers compiled, the experts eager between their graphs", why))
+
+
+def _experts_outside_the_graph(block: MoE) -> str:
+    """Why ``block``'s experts run eagerly inside its compiled layer ('' when they can be in the graph; on CUDA the
+    block's first forward, eager, says so where the grouped matmul cannot trace the run's dtype)."""
+    if block.ep_group is not None:
+        return "the expert-parallel exchange runs eagerly (other ranks' rows; all-to-all splits read on the host)"
+    device = block.experts.gate_up.device
+    if not block.grouped or device.type != "cuda":
+        return (f"the experts run as a loop on {device.type} (torch._grouped_mm is used on CUDA only), "
+                "which reads the block sizes on the host")
+    return ""
 
 
 @contextlib.contextmanager

@@ -130,3 +130,26 @@ def test_example_script_runs_under_hal_run_cuda() -> None:
     assert result.returncode == 0, result.stderr
     losses = [json.loads(line)["loss"] for line in result.stdout.splitlines() if line.startswith('{"step"')]
     assert len(losses) == 5 and all(l == l for l in losses)
+
+
+def test_moe_grouped_experts_take_device_offsets_and_equal_the_loop() -> None:
+    """bf16 MoE block on one GPU: the grouped matmul (offsets on the device, no host read) gives the loop's outputs
+    and gradients, an expert no token chose included."""
+    from hal.parallel.config.model import MoEConfig
+    from hal.parallel.models.moe import MoE
+
+    config = MoEConfig(num_experts=8, top_k=2, expert_ffn_size=64)
+    outs = {}
+    for grouped in (True, False):
+        torch.manual_seed(0)
+        block = MoE(128, config, grouped=grouped).to(CUDA.device(0), torch.bfloat16)
+        with torch.no_grad():
+            block.router.gate.weight[7] = -10.0  # with positive inputs expert 7 is never chosen: an empty block
+        x = (torch.rand(4, 96, 128, device=CUDA.device(0)) + 0.1).to(torch.bfloat16).requires_grad_()
+        out, stats = block(x)
+        out.float().pow(2).sum().backward()
+        outs[grouped] = (block.path, out.detach().float(), x.grad.float(), block.experts.gate_up.grad.float(), stats.load)
+    assert outs[True][0] == "grouped_mm" and outs[False][0] == "loop"
+    assert int(outs[True][4][7]) == 0
+    for got, want in zip(outs[True][1:4], outs[False][1:4]):
+        assert float((got - want).norm() / want.norm()) < 2e-2

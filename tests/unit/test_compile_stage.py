@@ -40,42 +40,58 @@ def _compiled_matches_eager(backend: str, device: str, rel: float, grad_rtol: fl
 
 
 def _compiled_matches_eager_for(model: ModelConfig, backend: str, device: str, rel: float, grad_rtol: float,
-                                grad_atol: float) -> None:
-    """Eager and compiled copies of one model, 3 steps each: no graph break, real graphs, the same numbers."""
+                                grad_atol: float, eager_parts: tuple[str, ...] = (),
+                                dtype: torch.dtype = torch.float32) -> dict[str, int]:
+    """Eager and compiled copies of one model, 3 steps each: real graphs, the same numbers, and no graph break but
+    at the functions named in ``eager_parts`` (run eagerly inside a compiled layer on purpose). Returns the breaks
+    by function name. In bf16 (fused kernels round differently) each gradient is compared by its relative error
+    norm, at most ``grad_rtol``."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     batches = [torch.randint(0, model.vocab_size, (2, 17)) for _ in range(3)]
-    eager = full_model(model, seed=3).to(device)
-    compiled = full_model(model, seed=3).to(device)
+    eager = full_model(model, seed=3).to(device, dtype)
+    compiled = full_model(model, seed=3).to(device, dtype)
     compile_layers(compiled, backend)
     torch._dynamo.reset()
     counters.clear()
     want_losses, want_grads = _steps(eager, batches, warm=False)
     got_losses, got_grads = _steps(compiled, batches, warm=True)
-    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    breaks: dict[str, int] = {}
+    for reason, count in counters["graph_break"].items():
+        named = [part for part in eager_parts if f"{part} at 0x" in reason]
+        assert named, f"an unexpected graph break: {reason}"
+        breaks[named[0]] = breaks.get(named[0], 0) + count
     assert counters["stats"]["unique_graphs"] >= 1  # the layers really were compiled (after the eager first forward)
     assert got_losses == pytest.approx(want_losses, rel=rel, abs=rel)
     for got, want in zip(got_grads, want_grads):
-        torch.testing.assert_close(got, want, rtol=grad_rtol, atol=grad_atol)
+        if dtype == torch.bfloat16:
+            assert float((got - want).float().norm() / want.float().norm().clamp_min(1e-12)) <= grad_rtol
+        else:
+            torch.testing.assert_close(got, want, rtol=grad_rtol, atol=grad_atol)
+    return breaks
 
 
 def test_compiled_layers_match_eager_with_no_graph_break() -> None:
     _compiled_matches_eager("aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
 
 
-def test_moe_layers_compile_around_their_experts_visibly() -> None:
-    """An MoE model compiled: attention, router and shared expert compiled, the experts eager — no graph break,
-    the eager stage's losses and gradients, and the partial compile recorded as a downgrade."""
+MOE = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1, "moe_shared_ffn_size": 16})
+
+
+def test_moe_layers_compile_whole_with_the_experts_loop_eager_visibly() -> None:
+    """An MoE model compiled on the cpu: each MoE layer is one compiled module; the experts' loop (it reads the
+    block sizes on the host) and the routing tally run eagerly between its graphs — the only graph breaks — with
+    the eager stage's losses and gradients and the loop recorded as a downgrade."""
     from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
 
-    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
-                         "moe_shared_ffn_size": 16})
     clear_downgrades()
     with fallback_policy("allow"):
-        _compiled_matches_eager_for(moe, "aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6)
+        breaks = _compiled_matches_eager_for(MOE, "aot_eager", "cpu", rel=1e-6, grad_rtol=1e-5, grad_atol=1e-6,
+                                             eager_parts=("_loop_experts",))
+    assert set(breaks) == {"_loop_experts"}
     seen = [d for d in recorded_downgrades() if d.subject.startswith("compile of MoE layers")]
-    assert [d.subject for d in seen] == ["compile of MoE layers [1, 2]"] and "experts eager" in seen[0].used
+    assert [d.subject for d in seen] == ["compile of MoE layers [1, 2]"] and "loop on cpu" in seen[0].reason
 
 
 @pytest.mark.cuda
@@ -108,17 +124,26 @@ def test_plan_compile_is_global_with_a_per_stage_override() -> None:
 @pytest.mark.cuda
 @pytest.mark.multiprocess  # inductor starts ptxas
 @pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU")
-def test_on_a_gpu_inductor_compiles_around_the_moe_experts() -> None:
-    """The MoE compile path on a GPU: inductor compiles attention, router and shared expert, the experts (grouped
-    matmul, data-dependent sizes) stay eager; the eager stage's losses and gradients."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_on_a_gpu_inductor_compiles_the_moe_experts_into_the_layer(dtype: torch.dtype) -> None:
+    """The MoE compile path on a GPU, with the eager stage's losses and gradients. In bf16 the grouped matmul takes
+    the experts' offsets on the device, so the experts are in the layer's graph: no graph break at all, no
+    downgrade. In fp32 (which torch 2.11's traced grouped matmul refuses) the experts' loop runs eagerly between
+    the layer's graphs, recorded as a downgrade."""
     from hal.downgrades import clear_downgrades, fallback_policy, recorded_downgrades
+    from hal.parallel.models.moe import grouped_mm_traces
 
-    moe = ModelConfig(**{**MODEL.to_dict(), "moe_num_experts": 4, "moe_top_k": 2, "moe_first_dense": 1,
-                         "moe_shared_ffn_size": 16})
     clear_downgrades()
+    bf16 = dtype == torch.bfloat16
     with fallback_policy("allow"):
-        _compiled_matches_eager_for(moe, "inductor", "cuda", rel=1e-4, grad_rtol=1e-3, grad_atol=1e-5)
-    assert any(d.subject.startswith("compile of MoE layers") for d in recorded_downgrades())
+        breaks = _compiled_matches_eager_for(MOE, "inductor", "cuda", rel=2e-2 if bf16 else 1e-4,
+                                             grad_rtol=3e-2 if bf16 else 1e-3, grad_atol=1e-5,
+                                             eager_parts=("_loop_experts",), dtype=dtype)
+    partial = [d for d in recorded_downgrades() if d.subject.startswith("compile of MoE")]
+    if grouped_mm_traces(torch.device("cuda"), dtype):
+        assert not breaks and not partial
+    else:
+        assert set(breaks) == {"_loop_experts"} and partial
 
 
 def test_a_compiled_layer_reads_the_rotary_tables_instead_of_tracing_them() -> None:

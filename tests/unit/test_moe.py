@@ -167,11 +167,14 @@ def test_parameter_counts_are_the_built_models_and_flops_count_the_active_expert
     assert flops_per_token(config, 8) != flops_per_token(dense, 8)
 
 
-def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradients() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradients(compiled: bool) -> None:
     """A checkpointed MoE layer's forward runs again in the backward (the recompute); what it routed is
-    tallied once, and the gradients are the plain stage's."""
+    tallied once, and the gradients are the plain stage's — compiled too (the tally is in the layer's graph,
+    the recompute a graph of its own)."""
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.models.decoder import build_stage
+    from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
 
     config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                          max_seq_len=8, moe_num_experts=4, moe_top_k=2)
@@ -180,6 +183,12 @@ def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradien
     for checkpoint in (False, True):
         stage = build_stage(config, range(0, 2), first=True, last=True, tp_comm=None, sp=False, seed=0,
                             checkpoint=checkpoint, dtype=torch.float64)
+        if compiled and checkpoint:
+            compile_layers(stage, "aot_eager")
+            with eager_first_forward():  # as the engine: the first forward fills hal's op caches
+                stage(ids)
+            stage.take_moe_tally()
+            stage.zero_grad(set_to_none=True)
         stage(ids).pow(2).mean().backward()
         runs[checkpoint] = ({n: p.grad.clone() for n, p in stage.named_parameters()}, stage.take_moe_tally())
     grads, tally = runs[True]
@@ -188,3 +197,13 @@ def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradien
     for layer, row in tally.items():
         assert sum(row["load"]) == 3 * 8 * 2, (layer, row)  # tokens × top-k, once
         assert row == runs[False][1][layer]
+
+
+def test_expert_counts_are_bincount_with_a_static_shape() -> None:
+    """The per-expert counts come from a scatter-add into E zeros (no host read, no data-dependent shape), equal to
+    ``torch.bincount`` — experts nobody chose included."""
+    from hal.parallel.models.moe import expert_counts
+
+    chosen = torch.randint(0, 5, (200,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(expert_counts(chosen, 8), torch.bincount(chosen, minlength=8))
+    assert expert_counts(chosen, 8)[5:].sum() == 0 and expert_counts(chosen[:0], 3).tolist() == [0, 0, 0]
