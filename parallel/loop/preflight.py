@@ -195,17 +195,31 @@ def _paths(p: Preflight) -> None:
 
 
 def _moe_compile(p: Preflight) -> None:
-    """A compiled MoE stage compiles around its experts, a recorded downgrade: ``fallback: error`` refuses it here,
-    before any rank starts (``compile_stage.compile_layers``)."""
+    """A compiled MoE stage whose experts will run eagerly between its graphs — anywhere but one rank's experts on
+    CUDA with bf16 matmuls (the grouped matmul traced, ``compile_stage.compile_layers``) — records a downgrade:
+    ``fallback: error`` refuses it here, before any rank starts."""
+    import torch
+
     run = p.loaded
     if p.fallback != "error" or not run.model.moe_num_experts:
         return
+    flat = 0
     for where, plan in run.plans():
         for k, stage in enumerate(plan.stages):
-            if plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k)):
-                raise ConfigError(f"{run.origin}: stage {k} ({where}.stages[{k}]) compiles MoE layers, whose experts stay "
-                                  "eager (their block sizes are read on the host): a downgrade, which fallback: error "
-                                  "refuses; set fallback: warn, or compile: false on that stage")
+            precision = p.precision[flat] if flat < len(p.precision) else None
+            flat += 1
+            if not (plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k))):
+                continue
+            if stage.ep > 1:
+                why = f"ep {stage.ep} runs the experts' exchange eagerly between the layer's graphs"
+            elif stage.backend != "cuda":
+                why = f"on {stage.backend} the experts run as a loop that reads their block sizes on the host"
+            elif precision is None or precision.autocast_dtype != torch.bfloat16:
+                why = "the experts' grouped matmul is compiled in bf16 only (bf16-mixed); in this precision they run as an eager loop"
+            else:
+                continue
+            raise ConfigError(f"{run.origin}: stage {k} ({where}.stages[{k}]) compiles MoE layers, but {why}: a downgrade, "
+                              "which fallback: error refuses; set fallback: warn, or compile: false on that stage")
 
 
 def _token_file(p: Preflight) -> None:
