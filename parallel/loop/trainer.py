@@ -46,7 +46,7 @@ from hal.errors import HalError
 from hal.parallel.data.batches import global_batch
 from hal.parallel.config.job import Job
 from hal.parallel.models.layers import expert_shard
-from hal.parallel.observe.progress import Progress
+from hal.parallel.observe.progress import Progress, SlowStepNotice
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.config.topology import Topology
@@ -669,6 +669,15 @@ def _open_board(r: RankRun) -> Any:
     return TensorBoardLog(log_dir(r.job.run_dir))
 
 
+def _first_step_why(r: RankRun) -> str:
+    """What may keep the run's first step long, for ``SlowStepNotice``."""
+    plans = [r.job.plan] if r.job.replicas is None else [replica.plan for replica in r.job.replicas.replicas]
+    if any(plan.stage_compiles(k) for plan in plans for k in range(plan.num_stages)):
+        return ("the first step compiles the decoder layers (torch.compile, every stage its own: a minute or more "
+                "on a GPU; compile: false skips it)")
+    return "the first step also allocates memory and loads kernels"
+
+
 def train(r: RankRun) -> None:
     """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
     is_writer = r.rank == r.writer
@@ -695,7 +704,11 @@ def train(r: RankRun) -> None:
             calibrating = measured_order.due_anywhere(r.job, r.plan, r.start, r.steps, step)
             if measured_order.due(r.plan, r.start, r.steps, step):
                 r.engine.measure_on_device = True  # the device's own times, not the host's enqueueing
-            loss, row = train_step(r, step)
+            if progress is not None and step == r.start:  # a long first step says so (once a run: the writer)
+                with SlowStepNotice(progress, step + 1, _first_step_why(r)):
+                    loss, row = train_step(r, step)
+            else:
+                loss, row = train_step(r, step)
             if calibrating:
                 order = measured_order.calibrate(r, step) or order
                 r.engine.measure_on_device = r.job.profile

@@ -131,4 +131,43 @@ class Progress:
             self.out.close()
 
 
-__all__ = ["InPlace", "PROGRESS", "Progress", "eval_line", "is_terminal", "on_screen", "progress_line"]
+class SlowStepNotice:
+    """While a step runs longer than ``first_after`` seconds, one line now and then says so, with why it may.
+
+    Why: the first step of a compiled run can spend minutes in torch.compile (every stage compiles its own
+    layers) with nothing on screen, which looks like a hang. Only the writer rank runs one, so a run says it
+    once, not once a rank. A daemon timer thread: ``with SlowStepNotice(...):`` around the step; nothing is
+    printed when the step ends in time."""
+
+    def __init__(self, progress: Progress, step: int, why: str, *, first_after: float = 20.0, every: float = 60.0) -> None:
+        import threading
+
+        self.progress, self.step, self.why = progress, step, why
+        self.first_after, self.every = first_after, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hal-slow-step-notice", daemon=True)
+        self.said = 0  # lines printed
+
+    def __enter__(self) -> "SlowStepNotice":
+        import time
+
+        self._began = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import time
+
+        wait = self.first_after
+        while not self._stop.wait(wait):
+            elapsed = time.perf_counter() - self._began
+            self.progress._write(f"step {self.step}/{self.progress.total} still running after {elapsed:.0f} s: {self.why}")
+            self.said += 1
+            wait = self.every
+
+
+__all__ = ["InPlace", "PROGRESS", "Progress", "SlowStepNotice", "eval_line", "is_terminal", "on_screen", "progress_line"]

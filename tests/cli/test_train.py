@@ -357,6 +357,25 @@ def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
     assert split_nodes(topology, 3) == [range(0, 2), range(2, 3), range(3, 4)]
 
 
+def test_a_slow_step_says_so_and_a_quick_one_says_nothing() -> None:
+    """The first step of a compiled run may take minutes: past ``first_after`` a line says the step still runs and
+    why, again every ``every`` seconds, redrawn in place like a progress line; a step that ends in time prints nothing."""
+    import time
+
+    from hal.parallel.observe.progress import PROGRESS, Progress, SlowStepNotice
+
+    stream = io.StringIO()
+    with SlowStepNotice(Progress(5, stream), 1, "compiling", first_after=0.05, every=0.05) as notice:
+        time.sleep(0.4)
+    lines = stream.getvalue().splitlines()
+    assert notice.said == len(lines) >= 2 and all(PROGRESS.match(line) for line in lines)
+    assert lines[0].startswith("step 1/5 still running after 0 s: compiling")
+    stream = io.StringIO()
+    with SlowStepNotice(Progress(5, stream), 1, "compiling", first_after=5.0) as notice:
+        pass
+    assert stream.getvalue() == "" and notice.said == 0
+
+
 def test_progress_updates_in_place_on_a_terminal() -> None:
     from hal.parallel.observe.progress import Progress
 
