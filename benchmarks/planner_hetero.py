@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,9 @@ def main() -> int:
         first = Path(tmp, "base.yaml")
         first.write_text(yaml.safe_dump(config(base, args.steps, groups), sort_keys=False))
         run = load_run_config(first, check_backends=False)
-        say = lambda m: print(f"planner_hetero: {m}", file=sys.stderr, flush=True)  # noqa: E731
+        began = time.perf_counter()
+        # each line with the seconds since the start: where the benchmark's own time goes (its goal: <= 3 minutes)
+        say = lambda m: print(f"planner_hetero: [{time.perf_counter() - began:5.0f} s] {m}", file=sys.stderr, flush=True)  # noqa: E731
         cl = load_cluster(run.hal.cluster, run.origin, None)
         profile = make_profile(cl, run.model, PRECISION, MODEL["max_seq_len"], progress=say, launch=run_function)
         profile_path = Path(tmp, "profile.json")
@@ -120,6 +123,7 @@ def main() -> int:
             rows.append({"plan": name, "stages": stages,
                          "schedule": plan.schedule.name, "micro_batches": plan.micro_batches, "predicted_s": pred.step_s,
                          "measured_s": step, "error": (pred.step_s - step) / step})
+        say("done")
     tokens = BATCH["micro_batches"] * BATCH["micro_batch_size"] * MODEL["max_seq_len"]
     for r in rows:
         r["tokens_per_s"] = tokens / r["measured_s"]
