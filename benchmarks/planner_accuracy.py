@@ -323,7 +323,7 @@ def benchmark(argv: list[str] | None = None) -> int:
             run = load_run_config(path)
             _, _, cost = planning_inputs(run, None, str(profile_path))
             kind = cluster.types[0]
-            pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages))
+            pred = cost.predict(run.plan, Placement.pack(run.plan, (kind,) * run.plan.num_stages), measured_order=True)
             host_around = [host_op_us()]
             try:
                 step_s, memory, times, split = measured(path, Path(tmp, f"run{i + 1}"), args.steps, args.cpu_binding,

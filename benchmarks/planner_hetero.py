@@ -114,7 +114,7 @@ def main() -> int:
             cases.append(("planner, unconstrained", free.plan, free.placement.kinds))
         for i, (name, plan, kinds) in enumerate(cases):
             place = Placement.pack(plan, kinds)
-            pred = cost.predict(plan, place)
+            pred = cost.predict(plan, place, measured_order=True)  # the order hal train keeps
             stages = stage_text(Result(plan, place, pred))
             path = Path(tmp, f"plan{i}.yaml")
             write_plan(run, Result(plan, place, pred), path, cost, "measured by this benchmark")  # as --write writes

@@ -238,12 +238,24 @@ def _predicted(run: Any, args: argparse.Namespace) -> dict[str, Any]:
     return predict_config(run, args.cluster, args.profile, islands_apart=bool(os.environ.get("HAL_ISLANDS")))
 
 
+def _order_line(order: dict[str, Any]) -> str:
+    """What the prediction foresees of hal train's order calibration."""
+    unit, measured = order["unit_step_s"], order["measured_step_s"]
+    if order["chosen"] == "unit":
+        return (f"order: played from these predicted times it is no faster ({measured:.4g} s against {unit:.4g} s a "
+                "schedule): the unit-time order is predicted to stay after hal train's calibration")
+    return (f"order: played from these predicted times, {unit / measured:.3f}x the unit-time order ({measured:.4g} s against "
+            f"{unit:.4g} s a schedule); predicted as hal train keeps it after its calibration")
+
+
 def format_predicted(p: dict[str, Any]) -> str:
     """The prediction's lines: one plan's step, or each replica's and the sync."""
     if "prediction" in p:
         one = p["prediction"]
         lines = [f"predicted (cost model): step {one['step_s']:.4g} s, {one['tokens_per_s']:,.0f} tokens/s, idle share "
                  f"{one['bubble_overall']:.1%}, bound by {one['bound']}"]
+        if one.get("order"):
+            lines.append(f"  {_order_line(one['order'])}")
         if one["estimated"]:
             lines.append(f"  ESTIMATED: {'; '.join(one['estimated'])}")
     else:

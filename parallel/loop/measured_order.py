@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 import torch.distributed as dist
 
-from hal.parallel.schedules import Kind, Schedule, simulate
+from hal.parallel.schedules import Kind, Schedule
+from hal.parallel.schedules.fastest import measured_or_unit
 from hal.parallel.schedules.stage_times import StageTimes
 
 CALIBRATION_STEP = 1  # the run's second step: the first fills caches, compiles and allocates
@@ -102,13 +103,7 @@ def stage_times(records: Sequence[dict[str, Any]], num_stages: int, chunks: int,
 
 def choose(schedule: Schedule, times: StageTimes, micro_batches: int, step: int) -> OrderChoice:
     """Play ``schedule`` with ``times``; keep it if the simulator finds it faster than the unit order."""
-    S, V = times.num_stages, times.chunks
-    unit = schedule.timed(None)
-    timed = unit.timed(times)
-    unit_s = simulate(unit, S, micro_batches, times=times, virtual_stages=V).makespan
-    measured_s = simulate(timed, S, micro_batches, times=times, virtual_stages=V).makespan
-    same = all(unit.compute_order(S, micro_batches, s, V) == timed.compute_order(S, micro_batches, s, V) for s in range(S))
-    keep = timed if measured_s < unit_s and not same else unit
+    keep, unit_s, measured_s = measured_or_unit(schedule, times, micro_batches)
     return OrderChoice(times, unit_s, measured_s, keep, step)
 
 

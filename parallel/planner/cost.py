@@ -40,7 +40,9 @@ from typing import Any
 from hal.parallel.config.memory import rank_bytes, routed_expert_parameters, stage_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.schedules import simulate
+from hal.parallel.schedules import Schedule, simulate
+from hal.parallel.schedules.fastest import measured_or_unit
+from hal.parallel.schedules.stage_times import StageTimes
 from hal.parallel.planner.cluster import Cluster, DeviceType, Figure
 from hal.parallel.planner.device_profile import DeviceProfile, Profile
 
@@ -108,6 +110,8 @@ class Prediction:
     # the simulator's inputs this prediction played (``simulate``'s keyword arguments): a written plan keeps them,
     # so ``hal train --profile`` can draw the planner's own timeline beside the measured one
     simulated: dict[str, Any] = field(default_factory=dict)
+    # where predicted with ``measured_order``: which order hal train will keep and the two simulated schedules' spans
+    order: dict[str, Any] | None = None
 
     @property
     def fits(self) -> bool:
@@ -117,7 +121,8 @@ class Prediction:
         return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "schedule_s": self.schedule_s, "p2p_s": self.p2p_s,
                 "bubble": list(self.bubble), "bubble_overall": self.bubble_overall, "in_flight": list(self.in_flight),
                 "bound": self.bound, "fits": self.fits, "estimated": self.estimated,
-                "stages": [s.__dict__ | {"fits": s.fits} for s in self.stages]}
+                "stages": [s.__dict__ | {"fits": s.fits} for s in self.stages],
+                **({"order": self.order} if self.order is not None else {})}
 
 
 def ring_all_reduce_s(nbytes: float, n: int, gbps: float, latency_us: float, buckets: int = 1) -> float:
@@ -288,7 +293,12 @@ class CostModel:
         return worst
 
     # --- the plan -----------------------------------------------------------------------------------------
-    def predict(self, plan: ParallelPlan, place: Placement) -> Prediction:
+    def predict(self, plan: ParallelPlan, place: Placement, *, measured_order: bool = False) -> Prediction:
+        """The plan's step, bubble and memory. ``measured_order``: where the run will play its order from measured
+        times (``parallel.order`` auto or measured with a played schedule), predict that order — played from these
+        predicted times, kept where the simulator finds it faster than the unit order, as ``hal train`` keeps it.
+        Off by default: a play costs up to a second at 16 stages × 32 micro-batches, so the search ranks its
+        candidates with the unit order and re-predicts only its best few this way."""
         S, M, V = plan.num_stages, plan.micro_batches, plan.virtual_stages
         base = [self._compute(plan, place, k) for k in range(S)]
         tails = [self._tail(plan, place, k) for k in range(S)]
@@ -312,6 +322,14 @@ class CostModel:
             sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
                            chunk_share=shares, action_s=action_wait, **host_clocks)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
+        order = None
+        if measured_order and plan.order in ("auto", "measured") and schedule.plays_times:
+            order = self._measured_order(schedule, S, M, V, fwd, bwd, p2p, shares)
+            if order["chosen"] == "measured":
+                schedule = order.pop("schedule")
+                sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
+                               chunk_share=shares, action_s=action_wait, **host_clocks)
+            order.pop("schedule", None)
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
         actions = [sum(1 for sp in sim.timeline if sp.stage == k) for k in range(S)]
@@ -333,7 +351,21 @@ class CostModel:
         pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,
                           stages, "", estimated, played)
         pred.bound = self._bound(plan, pred, fwd, bwd, tails, host)
+        pred.order = order
         return pred
+
+    @staticmethod
+    def _measured_order(schedule: Schedule, S: int, M: int, V: int, fwd: list[float], bwd: list[float], p2p: float,
+                        shares: list[list[float]] | None) -> dict[str, Any]:
+        """The order ``hal train`` will keep after its calibration, as this prediction's times foresee it: each stage's
+        F, I and W per chunk (W half the backward, as the simulator splits it), every link ``p2p``."""
+        share = shares or [[1.0 / V] * V for _ in range(S)]
+        forward = [[fwd[k] * share[k][v] for v in range(V)] for k in range(S)]
+        half = [[bwd[k] * share[k][v] / 2 for v in range(V)] for k in range(S)]
+        links = [p2p] * (S - 1) + ([p2p] if V > 1 and schedule.placement == "loop" and S > 1 else [])
+        keep, unit_s, measured_s = measured_or_unit(schedule, StageTimes.of(forward, half, half, links), M)
+        return {"chosen": "unit" if keep.times is None else "measured", "unit_step_s": unit_s,
+                "measured_step_s": measured_s, "schedule": keep}
 
     def _occupancy(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
         """Per stage: how busy the cores of its (busiest) cpu node are — busy share × threads of every rank

@@ -197,6 +197,14 @@ def stage_text(result: Result) -> str:
     return " → ".join(parts)
 
 
+def _order_note(p: Any) -> str:
+    """Where a result was predicted with the measured-time order hal train will keep: that, and its gain."""
+    order = getattr(p, "order", None)
+    if not order or order["chosen"] != "measured":
+        return ""
+    return f"  measured-time order ({order['unit_step_s'] / order['measured_step_s']:.3f}x the unit order's schedule)"
+
+
 def format_search(report: SearchReport, cost: CostModel) -> str:
     data = report_dict(report, cost)
     lines = [f"hal plan --search: {cost.cluster.device_count} device(s) ({', '.join(f'{t.count}× {t.device}' for t in cost.cluster.types)}), "
@@ -211,7 +219,8 @@ def format_search(report: SearchReport, cost: CostModel) -> str:
         memory = ", ".join(f"{d} {_gib(m)} GiB" + (f" of {_gib(c)}" if c else "") for d, (m, c) in mem.items())
         lines += ["", f"#{i}  {p.tokens_per_s:,.0f} tokens/s  step {p.step_s:.4g} s  idle {p.bubble_overall:.1%}  "
                       f"{plan.schedule}{f' V={plan.virtual_stages}' if plan.virtual_stages > 1 else ''}  "
-                      f"{plan.micro_batches} × {plan.micro_batch_size} rows{'  zero1' if plan.zero1 else ''}",
+                      f"{plan.micro_batches} × {plan.micro_batch_size} rows{'  zero1' if plan.zero1 else ''}"
+                      + _order_note(p),
                   f"    {stage_text(r)}", f"    memory a rank: {memory}; bound by {p.bound}"]
         if p.estimated:
             lines.append(f"    ESTIMATED: {'; '.join(p.estimated)}")
@@ -262,7 +271,7 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
                      "config at that precision times it)")
 
     if run.replicas is None:
-        prediction = cost.predict(run.plan, Placement.pack(run.plan, stage_kinds(cluster, run.plan)))
+        prediction = cost.predict(run.plan, Placement.pack(run.plan, stage_kinds(cluster, run.plan)), measured_order=True)
         return {"prediction": prediction.to_dict(), "notes": notes}
     rep = run.replicas
     if not rep.resolved:  # rows: auto -> each auto replica's predicted speed on the whole batch, as the search shares

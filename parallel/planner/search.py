@@ -53,6 +53,7 @@ from hal.parallel.planner.cost import BOUNDARY_BYTES, CostModel, Placement, Pred
 
 SCHEDULES = tuple(get_schedule(name) for name in ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv"))
 CONFIRM = 200  # candidates the simulator re-predicts
+ORDER_CONFIRM = 8  # of those, the best re-predicted with the measured-time order hal train will keep
 EXACT_LAYOUTS = 20_000  # layouts walked exhaustively; above, the bounded search (a few device types stay below it)
 ROUNDS = 2  # coordinate-descent rounds of the bounded search
 PROGRESS_S = 1.0  # a progress line at most this often, the first after this long
@@ -405,11 +406,22 @@ class Search:
             if pred.fits:
                 results.append(Result(plan, place, pred))
         results.sort(key=lambda r: r.prediction.step_s)
+        results = self._with_measured_orders(results, top)
         for r in results[:top]:
             validate_plan(r.plan, self.model, world_size=r.plan.world_size, check_backends=False, seq_len=self.seq,
                           single_host=False, origin="hal plan --search")
         return SearchReport(results[:top], considered, len(best), self.pruned_memory, time.monotonic() - started,
                             list(self.notes), walked, not exact)
+
+
+    def _with_measured_orders(self, results: list[Result], top: int) -> list[Result]:
+        """The best ``ORDER_CONFIRM`` (at least ``top``) re-predicted with the order hal train will keep after its
+        calibration (a played schedule under ``parallel.order: auto``), then ranked again: the unit order ranks the
+        rest, because a timed play costs up to a second where a simulation costs milliseconds."""
+        head = max(top, ORDER_CONFIRM)
+        again = [Result(r.plan, r.placement, self.cost.predict(r.plan, r.placement, measured_order=True))
+                 if r.plan.schedule.plays_times and r.plan.order != "unit" else r for r in results[:head]]
+        return sorted(again, key=lambda r: r.prediction.step_s) + results[head:]
 
 
 def _chunks(layers: int, V: int) -> int | tuple[int, ...]:

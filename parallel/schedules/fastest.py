@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hal.parallel.schedules.action import Action
+from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.simulator import simulate
 from hal.parallel.schedules.stage_times import StageTimes
 
@@ -29,3 +30,16 @@ def fastest(candidates: Sequence[Orders], times: StageTimes, virtual_stages: int
             best = (span, orders)
     assert best is not None, "fastest: no candidate orders"
     return best[1]
+
+
+def measured_or_unit(schedule: Schedule, times: StageTimes, micro_batches: int) -> tuple[Schedule, float, float]:
+    """``schedule`` played from ``times`` where the simulator finds that order faster on those times, else the unit
+    order: (the schedule to run, unit order's simulated step, measured order's). What ``hal train`` runs after its
+    calibration and what the planner predicts for a plan that will calibrate."""
+    S, V = times.num_stages, times.chunks
+    unit = schedule.timed(None)
+    timed = unit.timed(times)
+    unit_s = simulate(unit, S, micro_batches, times=times, virtual_stages=V).makespan
+    measured_s = simulate(timed, S, micro_batches, times=times, virtual_stages=V).makespan
+    same = all(unit.compute_order(S, micro_batches, s, V) == timed.compute_order(S, micro_batches, s, V) for s in range(S))
+    return (timed if measured_s < unit_s and not same else unit), unit_s, measured_s

@@ -362,6 +362,17 @@ def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_pa
     one_plan = json.loads(plain.stdout)["predicted"]["prediction"]
     assert one_plan["step_s"] > 0 and len(one_plan["stages"]) == 1
     assert one_plan["tokens_per_s"] == pytest.approx(8 * 64 / one_plan["step_s"])
+    assert "order" not in one_plan  # 1f1b: a fixed order, nothing calibrates
+    played = tmp_path / "played.yaml"  # a zero-bubble pipeline: predicted with the order hal train will keep, and said
+    raw["parallel"] = {"micro_batch_size": 2, "micro_batches": 4, "schedule": "zero-bubble",
+                       "stages": [{"backend": "cpu", "devices": 1, "layers": 3}, {"backend": "cpu", "devices": 1, "layers": 1}]}
+    played.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    zb = run_hal("plan", "--config", str(played), "--profile", str(profile), "--cluster", str(cluster), "--json")
+    assert zb.returncode == 0, zb.stderr
+    order = json.loads(zb.stdout)["predicted"]["prediction"]["order"]
+    assert order["chosen"] in ("unit", "measured") and order["measured_step_s"] <= order["unit_step_s"] + 1e-12
+    zb = run_hal("plan", "--config", str(played), "--profile", str(profile), "--cluster", str(cluster))
+    assert zb.returncode == 0 and "  order: played from these predicted times" in zb.stdout, zb.stdout
     other = tmp_path / "other.yaml"  # the example's plan for another model: the profile is refused in one line
     other.write_text(example.read_text(encoding="utf-8").replace("hidden_size: 64", "hidden_size: 32"), encoding="utf-8")
     one = run_hal("plan", "--config", str(other), "--profile", str(profile), "--cluster", str(cluster))

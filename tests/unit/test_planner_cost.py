@@ -352,3 +352,27 @@ def test_declared_figures_outside_physics_are_one_line(where: str, key: str, val
         resolve(parse_cluster({"groups": [group], **({"links": links} if links else {})}, "c.yaml"))
     message = str(err.value)
     assert says in message and key in message and "\n" not in message and "no device or link that exists" in message
+
+
+@pytest.mark.parametrize("schedule", ["zero-bubble", "zbv"])
+def test_a_played_schedule_is_predicted_with_the_order_hal_train_will_keep(schedule: str) -> None:
+    """Uneven stages (9/6/5/4 of 24 layers) and links that take time: the prediction plays the order from its own
+    times, as hal train's calibration will, and keeps it only where the simulator finds it faster — never slower
+    than the unit order; ``order: unit`` (and a fixed-order schedule) is predicted as before."""
+    model = dataclasses.replace(MODEL, num_layers=24)
+    cluster = resolve(parse_cluster({"groups": [H100], "links": {"intra_node_gbps": 1, "intra_node_latency_us": 200}}))
+    cost = CostModel(cluster, Profile(model.to_dict(), "fp32", {"nvidia-h100-sxm": _profile("nvidia-h100-sxm", "cuda")}), model, 32)
+    V = 2 if schedule == "zbv" else 1
+    layers = [9, 6, 5, 4] if V == 1 else [(5, 4), (3, 3), (3, 2), (2, 2)]
+    plan = ParallelPlan(tuple(StagePlan("cuda", 1, n) for n in layers), schedule, 8, 1, virtual_stages=V)
+    place = Placement.pack(plan, (cluster.types[0],) * 4)
+    unit = cost.predict(plan, place)
+    measured = cost.predict(plan, place, measured_order=True)
+    assert unit.order is None and measured.order is not None
+    assert measured.order["measured_step_s"] <= measured.order["unit_step_s"] + 1e-12
+    assert measured.step_s <= unit.step_s + 1e-12
+    if schedule == "zbv":  # uneven stages: the play helps (ZB-H1's unit order is already what its play finds here)
+        assert measured.order["chosen"] == "measured" and measured.step_s < unit.step_s
+    assert max(measured.in_flight) <= max(unit.in_flight)  # within the schedule's memory bound
+    pinned = cost.predict(dataclasses.replace(plan, order="unit"), place, measured_order=True)
+    assert pinned.order is None and pinned.step_s == unit.step_s
