@@ -61,6 +61,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(2, tp=2, sp=True), _stage(2, dp=2, ep=2)]},
         {"moe_shared_ffn_size": 16, "moe_shared_gate": True}),
+    "one stage dp2 ep2, layers compiled (aot_eager): the exchange and balance all-reduce eager between graphs": (
+        {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2, "compile": True, "compile_backend": "aot_eager",
+         "stages": [_stage(2, dp=2, ep=2)]},
+        {"moe_first_dense": 1, "num_layers": 2}),
     "moe dp2 -> moe dp2, zero-bubble, every other layer": (
         {"schedule": "zero-bubble", "micro_batches": 4, "micro_batch_size": 2,
          "stages": [_stage(2, dp=2), _stage(2, dp=2)]},
