@@ -214,7 +214,7 @@ def _moe_compile(p: Preflight) -> None:
                 why = f"ep {stage.ep} runs the experts' exchange eagerly between the layer's graphs"
             elif stage.backend != "cuda":
                 why = f"on {stage.backend} the experts run as a loop that reads their block sizes on the host"
-            elif precision is None or precision.autocast_dtype != torch.bfloat16:
+            elif precision is not None and precision.autocast_dtype != torch.bfloat16:  # None: cuda absent here
                 why = "the experts' grouped matmul is compiled in bf16 only (bf16-mixed); in this precision they run as an eager loop"
             else:
                 continue
