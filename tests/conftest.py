@@ -13,6 +13,26 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _interpret_triton_without_a_gpu() -> None:
+    """Without an NVIDIA GPU, Triton's interpreter, set before any test module can import triton: Triton picks
+    compile or interpret at its first import, and a module collected early may import it indirectly
+    (``transformers`` does), which skipped every Triton kernel test of a full run. The kernels run on CPU tensors
+    only interpreted, so on such a host nothing else changes."""
+    if "triton" in sys.modules or "TRITON_INTERPRET" in os.environ:
+        return
+    if not _nvidia_visible():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _nvidia_visible() -> bool:
+    from hal import get_backend
+
+    return get_backend("cuda").is_available()
+
+
+_interpret_triton_without_a_gpu()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """On a pytest-xdist worker (the README's ``-n 2``): torch's intra-op threads shared out over the workers. Each
     worker's pool spinning against the other's made an in-process module 5x slower beside another worker (41 s
