@@ -52,6 +52,17 @@ MODELS = {
     # forward at 2 rows longer than its host takes to enqueue it (an H200: 3.2 against about 2 ms), as in training
     "llama3-8b-layers": {"vocab_size": 32000, "hidden_size": 4096, "num_layers": 8, "num_heads": 32, "num_kv_heads": 8,
                          "ffn_hidden_size": 14336, "max_seq_len": 2048},
+    # shapes the planner was never tuned on (issue 35): the plans below scale their layer counts by num_layers / 8
+    # wide and shallow: 3.1B in 8 layers of hidden 6144 (big matmuls, few of them)
+    "wide-shallow": {"vocab_size": 32000, "hidden_size": 6144, "num_layers": 8, "num_heads": 48, "num_kv_heads": 8,
+                     "ffn_hidden_size": 16384, "max_seq_len": 2048},
+    # narrow and deep: 32 layers of hidden 1024 (many small layers: host time per layer matters)
+    "narrow-deep": {"vocab_size": 32000, "hidden_size": 1024, "num_layers": 32, "num_heads": 16, "num_kv_heads": 4,
+                    "ffn_hidden_size": 2816, "max_seq_len": 2048},
+    # Llama-3.2-1B's shape: embeddings tied across the first and last stage, a 128k vocabulary (the head is the
+    # biggest single op), GQA 32/8
+    "tied-128k-vocab": {"vocab_size": 128256, "hidden_size": 2048, "num_layers": 16, "num_heads": 32, "num_kv_heads": 8,
+                        "ffn_hidden_size": 8192, "max_seq_len": 2048, "tie_embeddings": True},
 }
 DEFAULT_MODEL = {"cpu": "cpu-small", "cuda": "llama3-8b-layers"}
 PRECISION = {"cpu": "fp32", "cuda": "bf16-mixed"}
@@ -59,7 +70,17 @@ PRECISION = {"cpu": "fp32", "cuda": "bf16-mixed"}
 
 def plans(backend: str, model: str | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The measured plans: 4 ranks in every tp/dp/stage split, schedule, micro-batching and recompute tried; for an
-    MoE model (``model``), expert parallelism too."""
+    MoE model (``model``), expert parallelism too. Written for 8 layers; a model of 8·k layers gets k times each
+    stage's layers (the same splits)."""
+    scale = MODELS[model]["num_layers"] // 8 if model else 1
+    return [(name, _scaled(raw, scale)) for name, raw in _plans_of_8_layers(backend, model)]
+
+
+def _scaled(raw: dict[str, Any], scale: int) -> dict[str, Any]:
+    return {**raw, "stages": [{**s, "layers": s["layers"] * scale} for s in raw["stages"]]}
+
+
+def _plans_of_8_layers(backend: str, model: str | None = None) -> list[tuple[str, dict[str, Any]]]:
     one = {"backend": backend, "devices": 1}
     two = {"backend": backend, "devices": 2}
     four = {"backend": backend, "devices": 4, "dp": 4, "layers": 8}

@@ -118,3 +118,17 @@ def test_a_usable_profile_runs_through(capsys: pytest.CaptureFixture[str], monke
     drift = result["rows"][0]["host_vs_profile"]
     assert (drift > 0 and math.isfinite(drift)) if meta.get("host_op_us") else drift is None
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", sorted(pa.MODELS))
+def test_every_models_plans_are_valid_on_4_ranks(name: str) -> None:
+    """Each model's plans (layer counts scaled to its depth) pass the plan checks on 4 ranks, and the deeper
+    models keep the 8-layer splits' proportions."""
+    from hal.parallel.config.plan import parse_plan, validate_plan
+
+    model = ModelConfig(**pa.MODELS[name])
+    assert model.num_layers % 8 == 0
+    for label, raw in pa.plans("cuda", name):
+        plan = parse_plan(raw)
+        validate_plan(plan, model, world_size=4, check_backends=False, seq_len=model.max_seq_len, origin=label)
+        assert sum(s.layer_count for s in plan.stages) == model.num_layers
