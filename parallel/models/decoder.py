@@ -37,7 +37,7 @@ from hal.parallel.models.layers import (
     ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
 )
 from hal.parallel.config.model import ROPE_SCALING_KEYS, ModelConfig
-from hal.parallel.models.moe import MoE, attach_aux_loss
+from hal.parallel.models.moe import MoE, attach_aux_loss, compiling
 from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
 from hal.parallel.models.weight_grad import split_linear
 
@@ -92,12 +92,6 @@ def rope_tables(seq: int, head_dim: int, theta: float, device: torch.device, dty
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
 
-def _compiling() -> bool:
-    """Whether Dynamo is tracing this call (``torch.compiler.is_compiling``; older torch: ``torch._dynamo``'s)."""
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
-    return bool(check())
-
-
 def _llama3_scaled(inv_freq: torch.Tensor, factor: float, low: float, high: float, original: float) -> torch.Tensor:
     wavelength = 2 * math.pi / inv_freq
     smooth = ((original / wavelength) - low) / (high - low)
@@ -137,7 +131,7 @@ class Attention(nn.Module):
         if cos is not None and sin is not None and cos.shape[0] == s and cos.dtype == q.dtype and cos.device == q.device:
             return cos, sin
         cos, sin = rope_tables(s, self.head_dim, self.theta, q.device, q.dtype, self.rope_scaling)
-        if not _compiling():  # the eager first forward keeps them (hal's compiled stages run one eagerly first)
+        if not compiling():  # the eager first forward keeps them (hal's compiled stages run one eagerly first)
             self.rope_cos, self.rope_sin = cos, sin
         return cos, sin
 

@@ -222,9 +222,10 @@ def grouped_mm_traces(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_TRACES[key]
 
 
-def _compiling() -> bool:
-    check = getattr(torch.compiler, "is_compiling", None)
-    return bool(check()) if check is not None else False
+def compiling() -> bool:
+    """Whether Dynamo is tracing this call (``torch.compiler.is_compiling``; older torch: ``torch._dynamo``'s)."""
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+    return bool(check())
 
 
 def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -291,7 +292,7 @@ class MoE(nn.Module):
         if not self.grouped:
             return "loop"
         dtype = matmul_dtype(x)
-        if _compiling():
+        if compiling():
             return "grouped_mm" if grouped_mm_traces(x.device, dtype) else "loop"
         if not grouped_mm_works(x.device, dtype):
             if x.device.type == "cuda":  # asked for and expected to run: say that it did not
@@ -335,7 +336,8 @@ class MoE(nn.Module):
         out = out.view(shape)
         out = (reduce_scatter_to_seq_region(out, self.tp_comm) if self.sequence_parallel
                else reduce_from_tp_region(out, self.tp_comm))
-        routed = self._routed_over_balance_group(load) if self.balance_group is not None and self.balance_group.size > 1 else None
+        routed = (self._routed_over_balance_group(load) if self.balance_group is not None and self.balance_group.size > 1
+                  else load)
         stats = MoEStats(load_balancing_loss(probs, flat, E, T * k, self.config.scoring, routed=routed),
                          z_loss(logits), load)
         return out, stats
