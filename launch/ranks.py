@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,23 +163,53 @@ class LaunchFailed(HalError):
         return self.report.pids
 
 
+WARNING_LINE = re.compile(r"\b\w*Warning: |\bwarning: ")
+"""A warning as a rank writes it: Python's ``file:line: XWarning: text`` or hal's ``hal ...: warning: text``."""
+
+
+class _Echo:
+    """Where the ranks' stderr lines go, shared by their readers: one lock, and the warnings already shown. Every rank
+    of a run tends to warn the same (a downgrade, a deprecation), so a warning another rank already showed is not
+    shown again — with the indented source line Python prints under it; any other line is always shown."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.warned: dict[str, int] = {}  # a warning shown -> the reader (rank) that showed it
+
+    def line(self, line: str, reader: int, quiet_context: bool) -> bool:
+        """Show ``line`` from ``reader`` unless another reader showed the same warning (or it is the source line under
+        such a warning); whether it was left out as such (so the reader's next line, its source context, goes too).
+        One rank repeating its own warning is shown each time: that may be news (a step that skipped again)."""
+        if self.stream is None:
+            return False
+        text = line.rstrip("\n")
+        with self.lock:
+            if quiet_context and text.startswith((" ", "\t")):
+                return False
+            if WARNING_LINE.search(text):
+                if self.warned.setdefault(text, reader) != reader:
+                    return True
+            self.stream.write(line)
+            self.stream.flush()
+        return False
+
+
 class _Tail:
     """Reads one rank's stderr pipe: echoes each line (optionally) and keeps the last ones."""
 
-    def __init__(self, pipe: IO[bytes], echo: IO[str] | None, lock: threading.Lock) -> None:
+    def __init__(self, pipe: IO[bytes], echo: _Echo) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.closed_at: float | None = None  # when the pipe closed: the rank's exit, seen closer than a poll sees it
-        self._thread = threading.Thread(target=self._pump, args=(pipe, echo, lock), daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(pipe, echo), daemon=True)
         self._thread.start()
 
-    def _pump(self, pipe: IO[bytes], echo: IO[str] | None, lock: threading.Lock) -> None:
+    def _pump(self, pipe: IO[bytes], echo: _Echo) -> None:
+        repeated = False
         for raw in iter(pipe.readline, b""):
             line = raw.decode("utf-8", errors="replace")
             self.lines.append(line.rstrip("\n"))
-            if echo is not None:
-                with lock:
-                    echo.write(line)
-                    echo.flush()
+            repeated = echo.line(line, id(self), repeated)
         self.closed_at = time.monotonic()
         pipe.close()
 
@@ -347,14 +378,14 @@ def spawn_ranks(
     process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
     Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
     returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
-    come (None: only the tails are kept for the report). ``fork_from``: modules to import once (with the
+    come, a warning that another rank already showed left out (None: only the tails are kept for the report). ``fork_from``: modules to import once (with the
     commands' own) in a zygote (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
     allows it; otherwise, or if the zygote cannot start (said on stderr), every rank is a fresh interpreter.
     """
     if len(commands) != len(envs) or not commands:
         raise ValueError(f"{len(commands)} command(s) for {len(envs)} environment(s); give one of each per rank (1 or more)")
     started = time.monotonic()
-    lock = threading.Lock()
+    echo = _Echo(echo_stderr)
     watch = _Watch()
     stop_at = 0.0
     out = {"inherit": None, "devnull": subprocess.DEVNULL, "merge": subprocess.PIPE}[stdout]
@@ -372,7 +403,7 @@ def spawn_ranks(
                     pipe = p.stdout if stdout == "merge" else p.stderr
                 watch.procs.append(p)  # type: ignore[arg-type]
                 assert pipe is not None
-                watch.tails.append(_Tail(pipe, echo_stderr, lock))
+                watch.tails.append(_Tail(pipe, echo))
             if zygote is not None:
                 zygote.close()  # every rank is forked (and ours): the zygote's work is done
                 zygote = None

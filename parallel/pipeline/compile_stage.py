@@ -50,11 +50,11 @@ def _experts_outside_the_graph(block: MoE) -> str:
     """Why ``block``'s experts run eagerly inside its compiled layer ('' when they can be in the graph; on CUDA the
     block's first forward, eager, says so where the grouped matmul cannot trace the run's dtype)."""
     if block.ep_group is not None:
-        return "the expert-parallel exchange runs eagerly (other ranks' rows; all-to-all splits read on the host)"
+        return "the expert-parallel exchange runs eagerly: it moves other ranks' rows and reads its splits on the host"
     device = block.experts.gate_up.device
     if not block.grouped or device.type != "cuda":
-        return (f"the experts run as a loop on {device.type} (torch._grouped_mm is used on CUDA only), "
-                "which reads the block sizes on the host")
+        return (f"the experts run as a loop on {device.type}, which reads the block sizes on the host; "
+                "torch._grouped_mm is used on CUDA only")
     return ""
 
 

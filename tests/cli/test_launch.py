@@ -281,3 +281,29 @@ def test_report_puts_the_root_cause_before_ranks_that_lost_a_peer() -> None:
     named = RankFate(3, 13, "exit", 2, "hal train: rank 3: error: batch_p2p: rank 1 closed the connection — it exited, ...")
     killed = RankFate(1, 11, "signal", 9, "")
     assert LaunchReport((named, killed), 1.0).lines()[0] == "rank 1 failed (killed by SIGKILL)"
+
+
+def test_a_warning_every_rank_prints_is_echoed_once_with_its_source_line() -> None:
+    """Four ranks warn alike (a downgrade each rank records): the echo shows it once, with the source line Python
+    prints under it; each rank's own lines all show, and a rank repeating its own warning shows it each time."""
+    import io
+
+    from hal.launch.ranks import spawn_ranks
+
+    body = ("import os, sys, warnings\n"
+            "warnings.warn('the same downgrade on every rank')\n"
+            "r = os.environ['R']\n"
+            "print(f'rank {r} trained', file=sys.stderr)\n"
+            "print('hal train: warning: on every rank', file=sys.stderr)\n"
+            "for _ in range(2 if r == '0' else 0):\n"
+            "    print('hal train: warning: rank 0 skipped a step', file=sys.stderr)\n")
+    echo = io.StringIO()
+    envs = [{**os.environ, "R": str(r)} for r in range(4)]
+    report = spawn_ranks([[sys.executable, "-c", body]] * 4, envs, stdout="devnull", echo_stderr=echo)
+    assert report.ok, report
+    lines = echo.getvalue().splitlines()
+    assert sum("UserWarning: the same downgrade on every rank" in line for line in lines) == 1, lines
+    assert sum(line.startswith("  ") for line in lines) <= 1  # the source line under the warning, at most once
+    assert sorted(line for line in lines if line.endswith("trained")) == [f"rank {r} trained" for r in range(4)]
+    assert lines.count("hal train: warning: on every rank") == 1
+    assert lines.count("hal train: warning: rank 0 skipped a step") == 2  # a rank repeating its own warning: each time
