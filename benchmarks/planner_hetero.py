@@ -8,7 +8,7 @@ with ``hal train`` as is; against it the same stages with the layers split evenl
 planner's best plan with no constraint (which may leave the slow type out). Each is a short ``hal train
 --json`` run; the median step after the first is the measurement.
 
-    python benchmarks/planner_hetero.py [--gpus 2] [--cpus 2] [--steps 8] [--json]
+    python benchmarks/planner_hetero.py [--gpus 2] [--cpus 2] [--steps 8] [--full-profile] [--json]
 """
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--full-profile", action="store_true",
+                        help="profile as hal profile does by default (more row counts and repeats); the default is "
+                             "hal profile --quick's, which keeps the benchmark within its 3 minutes (a cpu type's "
+                             "profile alone took 201 s in full and 76 s quick on a 2-core host, 2026-11-29)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -101,7 +105,8 @@ def main() -> int:
         # each line with the seconds since the start: where the benchmark's own time goes (its goal: <= 3 minutes)
         say = lambda m: print(f"planner_hetero: [{time.perf_counter() - began:5.0f} s] {m}", file=sys.stderr, flush=True)  # noqa: E731
         cl = load_cluster(run.hal.cluster, run.origin, None)
-        profile = make_profile(cl, run.model, PRECISION, MODEL["max_seq_len"], progress=say, launch=run_function)
+        profile = make_profile(cl, run.model, PRECISION, MODEL["max_seq_len"], quick=not args.full_profile, progress=say,
+                               launch=run_function)
         profile_path = Path(tmp, "profile.json")
         profile.save(profile_path)
         _, _, cost = planning_inputs(run, None, str(profile_path))
