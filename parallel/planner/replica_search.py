@@ -297,7 +297,8 @@ class ReplicaSearch:
         one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
         base = replace(self.base, micro_batches=rows, micro_batch_size=1)
         try:
-            report = Search(one, base, confirm=CONFIRM, use_all_types=len(group) > 1).run(1)
+            # its pick alone re-predicted with the measured-time order: one replica search runs per type and share
+            report = Search(one, base, confirm=CONFIRM, use_all_types=len(group) > 1, order_confirm=1).run(1)
         except ConfigError:
             return None
         return report.results[0] if report.results else None

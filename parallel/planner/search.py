@@ -115,9 +115,11 @@ class Search:
     """One search over ``cluster`` for ``model`` keeping ``base``'s global batch and flags."""
 
     def __init__(self, cost: CostModel, base: ParallelPlan, *, progress: Callable[[str], None] | None = None,
-                 use_all_types: bool = False, progress_s: float = PROGRESS_S, confirm: int = CONFIRM) -> None:
+                 use_all_types: bool = False, progress_s: float = PROGRESS_S, confirm: int = CONFIRM,
+                 order_confirm: int = ORDER_CONFIRM) -> None:
         self.cost, self.base = cost, base
         self.confirm = confirm  # candidates the simulator re-predicts
+        self.order_confirm = order_confirm  # of those, the best re-predicted with the measured-time order
         self.progress_s = progress_s
         self.use_all_types = use_all_types
         self.model, self.seq = cost.model, cost.seq
@@ -415,10 +417,10 @@ class Search:
 
 
     def _with_measured_orders(self, results: list[Result], top: int) -> list[Result]:
-        """The best ``ORDER_CONFIRM`` (at least ``top``) re-predicted with the order hal train will keep after its
+        """The best ``order_confirm`` (at least ``top``) re-predicted with the order hal train will keep after its
         calibration (a played schedule under ``parallel.order: auto``), then ranked again: the unit order ranks the
         rest, because a timed play costs up to a second where a simulation costs milliseconds."""
-        head = max(top, ORDER_CONFIRM)
+        head = max(top, self.order_confirm)
         again = [Result(r.plan, r.placement, self.cost.predict(r.plan, r.placement, measured_order=True))
                  if r.plan.schedule.plays_times and r.plan.order != "unit" else r for r in results[:head]]
         return sorted(again, key=lambda r: r.prediction.step_s) + results[head:]
