@@ -200,6 +200,9 @@ def _moe_compile(p: Preflight) -> None:
     ``fallback: error`` refuses it here, before any rank starts."""
     import torch
 
+    from hal.backend_registry import get_backend
+    from hal.parallel.models.moe import experts_outside_the_graph
+
     run = p.loaded
     if p.fallback != "error" or not run.model.moe_num_experts:
         return
@@ -210,13 +213,9 @@ def _moe_compile(p: Preflight) -> None:
             flat += 1
             if not (plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k))):
                 continue
-            if stage.ep > 1:
-                why = f"ep {stage.ep} runs the experts' exchange eagerly between the layer's graphs"
-            elif stage.backend != "cuda":
-                why = f"on {stage.backend} the experts run as a loop that reads their block sizes on the host"
-            elif precision is not None and precision.autocast_dtype != torch.bfloat16:  # None: cuda absent here
-                why = "the experts' grouped matmul is compiled in bf16 only (bf16-mixed); in this precision they run as an eager loop"
-            else:
+            why = experts_outside_the_graph(stage.ep, get_backend(stage.backend).device_type,
+                                            matmul=None if precision is None else (precision.autocast_dtype or torch.float32))
+            if not why:
                 continue
             raise ConfigError(f"{run.origin}: stage {k} ({where}.stages[{k}]) compiles MoE layers, but {why}: a downgrade, "
                               "which fallback: error refuses; set fallback: warn, or compile: false on that stage")

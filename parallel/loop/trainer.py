@@ -28,6 +28,7 @@ for ``hal train`` to draw.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -704,10 +705,8 @@ def train(r: RankRun) -> None:
             calibrating = measured_order.due_anywhere(r.job, r.plan, r.start, r.steps, step)
             if measured_order.due(r.plan, r.start, r.steps, step):
                 r.engine.measure_on_device = True  # the device's own times, not the host's enqueueing
-            if progress is not None and step == r.start:  # a long first step says so (once a run: the writer)
-                with SlowStepNotice(progress, step + 1, _first_step_why(r)):
-                    loss, row = train_step(r, step)
-            else:
+            first = progress is not None and step == r.start  # a long first step says so (once a run: the writer)
+            with SlowStepNotice(progress, step + 1, _first_step_why(r)) if first else contextlib.nullcontext():
                 loss, row = train_step(r, step)
             if calibrating:
                 order = measured_order.calibrate(r, step) or order

@@ -236,6 +236,22 @@ def expert_counts(chosen: torch.Tensor, num_experts: int) -> torch.Tensor:
         0, chosen, torch.ones_like(chosen, dtype=torch.int64))
 
 
+def experts_outside_the_graph(ep: int, device_type: str, grouped: bool = True, matmul: torch.dtype | None = None) -> str:
+    """Why a compiled MoE layer's experts will run eagerly between its graphs ('' where they can be in it): the ep
+    exchange, or the experts' loop (off CUDA, or a matmul dtype the traced grouped matmul refuses). ``matmul``: the
+    experts' matmul dtype where known (None: decided at the first forward, which says so). One rule for
+    ``compile_layers`` and ``hal train``'s preflight."""
+    if ep > 1:
+        return "the expert-parallel exchange runs eagerly: it moves other ranks' rows and reads its splits on the host"
+    if not grouped or device_type != "cuda":
+        return (f"the experts run as a loop on {device_type}, which reads the block sizes on the host; "
+                "torch._grouped_mm is used on CUDA only")
+    if matmul is not None and matmul != torch.bfloat16:
+        return (f"torch._grouped_mm's traced kernel takes bf16 only, so in {str(matmul).replace('torch.', '')} the "
+                "experts run as a loop that reads the block sizes on the host")
+    return ""
+
+
 eager_when_compiled = getattr(torch.compiler, "disable", lambda fn: fn)  # torch >= 2.1: run eagerly inside a compiled region
 
 

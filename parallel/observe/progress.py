@@ -116,13 +116,14 @@ class Progress:
 
     def update(self, record: dict[str, Any]) -> None:
         """The step's progress line."""
-        self._write(progress_line(record, self.total))
+        self.say(progress_line(record, self.total))
 
     def evaluated(self, step: int, loss: float) -> None:
         """The evaluation's line, which stays on screen above the progress line."""
-        self._write(eval_line(step, self.total, loss))
+        self.say(eval_line(step, self.total, loss))
 
-    def _write(self, line: str) -> None:
+    def say(self, line: str) -> None:
+        """One line as the progress shows it (a progress-shaped line is redrawn in place on a terminal)."""
         self.out.write(line + "\n")
         self.out.flush()
 
@@ -165,7 +166,7 @@ class SlowStepNotice:
         wait = self.first_after
         while not self._stop.wait(wait):
             elapsed = time.perf_counter() - self._began
-            self.progress._write(f"step {self.step}/{self.progress.total} still running after {elapsed:.0f} s: {self.why}")
+            self.progress.say(f"step {self.step}/{self.progress.total} still running after {elapsed:.0f} s: {self.why}")
             self.said += 1
             wait = self.every
 

@@ -18,7 +18,7 @@ from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
 
 from hal.parallel.models.decoder import Stage
-from hal.parallel.models.moe import MoE
+from hal.parallel.models.moe import MoE, experts_outside_the_graph
 
 
 def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> None:
@@ -36,26 +36,16 @@ def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> N
     for index, layer in stage.layers.items():
         layer.compile(backend=backend, dynamic=dynamic)
         if isinstance(layer.mlp, MoE):
-            layer.mlp.compiled = True
-            why = _experts_outside_the_graph(layer.mlp)
+            block = layer.mlp
+            block.compiled = True
+            why = experts_outside_the_graph(block.ep_group.size if block.ep_group is not None else 1,
+                                            block.experts.gate_up.device.type, block.grouped)
             if why:
                 breaks[int(index)] = why
     for why in sorted(set(breaks.values())):
         layers = sorted(i for i, w in breaks.items() if w == why)
         record_downgrade(Downgrade("op", f"compile of MoE layers {layers}", "the experts inside the compiled layer",
                                    "the layers compiled, the experts eager between their graphs", why))
-
-
-def _experts_outside_the_graph(block: MoE) -> str:
-    """Why ``block``'s experts run eagerly inside its compiled layer ('' when they can be in the graph; on CUDA the
-    block's first forward, eager, says so where the grouped matmul cannot trace the run's dtype)."""
-    if block.ep_group is not None:
-        return "the expert-parallel exchange runs eagerly: it moves other ranks' rows and reads its splits on the host"
-    device = block.experts.gate_up.device
-    if not block.grouped or device.type != "cuda":
-        return (f"the experts run as a loop on {device.type}, which reads the block sizes on the host; "
-                "torch._grouped_mm is used on CUDA only")
-    return ""
 
 
 @contextlib.contextmanager

@@ -324,12 +324,10 @@ class CostModel:
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         order = None
         if measured_order and plan.order in ("auto", "measured") and schedule.plays_times:
-            order = self._measured_order(schedule, S, M, V, fwd, bwd, p2p, shares)
-            if order["chosen"] == "measured":
-                schedule = order.pop("schedule")
-                sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
+            kept, order = self._measured_order(schedule, S, M, V, fwd, bwd, p2p, shares)
+            if kept.times is not None:  # the played order is what will run: the step as it plays
+                sim = simulate(kept, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
                                chunk_share=shares, action_s=action_wait, **host_clocks)
-            order.pop("schedule", None)
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
         actions = [sum(1 for sp in sim.timeline if sp.stage == k) for k in range(S)]
@@ -356,16 +354,17 @@ class CostModel:
 
     @staticmethod
     def _measured_order(schedule: Schedule, S: int, M: int, V: int, fwd: list[float], bwd: list[float], p2p: float,
-                        shares: list[list[float]] | None) -> dict[str, Any]:
-        """The order ``hal train`` will keep after its calibration, as this prediction's times foresee it: each stage's
-        F, I and W per chunk (W half the backward, as the simulator splits it), every link ``p2p``."""
+                        shares: list[list[float]] | None) -> tuple[Schedule, dict[str, Any]]:
+        """The order ``hal train`` will keep after its calibration, as this prediction's times foresee it (each stage's
+        F, I and W per chunk, W half the backward as the simulator splits it, every link ``p2p``), and what it says
+        of it (``Prediction.order``)."""
         share = shares or [[1.0 / V] * V for _ in range(S)]
         forward = [[fwd[k] * share[k][v] for v in range(V)] for k in range(S)]
         half = [[bwd[k] * share[k][v] / 2 for v in range(V)] for k in range(S)]
         links = [p2p] * (S - 1) + ([p2p] if V > 1 and schedule.placement == "loop" and S > 1 else [])
         keep, unit_s, measured_s = measured_or_unit(schedule, StageTimes.of(forward, half, half, links), M)
-        return {"chosen": "unit" if keep.times is None else "measured", "unit_step_s": unit_s,
-                "measured_step_s": measured_s, "schedule": keep}
+        return keep, {"chosen": "unit" if keep.times is None else "measured", "unit_step_s": unit_s,
+                      "measured_step_s": measured_s}
 
     def _occupancy(self, plan: ParallelPlan, place: Placement, busy: list[float]) -> list[float]:
         """Per stage: how busy the cores of its (busiest) cpu node are — busy share × threads of every rank

@@ -207,3 +207,16 @@ def test_expert_counts_are_bincount_with_a_static_shape() -> None:
     chosen = torch.randint(0, 5, (200,), generator=torch.Generator().manual_seed(0))
     assert torch.equal(expert_counts(chosen, 8), torch.bincount(chosen, minlength=8))
     assert expert_counts(chosen, 8)[5:].sum() == 0 and expert_counts(chosen[:0], 3).tolist() == [0, 0, 0]
+
+
+def test_one_rule_says_where_compiled_experts_leave_the_graph() -> None:
+    """compile_layers and hal train's preflight ask the same rule: only one rank's experts on CUDA with bf16 matmuls
+    (or a dtype not known yet) stay in the compiled layer's graph."""
+    from hal.parallel.models.moe import experts_outside_the_graph
+
+    assert experts_outside_the_graph(1, "cuda", matmul=torch.bfloat16) == ""
+    assert experts_outside_the_graph(1, "cuda") == ""  # decided, and said, at the first forward
+    assert "bf16 only" in experts_outside_the_graph(1, "cuda", matmul=torch.float32)
+    assert "exchange" in experts_outside_the_graph(2, "cuda", matmul=torch.bfloat16)
+    assert "loop on cpu" in experts_outside_the_graph(1, "cpu")
+    assert "loop on cuda" in experts_outside_the_graph(1, "cuda", grouped=False)
