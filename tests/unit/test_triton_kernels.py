@@ -33,7 +33,7 @@ ON_GPU = DEVICE.type == "cuda"
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install 'hetero-hal[kernels]')")
 
 from hal.kernels import triton_ops  # noqa: E402  (after TRITON_INTERPRET is set)
-from hal.kernels.triton import launch, library, linear_ce, norm  # noqa: E402
+from hal.kernels.triton import launch, library, linear_ce, norm, swiglu  # noqa: E402
 
 pytestmark = require_mode(DEVICE, norm._rms_norm_fwd, "tests/unit/test_triton_kernels.py")
 
@@ -190,6 +190,13 @@ def test_rotary_embedding_of_3d_input() -> None:
 def test_swiglu(shape: tuple[int, ...], dtype: torch.dtype) -> None:
     (x,) = _leaves(dtype, shape)
     compare(library.swiglu, ops._swiglu, [x], dtype)
+
+
+def test_swiglu_of_rows_back_to_back_in_blocks_spanning_rows() -> None:
+    """Contiguous rows run as one flat range: 5 rows of 1000 halves span three 2048-output blocks, each across rows."""
+    (x,) = _leaves(torch.float32, (5, 2000))
+    assert swiglu._flat(x.reshape(-1, 2000), 1000) and not swiglu._flat(x[:, ::2], 500)
+    compare(library.swiglu, ops._swiglu, [x], torch.float32)
 
 
 def test_swiglu_of_a_strided_view_spanning_blocks() -> None:
