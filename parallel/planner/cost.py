@@ -203,9 +203,10 @@ class CostModel:
             bwd += tokens * prof.embedding.backward_s
         head_act = 0.0
         if k == plan.last_stage:
-            fwd += tokens * prof.head.forward_s / stage.tp
-            bwd += tokens * prof.head.backward_s / stage.tp
-            head_act = tokens * prof.head.activation_bytes / stage.tp
+            head = prof.head_for(plan.fused_head)
+            fwd += tokens * head.forward_s / stage.tp
+            bwd += tokens * head.backward_s / stage.tp
+            head_act = head.saved_bytes(tokens) / stage.tp
         tp_f = tp_b = 0.0
         calls_f = calls_b = 0  # tp all-reduces inside the stage's compute (each a blocking exchange)
         if stage.tp > 1 and not prof.has_tp_points(stage.tp, stage.sp):  # measured points include the collectives
@@ -413,7 +414,7 @@ class CostModel:
         if stage.checkpoint:  # one layer's full activations while it recomputes
             act += self.device(kind).layer(stage.tp, plan.micro_batch_size // stage.dp, self.seq, False)[2]
         if k == plan.last_stage:  # the head's backward: its logits gradient and the loss's copies, once
-            act += plan.micro_batch_size // stage.dp * self.seq * self.device(kind).head.transient_bytes / stage.tp
+            act += plan.micro_batch_size // stage.dp * self.seq * self.device(kind).head_for(plan.fused_head).transient_bytes / stage.tp
         capacity = None if kind.memory_bytes is None else int(kind.memory_bytes.value)
         expert = sum(self._expert_exchanges(plan, place, k))
         return StageCost(kind.device, fwd, bwd, base[2] + base[3] - expert, tail[0], tail[1], static, int(act),

@@ -59,6 +59,13 @@ class PerToken:
     # accelerators: what its forward + backward holds at the peak beyond what it saves, per token — the head's
     # logits gradient and the loss's fp32 copies live only then, once, on top of the in-flight activations
     transient_bytes: int = 0
+    # saved for backward by one micro-batch whatever its token count: the fused head's weight gradient, which it
+    # forms in its forward (the logits are gone by the backward)
+    fixed_bytes: int = 0
+
+    def saved_bytes(self, tokens: int) -> float:
+        """Bytes one micro-batch of ``tokens`` tokens keeps for backward."""
+        return tokens * self.activation_bytes + self.fixed_bytes
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,9 @@ class DeviceProfile:
     threads: int | None = None  # cpu: compute threads per rank while measured
     achieved_tflops: float | None = None  # a layer's forward + backward FLOPs over its time (largest point)
     efficiency: float | None = None  # achieved / catalog peak, where the catalog has a peak
+    # the final norm and the head fused with the loss (``parallel.fused_head``: no full logits); None in a profile
+    # written before it was measured — a fused-head plan is then priced with ``head``, and the reports say so
+    fused_head: PerToken | None = None
     # cpu: (node occupancy, slowdown, seconds of wait each action adds) measured by calibration pipelines
     # (``planner.calibrate``; a profile written before the wait was measured has two columns: no wait)
     contention: tuple[tuple[float, ...], ...] = ()
@@ -211,13 +221,19 @@ class DeviceProfile:
                          for v in ("forward_s", "backward_s", "activation_bytes"))
         return fwd, bwd, act
 
+    def head_for(self, fused: bool) -> PerToken:
+        """The last stage's head as the plan runs it: fused with the loss where it is and that was measured."""
+        return self.fused_head if fused and self.fused_head is not None else self.head
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> "DeviceProfile":
+        fused = data.get("fused_head")
         return DeviceProfile(**{**data, "layers": tuple(LayerPoint(**p) for p in data["layers"]),
                                 "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"]),
+                                "fused_head": PerToken(**fused) if fused is not None else None,
                                 "contention": tuple(tuple(map(float, p)) for p in data.get("contention", ())),
                                 "tp_all_reduce": tuple(tuple(map(float, p)) for p in data.get("tp_all_reduce", ()))})
 

@@ -71,6 +71,11 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
     embedding = PerToken(2 * h * e / bytes_s, 3 * h * 4 / bytes_s, donor.embedding.activation_bytes if donor else 8)
     head = PerToken(head_fwd, 2 * head_fwd, donor.head.activation_bytes if donor else (h * e + 2 * v * 4),
                     donor.head.transient_bytes if donor else 0)
+    # fused with the loss: all three matmuls in the forward, the backward scales the input's and the weight's gradients
+    scale_s = 2 * h * e / bytes_s
+    fused = donor.fused_head if donor is not None and donor.fused_head is not None else None
+    fused_head = PerToken(3 * head_fwd, scale_s, fused.activation_bytes if fused else h * e,
+                          fused.transient_bytes if fused else 0, fused.fixed_bytes if fused else v * h * 4)
     where = (f"efficiency {eff:.3f} measured on {rated[0].device}" if rated else
              f"efficiency {DEFAULT_EFFICIENCY} (documented default: no present device has a catalog peak"
              + (f"; {measured[0].device} publishes none" if measured else "") + ")")
@@ -78,4 +83,4 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
              f"{kind.memory_bandwidth_gbps.value:g} GB/s ({kind.memory_bandwidth_gbps.source}) × {BANDWIDTH_EFFICIENCY}, {where}"
              + ("; activation bytes from the measured " + donor.device if donor else "; activation bytes from a formula"))
     return DeviceProfile(kind.device, kind.backend, ESTIMATED, basis, tuple(points), embedding, head,
-                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff)
+                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff, fused_head)

@@ -47,12 +47,13 @@ def _threads(count: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def saved_bytes() -> Iterator[list[int]]:
-    """Bytes autograd saves for backward inside the block (each storage once; parameters are not activations)."""
+    """Bytes autograd saves for backward inside the block (each storage once; parameters, and views of them such as
+    a transposed weight, are not activations)."""
     seen: set[int] = set()
     total = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
+        if not isinstance(t, torch.nn.Parameter) and not isinstance(t._base, torch.nn.Parameter):
             storage = t.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
@@ -229,8 +230,9 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
 
                 f, b, act, clocks = _fwd_bwd(backend, forward, repeats, torch.ones_like)
                 points.append(LayerPoint(1, r, seq, recompute, f, b, act, *(clocks or (None,) * 4)))
-        say(f"{caps.catalog_id or backend.name}: embedding, head and loss, AdamW")
+        say(f"{caps.catalog_id or backend.name}: embedding, head and loss (plain and fused), AdamW")
         embedding, head = _ends(backend, model, device, seq, max(rows), autocast, repeats)
+        fused_head = _fused_head(backend, model, device, seq, (min(rows), max(rows)), autocast, repeats)
         optimizer = _optimizer_s_per_param(backend, model, device, repeats)
     big = max((p for p in points if not p.recompute), key=lambda p: p.rows)
     achieved = _layer_flops(model, big.rows * seq, seq) / (big.forward_s + big.backward_s) / 1e12
@@ -239,7 +241,7 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
              + (f", {threads} compute thread(s) per rank" if threads else "")
              + (f", layers compiled ({compile_backend})" if compile_backend else ""))
     return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
-                         optimizer, threads, achieved, achieved / peak if peak else None)
+                         optimizer, threads, achieved, achieved / peak if peak else None, fused_head)
 
 
 TP_DEGREE = 2  # the tp degree measured with its group present (every accelerator host with 2 devices can)
@@ -353,6 +355,41 @@ def _ends(backend: Backend, model: ModelConfig, device: torch.device, seq: int, 
     transient = _peak_beyond_saved(backend, device, head, h[2]) if backend.device_type != "cpu" else 0
     return (PerToken(e[0] / tokens, e[1] / tokens, e[2] // tokens),
             PerToken(h[0] / tokens, h[1] / tokens, h[2] // tokens, transient // tokens))
+
+
+def _fused_head(backend: Backend, model: ModelConfig, device: torch.device, seq: int, rows: tuple[int, int],
+                autocast: Callable[[], ContextManager[Any]], repeats: int) -> PerToken:
+    """The final norm + the head fused with the loss, as a ``fused_head`` plan's last stage runs it, per token.
+
+    Why apart from ``_ends``' head: the fused op keeps no logits but forms the weight's gradient in its forward, a
+    (vocab × hidden) buffer each micro-batch holds until its backward whatever its tokens — timed at the larger row
+    count, its saved bytes taken at both and split into that fixed part and a per-token part."""
+    from hal.parallel.models.fused_head import fused_head_cross_entropy
+
+    stage = build_stage(model, range(model.num_layers, model.num_layers), first=False, last=True, tp_comm=None,
+                        sp=False, seed=0, device=device, fused_head=True)
+    saved: dict[int, int] = {}
+    timed: tuple[float, float, int, Any] | None = None
+    transient = 0
+    for r in sorted(set(rows)):
+        hidden = torch.randn(r, seq, model.hidden_size, device=device, requires_grad=True)
+        labels = torch.randint(0, model.vocab_size, (r, seq), device=device)
+        loss_fn = fused_head_cross_entropy(stage, r * seq)
+
+        def head(hidden: torch.Tensor = hidden, labels: torch.Tensor = labels, loss_fn: Any = loss_fn) -> torch.Tensor:
+            with autocast():
+                return loss_fn(stage(hidden), labels)
+
+        timed = _fwd_bwd(backend, head, repeats, lambda out: torch.ones_like(out))
+        saved[r * seq] = timed[2]
+        if backend.device_type != "cpu":
+            transient = _peak_beyond_saved(backend, device, head, timed[2])
+    assert timed is not None
+    tokens = max(saved)
+    (lo, s_lo), (hi, s_hi) = min(saved.items()), max(saved.items())
+    per_token = (s_hi - s_lo) / (hi - lo) if hi > lo else s_hi / hi
+    fixed = max(0, round(s_hi - per_token * hi))
+    return PerToken(timed[0] / tokens, timed[1] / tokens, max(0, round(per_token)), transient // tokens, fixed)
 
 
 def _peak_beyond_saved(backend: Backend, device: torch.device, forward: Callable[[], torch.Tensor], saved: int) -> int:

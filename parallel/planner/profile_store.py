@@ -146,7 +146,8 @@ _LAYER_RULES = {"tp": _COUNT, "rows": _COUNT, "seq": _COUNT, "recompute": _BOOL,
                 "host_backward_s": _nullable(_SECONDS), "device_forward_s": _nullable(_SECONDS),
                 "device_backward_s": _nullable(_SECONDS), "sp": _BOOL}
 _CLOCKS = ("host_forward_s", "host_backward_s", "device_forward_s", "device_backward_s")
-_PER_TOKEN_RULES = {"forward_s": _SECONDS, "backward_s": _SECONDS, "activation_bytes": _BYTES, "transient_bytes": _BYTES}
+_PER_TOKEN_RULES = {"forward_s": _SECONDS, "backward_s": _SECONDS, "activation_bytes": _BYTES, "transient_bytes": _BYTES,
+                    "fixed_bytes": _BYTES}
 _DEVICE_RULES = {"device": _TEXT, "backend": _TEXT, "source": _SOURCE, "basis": _TEXT, "optimizer_s_per_param": _SECONDS,
                  "threads": _nullable(_COUNT), "achieved_tflops": _nullable(_FIGURE), "efficiency": _nullable(_FIGURE),
                  "action_host_s": _nullable(_SECONDS)}
@@ -229,8 +230,8 @@ class _Checker:
         if "layers" in data:
             points = self.items(f"{where}.layers", data["layers"])
             parts["layers"] = tuple(self.layer(f"{where}.layers[{i}]", p) for i, p in enumerate(points))
-        for part in ("embedding", "head"):
-            if part in data:
+        for part in ("embedding", "head", "fused_head"):
+            if part in data and not (part == "fused_head" and data[part] is None):  # null: not measured
                 parts[part] = self.per_token(f"{where}.{part}", data[part])
         for part, columns in (("contention", _CONTENTION), ("tp_all_reduce", _TP_ALL_REDUCE)):
             if part in data:

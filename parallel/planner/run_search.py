@@ -13,6 +13,7 @@ import yaml
 
 from hal.run_dirs import write_text_atomic
 
+from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
 from hal.parallel.planner.cluster import Cluster, check_holds, load_cluster
 from hal.parallel.planner.cost import CostModel
@@ -69,6 +70,9 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
     moe = moe_note(run)
     if moe:
         report.notes.append(moe)
+    unfused = unfused_head_note([run.plan], profile)
+    if unfused:
+        report.notes.append(unfused)
     left_out = left_out_note(report, cluster)
     if left_out and not use_all_types:
         report.notes.append(left_out)
@@ -79,6 +83,17 @@ def search(run: RunConfig, cluster_file: str | None, profile_file: str | None, t
                             "assumed to get its share of the cores; hal profile calibrates the slowdown with real "
                             "pipeline runs (pass its file with --profile)")
     return report, cost
+
+
+def unfused_head_note(plans: list[ParallelPlan], profile: Profile) -> str | None:
+    """Said where a fused-head plan is priced with the plain head: a profile written before the fused one was timed."""
+    if not any(p.fused_head for p in plans):
+        return None
+    lacking = sorted(d for d, p in profile.devices.items() if p.fused_head is None)
+    if not lacking:
+        return None
+    return (f"{', '.join(lacking)}: the profile has no fused-head measurement (written before hal profile timed it), so "
+            "the last stage's head is priced as the plain head with its full logits; run hal profile again")
 
 
 def preferred(report: SearchReport) -> str:
@@ -262,9 +277,12 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.replica_search import predict_replicas, stage_kinds
 
-    cluster, _, cost = planning_inputs(run, cluster_file, profile_file)
+    cluster, profile, cost = planning_inputs(run, cluster_file, profile_file)
     notes = [f"priced with {profile_file} on {cluster.origin}"]
     plans = [run.plan] if run.replicas is None else [r.plan for r in run.replicas.replicas]
+    unfused = unfused_head_note(plans, profile)
+    if unfused:
+        notes.append(unfused)
     odd = sorted({s.precision for p in plans for s in p.stages if s.precision and s.precision != run.hal.precision})
     if odd:
         notes.append(f"stage precision {', '.join(odd)} priced at the profile's {run.hal.precision} (hal profile of a "

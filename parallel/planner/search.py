@@ -265,7 +265,8 @@ class Search:
                 if k == 0:
                     e += tokens * (prof.embedding.forward_s + prof.embedding.backward_s) * c
                 if k == schedule.head_stage(S):
-                    e += tokens * (prof.head.forward_s + prof.head.backward_s) * c / g.tp
+                    head = prof.head_for(self.base.fused_head)
+                    e += tokens * (head.forward_s + head.backward_s) * c / g.tp
                 extra.append(e)
             layers = balance(per_layer, extra, m.num_layers, V)
             if layers is None:

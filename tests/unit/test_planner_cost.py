@@ -237,6 +237,36 @@ def test_the_heads_transient_peak_counts_once_on_the_last_stage() -> None:
     assert grown == [0, 0, 0, 1 * 32 * 1000]
 
 
+def test_a_fused_head_plan_is_priced_with_the_fused_head_and_says_so_where_the_profile_lacks_it() -> None:
+    """The last stage's head follows the plan: the fused one's time, per-token bytes and the weight gradient it holds
+    per micro-batch (fixed_bytes) where the plan fuses; the plain head otherwise, and where the profile has no fused
+    measurement the plain head prices the fused plan and the note says so."""
+    from hal.parallel.planner.run_search import unfused_head_note
+
+    base = _clocked(1e-4)
+    plain, fused = PerToken(1e-5, 2e-5, 500, 300), PerToken(3e-5, 1e-6, 100, 50, fixed_bytes=7000)
+    profiled = dataclasses.replace(base, head=plain, fused_head=fused)
+    group = resolve(parse_cluster({"groups": [H100]})).types[0]
+    S, M = 2, 4
+    unfused_plan, fused_plan = _plan(S, M), dataclasses.replace(_plan(S, M), fused_head=True)
+
+    def last(plan: ParallelPlan, prof: DeviceProfile):
+        return _cost([H100], nvidia_h100_sxm=prof).predict(plan, Placement.pack(plan, (group,) * S)).stages[-1]
+
+    tokens = 1 * 32
+    a, b = last(unfused_plan, profiled), last(fused_plan, profiled)
+    assert a.activation_bytes - b.activation_bytes == pytest.approx(tokens * (500 - 100) + tokens * (300 - 50) - 7000, abs=2)
+    assert b.forward_s - a.forward_s == pytest.approx(tokens * (3e-5 - 1e-5), rel=1e-6)
+    assert b.backward_s - a.backward_s == pytest.approx(tokens * (1e-6 - 2e-5), rel=1e-6)
+    old = dataclasses.replace(base, head=plain)  # a profile written before the fused head was measured
+    assert last(fused_plan, old).activation_bytes == a.activation_bytes
+    profile = Profile(MODEL.to_dict(), "fp32", {"nvidia-h100-sxm": old})
+    note = unfused_head_note([fused_plan], profile)
+    assert note and "nvidia-h100-sxm" in note and "hal profile again" in note
+    assert unfused_head_note([unfused_plan], profile) is None
+    assert unfused_head_note([fused_plan], Profile(MODEL.to_dict(), "fp32", {"nvidia-h100-sxm": profiled})) is None
+
+
 def test_a_written_plan_mixing_backends_names_no_top_level_backend(tmp_path) -> None:
     """hal train refuses a top-level backend its stages contradict: --write drops it for a plan over cpu and cuda,
     and sets it to the plan's one backend otherwise; the parallel: section is the plan as searched."""

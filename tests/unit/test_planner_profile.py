@@ -41,6 +41,39 @@ def test_profile_round_trip_and_labels(profile, tmp_path) -> None:
     assert h100.layer(1, 1, 32, False)[2] == pytest.approx(a1)  # activations: the measured device's bytes
 
 
+def test_the_fused_head_is_measured_beside_the_plain_one_and_survives_a_round_trip(profile, tmp_path) -> None:
+    """The cpu's fused head runs the reference linear-CE (it forms the logits: about the plain head's bytes a token, no
+    weight gradient held); the estimated H100 takes the measured device's fused bytes. A profile written before the
+    fused head was measured (no key, or null) still loads, with none."""
+    cpu, h100 = profile.devices["cpu-generic"], profile.devices["nvidia-h100-sxm"]
+    assert cpu.fused_head is not None and cpu.fused_head.forward_s > 0 and cpu.fused_head.activation_bytes > 0
+    assert cpu.fused_head.fixed_bytes < 64 * 4  # no vocab x hidden buffer on the reference path
+    assert h100.fused_head is not None and h100.fused_head.activation_bytes == cpu.fused_head.activation_bytes
+    assert cpu.head_for(True) is cpu.fused_head and cpu.head_for(False) is cpu.head
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert load_profile(path, MODEL, "fp32").devices["cpu-generic"].fused_head == cpu.fused_head
+    for older in (lambda d: d.pop("fused_head"), lambda d: d.update(fused_head=None)):
+        data = json.loads(path.read_text())
+        older(data["devices"]["cpu-generic"])
+        path.write_text(json.dumps(data))
+        back = load_profile(path, MODEL, "fp32").devices["cpu-generic"]
+        assert back.fused_head is None and back.head_for(True) == cpu.head
+
+
+def test_saved_bytes_leave_out_parameters_and_views_of_them() -> None:
+    """A linear layer saves its input and its weight (as a transposed view in fp32): only the input is an activation."""
+    import torch
+
+    from hal.parallel.planner.measure import saved_bytes
+
+    layer = torch.nn.Linear(64, 32, bias=False)
+    x = torch.randn(5, 64, requires_grad=True)
+    with saved_bytes() as box:
+        layer(x).sum().backward()
+    assert box[0] == x.numel() * 4
+
+
 def test_a_profile_for_another_model_or_precision_is_refused(profile, tmp_path) -> None:
     path = tmp_path / "p.json"
     profile.save(path)
