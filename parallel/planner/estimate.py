@@ -71,11 +71,14 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
     embedding = PerToken(2 * h * e / bytes_s, 3 * h * 4 / bytes_s, donor.embedding.activation_bytes if donor else 8)
     head = PerToken(head_fwd, 2 * head_fwd, donor.head.activation_bytes if donor else (h * e + 2 * v * 4),
                     donor.head.transient_bytes if donor else 0)
-    # fused with the loss: all three matmuls in the forward, the backward scales the input's and the weight's gradients
+    # fused with the loss: all three matmuls in the forward, the backward scales the input's and the weight's gradients;
+    # its bytes from a measured device of the same backend only (another backend may run the op another way: the
+    # cpu's reference forms the logits, cuda's Triton kernel does not), else the kernel's as measured on an H200 in
+    # bf16 at hidden 1024-6144: 3 x hidden elements a token, and the weight's gradient each micro-batch
     scale_s = 2 * h * e / bytes_s
-    fused = donor.fused_head if donor is not None and donor.fused_head is not None else None
-    fused_head = PerToken(3 * head_fwd, scale_s, fused.activation_bytes if fused else h * e,
-                          fused.transient_bytes if fused else 0, fused.fixed_bytes if fused else v * h * 4)
+    fused = donor.fused_head if donor is not None and donor.backend == kind.backend else None
+    fused_head = PerToken(3 * head_fwd, scale_s, fused.activation_bytes if fused else 3 * h * e,
+                          fused.transient_bytes if fused else 0, fused.fixed_bytes if fused else v * h * e)
     where = (f"efficiency {eff:.3f} measured on {rated[0].device}" if rated else
              f"efficiency {DEFAULT_EFFICIENCY} (documented default: no present device has a catalog peak"
              + (f"; {measured[0].device} publishes none" if measured else "") + ")")

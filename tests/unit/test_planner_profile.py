@@ -42,13 +42,15 @@ def test_profile_round_trip_and_labels(profile, tmp_path) -> None:
 
 
 def test_the_fused_head_is_measured_beside_the_plain_one_and_survives_a_round_trip(profile, tmp_path) -> None:
-    """The cpu's fused head runs the reference linear-CE (it forms the logits: about the plain head's bytes a token, no
-    weight gradient held); the estimated H100 takes the measured device's fused bytes. A profile written before the
-    fused head was measured (no key, or null) still loads, with none."""
+    """The cpu's fused head runs the reference linear-CE (it forms the logits: bytes a token of the vocabulary's size,
+    no weight gradient held); the estimated H100, of another backend, takes the Triton kernel's bytes from the formula
+    (the input's gradient a token, the weight's each micro-batch), not the cpu's. A profile written before the fused
+    head was measured (no key, or null) still loads, with none."""
     cpu, h100 = profile.devices["cpu-generic"], profile.devices["nvidia-h100-sxm"]
-    assert cpu.fused_head is not None and cpu.fused_head.forward_s > 0 and cpu.fused_head.activation_bytes > 0
+    assert cpu.fused_head is not None and cpu.fused_head.forward_s > 0 and cpu.fused_head.activation_bytes > MODEL.vocab_size
     assert cpu.fused_head.fixed_bytes < 64 * 4  # no vocab x hidden buffer on the reference path
-    assert h100.fused_head is not None and h100.fused_head.activation_bytes == cpu.fused_head.activation_bytes
+    assert h100.fused_head is not None and h100.fused_head.activation_bytes == 3 * MODEL.hidden_size * 4  # fp32
+    assert h100.fused_head.fixed_bytes == MODEL.vocab_size * MODEL.hidden_size * 4
     assert cpu.head_for(True) is cpu.fused_head and cpu.head_for(False) is cpu.head
     path = tmp_path / "p.json"
     profile.save(path)
