@@ -13,11 +13,12 @@
 #               35.3  the planner's first pick and memory on the untuned shapes (5 plans each)                  4
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
 #   ccl         37.3  the collectives suite's reduction probes on NCCL (what the library's sums accumulate in) 2+
+#   kernels     35.6  every Triton kernel against torch.compile of its reference, 2048 and 8192 tokens           1
 #
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train schedules uneven planner-wide planner-narrow planner-tied hetero ccl"
+SECTIONS="examples moe train schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -35,8 +36,8 @@ step() {  # step NAME SECONDS COMMAND...: run it, log it, keep its figure lines 
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     printf '%-28s rc=%-3s %4ss\n' "$name" "$rc" "$((SECONDS - began))" | tee -a "$summary"
-    grep -E 'tok(ens)?/s|MFU|passed|failed|ratio|idle|order|step [0-9]+ s|first pick|error|×|x faster' "$out/$name.log" \
-        | grep -v -i 'warn' | tail -n 8 | sed 's/^/    /' | tee -a "$summary"
+    grep -E 'tok(ens)?/s|MFU|passed|failed|ratio|idle|order|step [0-9]+ s|first pick|error|×|x faster| fwd' "$out/$name.log" \
+        | grep -v -i 'warn' | tail -n 10 | sed 's/^/    /' | tee -a "$summary"
 }
 
 for section in "$@"; do
@@ -65,6 +66,10 @@ for section in "$@"; do
             step "planner-$model" 560 python benchmarks/planner_accuracy.py --backend cuda --model "$model" --only 1,2,5,6,9 ;;
         hetero)
             step planner-hetero 560 python benchmarks/planner_hetero.py --gpus 2 --cpus 2 ;;
+        kernels)
+            for tokens in 2048 8192; do
+                step "kernels-$tokens-tokens" 250 python benchmarks/kernels.py --tokens "$tokens"
+            done ;;
         ccl)
             step ccl-probes 400 python -m hal conformance run --backend cuda --suite collectives -k 'reduction_probe' \
                 --report "$out/ccl-report" ;;
