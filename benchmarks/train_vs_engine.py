@@ -51,12 +51,12 @@ def _in_process(config: str, steps: int, rounds: int, warmup: int) -> dict[str, 
 
     from hal.collectives import shutdown
     from hal.parallel.data.batches import global_batch
-    from hal.parallel.loop.job_runner import _free_port, prepare, rank_envs
+    from hal.parallel.loop.job_runner import free_port, prepare, rank_envs
     from hal.parallel.loop.trainer import setup, train_step
 
     with tempfile.TemporaryDirectory(prefix="train-vs-engine-") as run_dir:
         job = prepare(config, steps=warmup + 2 * rounds * steps, run_dir=os.path.join(run_dir, "run"))
-        os.environ.update(rank_envs(job, _free_port())[0])
+        os.environ.update(rank_envs(job, free_port())[0])
         r = setup(job)
         try:
             plan, train, backend = r.plan, job.train, r.engine.backend

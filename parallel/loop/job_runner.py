@@ -65,7 +65,8 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
 # --- the ranks' environment ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (the local ranks' rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -148,7 +149,7 @@ def run_local(job: Job, spawn: RankSpawner) -> int:
     """Start every rank through ``spawn`` and wait; the worst rank's status (``spawn`` stops them all on a failure)."""
     job.run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "hal.parallel.loop.trainer", *job.rank_args()]
-    envs = rank_envs(job, _free_port())
+    envs = rank_envs(job, free_port())
     return spawn([command] * job.world_size, [envs[r] for r in range(job.world_size)])
 
 
