@@ -153,3 +153,25 @@ def test_moe_grouped_experts_take_device_offsets_and_equal_the_loop() -> None:
     assert int(outs[True][4][7]) == 0
     for got, want in zip(outs[True][1:4], outs[False][1:4]):
         assert float((got - want).norm() / want.norm()) < 2e-2
+
+
+def test_the_profiles_fused_head_holds_the_weight_gradient_and_no_logits() -> None:
+    """``hal profile``'s fused head on a GPU under bf16 autocast: the Triton linear-CE forms the weight's gradient in
+    its forward (vocab x hidden in bf16, held each micro-batch whatever its tokens) and keeps no logits (a few hidden
+    rows a token), unlike the plain head's 7 bytes a vocabulary entry (1 x H200, 2026-11-29: exactly 128256 x 2048 x 2
+    and 6 x hidden bytes a token)."""
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.planner.measure import _ends, _fused_head
+
+    model = ModelConfig(vocab_size=32000, hidden_size=1024, num_layers=1, num_heads=8, num_kv_heads=4,
+                        ffn_hidden_size=2816, max_seq_len=512)
+    device = CUDA.device(0)
+
+    def autocast():
+        return CUDA.autocast(torch.bfloat16)
+
+    fused = _fused_head(CUDA, model, device, 512, (1, 2), autocast, repeats=2)
+    _, plain = _ends(CUDA, model, device, 512, 2, autocast, repeats=2)
+    assert fused.fixed_bytes == pytest.approx(model.vocab_size * model.hidden_size * 2, rel=0.01)
+    assert fused.activation_bytes < 16 * model.hidden_size < plain.activation_bytes
+    assert plain.activation_bytes > 4 * model.vocab_size  # the plain head saves its logits
