@@ -170,6 +170,7 @@ def setup(job: Job) -> RankRun:
                 print("hal train: the checkpoint holds no local SGD outer momentum (it was not a local SGD run): "
                       "the momentum starts at zero", file=sys.stderr, flush=True)
             local_sgd.resume(velocity)
+        _resume_wire(job, meta, exchange, replica, world.rank == job.writer)
     writer = job.writer
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
@@ -177,6 +178,29 @@ def setup(job: Job) -> RankRun:
     return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
                    clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd, shares=shares,
                    overlap=overlap)
+
+
+def _resume_wire(job: Job, meta: dict[str, Any], exchange: Any, replica: int, is_writer: bool) -> None:
+    """The fp8 wire's residuals from the checkpoint into this speaker (matched by parameter name), or a line saying why
+    they are not used: a resumed fp8 run then carries the error feedback the uninterrupted run would."""
+    from hal.parallel.state.checkpoint import read_wire_residuals
+
+    assert job.resume is not None
+    kept = read_wire_residuals(job.resume, meta)
+    if not kept:
+        return
+    fp8 = exchange is not None and exchange.fp8 is not None
+    if not fp8 or replica not in kept:
+        if is_writer:
+            why = ("this run's cross-replica wire is not fp8" if not fp8 else
+                   f"the checkpoint's run had replicas {sorted(kept)}, not this run's replica {replica}")
+            print(f"hal train: the checkpoint's fp8 wire residuals are not used: {why}", file=sys.stderr, flush=True)
+        if not fp8:
+            return
+    missing = exchange.load_residuals(kept.get(replica, {}))
+    if missing and replica in kept:
+        print(f"hal train: warning: the checkpoint keeps no fp8 wire residual for {len(missing)} parameter(s) of replica "
+              f"{replica} (e.g. {missing[0]}): their buckets start without error feedback", file=sys.stderr, flush=True)
 
 
 def _share_tracker(job: Job) -> Any:
@@ -652,8 +676,14 @@ def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
                        for k in range(rep.plan.num_stages)]
         inner_file = inner_file_name(r.replica, r.engine.coord.stage) if r.replica > 0 else None
         outer = r.local_sgd.velocity if r.local_sgd.momentum else None
+    wire, wire_files = None, []
+    if r.exchange is not None and r.exchange.fp8 is not None:  # what the fp8 sends rounded away: carried over a restart
+        wire_files = r.exchange.residual_files()
+        file = r.exchange.residual_file()
+        wire = None if file is None else (file, r.replica, r.exchange.residuals_by_name())
     return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=r.replica == 0,
-                               outer_momentum=outer, inner_file=inner_file, inner_files=inner_files))
+                               outer_momentum=outer, inner_file=inner_file, inner_files=inner_files, wire=wire,
+                               wire_files=wire_files))
 
 
 def _open_log(path: Path, resumed: bool) -> TextIO:

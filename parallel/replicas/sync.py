@@ -230,6 +230,44 @@ class ReplicaExchange:
             if wire is not flat:
                 flat.copy_(wire)
 
+    # --- the fp8 wire's residuals in a checkpoint -----------------------------------------------------------
+    def residual_file(self) -> str | None:
+        """The checkpoint file of this rank's fp8 residuals (None: it speaks for no bucket, or the wire is not fp8)."""
+        speaks = any(self.groups[b.speakers] is not None for b in self.mine)
+        return wire_file_name(self.world.rank) if self.fp8 is not None and speaks else None
+
+    def residual_files(self) -> list[str]:
+        """Every speaker's residual file, as rank 0 lists them in the checkpoint (the same on every rank)."""
+        if self.fp8 is None:
+            return []
+        return [wire_file_name(rank) for rank in sorted({s for b in self.buckets for s in b.speakers})]
+
+    def residuals_by_name(self) -> dict[str, torch.Tensor]:
+        """What this speaker's fp8 sends rounded away, by parameter name (1-D, float32): error feedback to carry over a
+        restart. Matched by name, not by bucket, so a plan with other buckets or stages takes it too."""
+        if self.fp8 is None:
+            return {}
+        out: dict[str, torch.Tensor] = {}
+        for index, flat in self.fp8.residuals.items():
+            out.update(self.buckets[index].parts(flat))
+        return out
+
+    def load_residuals(self, by_name: Mapping[str, torch.Tensor]) -> list[str]:
+        """This speaker's residuals from a checkpoint's (its replica's, by name); returns the parameters it had none
+        for (their buckets start without feedback, as a fresh run's do)."""
+        assert self.fp8 is not None
+        missing: list[str] = []
+        device = next(iter(self.params.values())).device
+        for bucket in self.mine:
+            if self.groups[bucket.speakers] is None:
+                continue
+            lacking = [n for n, k in zip(bucket.names, bucket.numels) if n not in by_name or by_name[n].numel() != k]
+            if lacking:
+                missing += lacking
+                continue
+            self.fp8.residuals[bucket.index] = bucket.pack(by_name, device)
+        return missing
+
     def sync_grads(self, weight: float) -> None:
         """Every gradient becomes Σ_r weight_r × g_r (this replica's ``weight``: its share of the step's tokens)."""
         grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in self.params.items()}
@@ -249,6 +287,11 @@ class ReplicaExchange:
         total = torch.tensor([weight * loss if counted else 0.0], dtype=torch.float64)  # type: ignore[operator]
         dist.all_reduce(total)  # the default group: gloo on every rank
         return float(total.item())
+
+
+def wire_file_name(rank: int) -> str:
+    """The checkpoint file of global rank ``rank``'s fp8 wire residuals."""
+    return f"fp8-residuals-rank-{rank}.pt"
 
 
 def token_weights(tokens: torch.Tensor, rows: Sequence[range], ignore_index: int = -100) -> list[float]:

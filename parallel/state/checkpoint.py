@@ -56,7 +56,7 @@ FORMAT = "hetero-hal-checkpoint/1"
 META = "meta.json"
 LATEST = "latest"
 # nothing else, so a name can never leave the directory (replica-R-stage-K.pt: a local-SGD replica's inner optimizer)
-FILE_NAME = re.compile(r"(replica-\d{1,2}-)?stage-\d{1,4}\.pt|rng\.pt")
+FILE_NAME = re.compile(r"(replica-\d{1,2}-)?stage-\d{1,4}\.pt|rng\.pt|fp8-residuals-rank-\d{1,6}\.pt")
 CHUNK = 8 * 2**20
 
 
@@ -100,8 +100,8 @@ def read_meta(checkpoint: Path, flag: str = "--resume") -> dict[str, Any]:
         raise ConfigError(f"{damaged} has no model section; the checkpoint is damaged")
     files = meta.get("files")
     if not isinstance(files, list) or not files or not all(isinstance(f, str) and FILE_NAME.fullmatch(f) for f in files):
-        raise ConfigError(f"{damaged}: files {files!r} is not a list of stage-K.pt, replica-R-stage-K.pt and rng.pt names; "
-                          "the checkpoint is damaged")
+        raise ConfigError(f"{damaged}: files {files!r} is not a list of stage-K.pt, replica-R-stage-K.pt, "
+                          "fp8-residuals-rank-N.pt and rng.pt names; the checkpoint is damaged")
     if "rng.pt" not in files or not any(f.startswith("stage-") for f in files):
         raise ConfigError(f"{damaged}: files {files!r} lacks rng.pt or a stage file; the checkpoint is damaged")
     checksums = meta.get("checksums")
@@ -179,6 +179,9 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
             if not (torch.is_tensor(state) and state.dtype == torch.uint8 and state.dim() == 1):
                 raise ConfigError(f"{where} does not hold the host RNG state; the checkpoint is damaged")
             continue
+        if name.startswith("fp8-residuals-"):
+            _verify_wire_file(blob, where, expected)
+            continue
         inner = name.startswith("replica-")  # a local-SGD replica's own inner optimizer state: no parameters
         if not (isinstance(blob, dict) and isinstance(blob.get("optimizer"), dict)
                 and (inner or isinstance(blob.get("params"), dict))):
@@ -210,6 +213,23 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
     if missing:
         raise ConfigError(f"{flag} {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "
                           "the checkpoint is damaged or from another model")
+
+
+def _verify_wire_file(blob: Any, where: str, expected: Mapping[str, tuple[int, ...]]) -> None:
+    """An fp8 wire residual file: its replica, and for parameters of this model one finite float32 value each."""
+    replica = blob.get("replica") if isinstance(blob, dict) else None
+    residuals = blob.get("residuals") if isinstance(blob, dict) else None
+    if isinstance(replica, bool) or not isinstance(replica, int) or replica < 0 or not isinstance(residuals, dict):
+        raise ConfigError(f"{where} is not an fp8 residual file ({{'replica': R, 'residuals': ...}}); the checkpoint is damaged")
+    for pname, tensor in residuals.items():
+        if pname not in expected:
+            raise ConfigError(f"{where}: a residual for {pname!r}, a parameter not in this model; the checkpoint is "
+                              "damaged or from another model")
+        if not torch.is_tensor(tensor) or tensor.dtype != torch.float32 or tensor.numel() != math.prod(expected[pname]):
+            raise ConfigError(f"{where}: the residual of {pname} is not {math.prod(expected[pname])} float32 values; "
+                              "the checkpoint is damaged")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(f"{where}: the residual of {pname} holds NaN or inf; the checkpoint is damaged")
 
 
 # --- saving (collective over the world) -----------------------------------------------------------------------
@@ -267,7 +287,8 @@ def _save_atomic(obj: Any, path: Path) -> None:
 
 def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimizer: Any, meta: dict[str, Any], *,
                     write: bool = True, outer_momentum: Mapping[str, torch.Tensor] | None = None,
-                    inner_file: str | None = None, inner_files: Sequence[str] = ()) -> Path:
+                    inner_file: str | None = None, inner_files: Sequence[str] = (),
+                    wire: tuple[str, int, Mapping[str, torch.Tensor]] | None = None, wire_files: Sequence[str] = ()) -> Path:
     """Write ``root/step-N`` from every rank's part; returns its path. Every rank of the world calls it.
 
     ``write`` False: this rank only takes part in the barriers (another replica, holding the same weights, writes;
@@ -278,6 +299,8 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
     (this rank's shards, by parameter name), kept in full beside the weights (``read_outer_momentum``).
     ``inner_file`` (local SGD, a replica that does not ``write``): its stage's own optimizer state goes to this file
     (replicas step their inner optimizers on their own gradients); ``inner_files``: all such files (rank 0 lists them).
+    ``wire`` (a speaker of the fp8 wire): (file, its replica, what its sends rounded away by parameter name), kept so a
+    resumed run carries the same error feedback (``read_wire_residuals``); ``wire_files``: every speaker's file.
     """
     root = Path(root)
     coord = engine.coord
@@ -300,6 +323,9 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
         state = _full_optimizer_state(engine.module, mesh, by_name)
         if coord.tp == 0 and coord.dp == 0:
             _save_atomic({"optimizer": state}, tmp / inner_file)
+    if wire is not None:
+        file, replica, residuals = wire
+        _save_atomic({"replica": replica, "residuals": {n: _cpu(t) for n, t in residuals.items()}}, tmp / file)
     if dist.get_rank() == 0:
         _save_atomic({"torch_cpu": torch.get_rng_state()}, tmp / "rng.pt")
     dist.barrier()
@@ -310,7 +336,8 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
             "format": FORMAT, "step": step, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "torch": torch.__version__, **meta,
             "optimizer": {"type": "AdamW", "zero1": bool(meta.get("plan", {}).get("zero1")), "hyperparameters": _jsonable(group)},
-            "files": [f"stage-{k}.pt" for k in range(engine.mesh.topology.num_stages)] + ["rng.pt"] + list(inner_files),
+            "files": ([f"stage-{k}.pt" for k in range(engine.mesh.topology.num_stages)] + ["rng.pt"] + list(inner_files)
+                      + list(wire_files)),
         }
         full_meta["checksums"] = {name: file_checksum(tmp / name) for name in full_meta["files"]}
         write_text_atomic(tmp / META, json.dumps(full_meta, indent=2))
@@ -375,6 +402,16 @@ def read_outer_momentum(checkpoint: Path, meta: Mapping[str, Any]) -> dict[str, 
     return out or None
 
 
+def read_wire_residuals(checkpoint: Path, meta: Mapping[str, Any]) -> dict[int, dict[str, torch.Tensor]]:
+    """The fp8 wire's residuals a checkpoint keeps, by replica then parameter name (empty where the run had none)."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for name in meta["files"]:
+        if name.startswith("fp8-residuals-"):
+            blob = _load_file(checkpoint / name)
+            out.setdefault(int(blob["replica"]), {}).update(blob["residuals"])
+    return out
+
+
 @torch.no_grad()
 def _load_params(module: torch.nn.Module, mesh: Any, params: Mapping[str, torch.Tensor], checkpoint: Path) -> None:
     """Each parameter filled with this rank's shard of its full tensor: the mesh says which (``Mesh.shard``)."""
@@ -436,6 +473,7 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any, replica: int 
     return meta
 
 
-__all__ = ["FORMAT", "check_compatible", "file_checksum", "inner_file_name", "load_checkpoint", "read_meta", "read_outer_momentum", "read_tensors",
+__all__ = ["FORMAT", "check_compatible", "file_checksum", "inner_file_name", "load_checkpoint", "read_meta", "read_outer_momentum",
+           "read_tensors", "read_wire_residuals",
            "resolve", "save_checkpoint",
            "step_dirname", "verify_checksums", "verify_tensors"]

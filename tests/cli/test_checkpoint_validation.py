@@ -89,7 +89,30 @@ def _stray_state(blob: dict[str, Any]) -> None:
     blob["optimizer"]["layers.99.mlp.up.weight"] = dict(next(iter(blob["optimizer"].values())))
 
 
+def _add_residuals(ckpt: Path, blob: Any) -> None:
+    """An fp8 wire residual file beside the stage file, listed and checksummed as hal train lists it."""
+    name = "fp8-residuals-rank-0.pt"
+    torch.save(blob, ckpt / name)
+    meta = _meta(ckpt)
+    meta["files"].append(name)
+    meta["checksums"][name] = file_checksum(ckpt / name)
+    _write_meta(ckpt, meta)
+
+
+def _residual(ckpt: Path, values: torch.Tensor | None = None) -> dict[str, Any]:
+    name, tensor = next(iter(torch.load(ckpt / "stage-0.pt", weights_only=True)["params"].items()))
+    return {name: torch.zeros(tensor.numel()) if values is None else values}
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "fp8 residuals of the wrong size": (lambda c: _add_residuals(c, {"replica": 0, "residuals": _residual(c, torch.zeros(3))}),
+                                        "float32 values; the checkpoint is damaged"),
+    "fp8 residuals holding NaN": (lambda c: _add_residuals(c, {"replica": 0, "residuals": {
+        k: v.fill_(float("nan")) for k, v in _residual(c).items()}}), "holds NaN or inf"),
+    "fp8 residual file of the wrong structure": (lambda c: _add_residuals(c, {"residuals": _residual(c)}),
+                                                 "is not an fp8 residual file"),
+    "fp8 residual of no parameter": (lambda c: _add_residuals(c, {"replica": 0, "residuals": {"layers.99.w": torch.zeros(2)}}),
+                                     "a residual for 'layers.99.w', a parameter not in this model"),
     "flipped bytes": (_flip_bytes, "stage-0.pt does not match its checksum"),
     "all-NaN parameters": (lambda c: _edit_stage(c, _nan_params), "holds NaN or inf"),
     "wrong-shape parameter": (lambda c: _edit_stage(c, _wrong_shape), "has shape (3, 3), this model needs"),
@@ -107,7 +130,8 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "meta.json a list": (lambda c: _write_meta(c, [1, 2]), "holds a list, not an object"),
     "files: 7": (lambda c: _write_meta(c, {**_meta(c), "files": 7}), "files 7 is not a list"),
     "a file name leaving the directory": (lambda c: _write_meta(c, {**_meta(c), "files": ["../x.pt", "rng.pt"]}),
-                                          "is not a list of stage-K.pt, replica-R-stage-K.pt and rng.pt names"),
+                                          "is not a list of stage-K.pt, replica-R-stage-K.pt, fp8-residuals-rank-N.pt and "
+                                          "rng.pt names"),
     "checksums for other files": (lambda c: _write_meta(c, {**_meta(c), "checksums": {"rng.pt": "sha256:0"}}),
                                   "checksums do not name exactly its files"),
 }
@@ -127,6 +151,9 @@ def test_a_damaged_checkpoint_is_refused_before_training(case: str, trained: dic
 def test_the_intact_checkpoint_passes_the_same_checks(trained: dict[str, Path], tmp_path: Path) -> None:
     job = prepare(str(trained["config"]), steps=4, resume=str(_copy(trained, tmp_path)), run_dir=str(tmp_path / "run"))
     assert job.start == 2
+    with_residuals = _copy(trained, tmp_path / "fp8")
+    _add_residuals(with_residuals, {"replica": 0, "residuals": _residual(with_residuals)})
+    assert prepare(str(trained["config"]), steps=4, resume=str(with_residuals), run_dir=str(tmp_path / "run2")).start == 2
 
 
 def test_the_command_refuses_flipped_bytes_in_one_line_with_nothing_started(trained: dict[str, Path], tmp_path: Path) -> None:

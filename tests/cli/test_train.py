@@ -537,6 +537,30 @@ def test_local_sgd_resumes_at_its_anchor_with_its_outer_momentum(tmp_path: Path)
     _assert_close(resumed["losses"], full["losses"][2:], 1e-6)
 
 
+def test_the_fp8_wire_resumes_with_what_it_rounded_away(tmp_path: Path) -> None:
+    """compress: fp8 keeps, on each speaker, what its sends rounded away and adds it to the next: the checkpoint keeps
+    those residuals by parameter name, so a run stopped at step 2 and resumed equals the one straight through (without
+    them its first resumed sends would carry no feedback and the losses part)."""
+    fp8 = {**REPLICAS, "replica_sync": {"compress": "fp8"}}
+    config = _config(tmp_path, "fp8", parallel=fp8, steps=5)
+    full = _train_islands(str(config), "--run-dir", str(tmp_path / "full"))
+    half = _train_islands(str(config), "--steps", "2", "--run-dir", str(tmp_path / "half"))
+    assert half["losses"] == full["losses"][:2]
+    step_dir = tmp_path / "half" / "checkpoints" / "step-000002"
+    meta = json.loads((step_dir / "meta.json").read_text(encoding="utf-8"))
+    kept = [f for f in meta["files"] if f.startswith("fp8-residuals-")]
+    assert kept and all((step_dir / f).is_file() for f in kept)
+    resumed = _train_islands(str(config), "--resume", str(tmp_path / "half" / "checkpoints"), "--run-dir",
+                             str(tmp_path / "resumed"))
+    assert resumed["losses"] == full["losses"][2:]
+    into_plain = run_hal("train", str(_config(tmp_path, "plain", parallel=REPLICAS, steps=3)), "--resume",
+                         str(tmp_path / "half" / "checkpoints"), "--run-dir", str(tmp_path / "plain"), env=ISLANDS,
+                         timeout=TIMEOUT)
+    assert into_plain.returncode == 0, into_plain.stderr
+    said = [line for line in into_plain.stderr.splitlines() if "fp8 wire" in line]
+    assert len(said) == 1 and "not used" in said[0], into_plain.stderr
+
+
 def test_auto_rows_are_set_by_a_calibration_said_and_rebalanced_without_changing_the_training(tmp_path: Path) -> None:
     """rows: auto on both replicas: a short calibration at start sets whole micro-batches adding up to the global
     batch, said on stderr and kept in the log; a look at the measured step times after every step may move rows
