@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="per-phase times (compute, p2p, grad sync, optimizer) in every step's JSON line, from device events "
                    "read once at the end of each step, and the last step's timeline (RUN_DIR/timeline.json, drawn as timeline.png: "
-                   "predicted against measured); without it hal train never waits on an accelerator for timing")
+                   "predicted against measured; one a replica with parallel.replicas); without it hal train never waits on an "
+                   "accelerator for timing")
     p.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
                    help="cores: pin each rank to a block of cores of its own, inside one NUMA node where it can "
                         "(refused when the ranks outnumber the cores); several nodes: torchrun --numa-binding")
@@ -76,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _draw_timeline(job: Any) -> None:
-    """RUN_DIR/timeline.png from the timeline.json the writer rank left, with the planner's prediction added
-    where the config keeps one for this plan; without matplotlib, one line why."""
+    """RUN_DIR/timeline.png from the timeline.json the writer rank left (a replicated run: one a replica), with the
+    planner's prediction added where the config keeps one for this plan; without matplotlib, one line why."""
     from pathlib import Path
 
     from hal.parallel.observe.timeline import planned_timeline
@@ -85,22 +86,26 @@ def _draw_timeline(job: Any) -> None:
     from hal.parallel.observe.timeline_plot import missing, write_png
     from hal.run_dirs import write_text_atomic
 
-    source = Path(job.run_dir) / "timeline.json"
-    if not source.is_file():  # no step ran (a resume at the last step)
-        return
-    doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
-    if job.planned is not None and job.planned.matches:
-        doc["planned"] = planned_timeline(job.planned, job.plan)
-        write_text_atomic(source, strict_json.dumps(doc) + "\n")
-    for line in _stage_shares(doc):
-        print(f"hal train: {line}", file=sys.stderr)
-    reason = missing()
-    if reason is not None:
-        print(f"hal train: timeline.png not drawn: {reason} (the spans are in {source})", file=sys.stderr)
-        return
-    png = write_png(doc, source.with_suffix(".png"))
-    against = "planned and predicted" if "planned" in doc else "predicted"
-    print(f"hal train: timeline of step {doc['step']}, {against} against measured: {png}", file=sys.stderr)
+    replicated = job.replicas is not None
+    for index, name in enumerate(job.timeline_files()):
+        source = Path(job.run_dir) / name
+        if not source.is_file():  # no step ran (a resume at the last step)
+            continue
+        doc = check_document(json.loads(source.read_text(encoding="utf-8")), str(source))
+        if not replicated and job.planned is not None and job.planned.matches:
+            doc["planned"] = planned_timeline(job.planned, job.plan)
+            write_text_atomic(source, strict_json.dumps(doc) + "\n")
+        whose = f"replica {index}: " if replicated else ""
+        for line in _stage_shares(doc):
+            print(f"hal train: {whose}{line}", file=sys.stderr)
+        reason = missing()
+        if reason is not None:
+            print(f"hal train: {source.with_suffix('.png').name} not drawn: {reason} (the spans are in {source})",
+                  file=sys.stderr)
+            continue
+        png = write_png(doc, source.with_suffix(".png"))
+        against = "planned and predicted" if "planned" in doc else "predicted"
+        print(f"hal train: {whose}timeline of step {doc['step']}, {against} against measured: {png}", file=sys.stderr)
 
 
 def _stage_shares(doc: dict[str, Any]) -> list[str]:

@@ -84,6 +84,12 @@ class Job:
             return [self.topology]
         return [r.topology() for r in self.replicas.replicas]
 
+    def timeline_files(self) -> list[str]:
+        """What ``hal train --profile`` leaves in the run directory for its last step: timeline.json, or one a replica."""
+        if self.replicas is None:
+            return ["timeline.json"]
+        return [f"timeline-replica-{i}.json" for i in range(len(self.replicas.replicas))]
+
     def replica_view(self, rank: int) -> "tuple[int, ParallelPlan, Topology, int]":
         """(replica index, its plan, its topology, the index of its first stage in ``stage_precision``) of ``rank``."""
         if self.replicas is None:

@@ -246,9 +246,6 @@ def _loop(p: Preflight) -> None:
         if train.grad_clip is not None and run.replicas.sync.every > 1:
             raise ConfigError(f"{run.origin}: train.grad_clip with local SGD (parallel.replica_sync.every > 1): each "
                               "replica steps on its own gradients, whose norms differ; drop grad_clip or set every: 1")
-        if p.request.profile:
-            raise ConfigError("--profile records one plan's pipeline timeline; with parallel.replicas it is not "
-                              "supported yet — drop --profile (the log has each replica's tokens/s and sync share)")
         every = run.replicas.sync.every
         if every > 1 and p.steps % every:
             raise ConfigError(f"--steps {p.steps} is not a multiple of parallel.replica_sync.every {every}: the run must "

@@ -608,7 +608,9 @@ def _common_start(r: RankRun) -> tuple[Any, float]:
 
 
 def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
-    """Gather every rank's spans of the step just run on the writer, which writes RUN_DIR/timeline.json."""
+    """Gather the spans of the step just run, each rank's to its replica's writer (the first rank of its last stage;
+    one plan: the run's writer), which writes that replica's document (``Job.timeline_files``). Every rank takes part in
+    each replica's gather, sending its record to its own replica's only."""
     import socket
 
     from hal.parallel.observe.timeline import measured_document, rank_record
@@ -617,12 +619,15 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
     mine = rank_record(r.rank, coord.stage, coord.dp, coord.tp, r.engine.step_spans(origin[0]),
                        host=socket.gethostname(), clock_at_origin=origin[1],
                        clock="events" if r.engine.measure_on_device else "host")
-    everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == r.writer else None
-    dist.gather_object(mine, everyone, dst=r.writer)
-    if everyone is None:
-        return
-    doc = measured_document(r.job.plan, r.topology, everyone, step=step, schedule=r.engine.schedule)
-    Path(r.job.run_dir, "timeline.json").write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
+    for index, (topology, name) in enumerate(zip(r.job.topologies(), r.job.timeline_files())):
+        dst = topology.stages[-1].ranks[0]
+        everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == dst else None
+        dist.gather_object(mine if index == r.replica else None, everyone, dst=dst)
+        if everyone is None:
+            continue
+        ranks = [record for record in everyone if record is not None]
+        doc = measured_document(r.plan, r.topology, ranks, step=step, schedule=r.engine.schedule)
+        Path(r.job.run_dir, name).write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
 
 
 # --- the loop ----------------------------------------------------------------------------------------------

@@ -537,6 +537,23 @@ def test_local_sgd_resumes_at_its_anchor_with_its_outer_momentum(tmp_path: Path)
     _assert_close(resumed["losses"], full["losses"][2:], 1e-6)
 
 
+def test_profile_draws_each_replicas_timeline(tmp_path: Path) -> None:
+    """--profile on a replicated run: each replica's last step as its own document (its ranks only, its plan's stages)
+    and picture, and each replica's per-rank shares said, marked with the replica."""
+    config = _config(tmp_path, "profiled", parallel=REPLICAS, steps=2)
+    result = run_hal("train", str(config), "--profile", "--run-dir", str(tmp_path / "run"), env=ISLANDS, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "run" / "timeline.json").exists()
+    for index, ranks in enumerate(([0, 1], [2, 3])):
+        doc = json.loads((tmp_path / "run" / f"timeline-replica-{index}.json").read_text(encoding="utf-8"))
+        assert doc["step"] == 2 and [r["rank"] for r in doc["ranks"]] == ranks
+        assert [s["ranks"] for s in doc["stages"]] == [ranks]  # each replica one stage of two ranks (tp2, dp2)
+        assert all(r["compute"] > 0 for r in doc["ranks"])
+        said = [line for line in result.stderr.splitlines() if line.startswith(f"hal train: replica {index}: ")]
+        assert any("per rank: computing / in P2P calls / idle" in line for line in said), result.stderr
+        assert (tmp_path / "run" / f"timeline-replica-{index}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_the_fp8_wire_resumes_with_what_it_rounded_away(tmp_path: Path) -> None:
     """compress: fp8 keeps, on each speaker, what its sends rounded away and adds it to the next: the checkpoint keeps
     those residuals by parameter name, so a run stopped at step 2 and resumed equals the one straight through (without
