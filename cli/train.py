@@ -53,9 +53,6 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
         job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False,
                       init_from=args.init_from)
-        if job.replicas is not None:
-            raise ConfigError("--print-multinode places one plan's stages on nodes; a run of parallel.replicas is not "
-                              "supported there yet — run it on one node with hal train, or as one plan")
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
     from hal.parallel.loop.job_runner import describe, prepare, read_summary, run_local, write_job
@@ -190,7 +187,8 @@ def _bytes(n: int) -> str:
 
 def multinode_lines(job: Any, nodes: int) -> list[str]:
     """The job file as a here-document (run on every node, or once on a shared filesystem), then one
-    torchrun command per node block of the plan (static rendezvous: the node rank fixes its ranks)."""
+    torchrun command per node block of the plan (static rendezvous: the node rank fixes its ranks); with replicas,
+    whole replicas a node where the nodes are few enough."""
     import shlex
 
     from hal.launch import torchrun
@@ -200,12 +198,15 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
     marker = "HAL_JOB_EOF"
     lines = [f"# every node (or once on a shared filesystem): write the job file the ranks read; nothing else is needed\n"
              f"mkdir -p {shlex.quote(str(job.run_dir))} && cat > {shlex.quote(str(job.path))} <<'{marker}'\n{job_text(job)}{marker}"]
-    for node, ranks in enumerate(split_nodes(job.topology, nodes)):
-        backends = sorted({job.topology.backend_of(r) for r in ranks})
+    topologies = job.topologies()
+    for node, ranks in enumerate(split_nodes(topologies, nodes)):
+        backends = sorted({next(t for t in topologies if r in t.ranks).backend_of(r) for r in ranks})
         env = {"HAL_BACKEND": backends[0]} if len(backends) == 1 else {}  # mixed node: each rank takes its stage's
         program = ["-m", "hal.parallel.loop.trainer", *job.rank_args()]
         line = torchrun.static_line(nodes, node, len(ranks), program, env)
-        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)})\n{line}")
+        replicas = sorted({job.replicas.replica_of(r) for r in ranks}) if job.replicas is not None else []
+        holds = f"; replica{'s' if len(replicas) > 1 else ''} {', '.join(map(str, replicas))}" if replicas else ""
+        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)}{holds})\n{line}")
     return lines
 
 

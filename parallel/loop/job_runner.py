@@ -112,17 +112,24 @@ def local_cpu_blocks(job: Job) -> list[list[int]] | None:
 # --- several nodes ----------------------------------------------------------------------------------------------
 
 
-def _cut_candidates(topology: Topology, nodes: int) -> list[int]:
-    """Ranks where a node may start: stage boundaries, or TP-group boundaries when stages are too few."""
-    stage_starts = [m.offset for m in topology.stages]
+def _cut_candidates(topologies: Sequence[Topology], nodes: int) -> list[int]:
+    """Ranks where a node may start, the coarsest that give enough blocks: replica boundaries (a replica's ranks,
+    often an island of their own, stay together), then stage boundaries, then TP-group boundaries."""
+    replica_starts = [t.stages[0].offset for t in topologies]
+    if nodes <= len(replica_starts):
+        return replica_starts
+    stage_starts = [m.offset for t in topologies for m in t.stages]
     if nodes <= len(stage_starts):
         return stage_starts
-    return [m.offset + d * m.tp for m in topology.stages for d in range(m.dp)]
+    return [m.offset + d * m.tp for t in topologies for m in t.stages for d in range(m.dp)]
 
 
-def split_nodes(topology: Topology, nodes: int) -> list[range]:
-    """NODES contiguous rank blocks with the largest as small as possible (dynamic programming over cuts)."""
-    cuts = _cut_candidates(topology, nodes) + [topology.world_size]
+def split_nodes(topologies: Topology | Sequence[Topology], nodes: int) -> list[range]:
+    """NODES contiguous rank blocks with the largest as small as possible (dynamic programming over cuts), over one
+    plan's topology or every replica's (``Job.topologies``)."""
+    topologies = [topologies] if isinstance(topologies, Topology) else list(topologies)
+    world = max(m.offset + m.tp * m.dp for t in topologies for m in t.stages)
+    cuts = _cut_candidates(topologies, nodes) + [world]
     if nodes > len(cuts) - 1:
         raise ConfigError(
             f"--print-multinode {nodes}: the plan has only {len(cuts) - 1} TP group(s) to place, and a TP "

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -345,6 +346,35 @@ def test_print_multinode_gives_one_torchrun_line_per_node_and_starts_nothing(tmp
     assert not (tmp_path / "shared").exists()
 
 
+def test_print_multinode_of_replicas_puts_a_replica_a_node_and_its_lines_train(tmp_path: Path) -> None:
+    """A replicated run on two nodes: a replica a node (its ranks stay together), and the printed lines, run here as
+    the two nodes (node 0's address this host, a free port), train the replicas over torchrun's static rendezvous as
+    hal train does on one node: the same losses."""
+    import socket
+    import subprocess
+
+    config = _config(tmp_path, "replicas", parallel=REPLICAS, steps=2)
+    shared = tmp_path / "shared"
+    result = run_hal("train", str(config), "--print-multinode", "2", "--run-dir", str(shared))
+    assert result.returncode == 0, result.stderr
+    assert "# node 0: ranks 0-1 (cpu; replica 0)" in result.stdout and "# node 1: ranks 2-3 (cpu; replica 1)" in result.stdout
+    nodes = [line for line in result.stdout.splitlines() if "torchrun" in line]
+    assert len(nodes) == 2 and all("--nproc-per-node=2" in line for line in nodes)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = result.stdout.replace("NODE0_HOST", "127.0.0.1").replace("--master-port=29500", f"--master-port={port}")
+    script = "\n".join(line + " &" if "torchrun" in line else line for line in script.splitlines()) + "\nwait\n"
+    env = {**os.environ, **ISLANDS, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(REPO)}
+    ran = subprocess.run(["bash", "-c", "set -e\n" + script.replace("\nwait\n", "\nwait -n && wait -n\n")],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    losses = [record["loss"] for record in _log(shared / "train.jsonl")]
+    one_node = _train_islands(str(config), "--run-dir", str(tmp_path / "one_node"))
+    assert losses == one_node["losses"]
+
+
 def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
@@ -355,6 +385,12 @@ def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:
     assert split_nodes(topology, 1) == [range(0, 4)]
     assert split_nodes(topology, 2) == [range(0, 2), range(2, 4)]
     assert split_nodes(topology, 3) == [range(0, 2), range(2, 3), range(3, 4)]
+    # replicas: whole replicas first (a replica of 2 stages on 4 ranks beside a 1-stage replica of 2), then stages
+    big = Topology.from_plan(parse_plan({"stages": [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2},
+                                                    {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}]}))
+    small = Topology.from_plan(parse_plan({"stages": [{"backend": "cpu", "devices": 2, "layers": 4, "tp": 2}]}), 4)
+    assert split_nodes([big, small], 2) == [range(0, 4), range(4, 6)]  # not 3 + 3 across the replicas
+    assert split_nodes([big, small], 3) == [range(0, 2), range(2, 4), range(4, 6)]
 
 
 def test_a_slow_step_says_so_and_a_quick_one_says_nothing() -> None:
@@ -486,7 +522,6 @@ REPLICA_BAD = {
         "leaves 1 rows for the auto replicas [0]"),
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
-    "several nodes": (REPLICAS, ["--print-multinode", "2"], "--print-multinode places one plan's stages on nodes"),
     "overlap on an accelerator": ({**REPLICAS, "replica_sync": {"overlap": "on"}, "replicas": [
         {**REPLICAS["replicas"][0], "stages": [{**REPLICAS["replicas"][0]["stages"][0], "backend": "cuda"}]},
         REPLICAS["replicas"][1]]}, [], "overlap: on runs on cpu stages and on one-rank accelerator stages so far"),
