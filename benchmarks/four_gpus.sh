@@ -6,7 +6,9 @@
 # Sections (the issue and item each re-measures; GPUs it needs):
 #   examples    35.1  every GPU example trains 3 steps, first step bounded (tests/cuda/test_examples_gpu.py)  4
 #   moe         35.4  the 1.2B 8-expert model compiled at 1 and 4 rows a rank, ep 4 against ep 1                4
-#   train       35.5  hal train of examples/llama_1b_4gpu.yaml against benchmarks/pipeline.py, same plan         4
+#   train       35.5  hal train of examples/llama_1b_4gpu.yaml against benchmarks/pipeline.py --master-weights,
+#                     same plan and precision (fp32 weights under bf16 autocast, as hal train keeps them)           4
+#   train-bf16  35.5  the same benchmark with bf16 weights (the issue's 46.9 % MFU figure)                         4
 #   schedules   36    1F1B, ZB-V and interleaved zero-bubble at M 8 (eager: the zero-bubble family splits backward) 4
 #   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one                         4
 #   planner-wide, planner-narrow, planner-tied
@@ -18,7 +20,7 @@
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
+SECTIONS="examples moe train train-bf16 schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -48,9 +50,12 @@ for section in "$@"; do
             step moe-4-rows 280 python benchmarks/moe.py --world-size 4 --compile --micro-batch-size 4 --model-steps 6 --tokens 8192
             step moe-1-row 260 python benchmarks/moe.py --world-size 4 --compile --micro-batch-size 1 --model-steps 6 --tokens 8192 ;;
         train)
-            step bench-1f1b-7-6-6-5 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 --micro-batch-size 4 \
-                --compile --fused-head --layers 7,6,6,5
+            step bench-1f1b-7-6-6-5-master-weights 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 \
+                --micro-batch-size 4 --compile --fused-head --layers 7,6,6,5 --master-weights
             step hal-train-llama-1b 280 python -m hal train examples/llama_1b_4gpu.yaml --steps 12 --json --run-dir "$out/llama-1b" ;;
+        train-bf16)
+            step bench-1f1b-7-6-6-5 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 --micro-batch-size 4 \
+                --compile --fused-head --layers 7,6,6,5 ;;
         schedules)
             for schedule in 1f1b zbv interleaved-zero-bubble; do
                 step "pipeline-$schedule-M8" 170 python benchmarks/pipeline.py --stages 4 --micro-batches 8 --micro-batch-size 4 \

@@ -199,7 +199,8 @@ def test_without_matplotlib_a_profiled_train_keeps_the_spans_and_says_why_no_pic
     plan = parse_plan(TWO)
     (tmp_path / "timeline.json").write_text(json.dumps(plan_document(plan)), encoding="utf-8")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    _draw_timeline(SimpleNamespace(run_dir=tmp_path, planned=None, plan=plan))  # no exception: only the picture is missing
+    job = SimpleNamespace(run_dir=tmp_path, planned=None, plan=plan, replicas=None, timeline_files=lambda: ["timeline.json"])
+    _draw_timeline(job)  # no exception: only the picture is missing
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "timeline.png not drawn: matplotlib is not installed" in err
     assert not (tmp_path / "timeline.png").exists()
