@@ -7,7 +7,6 @@ garbage: it trains only if the rank never reads the YAML again.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from hal.errors import ConfigError
 from hal.parallel.config.job import JOB_FILE, load_job, write_job
 from hal.cli.train import multinode_lines
-from hal.parallel.loop.job_runner import prepare, rank_envs
+from hal.parallel.loop.job_runner import free_port, prepare, rank_envs
 
 from ..conftest import REPO
 
@@ -31,12 +30,6 @@ parallel:
     - {backend: cpu, devices: 1, layers: 2}
 train: {steps: 2, seed: 3, data: synthetic}
 """
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_job_file_round_trips_what_was_validated(tmp_path: Path) -> None:
@@ -82,7 +75,7 @@ def test_rank_is_handed_the_job_file_and_never_reads_the_yaml(tmp_path: Path) ->
     write_job(job)
     assert job.rank_args() == [str(tmp_path / "run" / JOB_FILE)]  # the rank's whole argv: no YAML, no flags
     config.write_text("this: [is not, the config\n", encoding="utf-8")  # a rank that re-read it would fail
-    env = {**rank_envs(job, _free_port())[0], "PATH": "/usr/bin:/bin"}
+    env = {**rank_envs(job, free_port())[0], "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-m", "hal.parallel.loop.trainer", *job.rank_args()], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -350,8 +350,9 @@ def test_print_multinode_of_replicas_puts_a_replica_a_node_and_its_lines_train(t
     """A replicated run on two nodes: a replica a node (its ranks stay together), and the printed lines, run here as
     the two nodes (node 0's address this host, a free port), train the replicas over torchrun's static rendezvous as
     hal train does on one node: the same losses."""
-    import socket
     import subprocess
+
+    from hal.parallel.loop.job_runner import free_port
 
     config = _config(tmp_path, "replicas", parallel=REPLICAS, steps=2)
     shared = tmp_path / "shared"
@@ -360,10 +361,7 @@ def test_print_multinode_of_replicas_puts_a_replica_a_node_and_its_lines_train(t
     assert "# node 0: ranks 0-1 (cpu; replica 0)" in result.stdout and "# node 1: ranks 2-3 (cpu; replica 1)" in result.stdout
     nodes = [line for line in result.stdout.splitlines() if "torchrun" in line]
     assert len(nodes) == 2 and all("--nproc-per-node=2" in line for line in nodes)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = result.stdout.replace("NODE0_HOST", "127.0.0.1").replace("--master-port=29500", f"--master-port={port}")
+    script = result.stdout.replace("NODE0_HOST", "127.0.0.1").replace("--master-port=29500", f"--master-port={free_port()}")
     script = "\n".join(line + " &" if "torchrun" in line else line for line in script.splitlines()) + "\nwait\n"
     env = {**os.environ, **ISLANDS, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(REPO)}
