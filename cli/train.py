@@ -206,7 +206,8 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
         line = torchrun.static_line(nodes, node, len(ranks), program, env)
         replicas = sorted({job.replicas.replica_of(r) for r in ranks}) if job.replicas is not None else []
         holds = f"; replica{'s' if len(replicas) > 1 else ''} {', '.join(map(str, replicas))}" if replicas else ""
-        lines.append(f"# node {node}: ranks {ranks.start}-{ranks.stop - 1} ({', '.join(backends)}{holds})\n{line}")
+        which = f"ranks {ranks.start}-{ranks.stop - 1}" if len(ranks) > 1 else f"rank {ranks.start}"
+        lines.append(f"# node {node}: {which} ({', '.join(backends)}{holds})\n{line}")
     return lines
 
 
