@@ -9,6 +9,7 @@
 #   train       35.5  hal train of examples/llama_1b_4gpu.yaml against benchmarks/pipeline.py --master-weights,
 #                     same plan and precision (fp32 weights under bf16 autocast, as hal train keeps them)           4
 #   train-bf16  35.5  the same benchmark with bf16 weights (the issue's 46.9 % MFU figure)                         4
+#   train-loop  35.5  hal train of that example against the engine and optimizer it builds (train_vs_engine.py)    4
 #   schedules   36    1F1B, ZB-V and interleaved zero-bubble at M 8 (eager: the zero-bubble family splits backward) 4
 #   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one                         4
 #   planner-wide, planner-narrow, planner-tied
@@ -20,7 +21,7 @@
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train train-bf16 schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
+SECTIONS="examples moe train train-bf16 train-loop schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -53,6 +54,9 @@ for section in "$@"; do
             step bench-1f1b-7-6-6-5-master-weights 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 \
                 --micro-batch-size 4 --compile --fused-head --layers 7,6,6,5 --master-weights
             step hal-train-llama-1b 280 python -m hal train examples/llama_1b_4gpu.yaml --steps 12 --json --run-dir "$out/llama-1b" ;;
+        train-loop)
+            step train-vs-engine-llama-1b 560 python benchmarks/train_vs_engine.py examples/llama_1b_4gpu.yaml --steps 4 \
+                --rounds 2 --timeout 270 ;;
         train-bf16)
             step bench-1f1b-7-6-6-5 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 --micro-batch-size 4 \
                 --compile --fused-head --layers 7,6,6,5 ;;

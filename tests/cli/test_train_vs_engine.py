@@ -1,4 +1,4 @@
-"""benchmarks/train_vs_engine.py end to end on the cpu (tiny one-stage model): hal train, its step and its engine."""
+"""benchmarks/train_vs_engine.py end to end on the cpu (a tiny two-stage pipeline): hal train, its step and its engine."""
 from __future__ import annotations
 
 import json
@@ -11,16 +11,25 @@ from pathlib import Path
 from ..plain_client import run_plain, shared
 
 ROOT = Path(__file__).resolve().parents[2]
-ONE_STAGE = """\
+TWO_STAGES = """\
 model: {vocab_size: 256, hidden_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 128, max_seq_len: 32}
 parallel:
   schedule: 1f1b
   micro_batches: 2
   micro_batch_size: 2
   stages:
-    - {backend: cpu, devices: 1, layers: 2}
+    - {backend: cpu, devices: 1, layers: 1}
+    - {backend: cpu, devices: 1, layers: 1}
 train: {steps: 4, lr: 1.0e-3, seed: 0, data: synthetic}
 """
+REPLICAS = TWO_STAGES.replace("""  schedule: 1f1b
+  micro_batches: 2
+  micro_batch_size: 2
+  stages:
+    - {backend: cpu, devices: 1, layers: 1}
+    - {backend: cpu, devices: 1, layers: 1}""", """  replicas:
+    - {rows: 2, micro_batch_size: 2, stages: [{backend: cpu, devices: 1, layers: 2}]}
+    - {rows: 2, micro_batch_size: 2, stages: [{backend: cpu, devices: 1, layers: 2}]}""")
 
 
 def _benchmark(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -30,9 +39,9 @@ def _benchmark(args: list[str], timeout: float) -> subprocess.CompletedProcess[s
     return run_plain(shared(), argv, {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT, timeout)
 
 
-def test_one_stage_on_the_cpu_reports_three_rates_against_the_engine(tmp_path: Path) -> None:
-    config = tmp_path / "one.yaml"
-    config.write_text(ONE_STAGE)
+def test_a_two_stage_pipeline_on_the_cpu_reports_three_rates_against_the_engine(tmp_path: Path) -> None:
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_STAGES)
     out = _benchmark([str(config), "--steps", "1", "--rounds", "1", "--warmup", "1", "--json"], timeout=240)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -43,11 +52,10 @@ def test_one_stage_on_the_cpu_reports_three_rates_against_the_engine(tmp_path: P
     assert not list(tmp_path.glob("**/checkpoints"))  # hal train's run went to a scratch directory, removed
 
 
-def test_a_plan_of_two_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
-    config = tmp_path / "two.yaml"
-    config.write_text(ONE_STAGE.replace("    - {backend: cpu, devices: 1, layers: 2}",
-                                        "    - {backend: cpu, devices: 1, layers: 1}\n    - {backend: cpu, devices: 1, layers: 1}"))
+def test_replicas_are_refused_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "replicas.yaml"
+    config.write_text(REPLICAS)
     out = _benchmark([str(config)], timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "trains on 2 ranks" in lines[0] and "benchmarks/pipeline.py" in lines[0]
+    assert len(lines) == 1 and "trains parallel.replicas" in lines[0], out.stderr
