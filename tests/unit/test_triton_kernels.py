@@ -171,6 +171,20 @@ def test_rotary_embedding_on_a_projection_view(dtype: torch.dtype) -> None:
             build=lambda x, c, n: (x.transpose(1, 2), c, n))
 
 
+def test_rotary_embedding_of_a_long_sequence_takes_the_long_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From LONG_SEQ positions the kernel tiles 16 positions x 4 heads (the threshold lowered here so the interpreter
+    runs few programs): a ragged last tile and a head count (6) the 4-head groups do not divide, on a projection view
+    as the model makes it."""
+    from hal.kernels.triton import rope
+
+    monkeypatch.setattr(rope, "LONG_SEQ", 32)
+    b, s, h, d = 1, 37, 6, 4
+    cos, sin = _rope_tables(s, d)
+    x, cos, sin = _leaves(torch.float32, (b, s, h, d), cos, sin)
+    compare(library.rotary_embedding, ops._rotary_embedding, [x, cos, sin], torch.float32, grads=[0],
+            build=lambda x, c, n: (x.transpose(1, 2), c, n))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_rotary_embedding_gradients_reach_broadcast_tables(dtype: torch.dtype) -> None:
     """Trainable (1, H, S, D) tables broadcast over the batch: their gradients are summed over it."""
