@@ -195,10 +195,9 @@ def _resume_wire(job: Job, meta: dict[str, Any], exchange: Any, replica: int, is
             why = ("this run's cross-replica wire is not fp8" if not fp8 else
                    f"the checkpoint's run had replicas {sorted(kept)}, not this run's replica {replica}")
             print(f"hal train: the checkpoint's fp8 wire residuals are not used: {why}", file=sys.stderr, flush=True)
-        if not fp8:
-            return
-    missing = exchange.load_residuals(kept.get(replica, {}))
-    if missing and replica in kept:
+        return
+    missing = exchange.load_residuals(kept[replica])
+    if missing:
         print(f"hal train: warning: the checkpoint keeps no fp8 wire residual for {len(missing)} parameter(s) of replica "
               f"{replica} (e.g. {missing[0]}): their buckets start without error feedback", file=sys.stderr, flush=True)
 
