@@ -10,8 +10,8 @@
 #                     same plan and precision (fp32 weights under bf16 autocast, as hal train keeps them)           4
 #   train-bf16  35.5  the same benchmark with bf16 weights (the issue's 46.9 % MFU figure)                         4
 #   train-loop  35.5  hal train of that example against the engine and optimizer it builds (train_vs_engine.py)    4
-#   schedules   36    1F1B, ZB-V and interleaved zero-bubble at M 8 (eager: the zero-bubble family splits backward) 4
-#   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one                         4
+#   schedules   36    ZB-V and interleaved zero-bubble against our own 1F1B (--baseline 1f1b), compiled, at M 8 and 16 4
+#   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one, compiled               4
 #   planner-wide, planner-narrow, planner-tied
 #               35.3  the planner's first pick and memory on the untuned shapes (5 plans each)                  4
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
@@ -61,14 +61,17 @@ for section in "$@"; do
             step bench-1f1b-7-6-6-5 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 --micro-batch-size 4 \
                 --compile --fused-head --layers 7,6,6,5 ;;
         schedules)
-            for schedule in 1f1b zbv interleaved-zero-bubble; do
-                step "pipeline-$schedule-M8" 170 python benchmarks/pipeline.py --stages 4 --micro-batches 8 --micro-batch-size 4 \
-                    --fused-head --schedule "$schedule"
+            for schedule in zbv interleaved-zero-bubble; do
+                for M in 8 16; do
+                    step "pipeline-$schedule-M$M-vs-1f1b" 280 python benchmarks/pipeline.py --stages 4 --micro-batches "$M" \
+                        --micro-batch-size 4 --fused-head --compile --schedule "$schedule" --baseline 1f1b
+                done
             done ;;
         uneven)
             for order in unit measured; do
-                step "pipeline-zbv-9-6-5-4-$order" 260 python benchmarks/pipeline.py --stages 4 --micro-batches 8 \
-                    --micro-batch-size 4 --fused-head --schedule zbv --layers 5+4,3+3,3+2,2+2 --order "$order"
+                step "pipeline-zbv-9-6-5-4-$order" 280 python benchmarks/pipeline.py --stages 4 --micro-batches 8 \
+                    --micro-batch-size 4 --fused-head --compile --schedule zbv --layers 5+4,3+3,3+2,2+2 --order "$order" \
+                    --baseline 1f1b
             done ;;
         planner-wide|planner-narrow|planner-tied)
             model="$(case "$section" in planner-wide) echo wide-shallow ;; planner-narrow) echo narrow-deep ;; *) echo tied-128k-vocab ;; esac)"

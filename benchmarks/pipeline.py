@@ -34,6 +34,10 @@ torch's ScheduleInterleaved1F1B over the same chunks (one ``PipelineStage`` per 
 chunks a rank, placed in a V (rank r holds virtual stages r and 2P-1-r); the others with Schedule1F1B. Each stage's idle share is also
 predicted by the simulator fed with that stage's measured compute time (backward = 2 x forward).
 
+``--baseline 1f1b`` compares with our own engine under 1F1B instead, on the same layers a stage (a chunked stage's
+chunks summed) with its own copy of the weights: the zero-bubble family's gain over 1F1B, compiled and with the fused
+head too (torch's zero-bubble classes split neither). Each peak memory then leaves out the other engine's weights.
+
 ``--preset tiny --backend cpu`` runs the same code on gloo in seconds (a smoke test, not a benchmark).
 """
 from __future__ import annotations
@@ -133,7 +137,13 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
             engine.module.zero_grad(set_to_none=True)
             engine.step_lazy(tokens)  # no host read of the loss, as torch's schedule (losses stay tensors)
 
-        torch_step = _torch_schedule(engine, tokens, backend, world_size, rank)
+        if opts.get("baseline", "torch") == "torch":
+            torch_step, other = _torch_schedule(engine, tokens, backend, world_size, rank), None
+        else:  # our own engine with another schedule over the same layers a stage (its own copy of them)
+            torch_step, other = _own_baseline(model, plan, layers, opts, world, dtype, autocast, tokens)
+        modules = [engine.module] + ([other] if other is not None else [])
+        # With a second engine, each peak leaves out the other's resting weights (both copies live on the device).
+        resting = {"ours": _bytes(other), "torch": _bytes(engine.module)} if other is not None else {"ours": 0, "torch": 0}
 
         def sync() -> None:
             backend.synchronize()
@@ -150,6 +160,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
             report_order = _measured_order(engine, plan, topology, rank, ours)
         for _ in range(opts["rounds"]):
             for name, fn in (("ours", ours), ("torch", torch_step)):
+                for module in modules:  # neither step's gradients are held while the other is measured
+                    module.zero_grad(set_to_none=True)
                 sync()
                 if device.type != "cpu":
                     backend.reset_peak_memory_stats()
@@ -159,7 +171,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
                 sync()
                 times[name].append((time.perf_counter() - start) / opts["steps"])
                 if device.type != "cpu":
-                    peak[name] = max(peak[name], backend.max_memory_allocated())
+                    peak[name] = max(peak[name], backend.max_memory_allocated() - resting[name])
         report["step_s"] = times
         if opts.get("order") == "measured":
             report["order"] = report_order
@@ -288,6 +300,41 @@ class _ChunkView(torch.nn.Module):
         return self.stage.forward_chunk(x, self.chunk)
 
 
+def _bytes(module: torch.nn.Module | None) -> int:
+    """The resting bytes of a module's parameters and buffers (0 for none)."""
+    if module is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
+def _own_baseline(model: Any, plan: Any, layers: list[Any], opts: dict[str, Any], world: Any,
+                  dtype: torch.dtype, autocast: Any, tokens: torch.Tensor) -> tuple[Any, torch.nn.Module]:
+    """``--baseline 1f1b``: our engine under plain 1F1B with the same layers on each stage (a stage's chunks
+    summed), the same precision, compile and head — the zero-bubble paper's comparison. Returns its step and
+    module; it keeps its own copy of the weights."""
+    import dataclasses
+
+    from hal.parallel.config.plan import StagePlan
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
+    from hal.parallel.pipeline.mesh import build_mesh
+
+    counts = [sum(n) if isinstance(n, (list, tuple)) else n for n in layers]
+    from hal.parallel.schedules import get_schedule
+
+    base = dataclasses.replace(plan, stages=tuple(StagePlan(s.backend, 1, n) for s, n in zip(plan.stages, counts)),
+                               schedule=get_schedule("1f1b"), virtual_stages=1, order="unit")
+    mesh = build_mesh(Topology.from_plan(base), world, validate=False)  # its own groups: the placement differs
+    engine = build_engine(model, base, mesh, backend=world.backend, seed=0, device=world.device, dtype=dtype,
+                          seq_len=opts["seq"], autocast=autocast)
+
+    def step() -> None:
+        engine.module.zero_grad(set_to_none=True)
+        engine.step_lazy(tokens)
+
+    return step, engine.module
+
+
 def _torch_schedule(engine: Any, tokens: torch.Tensor, backend: Any, world_size: int, rank: int) -> Any:
     """A closure running one step of torch's schedule (Schedule1F1B, or ScheduleInterleaved1F1B over the
     engine's chunks) over the same modules and tokens."""
@@ -375,7 +422,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
         "schedule": opts.get("schedule", "1f1b"), "virtual_stages": V,
-        "torch_schedule": schedule.torch_class, "order": r0.get("order", {"chosen": "unit"}),
+        "torch_schedule": schedule.torch_class if opts.get("baseline", "torch") == "torch" else None,
+        "baseline": opts.get("baseline", "torch"), "order": r0.get("order", {"chosen": "unit"}),
         "step_s": step, "tokens_per_s": tps, "ratio_ours_over_torch": tps["ours"] / tps["torch"],
         "ratio_per_round": per_round, "ratio_spread": [min(per_round), max(per_round)],
         "mfu": mfu, "peak_bf16_tflops_per_device": peak, "per_stage": stages,
@@ -396,14 +444,17 @@ def table(s: dict[str, Any]) -> str:
         *([f"order: {s['order']['said']}"] if "said" in s.get("order", {}) else []),
         f"{'schedule':<32}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
-    for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", f"torch {s.get('torch_schedule', 'Schedule1F1B')}")):
+    own = s.get("baseline", "torch") != "torch"
+    baseline = "hal 1f1b (baseline)" if own else f"torch {s.get('torch_schedule', 'Schedule1F1B')}"
+    for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", baseline)):
         mfu = s["mfu"][name]
         lines.append(f"{label:<32}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
                      f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
-    lines.append(f"throughput ratio ours/torch: {s['ratio_ours_over_torch']:.3f} (goal >= 1.0); by round "
+    lines.append(f"throughput ratio ours/{'1f1b' if own else 'torch'}: {s['ratio_ours_over_torch']:.3f} "
+                 f"(goal {'>= 1.15 for the zero-bubble family at M=8' if own else '>= 1.0'}); by round "
                  + " ".join(f"{r:.3f}" for r in s["ratio_per_round"])
                  + f" (spread {s['ratio_spread'][0]:.3f}..{s['ratio_spread'][1]:.3f})")
-    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
+    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem 1f1b GiB' if own else 'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
                  f"{'idle':>7}{'sim idle':>9}")
     for st in s["per_stage"]:
         lines.append(f"{st['stage']:<6}{str(st['layers']):>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
@@ -440,8 +491,11 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     parser.add_argument("--schedule", default="1f1b",
                         choices=list(schedule_names()),
                         help="hal's schedule; the baseline is torch's class of the same order (the schedule's "
-                             "torch_class: Schedule1F1B for 1f1b, ScheduleGPipe for gpipe, ...); the zero-bubble family "
-                             "refuses --compile")
+                             "torch_class: Schedule1F1B for 1f1b, ScheduleGPipe for gpipe, ...)")
+    parser.add_argument("--baseline", choices=("torch", "1f1b"), default="torch",
+                        help="what ours is compared with: torch's class of the same order (default), or our own engine "
+                             "under 1F1B with the same layers a stage (the zero-bubble family's gain; it allows "
+                             "--compile and --fused-head with a split backward, which torch's classes cannot split)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
     parser.add_argument("--order", choices=("unit", "measured"), default="unit",
@@ -458,13 +512,16 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         parser.error("--stages must be at least 2 (a pipeline)")
     schedule = get_schedule(args.schedule)
     splits = schedule.splits_backward
-    if splits and args.compile:
-        parser.error(f"--schedule {args.schedule} splits each backward in eager autograd; drop --compile")
-    if splits and args.fused_head:
+    if splits and args.compile and args.baseline == "torch":
+        # torch's zero-bubble classes split a stage's backward through the autograd graph; a compiled layer's
+        # backward is one node there (its first I action raises, seen on gloo)
+        parser.error(f"--schedule {args.schedule} with --compile: torch's baseline cannot split a compiled layer's "
+                     "backward; add --baseline 1f1b (our own 1F1B on the same layers)")
+    if splits and args.fused_head and args.baseline == "torch":
         # torch's zero-bubble schedules split the weight gradients of the stage module they hold; the fused
         # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
         parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
-                     "inside the loss; drop --fused-head")
+                     "inside the loss; drop --fused-head or add --baseline 1f1b")
     if args.order == "measured" and not schedule.plays_times:
         parser.error(f"--order measured re-plays a zero-bubble-family order; --schedule {args.schedule} has a fixed one")
     virtual = args.virtual_stages or schedule.chunks()
@@ -494,7 +551,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
             "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
             "timeout_s": args.timeout, "json": args.json, "compile": args.compile, "reference_ops": args.reference_ops,
             "fused_head": args.fused_head, "layers": layers, "schedule": args.schedule, "virtual_stages": virtual,
-            "master_weights": args.master_weights, "trace": args.trace, "order": args.order}
+            "master_weights": args.master_weights, "trace": args.trace, "order": args.order, "baseline": args.baseline}
 
 
 def main(argv: list[str] | None = None) -> int:

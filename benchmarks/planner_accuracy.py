@@ -237,7 +237,7 @@ def steps_count(text: str) -> int:
 
 
 def plan_numbers(text: str) -> list[int]:
-    """--only: comma-separated whole numbers (their range is checked once the plans are known: --compile has fewer)."""
+    """--only: comma-separated whole numbers (their range is checked once the plans are known)."""
     numbers = []
     for item in text.split(","):
         try:
@@ -274,8 +274,8 @@ def benchmark(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-binding", choices=("none", "cores"), default="none",
                         help="hal train's --cpu-binding for every measured run (cores: each rank on cores of its own)")
     parser.add_argument("--compile", metavar="BACKEND", choices=("inductor", "aot_eager"),
-                        help="every plan compiles its layers with BACKEND and the profile times them compiled; the "
-                             "zero-bubble plan is left out (a compiled layer's backward cannot split)")
+                        help="every plan compiles its layers with BACKEND and the profile times them compiled (the "
+                             "zero-bubble plan too: its linears run eagerly between the layers' graphs)")
     parser.add_argument("--phases", action="store_true",
                         help="hal train --profile: each phase measured on accelerators too (device events, one wait a step)")
     given = parser.add_mutually_exclusive_group()
@@ -292,7 +292,6 @@ def benchmark(argv: list[str] | None = None) -> int:
         check_creatable_file(Path(args.save_profile), "--save-profile")
 
     from hal.launch import run_function
-    from hal.parallel.schedules import get_schedule
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.run_search import planning_cluster, planning_inputs
     from hal.parallel.planner.make_profile import make_profile
@@ -300,8 +299,7 @@ def benchmark(argv: list[str] | None = None) -> int:
 
     todo = plans(args.backend, model)
     if args.compile:
-        todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo
-                if get_schedule(parallel["schedule"]).compiles]
+        todo = [(name, {**parallel, "compile": True, "compile_backend": args.compile}) for name, parallel in todo]
     outside = [n for n in args.only or () if not 1 <= n <= len(todo)]
     if outside:  # 0 would be Python's index -1, the last plan
         raise ConfigError(f"--only {', '.join(map(str, outside))}: the plans{' with --compile' if args.compile else ''} "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -60,8 +61,8 @@ def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float,
 def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
                num_layers: int = MODEL.num_layers, times: dict | None = None, switch_at: int = 0) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine. ``times`` (``StageTimes.of``'s arguments): from
-    step ``switch_at`` on, the schedule's order is the one played with them (as ``parallel.order: measured`` does)."""
-    from hal.parallel.schedules.stage_times import StageTimes
+    step ``switch_at`` on, the schedule's order is the one played with them (as ``parallel.order: measured`` does).
+    A compiled plan also reports its graphs, its graph breaks and Dynamo's lru_cache warnings."""
     from hal.collectives import current_world
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
@@ -77,19 +78,35 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
                             device=world.device)
     opt = torch.optim.AdamW(engine.module.parameters(), lr=lr)
     losses, grads, link = [], {}, None
-    for step in range(steps):
-        if times is not None and step == switch_at:
-            engine.set_schedule(plan.schedule.timed(StageTimes.of(**times)))
-        tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
-        opt.zero_grad()
-        loss = engine.step(tokens)
-        if step == 0:
-            grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
-            if times is not None:  # what a calibration measures: one activation's trip to the next stage
-                link = engine.time_links(repeats=1)
-        opt.step()
-        losses.append(loss)
-    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "link": link}
+    with warnings.catch_warnings(record=True) as seen:  # what a compiled run prints (Dynamo's lru_cache warning: none)
+        warnings.simplefilter("always")
+        if plan.compile:
+            from torch._dynamo.utils import counters
+
+            counters.clear()
+        for step in range(steps):
+            _engine_step(engine, opt, plan, step, seed, times, switch_at, losses)
+            if step == 0:
+                grads = {n: g.cpu().tolist() for n, g in gather_full_grads(engine.module).items()}
+                if times is not None:  # what a calibration measures: one activation's trip to the next stage
+                    link = engine.time_links(repeats=1)
+            opt.step()
+    compiled = {}
+    if plan.compile:
+        compiled = {"graphs": counters["stats"]["unique_graphs"], "breaks": sorted(counters["graph_break"]),
+                    "lru_warnings": sum("lru_cache" in str(w.message) for w in seen)}
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "link": link, "compiled": compiled}
+
+
+def _engine_step(engine: Any, opt: Any, plan: Any, step: int, seed: int, times: dict | None, switch_at: int,
+                 losses: list) -> None:
+    from hal.parallel.schedules.stage_times import StageTimes
+
+    if times is not None and step == switch_at:
+        engine.set_schedule(plan.schedule.timed(StageTimes.of(**times)))
+    tokens = batch(seed, step, plan.micro_batches, plan.micro_batch_size, MODEL.max_seq_len, MODEL.vocab_size)
+    opt.zero_grad()
+    losses.append(engine.step(tokens))
 
 
 def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float | None:

@@ -37,7 +37,7 @@ Meaning of the degrees (the engine relies on these):
   order. It needs at least 2 stages and micro_batches a multiple of the stage count.
   ``interleaved-zero-bubble`` is the same placement with zero-bubble's split backward.
 - ``zero-bubble`` (ZB-H1, ``parallel.schedules.zero_bubble``) splits each backward into input and
-  weight halves through eager autograd, so it refuses compiled stages.
+  weight halves (a compiled layer runs its linears eagerly between its graphs to defer their weight halves).
 - ``zbv`` (ZB-V, ``parallel.schedules.zbv``) splits backwards too, over exactly 2 chunks a stage
   placed in a V: stage k holds virtual stages k and 2S-1-k, so the first stage holds the embedding
   and the head (the loss is computed there) and every transfer is between neighbouring stages.
@@ -293,14 +293,6 @@ def _check_pipeline(origin: str, plan: ParallelPlan, model: ModelConfig, precisi
             f"{plan.schedule} has a fixed order; use zero-bubble, interleaved-zero-bubble or zbv, or set order: auto"
         )
     _check_moe(origin, plan, model, precision)
-    compiled = [k for k in range(plan.num_stages) if plan.stage_compiles(k)]
-    if not plan.schedule.compiles and compiled:
-        plain = "interleaved-1f1b" if plan.virtual_stages > 1 else "1f1b"
-        raise ConfigError(
-            f"{origin}: schedule {plan.schedule} splits every backward into input and weight halves, which a compiled "
-            f"layer cannot (its backward is one graph), and stage(s) {', '.join(map(str, compiled))} compile; "
-            f"set compile: false there or use schedule: {plain}"
-        )
 
 
 def moe_stages(plan: ParallelPlan, model: ModelConfig) -> list[int]:

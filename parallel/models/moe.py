@@ -43,6 +43,7 @@ from hal.collectives.symmetric_exchange import exchange_for
 from hal.downgrades import Downgrade, record_downgrade
 
 from hal.parallel.config.model import MoEConfig, Scoring
+from hal.parallel.models.graph_breaks import eager_when_compiled
 from hal.parallel.models.layers import DEFAULT_STD, ParamMeta, ShardSpec
 from hal.parallel.models.tp_comm import (TPComm, copy_to_tp_region, gather_to_replicated_region, reduce_from_tp_region,
                       reduce_scatter_to_seq_region, tp_size)
@@ -250,9 +251,6 @@ def experts_outside_the_graph(ep: int, device_type: str, grouped: bool = True, m
         return (f"torch._grouped_mm's traced kernel takes bf16 only, so in {str(matmul).replace('torch.', '')} the "
                 "experts run as a loop that reads the block sizes on the host")
     return ""
-
-
-eager_when_compiled = getattr(torch.compiler, "disable", lambda fn: fn)  # torch >= 2.1: run eagerly inside a compiled region
 
 
 @eager_when_compiled

@@ -27,6 +27,7 @@ from typing import Any, Optional
 import torch
 
 from hal.collectives import Communicator
+from hal.parallel.models.graph_breaks import eager_when_compiled
 
 TPComm = Optional[Communicator]
 
@@ -65,6 +66,14 @@ def _my_seq_chunk(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
     if x.shape[1] % comm.size:
         raise ValueError(f"sequence length {x.shape[1]} is not divisible by the TP size {comm.size}; pad the sequence")
     return x.chunk(comm.size, dim=1)[comm.group_rank].contiguous()
+
+
+@eager_when_compiled
+def _apply_mapping(mapping: type[torch.autograd.Function], x: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """One mapping, run eagerly inside a compiled layer: the communicator's Python (validation, timeouts, async
+    handles) cannot be traced; met while tracing, its collective broke the graph inside a context manager Dynamo
+    cannot resume from. Here the break is clean, at the call."""
+    return mapping.apply(x, comm)
 
 
 # --- autograd functions ---------------------------------------------------------------------
@@ -133,34 +142,34 @@ class _GatherSeqReplicated(_GatherSeq):
 # --- public API -------------------------------------------------------------------------------
 def copy_to_tp_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """Identity forward; all-reduce of the gradient backward (every TP rank used the same input)."""
-    return _CopyToTP.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_CopyToTP, x, comm) if _active(comm) else x
 
 
 def reduce_from_tp_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """All-reduce of partial sums forward; identity backward (the sum's gradient is the same everywhere)."""
-    return _ReduceFromTP.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_ReduceFromTP, x, comm) if _active(comm) else x
 
 
 def gather_from_seq_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """All-gather along seq forward ((B, S/tp, H) → (B, S, H)); reduce-scatter of the gradient backward."""
-    return _GatherSeq.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_GatherSeq, x, comm) if _active(comm) else x
 
 
 def reduce_scatter_to_seq_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """Reduce-scatter of partial sums along seq forward ((B, S, H) → (B, S/tp, H)); all-gather backward."""
-    return _ReduceScatterSeq.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_ReduceScatterSeq, x, comm) if _active(comm) else x
 
 
 def scatter_to_seq_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """Keep this rank's seq chunk of a replicated (B, S, H) tensor; all-gather of the gradient backward."""
-    return _ScatterSeq.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_ScatterSeq, x, comm) if _active(comm) else x
 
 
 def gather_to_replicated_region(x: torch.Tensor, comm: TPComm) -> torch.Tensor:
     """All-gather along seq forward ((B, S/tp, H) → (B, S, H)) into a region every TP rank computes alike; backward
     keeps this rank's seq chunk of the gradient, which that region hands every TP rank whole (no sum: the
     ranks' gradients are the same one, not partial ones)."""
-    return _GatherSeqReplicated.apply(x, comm) if _active(comm) else x
+    return _apply_mapping(_GatherSeqReplicated, x, comm) if _active(comm) else x
 
 
 __all__ = [

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from hal import ops
+from hal.parallel.models.graph_breaks import eager_when_compiled
 
 _SPLIT = False  # forwards build split linears (set by ``splittable``)
 _STORE: "WeightGradStore | None" = None  # the store a running backward defers into (set by ``collecting``)
@@ -71,8 +72,16 @@ def collecting(store: WeightGradStore) -> Iterator[WeightGradStore]:
 def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``ops.linear(x, weight, bias)``; under ``splittable()`` its weight (and bias) gradient can be deferred."""
     if _SPLIT and torch.is_grad_enabled() and weight.requires_grad:
-        return _SplitLinear.apply(x, weight, bias)
+        return _apply_split_linear(x, weight, bias)
     return ops.linear(x, weight, bias)
+
+
+@eager_when_compiled
+def _apply_split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Inside a compiled layer the split linear runs eagerly between the layer's graphs (a graph break a linear):
+    traced, its backward would be baked into the layer's backward graph with whatever store was collecting at
+    trace time, and the weight gradient could never be deferred. The graphs around it keep the layer's fusions."""
+    return _SplitLinear.apply(x, weight, bias)
 
 
 class _SplitLinear(torch.autograd.Function):

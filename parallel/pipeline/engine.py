@@ -129,7 +129,9 @@ class PipelineEngine:
         self.autocast = autocast or contextlib.nullcontext
         self.fp8_dtype = fp8_dtype
         self.chunks = topology.virtual_stages  # model chunks this stage runs (interleaved schedules: > 1)
-        self._eager_warmup = self.layout.compile  # the first forward fills the op caches eagerly (compile_stage)
+        # Each chunk's first forward runs eagerly (compile_stage): it fills the op caches and keeps its layers' rotary
+        # tables, which a compiled layer then reads instead of tracing them (every chunk holds layers of its own).
+        self._eager_chunks = set(range(self.chunks)) if self.layout.compile else set()
         # MoE layers: one forward is 1 / (M × dp) of the step's loss (as a replica's micro-batch LM loss), and
         # the balancing loss counts routed tokens over the dp replicas that split each micro-batch.
         self._moe_share = 1.0 / (micro_batches * self.layout.dp)
@@ -274,8 +276,8 @@ class PipelineEngine:
             return self._forward_untimed(tokens, key, received)
 
     def _forward_untimed(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
-        warmup = eager_first_forward() if self._eager_warmup else contextlib.nullcontext()
-        self._eager_warmup = False
+        warmup = eager_first_forward() if key[0] in self._eager_chunks else contextlib.nullcontext()
+        self._eager_chunks.discard(key[0])
         with self.autocast(), warmup, splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
             item = self._forward_stage(tokens, key, received)
         if not item.is_loss and item.output.dtype != self.dtype:

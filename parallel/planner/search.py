@@ -27,8 +27,7 @@ The space, and how it is pruned:
 - recompute per stage and ZeRO-1: only where the plan would not fit otherwise (both cost time or
   nothing): turned on stage by stage, then ZeRO-1, then the candidate is dropped;
 - schedules: 1f1b, zero-bubble, and with 2 chunks a stage interleaved-1f1b, interleaved-zero-bubble and zbv
-  (whose V puts the head on the first stage); a config that compiles its layers leaves out the three that
-  split the backward (a compiled layer's backward is one graph), and says so.
+  (whose V puts the head on the first stage).
 
 Measured on the 2-core CI host (Llama-3.2-1B's shape with 64 layers, H100s plus Ascend 910Bs declared half
 and half, every schedule): 64 devices, 26,106 candidates in 5.7 s; 512 devices, 32,262 in 6.2 s.
@@ -130,8 +129,7 @@ class Search:
         m = self.model
         self._mean_expert_params = sum(routed_expert_parameters(m, i) for i in range(m.num_layers)) / m.num_layers
         self._moe_share = len(m.moe_layers()) / m.num_layers  # MoE layers' share of the layers
-        # a compiled layer's backward is one graph: the zero-bubble family (split backward) cannot run it
-        self.schedules = tuple(s for s in SCHEDULES if s.compiles or not base.compile)
+        self.schedules = SCHEDULES
         self.notes: list[str] = []
 
     # --- enumeration ------------------------------------------------------------------------------
@@ -347,10 +345,6 @@ class Search:
     def run(self, top: int = 5) -> SearchReport:
         started = time.monotonic()
         self.pruned_memory = 0
-        skipped = [s.name for s in SCHEDULES if s not in self.schedules]
-        if skipped:
-            self.say(f"schedules {', '.join(skipped)} not searched: they split the backward, which compiled layers cannot "
-                     "(compile: false searches them too)")
         best: list[tuple[float, int, ParallelPlan, tuple[DeviceType, ...]]] = []
         considered, walked, seen = 0, 0, {}
         total = self.layout_count()

@@ -20,8 +20,7 @@ class Schedule(ABC):
 
     Parsed once (``ParallelPlan`` holds the object, never its name again), a schedule owns its rules and
     everything else asks it: how many model chunks a stage runs (``chunks``), which stage holds the head
-    (``head_stage``), whether backwards split into input and weight halves (``splits_backward``) and so
-    whether a compiled layer can run under it (``compiles``), its ideal bubble against 1F1B's
+    (``head_stage``), whether backwards split into input and weight halves (``splits_backward``), its ideal bubble against 1F1B's
     (``bubble_divisor``), the forward-only program evaluation runs (``forward_only``), the plan shapes it
     cannot run (``problem``) and torch's own class of the same order (``torch_class``, for benchmarks).
     A new schedule is one module with its subclass plus its line in ``registry``.
@@ -58,11 +57,6 @@ class Schedule(ABC):
 
     def __repr__(self) -> str:
         return f"<schedule {self.name}{' (timed)' if self.times is not None else ''}>"
-
-    @property
-    def compiles(self) -> bool:
-        """Whether a compiled layer can run under it: a split backward needs two graphs where compile makes one."""
-        return not self.splits_backward
 
     def chunks(self) -> int:
         """Model chunks a stage runs unless the plan says otherwise: 1, or for an interleaved schedule its fixed

@@ -79,3 +79,17 @@ def test_zero_bubble_with_a_fused_head_is_refused_in_one_line() -> None:
     out = _benchmark(["--backend", "cpu", "--preset", "tiny",
                           "--schedule", "zero-bubble", "--fused-head"], timeout=60)
     assert out.returncode == 2 and "drop --fused-head" in out.stderr.strip().splitlines()[-1]
+
+
+def test_our_own_1f1b_is_the_baseline_a_split_backward_with_a_fused_head_can_take() -> None:
+    """``--baseline 1f1b``: the zero-bubble family against our 1F1B on the same layers a stage (the issue's
+    comparison), where torch's classes cannot split the fused head; compiled, torch's baseline is refused."""
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--stages", "2", "--steps", "1", "--rounds", "1",
+                      "--warmup", "1", "--micro-batches", "4", "--schedule", "zero-bubble", "--fused-head",
+                      "--baseline", "1f1b", "--json", "--timeout", "240"], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["baseline"] == "1f1b" and summary["torch_schedule"] is None
+    assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
+    refused = _benchmark(["--backend", "cpu", "--preset", "tiny", "--schedule", "zbv", "--compile"], timeout=60)
+    assert refused.returncode == 2 and "add --baseline 1f1b" in refused.stderr.strip().splitlines()[-1]

@@ -88,6 +88,10 @@ PLANS[DPV_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "dualpipev"}
 DPV_BRIDGED = "dpv b: dualpipev, 3 stages x 2 chunks, dp1/dp2/dp1, 6 micro-batches, every stage its own island"
 PLANS[DPV_BRIDGED] = {**PLANS[IL_THREE], "schedule": "dualpipev", "micro_batches": 6}
 ISLANDS[DPV_BRIDGED] = [0, 1, 1, 2]
+# Compiled layers (aot_eager on the cpu) under ZB-V: each chunk's first forward eager, the linears eager between the
+# layers' graphs so their weight gradients wait for W (the only graph breaks), no lru_cache warning from the rope tables.
+ZBV_COMPILED = "zbv e: zbv, compiled layers, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
+PLANS[ZBV_COMPILED] = {**PLANS[ZBV_UNEVEN], "compile": True, "compile_backend": "aot_eager"}
 # Orders played from measured times (parallel.order: measured): times under which the play's order differs from the unit
 # one (tests/unit/test_stage_times.py checks that it does), the transfers derived by playing the order in rounds. The
 # interleaved zero-bubble run switches after its first step, as hal train does after its calibration step (4 steps on it).
@@ -107,9 +111,9 @@ PLANS[ZB_TIMED] = PLANS["zb c: 3 stages 1/2/1, dp1/dp2/dp1, zero-bubble"]
 ISLANDS[ZB_TIMED] = [0, 1, 1, 2]
 TIMED[ZB_TIMED] = ({"forward": [[3.0], [1.0], [1.0]], "backward_input": [[3.0], [1.0], [1.0]], "backward_weight": [[3.0], [1.0], [1.0]],
                     "links": [2.0, 2.0]}, 0)
-LAYERS = {IZB_TIMED: 6, ZBV_TIMED: 6, DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
+LAYERS = {ZBV_COMPILED: 6, IZB_TIMED: 6, ZBV_TIMED: 6, DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6, IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6,
           ZBV_BRIDGED: 6}
-TIED_PLANS = {TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}
+TIED_PLANS = {ZBV_COMPILED, TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}
 STEPS, LR = 20, 3e-3
 VARIANT_STEPS = 5
 LONG_RUNS = {"a: 2 stages 3/1, tp2 -> dp2, 1f1b", "c: 3 stages dp1/dp2/dp1, gpipe", "zb a: 2 stages 3/1, tp2 -> dp2, zero-bubble",
@@ -148,6 +152,11 @@ def test_plan_matches_single_process(name: str) -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=f"{name}: gradient of {pname}")
             seen.add(pname)
     assert seen == set(ref["grads"]), set(ref["grads"]) - seen
+    if plan.get("compile"):
+        for v in values:
+            assert v["compiled"]["graphs"] >= 1 and v["compiled"]["lru_warnings"] == 0, v["compiled"]
+            eager_on_purpose = ("_apply_split_linear", "_apply_mapping")  # split linears; tp collectives (tp2 stage)
+            assert all(any(f in reason for f in eager_on_purpose) for reason in v["compiled"]["breaks"]), v["compiled"]["breaks"]
     if times is not None:  # time_links: every stage but the last times its boundary (a loop's last stage: the wrap, not it)
         S = len(plan["stages"])
         for v in values:

@@ -60,7 +60,7 @@ def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     (["--only", "99"], "--only 99: the plans are numbered 1 to 9"),
     (["--only", "0"], "--only 0: the plans are numbered 1 to 9"),  # not Python's index -1, the last plan
     (["--only", "2,0,10"], "--only 0, 10: the plans are numbered 1 to 9"),
-    (["--only", "9", "--compile", "inductor"], "--only 9: the plans with --compile are numbered 1 to 8"),
+    (["--only", "10", "--compile", "inductor"], "--only 10: the plans with --compile are numbered 1 to 9"),
     (["--steps", "0"], "argument --steps: 0: give 2 or more"),
     (["--steps", "-1"], "argument --steps: -1: give 2 or more"),
     (["--steps", "1"], "argument --steps: 1: give 2 or more"),  # one step: no steady step to take a median of
