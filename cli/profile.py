@@ -89,6 +89,9 @@ def format_profile(data: dict[str, Any]) -> str:
                      + (f"; {d['achieved_tflops']:.3g} TFLOP/s" if d.get("achieved_tflops") else "")
                      + (f" ({d['efficiency']:.1%} of peak)" if d.get("efficiency") else "")
                      + (" [estimated]" if d["source"] != "measured" else ""))
+        if d.get("weight_share") is not None:
+            lines.append(f"  zero-bubble split: the weight half is {d['weight_share']:.0%} of a layer's backward"
+                         + (" (from a measured device)" if d["source"] != "measured" else ""))
         if d.get("action_host_s"):
             lines.append(f"  the engine's host work: {d['action_host_s'] * 1e6:.1f} µs a compute action (calibration pipeline)")
         if d.get("contention"):

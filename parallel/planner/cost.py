@@ -49,6 +49,7 @@ from hal.parallel.planner.device_profile import DeviceProfile, Profile
 BUCKET_BYTES = 16 * 2**20  # the engine's gradient bucket (parallel.pipeline.engine.BUCKET_BYTES)
 BOUNDARY_BYTES = 4  # boundary activations travel in the weights' dtype: fp32
 GRAD_BYTES = 4
+DEFAULT_WEIGHT_SHARE = 0.5  # W's share of a split backward where the profile did not measure it (the unit-time play's)
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,10 @@ class CostModel:
         if any(b[7] != (0.0, 0.0) for b in base) or any(per_action):
             host_clocks = {"host_forward_s": [b[7][0] for b in base], "host_backward_s": [b[7][1] for b in base],
                            "host_action_s": per_action}
+        # the weight half's share of each stage's backward, as its device's profile measured it (else the play's half)
+        w_share = [self.device(kind).weight_share for kind in place.kinds]
+        unmeasured_share = schedule.splits_backward and None in w_share
+        w_share = [DEFAULT_WEIGHT_SHARE if w is None else w for w in w_share]
         for _ in range(3):  # contention depends on how busy the ranks are, which the simulation says
             stretch = [self.stretch(kind, occ) for kind, occ in zip(place.kinds, occupancy)]
             tp_wait = [self._tp_wait(kind, occ, stage.sp) for kind, occ, stage in zip(place.kinds, occupancy, plan.stages)]
@@ -321,14 +326,14 @@ class CostModel:
             fwd = [b[0] * stretch[k] + max(b[2], tp_wait[k] * b[5]) for k, b in enumerate(base)]
             bwd = [b[1] * stretch[k] + max(b[3], tp_wait[k] * b[6]) for k, b in enumerate(base)]
             sim = simulate(schedule, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
-                           chunk_share=shares, action_s=action_wait, **host_clocks)
+                           chunk_share=shares, action_s=action_wait, weight_share=w_share, **host_clocks)
             occupancy = self._occupancy(plan, place, [1.0 - x for x in sim.bubble])
         order = None
         if measured_order and plan.order in ("auto", "measured") and schedule.plays_times:
-            kept, order = self._measured_order(schedule, S, M, V, fwd, bwd, p2p, shares)
+            kept, order = self._measured_order(schedule, S, M, V, fwd, bwd, p2p, shares, w_share)
             if kept.times is not None:  # the played order is what will run: the step as it plays
                 sim = simulate(kept, S, M, forward_s=fwd, backward_s=bwd, p2p_s=p2p, virtual_stages=V,
-                               chunk_share=shares, action_s=action_wait, **host_clocks)
+                               chunk_share=shares, action_s=action_wait, weight_share=w_share, **host_clocks)
         tail_occupancy = self._occupancy(plan, place, [1.0] * S)
         tail = max((t[0] + t[1] * self.stretch(place.kinds[k], tail_occupancy[k])) for k, t in enumerate(tails))
         actions = [sum(1 for sp in sim.timeline if sp.stage == k) for k in range(S)]
@@ -345,6 +350,9 @@ class CostModel:
             estimated.append(f"stage(s) {', '.join(map(str, differ))} " + (
                 "run eager layers, timed compiled" if timed_compiled else
                 "compile their layers, timed eager (hal profile of a config that compiles times them compiled)"))
+        if unmeasured_share:
+            estimated.append("the weight half of a split backward assumed half the backward (a profile from before "
+                             "hal profile measured its share; run hal profile again)")
         split_compiled = [k for k in range(S) if plan.stage_compiles(k)] if plan.schedule.splits_backward else []
         if split_compiled:  # benchmarks/split_backward.py: the graph breaks cost the host, not the device
             estimated.append(f"stage(s) {', '.join(map(str, split_compiled))} run compiled layers under a split backward "
@@ -360,15 +368,16 @@ class CostModel:
 
     @staticmethod
     def _measured_order(schedule: Schedule, S: int, M: int, V: int, fwd: list[float], bwd: list[float], p2p: float,
-                        shares: list[list[float]] | None) -> tuple[Schedule, dict[str, Any]]:
+                        shares: list[list[float]] | None, w_share: list[float]) -> tuple[Schedule, dict[str, Any]]:
         """The order ``hal train`` will keep after its calibration, as this prediction's times foresee it (each stage's
-        F, I and W per chunk, W half the backward as the simulator splits it, every link ``p2p``), and what it says
+        F, I and W per chunk, W the stage's measured share of the backward, every link ``p2p``), and what it says
         of it (``Prediction.order``)."""
         share = shares or [[1.0 / V] * V for _ in range(S)]
         forward = [[fwd[k] * share[k][v] for v in range(V)] for k in range(S)]
-        half = [[bwd[k] * share[k][v] / 2 for v in range(V)] for k in range(S)]
+        weight = [[bwd[k] * share[k][v] * w_share[k] for v in range(V)] for k in range(S)]
+        inputs = [[bwd[k] * share[k][v] * (1.0 - w_share[k]) for v in range(V)] for k in range(S)]
         links = [p2p] * (S - 1) + ([p2p] if V > 1 and schedule.placement == "loop" and S > 1 else [])
-        keep, unit_s, measured_s = measured_or_unit(schedule, StageTimes.of(forward, half, half, links), M)
+        keep, unit_s, measured_s = measured_or_unit(schedule, StageTimes.of(forward, inputs, weight, links), M)
         return keep, {"chosen": "unit" if keep.times is None else "measured", "unit_step_s": unit_s,
                       "measured_step_s": measured_s}
 

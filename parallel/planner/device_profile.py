@@ -95,6 +95,10 @@ class DeviceProfile:
     # accelerators: the engine's own host seconds per compute action (its P2P posts and bookkeeping included), beyond
     # the layers' enqueue time, calibrated on a pipeline of this device (``planner.calibrate.calibrate_host``)
     action_host_s: float | None = None
+    # the share of a layer's backward its weight half ``W`` takes under the zero-bubble split (largest row count,
+    # recompute off, compiled where the profile compiles); None in a profile written before it was measured (the
+    # cost model then assumes half, as the unit-time play does, and says so)
+    weight_share: float | None = None
 
     @property
     def estimated(self) -> bool:

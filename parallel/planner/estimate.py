@@ -85,5 +85,7 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
     basis = (f"estimated from the catalog: {key} peak {peak.value:g} TFLOP/s ({peak.source}), memory bandwidth "
              f"{kind.memory_bandwidth_gbps.value:g} GB/s ({kind.memory_bandwidth_gbps.source}) × {BANDWIDTH_EFFICIENCY}, {where}"
              + ("; activation bytes from the measured " + donor.device if donor else "; activation bytes from a formula"))
+    # the weight half's share of a backward is the model's shape more than the device's: a measured device's, if any
+    weight_share = next((d.weight_share for d in measured if d.weight_share is not None), None)
     return DeviceProfile(kind.device, kind.backend, ESTIMATED, basis, tuple(points), embedding, head,
-                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff, fused_head)
+                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff, fused_head, weight_share=weight_share)

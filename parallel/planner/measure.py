@@ -24,6 +24,7 @@ from hal.parallel.config.flops import PEAK_KEY
 from hal.parallel.config.memory import layer_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.models.decoder import build_stage
+from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 from hal.parallel.loop.optim_schedule import decoupled_adamw
 from hal.parallel.planner.device_profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
 
@@ -73,6 +74,24 @@ def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
 
 
 Clocks = tuple[float, float, float, float]  # host forward, host backward, device forward, device backward (s)
+
+
+def _weight_share(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int) -> float:
+    """The share of a backward the zero-bubble split's weight half ``W`` takes: its input half ``I`` timed with the
+    linears' weight gradients deferred, then ``W`` running them; the median over ``repeats`` after a warm-up (which
+    also compiles a compiled layer's split variant). Attention's backward has no weights, so this is under half."""
+    shares = []
+    for i in range(repeats + 1):
+        with splittable(True):
+            out = forward()
+        grad = torch.ones_like(out)
+        store = WeightGradStore()
+        with collecting(store):
+            t_input = _timed(backend, lambda: out.backward(grad))
+        t_weight = _timed(backend, store.run)
+        if i:
+            shares.append(t_weight / max(t_input + t_weight, 1e-12))
+    return statistics.median(shares)
 
 
 def _fwd_bwd(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int,
@@ -230,6 +249,9 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
 
                 f, b, act, clocks = _fwd_bwd(backend, forward, repeats, torch.ones_like)
                 points.append(LayerPoint(1, r, seq, recompute, f, b, act, *(clocks or (None,) * 4)))
+                if not recompute and r == max(rows):
+                    say(f"{caps.catalog_id or backend.name}: the backward split in its input and weight halves (zero-bubble)")
+                    weight_share = _weight_share(backend, forward, repeats)
         say(f"{caps.catalog_id or backend.name}: embedding, head and loss (plain and fused), AdamW")
         embedding, head = _ends(backend, model, device, seq, max(rows), autocast, repeats)
         fused_head = _fused_head(backend, model, device, seq, (min(rows), max(rows)), autocast, repeats)
@@ -241,7 +263,8 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
              + (f", {threads} compute thread(s) per rank" if threads else "")
              + (f", layers compiled ({compile_backend})" if compile_backend else ""))
     return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
-                         optimizer, threads, achieved, achieved / peak if peak else None, fused_head)
+                         optimizer, threads, achieved, achieved / peak if peak else None, fused_head,
+                         weight_share=weight_share)
 
 
 TP_DEGREE = 2  # the tp degree measured with its group present (every accelerator host with 2 devices can)

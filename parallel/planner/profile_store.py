@@ -133,6 +133,7 @@ def _nullable(rule: _Rule) -> _Rule:
 
 _SECONDS = _Rule(_between(0.0, MAX_SECONDS), f"a finite number of seconds >= 0 and <= {MAX_SECONDS:g}")
 _FIGURE = _Rule(_between(0.0, MAX_FIGURE), f"a finite number >= 0 and <= {MAX_FIGURE:g}")
+_FRACTION = _Rule(_between(0.0, 1.0), "a fraction between 0 and 1")
 _POSITIVE = _Rule(_between(0.0, MAX_FIGURE, above=True), f"a finite number > 0 and <= {MAX_FIGURE:g}")  # a divisor
 _COUNT = _Rule(_integer(1, MAX_COUNT), f"an integer >= 1 and <= {MAX_COUNT}")  # a divisor
 _BYTES = _Rule(_integer(0, MAX_BYTES), "an integer >= 0 and <= 2**53")
@@ -150,7 +151,7 @@ _PER_TOKEN_RULES = {"forward_s": _SECONDS, "backward_s": _SECONDS, "activation_b
                     "fixed_bytes": _BYTES}
 _DEVICE_RULES = {"device": _TEXT, "backend": _TEXT, "source": _SOURCE, "basis": _TEXT, "optimizer_s_per_param": _SECONDS,
                  "threads": _nullable(_COUNT), "achieved_tflops": _nullable(_FIGURE), "efficiency": _nullable(_FIGURE),
-                 "action_host_s": _nullable(_SECONDS)}
+                 "action_host_s": _nullable(_SECONDS), "weight_share": _nullable(_FRACTION)}
 _LINK_RULES = {"kind": _TEXT, "backend": _TEXT, "bandwidth_gbps": _POSITIVE, "latency_us": _FIGURE, "source": _TEXT,
                "basis": _TEXT}
 # calibration tables, row by row as DeviceProfile._contended reads them: occupancy, then the columns it interpolates

@@ -52,7 +52,7 @@ class Simulation:
 
 def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int, num_micro_batches: int, *,
              forward_s: Times = 1.0, backward_s: Times = 2.0, p2p_s: float = 0.0,
-             weight_share: float = 0.5, virtual_stages: int = 1,
+             weight_share: Times = 0.5, virtual_stages: int = 1,
              chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None,
              host_forward_s: Times | None = None, host_backward_s: Times | None = None,
              host_action_s: Times = 0.0, action_s: Times = 0.0, times: StageTimes | None = None) -> Simulation:
@@ -60,7 +60,8 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
     takes ``chunk_share[s][v]`` of it (equal shares by default). A split backward's ``W`` takes
-    ``weight_share`` of the backward and its ``I`` the rest. ``placement``: where the chunks sit
+    ``weight_share`` of the backward (one fraction, or one a stage: a profile measures it per device type) and its
+    ``I`` the rest. ``placement``: where the chunks sit
     (default: the schedule's own, "loop" for a mapping of programs).
 
     ``host_forward_s`` / ``host_backward_s`` (an accelerator's host, split like the device times) and
@@ -85,11 +86,12 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     place = _Place(S, V, placement, times)
     orders = [_compute(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
-    if not 0.0 <= weight_share <= 1.0:
-        raise ValueError(f"weight_share: a fraction of the backward between 0 and 1; got {weight_share!r}")
+    w_share = _per_stage(weight_share, S, "weight_share")
+    if not all(0.0 <= w <= 1.0 for w in w_share):
+        raise ValueError(f"weight_share: a fraction of the backward between 0 and 1 (or one a stage); got {weight_share!r}")
     shares = _shares(chunk_share, S, V)
-    per_kind = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in bwd],
-                Kind.BACKWARD_WEIGHT: [b * weight_share for b in bwd]}
+    per_kind = {Kind.FORWARD: fwd, Kind.BACKWARD: bwd, Kind.BACKWARD_INPUT: [b * (1.0 - w) for b, w in zip(bwd, w_share)],
+                Kind.BACKWARD_WEIGHT: [b * w for b, w in zip(bwd, w_share)]}
 
     fixed = _per_stage(action_s, S, "action_s")
 
@@ -102,8 +104,8 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     hb = _per_stage(0.0 if host_backward_s is None else host_backward_s, S, "host_backward_s")
     ha = _per_stage(host_action_s, S, "host_action_s")
     hosted = host_forward_s is not None or host_backward_s is not None or any(ha)
-    host_kind = {Kind.FORWARD: hf, Kind.BACKWARD: hb, Kind.BACKWARD_INPUT: [b * (1.0 - weight_share) for b in hb],
-                 Kind.BACKWARD_WEIGHT: [b * weight_share for b in hb]}
+    host_kind = {Kind.FORWARD: hf, Kind.BACKWARD: hb, Kind.BACKWARD_INPUT: [b * (1.0 - w) for b, w in zip(hb, w_share)],
+                 Kind.BACKWARD_WEIGHT: [b * w for b, w in zip(hb, w_share)]}
 
     def host_cost(action: Action, s: int) -> float:
         return host_kind[action.kind][s] * shares[s][action.chunk] + ha[s]

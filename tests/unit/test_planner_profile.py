@@ -63,6 +63,42 @@ def test_the_fused_head_is_measured_beside_the_plain_one_and_survives_a_round_tr
         assert back.fused_head is None and back.head_for(True) == cpu.head
 
 
+def test_the_weight_halfs_share_of_the_backward_is_measured_and_prices_a_split_schedule(profile, tmp_path) -> None:
+    """hal profile times the zero-bubble split of a layer's backward (I with the linears' weight gradients deferred, then
+    W): a fraction, kept through a round trip, lent to the estimated device; a zbv plan is priced with it (W's share
+    moves the prediction), and a profile from before it was measured still loads, priced with half and saying so."""
+    from hal.parallel.planner.cost import CostModel, Placement
+    from hal.parallel.config.plan import parse_plan
+
+    cpu, h100 = profile.devices["cpu-generic"], profile.devices["nvidia-h100-sxm"]
+    assert cpu.weight_share is not None and 0.0 < cpu.weight_share < 1.0
+    assert h100.weight_share == cpu.weight_share
+    path = tmp_path / "p.json"
+    profile.save(path)
+    assert load_profile(path, MODEL, "fp32").devices["cpu-generic"].weight_share == cpu.weight_share
+    cluster = resolve(parse_cluster({"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 2}]}))
+    plan = parse_plan({"schedule": "zbv", "micro_batches": 4, "micro_batch_size": 1,
+                       "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
+    kinds = tuple(cluster.types[:1]) * 2
+
+    def predict(share: float | None) -> Any:
+        prof = dataclasses.replace(profile, devices={**profile.devices, "cpu-generic": dataclasses.replace(cpu, weight_share=share)})
+        return CostModel(cluster, prof, MODEL, 32).predict(plan, Placement.pack(plan, kinds), measured_order=True)
+
+    low, high, older = predict(0.1), predict(0.9), predict(None)
+    assert low.step_s != pytest.approx(high.step_s, rel=1e-6)
+    assert not any("assumed half" in e for e in low.estimated)
+    assert any("assumed half the backward" in e for e in older.estimated)
+    data = json.loads(path.read_text())
+    data["devices"]["cpu-generic"].pop("weight_share")
+    path.write_text(json.dumps(data))
+    assert load_profile(path, MODEL, "fp32").devices["cpu-generic"].weight_share is None
+    data["devices"]["cpu-generic"]["weight_share"] = 1.5
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="weight_share: must be a fraction between 0 and 1"):
+        load_profile(path, MODEL, "fp32")
+
+
 def test_saved_bytes_leave_out_parameters_and_views_of_them() -> None:
     """A linear layer saves its input and its weight (as a transposed view in fp32): only the input is an activation."""
     import torch

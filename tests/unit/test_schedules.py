@@ -131,6 +131,11 @@ def test_zero_bubble_bubble_at_4_stages_and_8_micro_batches() -> None:
     assert len(sim.timeline) == 3 * 4 * 8
     # with W free (weight_share 0), the input halves alone: the split costs nothing where W is cheap
     assert simulate(get_schedule("zero-bubble"), 4, 8, backward_s=2.0, weight_share=0.0).makespan <= 33.0
+    # one share a stage (a profile measures it per device type): equal shares play as the one fraction does
+    zb = get_schedule("zero-bubble")
+    assert simulate(zb, 4, 8, weight_share=[0.3] * 4).makespan == pytest.approx(simulate(zb, 4, 8, weight_share=0.3).makespan)
+    with pytest.raises(ValueError, match="weight_share: a fraction"):
+        simulate(zb, 4, 8, weight_share=[0.3, 0.3, 1.2, 0.3])
 
 
 def test_zero_bubble_posts_1f1b_batches_and_sends_after_input_halves() -> None:
