@@ -194,9 +194,15 @@ class CostModel:
         f, b, act = prof.layer(stage.tp, rows, seq, stage.checkpoint, stage.sp)
         clocks = prof.clocks(stage.tp, rows, seq, stage.checkpoint, stage.sp)
         L = stage.layer_count
+        host_x = device_x = 1.0
+        if plan.schedule.splits_backward and prof.split_cost:  # the split program's measured cost (graph breaks)
+            host_x, device_x = prof.split_cost
         host = (0.0, 0.0)
         if clocks is not None:
-            host, (f, b) = (L * clocks[0], L * clocks[1]), clocks[2:]
+            host, (f, b) = (L * clocks[0] * host_x, L * clocks[1] * host_x), clocks[2:]
+            f, b = f * device_x, b * device_x
+        else:
+            f, b = f * device_x, b * device_x
         fwd, bwd = L * f, L * b
         tokens = rows * seq
         if k == 0:
@@ -353,11 +359,11 @@ class CostModel:
         if unmeasured_share:
             estimated.append("the weight half of a split backward assumed half the backward (a profile from before "
                              "hal profile measured its share; run hal profile again)")
-        split_compiled = [k for k in range(S) if plan.stage_compiles(k)] if plan.schedule.splits_backward else []
-        if split_compiled:  # benchmarks/split_backward.py: the graph breaks cost the host, not the device
-            estimated.append(f"stage(s) {', '.join(map(str, split_compiled))} run compiled layers under a split backward "
-                             "(their linears eager between the graphs), priced as whole compiled layers; on an H200 split ones took "
-                             "1.03x their time at 4 x 2048 tokens a micro-batch, 2.4x at 1 x 2048 (host-bound)")
+        unpriced = [k for k in range(S) if not self.device(place.kinds[k]).split_cost] if plan.schedule.splits_backward else []
+        if unpriced:  # benchmarks/split_backward.py: a compiled layer's graph breaks cost the host most
+            estimated.append(f"stage(s) {', '.join(map(str, unpriced))} priced with whole layers, not split ones (a profile "
+                             "from before hal profile measured the split; on an H200 compiled split layers took 1.03x "
+                             "the whole ones' time at 4 x 2048 tokens a micro-batch, 2.4x at 1 x 2048: host-bound)")
         played = {"forward_s": fwd, "backward_s": bwd, "p2p_s": p2p, "virtual_stages": V, "chunk_share": shares,
                   "action_s": action_wait, **host_clocks}
         pred = Prediction(step, tokens / step, schedule_s, p2p, sim.bubble, sim.bubble_overall, sim.peak_in_flight,

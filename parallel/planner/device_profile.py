@@ -99,6 +99,10 @@ class DeviceProfile:
     # recompute off, compiled where the profile compiles); None in a profile written before it was measured (the
     # cost model then assumes half, as the unit-time play does, and says so)
     weight_share: float | None = None
+    # (host, device) time of a layer's split program (forward and backward with the linears split, as the zero-bubble
+    # schedules run it: a compiled layer breaks its graphs at each linear) over the whole layer's, same rows (the
+    # largest, recompute off); a cpu's one wall clock in both; None in a profile from before it was measured
+    split_cost: tuple[float, float] | None = None
 
     @property
     def estimated(self) -> bool:
@@ -239,7 +243,8 @@ class DeviceProfile:
                                 "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"]),
                                 "fused_head": PerToken(**fused) if fused is not None else None,
                                 "contention": tuple(tuple(map(float, p)) for p in data.get("contention", ())),
-                                "tp_all_reduce": tuple(tuple(map(float, p)) for p in data.get("tp_all_reduce", ()))})
+                                "tp_all_reduce": tuple(tuple(map(float, p)) for p in data.get("tp_all_reduce", ())),
+                                "split_cost": tuple(map(float, data["split_cost"])) if data.get("split_cost") else None})
 
 
 def _fit(xs: list[float], ys: list[float], x: float) -> float:

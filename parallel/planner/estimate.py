@@ -87,5 +87,8 @@ def estimate_device(kind: DeviceType, model: ModelConfig, precision: str, seq: i
              + ("; activation bytes from the measured " + donor.device if donor else "; activation bytes from a formula"))
     # the weight half's share of a backward is the model's shape more than the device's: a measured device's, if any
     weight_share = next((d.weight_share for d in measured if d.weight_share is not None), None)
+    # what splitting costs a layer is its program's (graph breaks, launches): a measured device of the same backend's
+    split_cost = next((d.split_cost for d in measured if d.backend == kind.backend and d.split_cost), None)
     return DeviceProfile(kind.device, kind.backend, ESTIMATED, basis, tuple(points), embedding, head,
-                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff, fused_head, weight_share=weight_share)
+                         OPTIMIZER_BYTES / bytes_s, None, peak.value * eff, eff, fused_head, weight_share=weight_share,
+                         split_cost=split_cost)

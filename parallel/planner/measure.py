@@ -76,6 +76,18 @@ def _timed(backend: Backend, fn: Callable[[], Any]) -> float:
 Clocks = tuple[float, float, float, float]  # host forward, host backward, device forward, device backward (s)
 
 
+def _split_cost(whole: tuple[float, float, Clocks | None], split: tuple[float, float, Clocks | None]) -> tuple[float, float]:
+    """(host, device) time of the split program over the whole one's, forward and backward together; one clock (the
+    cpu's wall time) gives both."""
+    (f, b, clocks), (sf, sb, split_clocks) = whole, split
+    if clocks is None or split_clocks is None:
+        wall = (sf + sb) / max(f + b, 1e-12)
+        return wall, wall
+    host = (split_clocks[0] + split_clocks[1]) / max(clocks[0] + clocks[1], 1e-12)
+    device = (split_clocks[2] + split_clocks[3]) / max(clocks[2] + clocks[3], 1e-12)
+    return host, device
+
+
 def _weight_share(backend: Backend, forward: Callable[[], torch.Tensor], repeats: int) -> float:
     """The share of a backward the zero-bubble split's weight half ``W`` takes: its input half ``I`` timed with the
     linears' weight gradients deferred, then ``W`` running them; the median over ``repeats`` after a warm-up (which
@@ -252,6 +264,13 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
                 if not recompute and r == max(rows):
                     say(f"{caps.catalog_id or backend.name}: the backward split in its input and weight halves (zero-bubble)")
                     weight_share = _weight_share(backend, forward, repeats)
+
+                    def split_forward() -> torch.Tensor:
+                        with splittable(True):
+                            return forward()
+
+                    sf, sb, _, split_clocks = _fwd_bwd(backend, split_forward, repeats, torch.ones_like)
+                    split_cost = _split_cost((f, b, clocks), (sf, sb, split_clocks))
         say(f"{caps.catalog_id or backend.name}: embedding, head and loss (plain and fused), AdamW")
         embedding, head = _ends(backend, model, device, seq, max(rows), autocast, repeats)
         fused_head = _fused_head(backend, model, device, seq, (min(rows), max(rows)), autocast, repeats)
@@ -264,7 +283,7 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
              + (f", layers compiled ({compile_backend})" if compile_backend else ""))
     return DeviceProfile(caps.catalog_id or backend.name, backend.name, MEASURED, basis, tuple(points), embedding, head,
                          optimizer, threads, achieved, achieved / peak if peak else None, fused_head,
-                         weight_share=weight_share)
+                         weight_share=weight_share, split_cost=split_cost)
 
 
 TP_DEGREE = 2  # the tp degree measured with its group present (every accelerator host with 2 devices can)

@@ -237,6 +237,13 @@ class _Checker:
         for part, columns in (("contention", _CONTENTION), ("tp_all_reduce", _TP_ALL_REDUCE)):
             if part in data:
                 parts[part] = self.table(f"{where}.{part}", data[part], columns)
+        if data.get("split_cost") is not None:
+            cost = data["split_cost"]
+            if not isinstance(cost, list) or len(cost) != 2:
+                self.fail(f"{where}.split_cost", f"must be a list of 2 numbers (host, device) or null (got {_shown(cost)})")
+            for j, v in enumerate(cost):
+                self.value(f"{where}.split_cost[{j}]", v, _POSITIVE)
+            parts["split_cost"] = (float(cost[0]), float(cost[1]))
         return self.build(where, DeviceProfile, {**data, **parts})
 
     def link(self, where: str, data: Any) -> LinkProfile:

@@ -63,7 +63,7 @@ def test_the_fused_head_is_measured_beside_the_plain_one_and_survives_a_round_tr
         assert back.fused_head is None and back.head_for(True) == cpu.head
 
 
-def test_the_weight_halfs_share_of_the_backward_is_measured_and_prices_a_split_schedule(profile, tmp_path) -> None:
+def test_the_split_backward_is_measured_and_prices_a_split_schedule(profile, tmp_path) -> None:
     """hal profile times the zero-bubble split of a layer's backward (I with the linears' weight gradients deferred, then
     W): a fraction, kept through a round trip, lent to the estimated device; a zbv plan is priced with it (W's share
     moves the prediction), and a profile from before it was measured still loads, priced with half and saying so."""
@@ -81,18 +81,28 @@ def test_the_weight_halfs_share_of_the_backward_is_measured_and_prices_a_split_s
                        "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
     kinds = tuple(cluster.types[:1]) * 2
 
-    def predict(share: float | None) -> Any:
-        prof = dataclasses.replace(profile, devices={**profile.devices, "cpu-generic": dataclasses.replace(cpu, weight_share=share)})
+    def predict(share: float | None, split_cost: tuple[float, float] | None = (1.0, 1.0)) -> Any:
+        changed = dataclasses.replace(cpu, weight_share=share, split_cost=split_cost)
+        prof = dataclasses.replace(profile, devices={**profile.devices, "cpu-generic": changed})
         return CostModel(cluster, prof, MODEL, 32).predict(plan, Placement.pack(plan, kinds), measured_order=True)
 
     low, high, older = predict(0.1), predict(0.9), predict(None)
     assert low.step_s != pytest.approx(high.step_s, rel=1e-6)
-    assert not any("assumed half" in e for e in low.estimated)
+    assert not any("assumed half" in e or "priced with whole layers" in e for e in low.estimated)
     assert any("assumed half the backward" in e for e in older.estimated)
+    # the split program's own cost (a compiled layer's graph breaks): measured, and it prices the split plan
+    assert cpu.split_cost is not None and all(x > 0 for x in cpu.split_cost) and h100.split_cost is None  # no cuda donor
+    assert predict(0.3, (2.0, 2.0)).step_s > 1.5 * predict(0.3, (1.0, 1.0)).step_s
+    assert any("priced with whole layers" in e for e in predict(0.3, None).estimated)
     data = json.loads(path.read_text())
     data["devices"]["cpu-generic"].pop("weight_share")
     path.write_text(json.dumps(data))
     assert load_profile(path, MODEL, "fp32").devices["cpu-generic"].weight_share is None
+    data["devices"]["cpu-generic"]["split_cost"] = [1.2]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="split_cost: must be a list of 2 numbers"):
+        load_profile(path, MODEL, "fp32")
+    data["devices"]["cpu-generic"]["split_cost"] = None
     data["devices"]["cpu-generic"]["weight_share"] = 1.5
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="weight_share: must be a fraction between 0 and 1"):
