@@ -267,7 +267,7 @@ class LinkProfile:
     source: str
     basis: str = ""
     # seconds of a dp-sync collective between two ranks while every pair of the node runs one ({op: (at LINK_SIZES)}),
-    # measured on the island (``measure.measure_loaded_collectives``); empty where not measured
+    # measured on the island (``measure.measure_node_links``); empty where not measured
     loaded_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     loaded_sizes: tuple[int, int] = (0, 0)
 

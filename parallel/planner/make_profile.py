@@ -16,7 +16,7 @@ from hal.parallel.config.model import ModelConfig
 from hal.parallel.planner.calibrate import STEPS as CALIBRATION_STEPS, calibrate_host, calibrate_node, calibrate_tp
 from hal.parallel.planner.cluster import Cluster, DeviceType
 from hal.parallel.planner.estimate import estimate_device
-from hal.parallel.planner.measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_loaded_collectives, measure_tp_layers
+from hal.parallel.planner.measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_node_links, measure_tp_layers
 from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Profile
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
@@ -70,18 +70,17 @@ def make_profile(cluster: Cluster, model: ModelConfig, precision: str, seq: int,
     steps = calibration_steps or (QUICK_CALIBRATION_STEPS if quick else CALIBRATION_STEPS)
     measured_links: dict[str, LinkProfile] = {}
     if links and launch is not None and any(k.is_cpu and present(k) for k in cluster.types):
-        for bridged in (False, True):
-            say(f"cpu: P2P {'across the bridge (two declared islands)' if bridged else 'inside one island'}")
-            link = measure_link("cpu", bridged, launch)
-            measured_links[f"cpu-{link.kind}"] = link
         ranks = max((k.per_node for k in cluster.types if k.is_cpu and present(k)), default=1)
-        if ranks >= 2:
-            say(f"cpu: dp-sync collectives, {ranks} ranks in pairs at once")
-            loaded = measure_loaded_collectives("cpu", ranks - ranks % 2, launch)
-            island = measured_links["cpu-island"]
-            measured_links["cpu-island"] = dataclasses.replace(
+        say("cpu: P2P inside one island and across the bridge (two declared islands)"
+            + (f", then dp-sync collectives, {ranks - ranks % 2} ranks in pairs at once" if ranks >= 2 else "")
+            + " (one launch)")
+        island, bridge, loaded = measure_node_links("cpu", ranks, launch)
+        measured_links["cpu-bridge"] = bridge
+        if loaded is not None:
+            island = dataclasses.replace(
                 island, loaded_collectives=loaded, loaded_sizes=LINK_SIZES,
                 basis=island.basis + f"; {', '.join(loaded)} between 2 ranks with every pair of {ranks - ranks % 2} at once")
+        measured_links["cpu-island"] = island
     if links and launch is not None:
         for backend_name in _bridgeable(cluster):  # an accelerator's host-staged bridge: what replicas' gradients cross
             say(f"{backend_name}: P2P across the bridge (two declared islands, host-staged)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import torch
 
@@ -463,8 +463,9 @@ def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.d
 LINK_SIZES = (4 << 10, 16 << 20)  # bytes: latency-bound, bandwidth-bound
 
 
-def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | None:
-    """One of two ranks: broadcast rank 0 → 1 at two sizes; rank 0 returns µs per call for each size."""
+def link_rank(backend: str, bridged: bool, iters: int, init_method: str | None = None) -> dict[str, float] | None:
+    """One of two ranks: broadcast rank 0 → 1 at two sizes; rank 0 returns µs per call for each size.
+    ``init_method``: the store (default: the launcher's ``HAL_INIT_METHOD``)."""
     import datetime
     import os
 
@@ -472,7 +473,7 @@ def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | Non
     from hal.collectives.bench import BenchPlan, BenchRank, ours_call
 
     os.environ.pop("HAL_ISLANDS", None)
-    world = init_distributed(backend, init_method=os.environ.get("HAL_INIT_METHOD"), world_size=2,
+    world = init_distributed(backend, init_method=init_method or os.environ.get("HAL_INIT_METHOD"), world_size=2,
                              islands=[0, 1] if bridged else None, timeout=datetime.timedelta(minutes=2))
     torch.set_num_threads(1)
     try:
@@ -490,7 +491,7 @@ def link_rank(backend: str, bridged: bool, iters: int) -> dict[str, float] | Non
 LOADED_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # what a dp gradient sync (ZeRO-1: the last two) runs
 
 
-def loaded_collectives_rank(backend: str, iters: int) -> dict[str, list[float]] | None:
+def loaded_collectives_rank(backend: str, iters: int, init_method: str | None = None) -> dict[str, list[float]] | None:
     """One of a node's ranks, paired with its neighbour (ranks 2i, 2i+1): every pair runs each of LOADED_OPS at once,
     as a step's dp gradient syncs do, at both LINK_SIZES (bytes of the whole buffer); rank 0 returns seconds a call
     ({op: [small, large]}, the median over ``iters`` calls, each after a barrier)."""
@@ -500,7 +501,8 @@ def loaded_collectives_rank(backend: str, iters: int) -> dict[str, list[float]] 
     from hal.collectives import init_distributed, shutdown, world_communicator
 
     os.environ.pop("HAL_ISLANDS", None)
-    world = init_distributed(backend, init_method=os.environ.get("HAL_INIT_METHOD"), timeout=datetime.timedelta(minutes=2))
+    world = init_distributed(backend, init_method=init_method or os.environ.get("HAL_INIT_METHOD"),
+                             timeout=datetime.timedelta(minutes=2))
     torch.set_num_threads(1)
     try:
         everyone = world_communicator(validate=False)
@@ -527,17 +529,43 @@ def loaded_collectives_rank(backend: str, iters: int) -> dict[str, list[float]] 
         shutdown()
 
 
-def measure_loaded_collectives(backend: str, ranks: int, launch: Callable[..., Any], iters: int = 10) -> dict[str, tuple[float, float]]:
-    """Seconds of each dp-sync collective between two ranks while every other pair of the node runs the same one.
+def node_links_rank(backend: str, iters: int, loaded_iters: int) -> dict[str, Any] | None:
+    """One of a node's ranks, one launch for what three would measure (each launch starts its processes and imports
+    torch again: seconds apiece): ranks 0 and 1 time the link inside one island, then across the bridge, each in a
+    world of their own; then every rank (from 2) joins the loaded collectives. Each world has its own store."""
+    import os
 
-    Why loaded, and not derived from the P2P link: a gloo all-reduce is the ranks' own cpu work (copies, sums),
-    and in a step every dp group of the node syncs at once; on this project's 2-core host the result is 2–3×
-    the ring formula over the measured P2P bandwidth."""
+    store = os.environ.get("HAL_INIT_METHOD", "")
+    rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    out: dict[str, Any] = {}
+    if rank < 2:
+        for bridged in (False, True):
+            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
+            out["bridge" if bridged else "island"] = link_rank(backend, bridged, iters, f"{store}-{'bridge' if bridged else 'island'}")
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+    if size >= 2:
+        out["loaded"] = loaded_collectives_rank(backend, loaded_iters, f"{store}-loaded")
+    return out if rank == 0 else None
+
+
+def measure_node_links(backend: str, ranks: int, launch: Callable[..., Any], iters: int = 20,
+                       loaded_iters: int = 10) -> tuple[LinkProfile, LinkProfile, dict[str, tuple[float, float]] | None]:
+    """The island link, the bridge link and (``ranks`` >= 2, an even count of them) the loaded dp-sync collectives of a
+    node of ``backend`` ranks, in one launch (``node_links_rank``).
+
+    Why the collectives loaded, and not derived from the P2P link: a gloo all-reduce is the ranks' own cpu work
+    (copies, sums), and in a step every dp group of the node syncs at once; on this project's 2-core host the
+    result is 2–3× the ring formula over the measured P2P bandwidth. One launch: three took 15.4 s on that host,
+    one takes 5.9 s (2 ranks)."""
     import sys
 
-    run = launch(f"{__name__}:loaded_collectives_rank", ranks, {"backend": backend, "iters": iters},
-                 deadline_s=180, what=f"hal profile: dp-sync collectives on {ranks} {backend} ranks", echo_stderr=sys.stderr)
-    return {op: (float(a), float(b)) for op, (a, b) in run.values[0].items()}
+    pairs = max(2, ranks - ranks % 2)
+    run = launch(f"{__name__}:node_links_rank", pairs, {"backend": backend, "iters": iters, "loaded_iters": loaded_iters},
+                 deadline_s=240, what=f"hal profile: links and dp-sync collectives on {pairs} {backend} ranks",
+                 echo_stderr=sys.stderr)
+    got = run.values[0]
+    loaded = ({op: (float(a), float(b)) for op, (a, b) in got["loaded"].items()} if ranks >= 2 else None)
+    return _link_profile(backend, False, got["island"], iters), _link_profile(backend, True, got["bridge"], iters), loaded
 
 
 def measure_link(backend: str, bridged: bool, launch: Callable[..., Any], iters: int = 20) -> LinkProfile:
@@ -548,7 +576,11 @@ def measure_link(backend: str, bridged: bool, launch: Callable[..., Any], iters:
 
     run = launch(f"{__name__}:link_rank", 2, {"backend": backend, "bridged": bridged, "iters": iters},
                        deadline_s=120, what=f"hal profile: {'bridge' if bridged else 'island'} link", echo_stderr=sys.stderr)
-    t = run.values[0]
+    return _link_profile(backend, bridged, run.values[0], iters)
+
+
+def _link_profile(backend: str, bridged: bool, t: Mapping[str, float], iters: int) -> LinkProfile:
+    """The link from rank 0's µs a broadcast at the two LINK_SIZES."""
     small, large = LINK_SIZES
     t_small, t_large = t[str(small)], t[str(large)]
     gbps = (large - small) / max(t_large - t_small, 1e-3) / 1e3

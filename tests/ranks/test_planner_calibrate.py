@@ -223,11 +223,15 @@ def test_fit_increasing_solves_and_clamps() -> None:
 # --- the dp sync of a cpu node: its collectives measured with every pair of ranks at once ------------------------
 
 def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() -> None:
-    from hal.parallel.planner.measure import LINK_SIZES, LOADED_OPS, measure_loaded_collectives
+    """One launch of the node's ranks measures the island link, the bridge link (each in a 2-rank world of its own)
+    and the loaded collectives of every pair at once (``measure_node_links``)."""
+    from hal.parallel.planner.measure import LINK_SIZES, LOADED_OPS, measure_node_links
     from hal.parallel.planner.device_profile import LinkProfile
 
-    loaded = measure_loaded_collectives("cpu", 4, run_function_forked, iters=3)
-    assert set(loaded) == set(LOADED_OPS)
+    inside, bridge, loaded = measure_node_links("cpu", 4, run_function_forked, iters=3, loaded_iters=3)
+    assert (inside.kind, bridge.kind) == ("island", "bridge") and "declared islands" in bridge.basis
+    assert inside.bandwidth_gbps > 0 and bridge.bandwidth_gbps > 0
+    assert loaded is not None and set(loaded) == set(LOADED_OPS)
     assert all(0 < small < large for small, large in loaded.values())  # 16 MiB takes longer than 4 KiB
     island = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", loaded, LINK_SIZES)
     two = island.collective_s("all_reduce", LINK_SIZES[1], 2)
