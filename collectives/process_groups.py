@@ -295,9 +295,18 @@ def aborted() -> str | None:
 
 
 def shutdown() -> None:
-    """Destroy every group this module made (safe to call twice, and after an abort)."""
+    """Destroy every group this module made (safe to call twice, and after an abort).
+
+    On an accelerator the device is synchronized first (not after an abort): a receive or send waited on only by
+    the stream (a pipeline's last transfers) may still be running when the host is done, and a process that
+    leaves with it in flight strands its peer's matching operation until that peer's CCL timeout."""
     global _WORLD, _ABORTED
+    world, failed = _WORLD, _ABORTED
     _WORLD = None
     _ABORTED = None
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        if world is not None and failed is None and world.device.type != "cpu":
+            world.backend.synchronize()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
