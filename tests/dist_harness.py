@@ -31,7 +31,13 @@ def _rank(module: str, fn: str, islands: Sequence[int] | None, timeout_s: float,
         mine = backend if isinstance(backend, str) else backend[rank]
         init_distributed(mine, init_method=os.environ["HAL_INIT_METHOD"], rank=rank, world_size=world,
                          timeout=datetime.timedelta(seconds=timeout_s), islands=islands)
-        return ("ok", getattr(importlib.import_module(module), fn)(rank, world, **kwargs))
+        value = getattr(importlib.import_module(module), fn)(rank, world, **kwargs)
+        from hal.collectives import shutdown
+
+        # the rank leaves with os._exit: its last transfers, waited on by the stream only, must be done first (a
+        # receive still running when the process goes strands the peer's send until its CCL timeout)
+        shutdown()
+        return ("ok", value)
     except BaseException as exc:  # report, never hang
         return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
