@@ -294,18 +294,19 @@ def aborted() -> str | None:
     return _ABORTED
 
 
-def shutdown() -> None:
+def shutdown(*, drain: bool = False) -> None:
     """Destroy every group this module made (safe to call twice, and after an abort).
 
-    On an accelerator the device is synchronized first (not after an abort): a receive or send waited on only by
-    the stream (a pipeline's last transfers) may still be running when the host is done, and a process that
-    leaves with it in flight strands its peer's matching operation until that peer's CCL timeout."""
+    ``drain`` (a rank that finished its work): on an accelerator the device is synchronized first — a receive or send
+    waited on only by the stream (a pipeline's last transfers) may still be running when the host is done, and a
+    process that leaves with it in flight strands its peer's matching operation until that peer's CCL timeout. Not
+    after a failure: the peers a stuck operation waits for may never come."""
     global _WORLD, _ABORTED
     world, failed = _WORLD, _ABORTED
     _WORLD = None
     _ABORTED = None
     try:
-        if world is not None and failed is None and world.device.type != "cpu":
+        if drain and world is not None and failed is None and world.device.type != "cpu":
             world.backend.synchronize()
     finally:
         if dist.is_initialized():

@@ -36,7 +36,7 @@ def _rank(module: str, fn: str, islands: Sequence[int] | None, timeout_s: float,
 
         # the rank leaves with os._exit: its last transfers, waited on by the stream only, must be done first (a
         # receive still running when the process goes strands the peer's send until its CCL timeout)
-        shutdown()
+        shutdown(drain=True)
         return ("ok", value)
     except BaseException as exc:  # report, never hang
         return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())

@@ -810,11 +810,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     rank = os.environ.get("RANK", "?")
+    finished = False
     try:
         bound = bind_from_env()  # before torch starts its threads: they inherit the rank's cores
         if bound is not None:
             print(f"hal train: rank {rank}: pinned to cpus {cpulist(sorted(os.sched_getaffinity(0)))}", file=sys.stderr)
         train(setup(load_job(args[0])))
+        finished = True
         return 0
     except HalError as exc:
         print(f"hal train: rank {rank}: error: {exc}", file=sys.stderr)
@@ -823,7 +825,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hal train: rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, end="")
         return 1
     finally:
-        shutdown()
+        shutdown(drain=finished)
 
 
 if __name__ == "__main__":
