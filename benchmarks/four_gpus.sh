@@ -17,11 +17,12 @@
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
 #   ccl         37.3  the collectives suite's reduction probes on NCCL (what the library's sums accumulate in) 2+
 #   kernels     35.6  every Triton kernel against torch.compile of its reference, 2048 and 8192 tokens           1
+#   izb-loop    36    the two-GPU interleaved zero-bubble test five times (it hung 4 of 5 runs on 2026-11-29)       2
 #
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train train-bf16 train-loop schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels"
+SECTIONS="examples moe train train-bf16 train-loop schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -81,6 +82,11 @@ for section in "$@"; do
         kernels)
             for tokens in 2048 8192; do
                 step "kernels-$tokens-tokens" 250 python benchmarks/kernels.py --tokens "$tokens"
+            done ;;
+        izb-loop)
+            for i in 1 2 3 4 5; do
+                step "izb-two-gpus-$i" 100 python -m pytest -q -m cuda \
+                    "tests/cuda/test_engine_cuda.py::test_interleaved_zero_bubble_on_two_gpus_matches" -p no:cacheprovider
             done ;;
         ccl)
             step ccl-probes 400 python -m hal conformance run --backend cuda --suite collectives -k 'reduction_probe' \
