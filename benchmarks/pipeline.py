@@ -318,10 +318,9 @@ def _own_baseline(model: Any, plan: Any, layers: list[Any], opts: dict[str, Any]
     from hal.parallel.config.topology import Topology
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
-
-    counts = [sum(n) if isinstance(n, (list, tuple)) else n for n in layers]
     from hal.parallel.schedules import get_schedule
 
+    counts = [sum(n) if isinstance(n, (list, tuple)) else n for n in layers]
     base = dataclasses.replace(plan, stages=tuple(StagePlan(s.backend, 1, n) for s, n in zip(plan.stages, counts)),
                                schedule=get_schedule("1f1b"), virtual_stages=1, order="unit")
     mesh = build_mesh(Topology.from_plan(base), world, validate=False)  # its own groups: the placement differs

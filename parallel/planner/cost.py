@@ -200,10 +200,7 @@ class CostModel:
         host = (0.0, 0.0)
         if clocks is not None:
             host, (f, b) = (L * clocks[0] * host_x, L * clocks[1] * host_x), clocks[2:]
-            f, b = f * device_x, b * device_x
-        else:
-            f, b = f * device_x, b * device_x
-        fwd, bwd = L * f, L * b
+        fwd, bwd = L * f * device_x, L * b * device_x
         tokens = rows * seq
         if k == 0:
             fwd += tokens * prof.embedding.forward_s
