@@ -91,9 +91,10 @@ def format_profile(data: dict[str, Any]) -> str:
                      + (" [estimated]" if d["source"] != "measured" else ""))
         if d.get("weight_share") is not None:
             split = d.get("split_cost")
+            takes = ("" if not split else f"{split[0]:.2f}x the time" if d["backend"] == "cpu"  # one clock on the cpu
+                     else f"{split[0]:.2f}x the host time and {split[1]:.2f}x the device time")
             lines.append(f"  zero-bubble split: the weight half is {d['weight_share']:.0%} of a layer's backward"
-                         + (f"; the split layer takes {split[0]:.2f}x the host time and {split[1]:.2f}x the device time "
-                            "of the whole one" if split else "")
+                         + (f"; the split layer takes {takes} of the whole one" if split else "")
                          + (" (from a measured device)" if d["source"] != "measured" else ""))
         if d.get("action_host_s"):
             lines.append(f"  the engine's host work: {d['action_host_s'] * 1e6:.1f} µs a compute action (calibration pipeline)")
