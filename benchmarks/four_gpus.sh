@@ -10,7 +10,8 @@
 #                     same plan and precision (fp32 weights under bf16 autocast, as hal train keeps them)           4
 #   train-bf16  35.5  the same benchmark with bf16 weights (the issue's 46.9 % MFU figure)                         4
 #   train-loop  35.5  hal train of that example against the engine and optimizer it builds (train_vs_engine.py)    4
-#   schedules   36    ZB-V and interleaved zero-bubble against our own 1F1B (--baseline 1f1b), compiled, at M 8 and 16 4
+#   schedules   36    ZB-V and interleaved zero-bubble against our own 1F1B (--baseline 1f1b), compiled, at M 8      4
+#   schedules-m16 36  the same at M 16                                                                              4
 #   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one, compiled               4
 #   planner-wide, planner-narrow, planner-tied
 #               35.3  the planner's first pick and memory on the untuned shapes (5 plans each)                  4
@@ -22,7 +23,7 @@
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train train-bf16 train-loop schedules uneven planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
+SECTIONS="examples moe train train-bf16 train-loop schedules schedules-m16 uneven planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -61,12 +62,11 @@ for section in "$@"; do
         train-bf16)
             step bench-1f1b-7-6-6-5 280 python benchmarks/pipeline.py --stages 4 --micro-batches 16 --micro-batch-size 4 \
                 --compile --fused-head --layers 7,6,6,5 ;;
-        schedules)
+        schedules|schedules-m16)  # each run compiles two engines (ours and the 1F1B baseline): two runs a call
+            M="$([ "$section" = schedules ] && echo 8 || echo 16)"
             for schedule in zbv interleaved-zero-bubble; do
-                for M in 8 16; do
-                    step "pipeline-$schedule-M$M-vs-1f1b" 280 python benchmarks/pipeline.py --stages 4 --micro-batches "$M" \
-                        --micro-batch-size 4 --fused-head --compile --schedule "$schedule" --baseline 1f1b
-                done
+                step "pipeline-$schedule-M$M-vs-1f1b" 280 python benchmarks/pipeline.py --stages 4 --micro-batches "$M" \
+                    --micro-batch-size 4 --fused-head --compile --schedule "$schedule" --baseline 1f1b
             done ;;
         uneven)
             for order in unit measured; do
