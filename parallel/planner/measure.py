@@ -243,6 +243,8 @@ def measure_device(backend: Backend, model: ModelConfig, *, seq: int, rows: tupl
     device = backend.device(0)
     caps = backend.capabilities(0)
     say = progress or (lambda _: None)
+    weight_share: float | None = None  # the split backward, measured at the largest rows with recompute off
+    split_cost: tuple[float, float] | None = None
     with _threads(threads):
         points = []
         for recompute in (False, True):
@@ -538,11 +540,9 @@ def node_links_rank(backend: str, iters: int, loaded_iters: int) -> dict[str, An
     store = os.environ.get("HAL_INIT_METHOD", "")
     rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     out: dict[str, Any] = {}
-    if rank < 2:
-        for bridged in (False, True):
-            os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), "2"
-            out["bridge" if bridged else "island"] = link_rank(backend, bridged, iters, f"{store}-{'bridge' if bridged else 'island'}")
-    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+    if rank < 2:  # link_rank's worlds are these two ranks (its world size is 2 whatever the launch's)
+        for kind, bridged in (("island", False), ("bridge", True)):
+            out[kind] = link_rank(backend, bridged, iters, f"{store}-{kind}")
     if size >= 2:
         out["loaded"] = loaded_collectives_rank(backend, loaded_iters, f"{store}-loaded")
     return out if rank == 0 else None
