@@ -13,6 +13,8 @@
 #   schedules   36    ZB-V and interleaved zero-bubble against our own 1F1B (--baseline 1f1b), compiled, at M 8      4
 #   schedules-m16 36  the same at M 16                                                                              4
 #   uneven      36    ZB-V over 9/6/5/4 layers, unit-time order against the measured one, compiled               4
+#   dualpipev   36.3  DualPipeV compiled at M 8: its pairs at once against in turn, and against our own 1F1B       4
+#   dualpipev-torch 36.3  DualPipeV against torch's ScheduleDualPipeV on the same stage modules (eager)           4
 #   planner-wide, planner-narrow, planner-tied
 #               35.3  the planner's first pick and memory on the untuned shapes (5 plans each)                  4
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
@@ -23,7 +25,7 @@
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train train-bf16 train-loop schedules schedules-m16 uneven planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
+SECTIONS="examples moe train train-bf16 train-loop schedules schedules-m16 uneven dualpipev dualpipev-torch planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -74,6 +76,14 @@ for section in "$@"; do
                     --micro-batch-size 4 --fused-head --compile --schedule zbv --layers 5+4,3+3,3+2,2+2 --order "$order" \
                     --baseline 1f1b
             done ;;
+        dualpipev)  # two compiling runs: the same engine with its pairs in turn, then our 1F1B on the same layers
+            for baseline in in-turn 1f1b; do
+                step "pipeline-dualpipev-M8-vs-$baseline" 280 python benchmarks/pipeline.py --stages 4 --micro-batches 8 \
+                    --micro-batch-size 4 --fused-head --compile --schedule dualpipev --baseline "$baseline"
+            done ;;
+        dualpipev-torch)  # torch's DualPipeV splits neither a compiled layer nor a fused head: eager, the head in the stage
+            step pipeline-dualpipev-M8-vs-torch 280 python benchmarks/pipeline.py --stages 4 --micro-batches 8 \
+                --micro-batch-size 4 --schedule dualpipev --baseline torch ;;
         planner-wide|planner-narrow|planner-tied)
             model="$(case "$section" in planner-wide) echo wide-shallow ;; planner-narrow) echo narrow-deep ;; *) echo tied-128k-vocab ;; esac)"
             step "planner-$model" 560 python benchmarks/planner_accuracy.py --backend cuda --model "$model" --only 1,2,5,6,9 ;;

@@ -139,6 +139,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
 
         if opts.get("baseline", "torch") == "torch":
             torch_step, other = _torch_schedule(engine, tokens, backend, world_size, rank), None
+        elif opts["baseline"] == "in-turn":  # the same engine, its pairs one after the other
+            torch_step, other = _in_turn(engine, ours), None
         else:  # our own engine with another schedule over the same layers a stage (its own copy of them)
             torch_step, other = _own_baseline(model, plan, layers, opts, world, dtype, autocast, tokens)
         modules = [engine.module] + ([other] if other is not None else [])
@@ -176,6 +178,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         if opts.get("order") == "measured":
             report["order"] = report_order
         report["peak_memory_bytes"] = peak
+        if engine.pair_overlap is not None:  # dualpipev: how its pairs ran, and how many at once
+            report["pairs"] = {"how": engine.pair_overlap, "at_once": engine.pairs_run}
         report["bubble"] = _bubble(engine, tokens, opts["steps"])
         if opts.get("trace"):
             report["trace"] = _trace(opts["trace"], rank, device, {"ours": ours, "torch": torch_step}, sync)
@@ -307,6 +311,22 @@ def _bytes(module: torch.nn.Module | None) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
+def _in_turn(engine: Any, ours: Any) -> Any:
+    """``--baseline in-turn``: a step of the same DualPipeV engine with its pairs one after the other."""
+    if engine.pair_overlap != "at once":
+        raise RuntimeError(f"--baseline in-turn: stage {engine.coord.stage} runs its pairs one after the other anyway "
+                           f"({engine.pair_overlap})")
+
+    def step() -> None:
+        engine.run_pairs_at_once(False)
+        try:
+            ours()
+        finally:
+            engine.run_pairs_at_once(True)
+
+    return step
+
+
 def _own_baseline(model: Any, plan: Any, layers: list[Any], opts: dict[str, Any], world: Any,
                   dtype: torch.dtype, autocast: Any, tokens: torch.Tensor) -> tuple[Any, torch.nn.Module]:
     """``--baseline 1f1b``: our engine under plain 1F1B with the same layers on each stage (a stage's chunks
@@ -412,7 +432,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
                "peak_mem_gib_torch": r["peak_memory_bytes"]["torch"] / 2**30,
                "compute_s": r["bubble"]["compute_s"], "p2p_s": r["bubble"]["p2p_s"],
                "schedule_s": r["bubble"]["schedule_s"], "idle_fraction": r["bubble"]["idle_fraction"],
-               "idle_simulated": predicted[k], **({"trace": r["trace"]} if "trace" in r else {})}
+               "idle_simulated": predicted[k], **({"trace": r["trace"]} if "trace" in r else {}),
+               **({"pairs": r["pairs"]} if "pairs" in r else {})}
               for k, (_, r) in enumerate(sorted(reports.items()))]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
@@ -444,16 +465,18 @@ def table(s: dict[str, Any]) -> str:
         f"{'schedule':<32}{'step s':>9}{'tokens/s':>11}{'MFU':>8}",
     ]
     own = s.get("baseline", "torch") != "torch"
-    baseline = "hal 1f1b (baseline)" if own else f"torch {s.get('torch_schedule', 'Schedule1F1B')}"
+    baseline = {"1f1b": "hal 1f1b (baseline)", "in-turn": "hal dualpipev, pairs in turn"}.get(
+        s.get("baseline", "torch"), f"torch {s.get('torch_schedule', 'Schedule1F1B')}")
     for name, label in (("ours", f"hal {s.get('schedule', '1f1b')}"), ("torch", baseline)):
         mfu = s["mfu"][name]
         lines.append(f"{label:<32}{s['step_s'][name]:>9.3f}{s['tokens_per_s'][name]:>11.0f}"
                      f"{'' if mfu is None else f'{100 * mfu:.1f}%':>8}")
-    lines.append(f"throughput ratio ours/{'1f1b' if own else 'torch'}: {s['ratio_ours_over_torch']:.3f} "
-                 f"(goal {'>= 1.15 for the zero-bubble family at M=8' if own else '>= 1.0'}); by round "
+    lines.append(f"throughput ratio ours/{s.get('baseline', 'torch') if own else 'torch'}: {s['ratio_ours_over_torch']:.3f} "
+                 f"(goal {_GOALS.get(s.get('baseline', 'torch'), '>= 1.0')}); by round "
                  + " ".join(f"{r:.3f}" for r in s["ratio_per_round"])
                  + f" (spread {s['ratio_spread'][0]:.3f}..{s['ratio_spread'][1]:.3f})")
-    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{'mem 1f1b GiB' if own else 'mem torch GiB':>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
+    other = {"1f1b": "mem 1f1b GiB", "in-turn": "mem in turn GiB"}.get(s.get("baseline", "torch"), "mem torch GiB")
+    lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{other:>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
                  f"{'idle':>7}{'sim idle':>9}")
     for st in s["per_stage"]:
         lines.append(f"{st['stage']:<6}{str(st['layers']):>7}{st['peak_mem_gib_ours']:>14.2f}{st['peak_mem_gib_torch']:>15.2f}"
@@ -462,6 +485,9 @@ def table(s: dict[str, Any]) -> str:
     lines.append(f"bubble: measured mean idle {s['bubble_measured_mean']:.3f} vs ideal (equal stages) {s['bubble_ideal']:.3f}; "
                  "sim idle: the simulator fed with each stage's measured compute")
     return "\n".join(lines)
+
+
+_GOALS = {"1f1b": ">= 1.15 for the zero-bubble family at M=8", "in-turn": "> 1.0 where a stage's host sets the pace"}
 
 
 def _parse_args(argv: list[str] | None) -> dict[str, Any]:
@@ -491,10 +517,12 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
                         choices=list(schedule_names()),
                         help="hal's schedule; the baseline is torch's class of the same order (the schedule's "
                              "torch_class: Schedule1F1B for 1f1b, ScheduleGPipe for gpipe, ...)")
-    parser.add_argument("--baseline", choices=("torch", "1f1b"), default="torch",
-                        help="what ours is compared with: torch's class of the same order (default), or our own engine "
+    parser.add_argument("--baseline", choices=("torch", "1f1b", "in-turn"), default="torch",
+                        help="what ours is compared with: torch's class of the same order (default), our own engine "
                              "under 1F1B with the same layers a stage (the zero-bubble family's gain; it allows "
-                             "--compile and --fused-head with a split backward, which torch's classes cannot split)")
+                             "--compile and --fused-head with a split backward, which torch's classes cannot split), "
+                             "or, for dualpipev, the same engine with its pairs one after the other (what running them "
+                             "at once gains)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="model chunks per stage for interleaved-1f1b (default 2); each stage's layers must divide")
     parser.add_argument("--order", choices=("unit", "measured"), default="unit",
@@ -521,6 +549,9 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         # head's weight is applied inside the loss, outside that module (its first W action raises, 4 x H200)
         parser.error(f"--schedule {args.schedule} with --fused-head: torch's baseline cannot split a head applied "
                      "inside the loss; drop --fused-head or add --baseline 1f1b")
+    if args.baseline == "in-turn" and args.schedule != "dualpipev":
+        parser.error(f"--baseline in-turn compares dualpipev's pairs at once and in turn; --schedule {args.schedule} "
+                     "has no pairs (use --schedule dualpipev)")
     if args.order == "measured" and not schedule.plays_times:
         parser.error(f"--order measured re-plays a zero-bubble-family order; --schedule {args.schedule} has a fixed one")
     virtual = args.virtual_stages or schedule.chunks()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -59,10 +60,28 @@ def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float,
 
 
 def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool = False,
-               num_layers: int = MODEL.num_layers, times: dict | None = None, switch_at: int = 0) -> dict[str, Any]:
+               num_layers: int = MODEL.num_layers, times: dict | None = None, switch_at: int = 0,
+               pair_overlap: str | None = None) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine. ``times`` (``StageTimes.of``'s arguments): from
     step ``switch_at`` on, the schedule's order is the one played with them (as ``parallel.order: measured`` does).
-    A compiled plan also reports its graphs, its graph breaks and Dynamo's lru_cache warnings."""
+    A compiled plan also reports its graphs, its graph breaks and Dynamo's lru_cache warnings. ``pair_overlap``:
+    HAL_PAIR_OVERLAP for this run (the rank's environment is restored after: a world serves many tests)."""
+    from hal.parallel.pipeline.pairs import ENV
+
+    before = os.environ.get(ENV)
+    if pair_overlap is not None:
+        os.environ[ENV] = pair_overlap
+    try:
+        return _engine_run(plan_raw, steps, lr, seed, tied, num_layers, times, switch_at)
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
+def _engine_run(plan_raw: dict, steps: int, lr: float, seed: int, tied: bool, num_layers: int, times: dict | None,
+                switch_at: int) -> dict[str, Any]:
     from hal.collectives import current_world
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.models.decoder import gather_full_grads
@@ -95,7 +114,8 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     if plan.compile:
         compiled = {"graphs": counters["stats"]["unique_graphs"], "breaks": sorted(counters["graph_break"]),
                     "lru_warnings": sum("lru_cache" in str(w.message) for w in seen)}
-    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "link": link, "compiled": compiled}
+    return {"coord": tuple(groups.coord), "losses": losses, "grads": grads, "link": link, "compiled": compiled,
+            "pairs": (engine.pair_overlap, engine.pairs_run)}
 
 
 def _engine_step(engine: Any, opt: Any, plan: Any, step: int, seed: int, times: dict | None, switch_at: int,

@@ -39,7 +39,8 @@ from hal.parallel.models.layers import (
 from hal.parallel.config.model import ROPE_SCALING_KEYS, ModelConfig
 from hal.parallel.models.moe import MoE, attach_aux_loss, compiling
 from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
-from hal.parallel.models.weight_grad import split_linear
+from hal.parallel.models.linear import fp8_matmuls, fp8_setting
+from hal.parallel.models.weight_grad import split_linear, split_setting, splittable
 
 # --- deterministic initialisation ---------------------------------------------------------------
 
@@ -175,18 +176,25 @@ _REPLAYING = _ReplayFlag()
 
 class _Replayed:
     """A checkpointed layer: its first call is the forward, any later one torch.utils.checkpoint's recompute
-    in the backward — marked (``_REPLAYING``) so what a forward counts (the MoE tally) is counted once."""
+    in the backward — marked (``_REPLAYING``) so what a forward counts (the MoE tally) is counted once, and run
+    with the linears the forward had (splittable under a zero-bubble schedule, fp8): the backward runs outside
+    the engine's forward settings, and a recompute that built other linears would save other tensors (torch's
+    checkpoint refuses that) or defer no weight gradient."""
 
     def __init__(self, layer: nn.Module) -> None:
         self.layer, self.calls = layer, 0
+        self.linears: tuple[bool, torch.dtype | None] = (False, None)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if self.calls == 1:
+            self.linears = (split_setting(), fp8_setting())
             return self.layer(h)
         _REPLAYING.active = True
+        split, fp8 = self.linears
         try:
-            return self.layer(h)
+            with splittable(split), fp8_matmuls(fp8):
+                return self.layer(h)
         finally:
             _REPLAYING.active = False
 

@@ -37,6 +37,11 @@ def fp8_matmuls(dtype: "torch.dtype | None") -> Iterator[None]:
         _FP8 = before
 
 
+def fp8_setting() -> "torch.dtype | None":
+    """The fp8 format the decoder layers' forward matmuls now run in, None for none (what a recompute must use again)."""
+    return _FP8
+
+
 def layer_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for a decoder layer: fp8 inside ``fp8_matmuls``, else ``split_linear``.
 
@@ -56,4 +61,4 @@ def layer_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out if bias is None else out + bias.to(out.dtype)
 
 
-__all__ = ["fp8_matmuls", "layer_linear"]
+__all__ = ["fp8_matmuls", "fp8_setting", "layer_linear"]

@@ -58,6 +58,11 @@ def splittable(on: bool = True) -> Iterator[None]:
         _SPLIT = before
 
 
+def split_setting() -> bool:
+    """Whether forwards now build splittable linears (what a recompute must build again: ``decoder._Replayed``)."""
+    return _SPLIT
+
+
 @contextlib.contextmanager
 def collecting(store: WeightGradStore) -> Iterator[WeightGradStore]:
     """A backward run inside defers the split linears' weight gradients into ``store``."""
@@ -131,4 +136,4 @@ class _SplitLinear(torch.autograd.Function):
         return grad_x, None, None
 
 
-__all__ = ["WeightGradStore", "collecting", "split_linear", "splittable"]
+__all__ = ["WeightGradStore", "collecting", "split_linear", "split_setting", "splittable"]

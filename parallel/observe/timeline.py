@@ -27,11 +27,11 @@ from hal.errors import HalError
 
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.planned import Planned
-from hal.parallel.schedules import Action, P2PBatch, Schedule, get_schedule, simulate
+from hal.parallel.schedules import Action, Overlap, P2PBatch, Schedule, get_schedule, simulate
 from hal.parallel.config.topology import Topology
 
 VERSION = 1
-COMPUTE = ("F", "B", "I", "W")
+COMPUTE = ("F", "B", "I", "W", "P")  # P: a DualPipeV pair, its forward and backward at once
 
 
 # --- measured: one rank's spans ------------------------------------------------------------------------
@@ -43,6 +43,8 @@ def span_record(phase: str, label: Any, start: float, end: float) -> dict[str, A
                               "start": float(start), "end": float(end)}
     if isinstance(label, Action) and label.kind.is_compute:
         record.update(kind=label.kind.value, mb=label.micro_batch, chunk=label.chunk)
+    elif isinstance(label, Overlap):  # filed under its forward's micro-batch and chunk; "what" names both
+        record.update(kind="P", mb=label.forward.micro_batch, chunk=label.forward.chunk)
     elif isinstance(label, (Action, P2PBatch)) or phase == "p2p":
         record["kind"] = "p2p"
         if isinstance(label, Action):  # an interleaved compute waiting for the receive it needs

@@ -14,11 +14,12 @@ from typing import Any, Sequence
 INSTALL_HINT = "pip install 'hetero-hal[report]'"
 MAX_RANK_ROWS = 16  # more ranks than this: one row per stage (its first rank), the rest said in the title
 
-COLOURS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#54A24B", "p2p": "#B279A2",
+COLOURS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#54A24B", "P": "#72B7B2", "p2p": "#B279A2",
            "grad_sync": "#9D755D", "idle": "#E6E6E6"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward, input half (I)", "W": "backward, weight half (W)",
+         "P": "a pair at once: a forward (named) and another micro-batch's backward",
          "p2p": "send / recv (post or wait)", "grad_sync": "dp gradient sync", "idle": "idle"}
-COMPUTE = ("F", "B", "I", "W")
+COMPUTE = ("F", "B", "I", "W", "P")
 WIDTH, DPI = 13.0, 110
 PLOT_PX = WIDTH * DPI * 0.78  # about how wide the time axis is drawn, for fitting bar labels
 BAR, THIN = 0.72, 0.34  # bar heights: compute fills the row, P2P is a thin band on it
@@ -168,7 +169,7 @@ def _rows(ax: Any, labels: Sequence[str]) -> None:
 def _legend(fig: Any, used: set[str], chunks: bool) -> None:
     from matplotlib.patches import Patch
 
-    order = [k for k in ("F", "B", "I", "W", "p2p", "grad_sync", "idle") if k in used]
+    order = [k for k in ("F", "B", "I", "W", "P", "p2p", "grad_sync", "idle") if k in used]
     if "B" in used and "I" in used:  # one colour, one entry
         order.remove("I")
     handles = [Patch(color=COLOURS[k], label=NAMES[k]) for k in order]

@@ -35,7 +35,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -51,7 +51,8 @@ from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.pipeline.compile_stage import eager_first_forward
 from hal.parallel.pipeline.mesh import Mesh
 from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
-from hal.parallel.schedules import Action, Kind, P2PBatch, Schedule
+from hal.parallel.pipeline.pairs import PairRunner, why_not
+from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, Schedule
 from hal.parallel.schedules.placement import neighbours
 
 BUCKET_BYTES = 16 * 2**20
@@ -158,6 +159,15 @@ class PipelineEngine:
         self.rows = slice(self.coord.dp * mbs // self.layout.dp, (self.coord.dp + 1) * mbs // self.layout.dp)
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
         self.program = self.schedule.program(S, micro_batches, k, V)
+        # DualPipeV's pairs: at once on a worker thread where the stage allows it (``parallel.pipeline.pairs``)
+        self.pair_overlap: str | None = None  # "at once", or why the pairs run one after the other; None: no pairs
+        self._pairs: PairRunner | None = None
+        self._idle_pairs: PairRunner | None = None  # the runner while a benchmark runs the pairs in turn
+        if any(isinstance(step, Overlap) for step in self.program):
+            moe_over_dp = self._moe_group is not None and bool(self.module.moe_blocks())
+            why = why_not(self.layout.tp, self.layout.ep, moe_over_dp)
+            self.pair_overlap = why or "at once"
+            self._pairs = None if why else PairRunner(backend, device)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._step_origin: Any = None  # the timer's mark at the last step's schedule start (step_spans)
@@ -169,6 +179,20 @@ class PipelineEngine:
         # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
         # traffic of the all-reduce); p.grad then holds this replica's part only.
         self.reduce_dp_grads = True
+
+    def run_pairs_at_once(self, on: bool) -> None:
+        """From the next step, DualPipeV's pairs at once (where ``pair_overlap`` says the stage can) or one after
+        the other: the same engine and weights both ways, for a benchmark's baseline."""
+        if on and self.pair_overlap == "at once" and self._pairs is None:
+            self._pairs = self._idle_pairs
+        elif not on and self._pairs is not None:
+            self._idle_pairs, self._pairs = self._pairs, None
+
+    @property
+    def pairs_run(self) -> int:
+        """DualPipeV pairs this engine ran at once so far (0 where they run one after the other)."""
+        runner = self._pairs or self._idle_pairs
+        return 0 if runner is None else runner.ran
 
     # --- timing -------------------------------------------------------------------------------------
     @property
@@ -278,8 +302,19 @@ class PipelineEngine:
     def _forward_untimed(self, tokens: torch.Tensor, key: Key, received: torch.Tensor | None) -> _InFlight:
         warmup = eager_first_forward() if key[0] in self._eager_chunks else contextlib.nullcontext()
         self._eager_chunks.discard(key[0])
-        with self.autocast(), warmup, splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
+        with self.autocast(), warmup, self._linear_settings():
             item = self._forward_stage(tokens, key, received)
+        return self._forwarded(key, item)
+
+    @contextlib.contextmanager
+    def _linear_settings(self) -> Iterator[None]:
+        """What this stage's linears are while it forwards: splittable (zero-bubble family), fp8 (fp8-mixed).
+        Module-wide settings, not a thread's: a recompute in the backward runs on autograd's thread."""
+        with splittable(self.schedule.splits_backward), fp8_matmuls(self.fp8_dtype):
+            yield
+
+    def _forwarded(self, key: Key, item: _InFlight) -> _InFlight:
+        """A forward's result as the boundary carries it, its shape noted for the time_links probe."""
         if not item.is_loss and item.output.dtype != self.dtype:
             # The boundary carries ``dtype`` (the receiver allocates it); autocast may have produced less.
             item = _InFlight(item.inputs, item.output.to(self.dtype))
@@ -442,28 +477,11 @@ class PipelineEngine:
             if isinstance(step, P2PBatch):
                 self._communicate(step, pending, received, grads, input_grads)
                 continue
-            key = (step.chunk, step.micro_batch)
-            if step.kind is Kind.FORWARD:
-                feeder = self.local_prev[step.chunk]
-                given = (self._claim(Kind.RECV_FORWARD, key, received) if feeder is None
-                         else pending[(feeder, step.micro_batch)].output.detach())  # the V's turn: in memory
-                item = self._forward(tokens, key, given, step)
-                if item.is_loss:
-                    losses.append(item.output.detach())
-                pending[key] = item
-            elif step.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
-                item = pending.pop(key)
-                grad = self._claim(Kind.RECV_BACKWARD, key, grads)
-                done = (self._backward(item, grad, step) if step.kind is Kind.BACKWARD
-                        else self._backward_input(key, item, grad, step))
-                if self.local_prev[step.chunk] is None:
-                    input_grads[key] = done
-                else:  # the feeding chunk is here: its backward takes this gradient as if received
-                    grads[(self.local_prev[step.chunk], step.micro_batch)] = done
-            elif step.kind is Kind.BACKWARD_WEIGHT:
-                self._backward_weight(key, step)
-            else:
-                raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
+            if isinstance(step, Overlap) and self._pairs is not None and not self._eager_chunks:
+                self._run_pair(step, tokens, pending, received, grads, input_grads, losses)
+                continue
+            for action in step.actions if isinstance(step, Overlap) else (step,):
+                self._run_action(action, tokens, pending, received, grads, input_grads, losses)
         self._drain_sends()
         if self._weight_grads:  # a schedule that leaves W halves behind would lose those gradients
             raise RuntimeError(f"schedule {self.schedule.name!r} left weight gradients of micro-batches "
@@ -472,6 +490,76 @@ class PipelineEngine:
             raise RuntimeError(f"schedule {self.schedule.name!r} received {sorted(self._deferred)} on stage "
                                f"{self.coord.stage} and never used it")
         return losses
+
+    def _run_action(self, step: Action, tokens: torch.Tensor, pending: dict[Key, _InFlight],
+                    received: dict[Key, torch.Tensor], grads: dict[Key, torch.Tensor],
+                    input_grads: dict[Key, torch.Tensor | None], losses: list[torch.Tensor]) -> None:
+        """One compute action: its input claimed, its result filed for whoever takes it next."""
+        key = (step.chunk, step.micro_batch)
+        if step.kind is Kind.FORWARD:
+            item = self._forward(tokens, key, self._forward_input(step, pending, received), step)
+            self._file_forward(key, item, pending, losses)
+        elif step.kind in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            item = pending.pop(key)
+            grad = self._claim(Kind.RECV_BACKWARD, key, grads)
+            done = (self._backward(item, grad, step) if step.kind is Kind.BACKWARD
+                    else self._backward_input(key, item, grad, step))
+            self._file_backward(step, done, grads, input_grads)
+        elif step.kind is Kind.BACKWARD_WEIGHT:
+            self._backward_weight(key, step)
+        else:
+            raise ValueError(f"the engine runs forward and backward actions; {step} is not one")
+
+    def _run_pair(self, pair: Overlap, tokens: torch.Tensor, pending: dict[Key, _InFlight],
+                  received: dict[Key, torch.Tensor], grads: dict[Key, torch.Tensor],
+                  input_grads: dict[Key, torch.Tensor | None], losses: list[torch.Tensor]) -> None:
+        """A forward and a backward at once: the forward on the pair thread, the backward here (``pairs``).
+
+        Inputs are claimed and results filed on this thread, so the step's bookkeeping is never shared; the
+        linears' settings are entered here around both (module-wide: the forward reads them, and so does a
+        recompute in the backward); autocast, a thread's own, is entered by the forward's thread."""
+        assert self._pairs is not None
+        f, b = pair.forward, pair.backward
+        fkey, bkey = (f.chunk, f.micro_batch), (b.chunk, b.micro_batch)
+        given = self._forward_input(f, pending, received)
+        item = pending.pop(bkey)
+        grad = self._claim(Kind.RECV_BACKWARD, bkey, grads)
+        store = self._weight_grads.setdefault(bkey, WeightGradStore()) if b.kind is Kind.BACKWARD_INPUT else None
+
+        def forward() -> _InFlight:
+            with self.autocast():
+                return self._forward_stage(tokens, fkey, given)
+
+        def backward() -> torch.Tensor | None:
+            with collecting(store) if store is not None else contextlib.nullcontext():
+                return self._backward_untimed(item, grad)
+
+        with self._timed("compute", pair), self._linear_settings():
+            made, done = self._pairs.run(forward, backward)
+        self._file_forward(fkey, self._forwarded(fkey, made), pending, losses)
+        self._file_backward(b, done, grads, input_grads)
+
+    def _forward_input(self, step: Action, pending: dict[Key, _InFlight], received: dict[Key, torch.Tensor],
+                       ) -> torch.Tensor | None:
+        """What a forward takes: received from the previous stage, or at the V's turn the other chunk's output."""
+        feeder = self.local_prev[step.chunk]
+        if feeder is None:
+            return self._claim(Kind.RECV_FORWARD, (step.chunk, step.micro_batch), received)
+        return pending[(feeder, step.micro_batch)].output.detach()  # the V's turn: in memory
+
+    @staticmethod
+    def _file_forward(key: Key, item: _InFlight, pending: dict[Key, _InFlight], losses: list[torch.Tensor]) -> None:
+        if item.is_loss:
+            losses.append(item.output.detach())
+        pending[key] = item
+
+    def _file_backward(self, step: Action, done: torch.Tensor | None, grads: dict[Key, torch.Tensor],
+                       input_grads: dict[Key, torch.Tensor | None]) -> None:
+        key = (step.chunk, step.micro_batch)
+        if self.local_prev[step.chunk] is None:
+            input_grads[key] = done
+        else:  # the feeding chunk is here: its backward takes this gradient as if received
+            grads[(self.local_prev[step.chunk], step.micro_batch)] = done
 
     def _claim(self, kind: Kind, key: Key, filed: dict[Key, torch.Tensor]) -> torch.Tensor | None:
         """A compute's received input: filed already, or (deferred batch) waited for now."""

@@ -1,7 +1,7 @@
 """Pipeline schedules as data: per-stage action lists, one registry by name, and a simulator to check them."""
 from __future__ import annotations
 
-from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step, compute_actions
 from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.gpipe import GPipe
 from hal.parallel.schedules.interleaved import Interleaved1F1B
@@ -11,6 +11,6 @@ from hal.parallel.schedules.simulator import Deadlock, Simulation, Span, simulat
 from hal.parallel.schedules.zero_bubble import ZeroBubbleH1
 
 __all__ = [
-    "Action", "Deadlock", "GPipe", "Interleaved1F1B", "Kind", "OneFOneB", "P2PBatch", "Schedule", "Simulation", "Span", "Step",
-    "ZeroBubbleH1", "get_schedule", "schedule_names", "simulate",
+    "Action", "Deadlock", "GPipe", "Interleaved1F1B", "Kind", "OneFOneB", "Overlap", "P2PBatch", "Schedule", "Simulation", "Span", "Step",
+    "ZeroBubbleH1", "compute_actions", "get_schedule", "schedule_names", "simulate",
 ]

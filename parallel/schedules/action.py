@@ -83,4 +83,41 @@ class P2PBatch:
         return text if self.peer_stage is None else f"{text}@{self.peer_stage}"
 
 
-Step = Union[Action, P2PBatch]  # one item of a stage's program: a compute action or a P2P batch
+@dataclass(frozen=True)
+class Overlap:
+    """A forward and a backward of two different micro-batches that a stage may run at the same time (DualPipeV's
+    pairs): both inputs were made before, neither needs the other's result, and their sends follow them both.
+
+    The engine runs the forward on a second thread while its own runs the backward, where the stage allows it
+    (``parallel.pipeline.pairs``), else one after the other; the simulator plays them one after the other.
+    """
+
+    forward: Action
+    backward: Action
+
+    def __post_init__(self) -> None:
+        if self.forward.kind is not Kind.FORWARD or self.backward.kind not in (Kind.BACKWARD, Kind.BACKWARD_INPUT):
+            raise ValueError(f"an overlapped pair is a forward and a backward (B or I), got {self.forward} and {self.backward}")
+        if (self.forward.chunk, self.forward.micro_batch) == (self.backward.chunk, self.backward.micro_batch):
+            raise ValueError(f"an overlapped pair runs two different micro-batches or chunks, got {self.forward} twice")
+
+    @property
+    def actions(self) -> tuple[Action, Action]:
+        return (self.forward, self.backward)
+
+    def __str__(self) -> str:
+        return f"{self.forward}|{self.backward}"
+
+
+Step = Union[Action, P2PBatch, Overlap]  # one item of a stage's program: a compute action, a P2P batch, or a pair
+
+
+def compute_actions(steps: "list[Step] | tuple[Step, ...]") -> list[Action]:
+    """The compute actions of a program in order, an overlapped pair's forward before its backward."""
+    out: list[Action] = []
+    for step in steps:
+        if isinstance(step, Overlap):
+            out.extend(step.actions)
+        elif isinstance(step, Action):
+            out.append(step)
+    return out

@@ -105,6 +105,11 @@ class Schedule(ABC):
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int) -> list[Action]:
         """The stage's compute actions in the order it runs them."""
 
+    def pairs(self, num_stages: int, num_micro_batches: int, stage: int) -> frozenset[int]:
+        """Positions ``i`` of the compute order whose action and the next one (a forward and a backward of other
+        micro-batches) the stage may run at the same time (``action.Overlap``). Default: none."""
+        return frozenset()
+
     def fuses(self, num_stages: int, num_micro_batches: int, stage: int, index: int) -> bool:
         """True when the send after compute ``index`` is posted in one batch with the receive of compute
         ``index + 1`` (the opposite direction over the same boundary). Default: never."""

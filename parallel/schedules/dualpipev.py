@@ -2,9 +2,8 @@
 
 Stage r of S holds virtual stages ``r`` and ``2S - 1 - r`` (the V: chunk 0 going down, chunk 1 coming back up;
 the first stage computes the loss). Where ZB-V plays the pipeline to find its order, DualPipeV writes it down in
-eight phases, and in its steady state pairs a forward of one chunk with a whole backward of the other — on a
-GPU the pair's compute and communication overlap (two micro-batches in flight at once); here the engine runs
-the pair back to back, so the order, and the equivalence with one device, are what this module gives:
+eight phases, and in its steady state pairs a forward of one chunk with a whole backward of the other, which the
+stage runs at the same time (``action.Overlap``; the engine's ``parallel.pipeline.pairs`` says where it can):
 
 1. ``2(S - r - 1)`` forwards of chunk 0 (the warm-up, longest on the first stage);
 2. ``r + 1`` pairs: a forward of chunk 0, a forward of chunk 1;
@@ -20,8 +19,10 @@ the pair back to back, so the order, and the equivalence with one device, are wh
 Each chunk forwards and backwards every micro-batch once (the counts add up to M in every phase sum), and
 ``tests/unit/test_schedules.py`` plays every order through the simulator. It needs M >= 2S micro-batches and
 holds at most 2S + 1 chunk activations a stage (ZB-V: 2S; the steady state's pair keeps one more in flight). With
-unit times and free transfers (what the simulator plays) it is ZB-V's makespan or half a unit over: its gain is the
-pairs' overlap of compute with communication on a GPU, which the simulator does not model.
+unit times and free transfers (what the simulator plays, a pair as its forward then its backward) it is ZB-V's makespan
+or half a unit over: its gain is what running the pairs at once saves, which the simulator does not model. A pair whose
+two halves are not both ready when the stage reaches it (the round play, ``interleaved.rounds``) runs one after the
+other.
 """
 from __future__ import annotations
 
@@ -51,7 +52,11 @@ class DualPipeV(ZeroBubbleV):
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,
                       ) -> list[Action]:
         check_dualpipev(num_stages, num_micro_batches, virtual_stages)
-        return list(_order(num_stages, num_micro_batches, stage))
+        return list(_order(num_stages, num_micro_batches, stage)[0])
+
+    def pairs(self, num_stages: int, num_micro_batches: int, stage: int) -> frozenset[int]:
+        """The steady state's pairs (phases 4 and 5): a forward of one chunk with the other chunk's backward."""
+        return _order(num_stages, num_micro_batches, stage)[1]
 
     def program(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2) -> list:
         check_dualpipev(num_stages, num_micro_batches, virtual_stages)
@@ -70,9 +75,10 @@ def check_dualpipev(S: int, M: int, V: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _order(S: int, M: int, r: int) -> tuple[Action, ...]:
-    """Stage ``r``'s compute order, phase by phase (the module docstring)."""
+def _order(S: int, M: int, r: int) -> tuple[tuple[Action, ...], frozenset[int]]:
+    """Stage ``r``'s compute order, phase by phase (the module docstring), and where its pairs start in it."""
     order: list[Action] = []
+    pairs: set[int] = set()
     forwarded, backwarded = [0, 0], [0, 0]  # per chunk: the next micro-batch to forward / to backward
     weights: collections.deque[Action] = collections.deque()  # I done, W pending, oldest first
 
@@ -102,12 +108,15 @@ def _order(S: int, M: int, r: int) -> tuple[Action, ...]:
         weight()
         forward(1)
     for _ in range(M - 2 * S + r + 1):  # 4: the steady state, two overlapped pairs
+        pairs.add(len(order))
         forward(0)
         backward(1)
+        pairs.add(len(order))
         forward(1)
         backward(0)
     for _ in range(S - r - 1):  # 5
         backward(1)
+        pairs.add(len(order))
         forward(1)
         backward(0)
     for i in range(r + 1):  # 6
@@ -119,4 +128,4 @@ def _order(S: int, M: int, r: int) -> tuple[Action, ...]:
         backward(0, split=True)
     while weights:  # 8
         weight()
-    return tuple(order)
+    return tuple(order), frozenset(pairs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from hal.parallel.schedules.action import Action, Kind, P2PBatch, Step
+from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step
 from hal.parallel.schedules.base import Schedule, _check
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.simulator import Deadlock
@@ -116,24 +116,32 @@ def _ready(action: Action, stage: int, S: int, V: int, done: dict[tuple[Kind, in
 
 
 @functools.lru_cache(maxsize=64)
-def rounds(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Action | None, ...], ...]:
-    """Each stage's compute action per round (None: idle that round), playing the orders in lockstep."""
+def rounds(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Action | Overlap | None, ...], ...]:
+    """Each stage's compute per round (None: idle that round), playing the orders in lockstep.
+
+    A pair the schedule overlaps (``Schedule.pairs``) takes one round when both its actions are ready at its start
+    (neither then needs the other); otherwise its actions take a round each, as any other."""
     orders = [schedule.compute_order(S, M, s, V) for s in range(S)]
+    paired = [schedule.pairs(S, M, s) for s in range(S)]
     placement = schedule.placement
     at, done = [0] * S, {}
-    played: list[list[Action | None]] = [[] for _ in range(S)]
+    played: list[list[Action | Overlap | None]] = [[] for _ in range(S)]
     now = 0
     while any(at[s] < len(orders[s]) for s in range(S)):
         ran = False
         for s in range(S):
             action = orders[s][at[s]] if at[s] < len(orders[s]) else None
+            entry: Action | Overlap | None = None
             if action is not None and _ready(action, s, S, V, done, now, placement):
-                done[(action.kind, action.micro_batch, virtual_index(s, action.chunk, S, placement))] = now
-                at[s] += 1
+                entry = action
+                partner = orders[s][at[s] + 1] if at[s] in paired[s] else None
+                if partner is not None and _ready(partner, s, S, V, done, now, placement):
+                    entry = Overlap(action, partner)
+                for a in ((action,) if isinstance(entry, Action) else entry.actions):
+                    done[(a.kind, a.micro_batch, virtual_index(s, a.chunk, S, placement))] = now
+                    at[s] += 1
                 ran = True
-            else:
-                action = None
-            played[s].append(action)
+            played[s].append(entry)
         if not ran:
             stuck = "; ".join(f"stage {s} at {orders[s][at[s]]}" for s in range(S) if at[s] < len(orders[s]))
             raise Deadlock(f"{schedule.name}: no stage can progress ({stuck})")
@@ -157,19 +165,20 @@ def tick_program(schedule: Schedule, S: int, M: int, V: int) -> tuple[tuple[Step
     for r in range(len(played[0])):
         by_link: list[dict[int, list[Action]]] = [{} for _ in range(S)]  # stage -> peer stage -> actions
         for s in range(S):
-            action = played[s][r]
-            if action is None:
+            entry = played[s][r]
+            if entry is None:
                 continue
-            programs[s].append(action)
-            consumer = _consumer(action, s, S, V, schedule.placement)
-            if consumer is None or consumer[0] == s:
-                continue
-            to, chunk = consumer
-            forward = action.kind is Kind.FORWARD  # else a gradient (B, or the I half of a split backward)
-            by_link[s].setdefault(to, []).append(
-                Action(Kind.SEND_FORWARD if forward else Kind.SEND_BACKWARD, action.micro_batch, action.chunk))
-            by_link[to].setdefault(s, []).append(
-                Action(Kind.RECV_FORWARD if forward else Kind.RECV_BACKWARD, action.micro_batch, chunk))
+            programs[s].append(entry)
+            for action in ((entry,) if isinstance(entry, Action) else entry.actions):
+                consumer = _consumer(action, s, S, V, schedule.placement)
+                if consumer is None or consumer[0] == s:
+                    continue
+                to, chunk = consumer
+                forward = action.kind is Kind.FORWARD  # else a gradient (B, or the I half of a split backward)
+                by_link[s].setdefault(to, []).append(
+                    Action(Kind.SEND_FORWARD if forward else Kind.SEND_BACKWARD, action.micro_batch, action.chunk))
+                by_link[to].setdefault(s, []).append(
+                    Action(Kind.RECV_FORWARD if forward else Kind.RECV_BACKWARD, action.micro_batch, chunk))
         for s in range(S):
             for peer in sorted(by_link[s], key=lambda p: _link_order(s, p)):
                 programs[s].append(P2PBatch(tuple(by_link[s][peer]), peer_stage=peer))

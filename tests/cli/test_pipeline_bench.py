@@ -93,3 +93,18 @@ def test_our_own_1f1b_is_the_baseline_a_split_backward_with_a_fused_head_can_tak
     assert summary["tokens_per_s"]["ours"] > 0 and summary["tokens_per_s"]["torch"] > 0
     refused = _benchmark(["--backend", "cpu", "--preset", "tiny", "--schedule", "zbv", "--compile"], timeout=60)
     assert refused.returncode == 2 and "add --baseline 1f1b" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_dualpipev_pairs_at_once_against_the_same_engine_in_turn() -> None:
+    """``--baseline in-turn``: DualPipeV with its pairs at once (cpu stages too) against the same engine running them
+    one after the other; any other schedule is refused in one line."""
+    out = _benchmark(["--backend", "cpu", "--preset", "tiny", "--stages", "2", "--steps", "1", "--rounds", "1",
+                      "--warmup", "1", "--micro-batches", "4", "--schedule", "dualpipev", "--baseline", "in-turn",
+                      "--json", "--timeout", "240"], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)
+    assert summary["baseline"] == "in-turn" and summary["tokens_per_s"]["torch"] > 0
+    for stage in summary["per_stage"]:  # stage 0 pairs 3 a step at M=4, stage 1 pairs 4
+        assert stage["pairs"]["how"] == "at once" and stage["pairs"]["at_once"] >= 3, stage
+    refused = _benchmark(["--backend", "cpu", "--preset", "tiny", "--schedule", "zbv", "--baseline", "in-turn"], timeout=60)
+    assert refused.returncode == 2 and "has no pairs" in refused.stderr.strip().splitlines()[-1]

@@ -26,7 +26,7 @@ def _plan(first: str, second: str) -> dict:
                        {"backend": second, "devices": 2, "layers": 1, "dp": 2}]}
 
 
-def _check(plan: dict, backends: list[str], rtol: float, num_layers: int = 4) -> None:
+def _check(plan: dict, backends: list[str], rtol: float, num_layers: int = 4) -> list[dict]:
     ref = reference(plan, STEPS, LR, num_layers=num_layers)
     results = run_world("tests.engine_cases", "engine_run", len(backends), deadline_s=400, backend=backends, plan_raw=plan,
                         steps=STEPS, lr=LR, num_layers=num_layers)
@@ -41,6 +41,28 @@ def _check(plan: dict, backends: list[str], rtol: float, num_layers: int = 4) ->
     for v in values:
         for name, grad in v["grads"].items():
             torch.testing.assert_close(torch.tensor(grad), ref["grads"][name], rtol=rtol, atol=1e-6, msg=name)
+    return values
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs an NVIDIA GPU")
+def test_dualpipev_pairs_at_once_on_a_cuda_stage_beside_a_cpu_stage_match() -> None:
+    """DualPipeV's pairs at once: on the cuda stage the forward's thread enqueues on the rank's stream (the V's first
+    stage holds the embedding, the head and the loss); the cpu stage runs its pairs at once too."""
+    plan = {"schedule": "dualpipev", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+            "stages": [{"backend": "cuda", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]}
+    ref = reference(plan, STEPS, LR)
+    results = run_world("tests.engine_cases", "engine_run", 2, deadline_s=400, backend=["cuda", "cpu"], plan_raw=plan,
+                        steps=STEPS, lr=LR, pair_overlap="1")
+    for rank, outcome in results.items():
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
+    values = [o[1] for o in results.values()]
+    for run in (v["losses"] for v in values if v["coord"][0] == 0):  # the V: the loss on the first stage
+        for got, want in zip(run, ref["losses"]):
+            assert abs(got - want) <= 1e-4 * abs(want), (run, ref["losses"])
+    for v in values:
+        assert v["pairs"][0] == "at once" and v["pairs"][1] >= STEPS, v["pairs"]
+        for name, grad in v["grads"].items():
+            torch.testing.assert_close(torch.tensor(grad), ref["grads"][name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.skipif(_gpus() < 4, reason="needs 4 NVIDIA GPUs")

@@ -88,6 +88,12 @@ PLANS[DPV_UNEVEN] = {**PLANS[IL_UNEVEN], "schedule": "dualpipev"}
 DPV_BRIDGED = "dpv b: dualpipev, 3 stages x 2 chunks, dp1/dp2/dp1, 6 micro-batches, every stage its own island"
 PLANS[DPV_BRIDGED] = {**PLANS[IL_THREE], "schedule": "dualpipev", "micro_batches": 6}
 ISLANDS[DPV_BRIDGED] = [0, 1, 1, 2]
+# Activation checkpointing under a split backward: the recompute (in a pair's backward, beside the forward's thread,
+# and in the cool-down's I) builds the split linears the forward built, or torch's checkpoint refuses it.
+DPV_CHECKPOINTED = "dpv c: dualpipev, 2 stages x 2 chunks, every layer checkpointed"
+PLANS[DPV_CHECKPOINTED] = {"schedule": "dualpipev", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+                           "stages": [{"backend": "cpu", "devices": 1, "layers": 2, "checkpoint": True},
+                                      {"backend": "cpu", "devices": 1, "layers": 2, "checkpoint": True}]}
 # Compiled layers (aot_eager on the cpu) under ZB-V: each chunk's first forward eager, the linears eager between the
 # layers' graphs so their weight gradients wait for W (the only graph breaks), no lru_cache warning from the rope tables.
 ZBV_COMPILED = "zbv e: zbv, compiled layers, 2 stages x 2 chunks [2,1]/[1,2], tp2 -> dp2, tied"
@@ -131,8 +137,10 @@ def test_plan_matches_single_process(name: str) -> None:
     steps = STEPS if name in LONG_RUNS else VARIANT_STEPS
     ref = reference(plan, STEPS, LR, tied=tied, num_layers=layers)  # cached, shared: a variant reads its first steps
     times, switch_at = TIMED.get(name, (None, 0))
+    pairs = plan["schedule"] == "dualpipev"  # its pairs at once on every stage that can
     results = run_world("tests.engine_cases", "engine_run", world, deadline_s=300, plan_raw=plan, steps=steps, lr=LR,
-                        tied=tied, num_layers=layers, islands=ISLANDS.get(name), times=times, switch_at=switch_at)
+                        tied=tied, num_layers=layers, islands=ISLANDS.get(name), times=times, switch_at=switch_at,
+                        pair_overlap="1" if pairs else None)
     for rank, outcome in results.items():
         assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}\n{outcome[2] if len(outcome) > 2 else ''}"
     values = [outcome[1] for outcome in results.values()]
@@ -157,6 +165,14 @@ def test_plan_matches_single_process(name: str) -> None:
             assert v["compiled"]["graphs"] >= 1 and v["compiled"]["lru_warnings"] == 0, v["compiled"]
             eager_on_purpose = ("_apply_split_linear", "_apply_mapping")  # split linears; tp collectives (tp2 stage)
             assert all(any(f in reason for f in eager_on_purpose) for reason in v["compiled"]["breaks"]), v["compiled"]["breaks"]
+    if pairs:  # a tp stage runs its pairs one after the other (its collectives), any other at once, every step
+        for v in values:
+            how, ran = v["pairs"]
+            tp = plan["stages"][v["coord"][0]].get("tp", 1)
+            if tp > 1:
+                assert how.startswith("tensor parallelism") and ran == 0, v["pairs"]
+            else:
+                assert how == "at once" and ran >= steps, v["pairs"]
     if times is not None:  # time_links: every stage but the last times its boundary (a loop's last stage: the wrap, not it)
         S = len(plan["stages"])
         for v in values:

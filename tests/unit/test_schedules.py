@@ -6,7 +6,7 @@ import pytest
 from hal.parallel.config.plan import parse_plan
 from hal.errors import ConfigError
 from hal.parallel.schedules import (
-    Action, Deadlock, GPipe, Kind, OneFOneB, P2PBatch, get_schedule, schedule_names, simulate,
+    Action, Deadlock, GPipe, Kind, OneFOneB, Overlap, P2PBatch, compute_actions, get_schedule, schedule_names, simulate,
 )
 
 
@@ -361,6 +361,11 @@ def test_dualpipev_runs_every_micro_batch_once_each_way_in_its_phases(S: int, M:
     programs = [sch.program(S, M, s, 2) for s in range(S)]
     for s in range(S):
         assert {b.peer_stage for b in programs[s] if isinstance(b, P2PBatch)} <= {s - 1, s + 1}
+        # the steady state's pairs (phases 4 and 5), each a forward and the other chunk's whole backward, ready together
+        pairs = [step for step in programs[s] if isinstance(step, Overlap)]
+        assert len(pairs) == len(sch.pairs(S, M, s)) == 2 * (M - 2 * S + s + 1) + (S - s - 1)
+        assert all(p.backward.kind is Kind.BACKWARD and p.forward.chunk != p.backward.chunk for p in pairs)
+        assert compute_actions(programs[s]) == sch.compute_order(S, M, s, 2)
 
 
 def test_dualpipev_needs_two_micro_batches_a_stage() -> None:

@@ -15,7 +15,7 @@ from hal.cli.main import main
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.config.plan import parse_plan
 from hal.parallel.schedules import Action, Kind, P2PBatch, get_schedule
-from hal.parallel.observe.timeline import measured_document, measured_costs, plan_document, rank_record
+from hal.parallel.observe.timeline import _shares, measured_document, measured_costs, plan_document, rank_record
 from hal.parallel.observe.timeline_plot import missing, write_png
 from hal.parallel.config.topology import Topology
 
@@ -126,6 +126,17 @@ def test_ranks_sharing_a_host_are_placed_by_its_clock_and_costs_are_the_measured
     # another host: no shared clock, each rank's origin is the barrier
     apart = measured_document(plan, Topology.from_plan(plan), [first, {**second, "host": "two"}], step=3)
     assert apart["aligned"] == "barrier" and apart["ranks"][1]["schedule"] == [0.0, 4.5]
+
+
+def test_a_dualpipev_pair_is_one_compute_span_under_its_forward() -> None:
+    """A pair run at once (``Overlap``) is one span, kind P, counted as compute, named by both of its actions."""
+    from hal.parallel.observe.timeline import span_record
+    from hal.parallel.schedules import Overlap
+
+    pair = Overlap(Action(Kind.FORWARD, 3, 0), Action(Kind.BACKWARD, 1, 1))
+    record = span_record("compute", pair, 1.0, 2.5)
+    assert (record["kind"], record["mb"], record["chunk"], record["what"]) == ("P", 3, 0, "F3|B1c1")
+    assert _shares([record], 3.0)["compute"] == pytest.approx(0.5)
 
 
 # --- the picture --------------------------------------------------------------------------------------------------

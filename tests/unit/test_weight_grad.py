@@ -123,3 +123,29 @@ def test_a_qkv_bias_model_split_backward_equals_the_plain_one() -> None:
     assert "layers.1.attn.qkv.bias" in grads[0] and grads[0]["layers.1.attn.qkv.bias"].abs().sum() > 0
     for name, ref in grads[0].items():
         torch.testing.assert_close(grads[1][name], ref, msg=name)
+
+
+def test_a_checkpointed_stage_recomputes_the_split_linears_and_defers_their_weight_gradients() -> None:
+    """Activation checkpointing under a zero-bubble schedule: the recompute in the backward runs outside the forward's
+    ``splittable``, so it must build the split linears again (``decoder._Replayed``); else torch's checkpoint refuses
+    the recomputed tensors, and the weight gradients are no longer deferred."""
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.models.decoder import build_stage
+
+    model = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                        max_seq_len=16)
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))
+    deferred, grads = {}, {}
+    for checkpoint in (False, True):
+        stage = build_stage(model, range(2), first=False, last=False, tp_comm=None, sp=False, seed=0, checkpoint=checkpoint)
+        with splittable():
+            out = stage(x.clone().requires_grad_(True))
+        store = WeightGradStore()
+        with collecting(store):
+            out.backward(torch.ones_like(out))
+        deferred[checkpoint] = len(store)
+        store.run()
+        grads[checkpoint] = {n: p.grad for n, p in stage.named_parameters()}
+    assert deferred[True] == deferred[False] == 8  # 4 linears a layer: qkv, o, gate_up, down
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad)
