@@ -162,7 +162,7 @@ class PipelineEngine:
         # DualPipeV's pairs: at once on a worker thread where the stage allows it (``parallel.pipeline.pairs``)
         self.pair_overlap: str | None = None  # "at once", or why the pairs run one after the other; None: no pairs
         self._pairs: PairRunner | None = None
-        self._idle_pairs: PairRunner | None = None  # the runner while a benchmark runs the pairs in turn
+        self._pairs_at_once = True  # False: a benchmark's baseline runs them in turn (``run_pairs_at_once``)
         if any(isinstance(step, Overlap) for step in self.program):
             moe_over_dp = self._moe_group is not None and bool(self.module.moe_blocks())
             why = why_not(self.layout.tp, self.layout.ep, moe_over_dp)
@@ -183,16 +183,12 @@ class PipelineEngine:
     def run_pairs_at_once(self, on: bool) -> None:
         """From the next step, DualPipeV's pairs at once (where ``pair_overlap`` says the stage can) or one after
         the other: the same engine and weights both ways, for a benchmark's baseline."""
-        if on and self.pair_overlap == "at once" and self._pairs is None:
-            self._pairs = self._idle_pairs
-        elif not on and self._pairs is not None:
-            self._idle_pairs, self._pairs = self._pairs, None
+        self._pairs_at_once = on
 
     @property
     def pairs_run(self) -> int:
         """DualPipeV pairs this engine ran at once so far (0 where they run one after the other)."""
-        runner = self._pairs or self._idle_pairs
-        return 0 if runner is None else runner.ran
+        return 0 if self._pairs is None else self._pairs.ran
 
     # --- timing -------------------------------------------------------------------------------------
     @property
@@ -477,7 +473,7 @@ class PipelineEngine:
             if isinstance(step, P2PBatch):
                 self._communicate(step, pending, received, grads, input_grads)
                 continue
-            if isinstance(step, Overlap) and self._pairs is not None and not self._eager_chunks:
+            if isinstance(step, Overlap) and self._pairs is not None and self._pairs_at_once and not self._eager_chunks:
                 self._run_pair(step, tokens, pending, received, grads, input_grads, losses)
                 continue
             for action in step.actions if isinstance(step, Overlap) else (step,):
