@@ -76,7 +76,8 @@ for section in "$@"; do
                     --micro-batch-size 4 --fused-head --compile --schedule zbv --layers 5+4,3+3,3+2,2+2 --order "$order" \
                     --baseline 1f1b
             done ;;
-        dualpipev)  # two compiling runs: the same engine with its pairs in turn, then our 1F1B on the same layers
+        dualpipev)  # two compiling runs: pairs at once (HAL_PAIR_OVERLAP=1, set by --baseline in-turn) against in turn;
+                    # then as a user gets it (compiled: pairs in turn) against our 1F1B on the same layers
             for baseline in in-turn 1f1b; do
                 step "pipeline-dualpipev-M8-vs-$baseline" 280 python benchmarks/pipeline.py --stages 4 --micro-batches 8 \
                     --micro-batch-size 4 --fused-head --compile --schedule dualpipev --baseline "$baseline"

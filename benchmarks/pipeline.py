@@ -108,6 +108,8 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     from hal.parallel.pipeline.mesh import build_mesh
 
     torch.set_num_threads(max(1, opts["threads"]))
+    if opts.get("baseline") == "in-turn":  # at once on compiled stages too: that comparison is the point
+        os.environ.setdefault("HAL_PAIR_OVERLAP", "1")
     if opts.get("reference_ops"):
         _reference_ops_only()
     world = init_distributed(opts["backend"], init_method=f"file://{store}", rank=rank, world_size=world_size)

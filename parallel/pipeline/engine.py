@@ -165,7 +165,7 @@ class PipelineEngine:
         self._pairs_at_once = True  # False: a benchmark's baseline runs them in turn (``run_pairs_at_once``)
         if any(isinstance(step, Overlap) for step in self.program):
             moe_over_dp = self._moe_group is not None and bool(self.module.moe_blocks())
-            why = why_not(self.layout.tp, self.layout.ep, moe_over_dp)
+            why = why_not(self.layout.tp, self.layout.ep, moe_over_dp, self.layout.compile)
             self.pair_overlap = why or "at once"
             self._pairs = None if why else PairRunner(backend, device)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set

@@ -13,8 +13,11 @@ memory is handed out again while still in use; autograd frees its saved tensors 
 Where the pair cannot run at once it runs one after the other, and ``why_not`` says why: collectives inside a
 stage's compute (tensor, sequence or expert parallelism, an MoE balancing sum over dp replicas) would reach the
 communicator from two threads in an order that differs between its ranks, which deadlocks or mixes up tensors.
-``HAL_PAIR_OVERLAP=0`` runs every pair in turn. A cpu stage runs its pairs at once too: a small one is host-bound as
-an accelerator's is (``benchmarks/pair_overlap.py``, 4 layers of hidden 64 on this project's 2-core CI host: 1.67x).
+A compiled stage runs them in turn too: its layers' graphs are called from Python on both sides (the backward's too), so
+the two threads only take turns holding the interpreter's lock, and lose time handing it over (1 x H200, 6 layers of
+the 1.21B model at 1 row: 0.88-0.97x at once, against 1.04-1.21x eager; ``benchmarks/pair_overlap.py``).
+``HAL_PAIR_OVERLAP=1`` runs them at once there anyway, ``0`` runs every pair in turn. A cpu stage runs its pairs at
+once: a small one is host-bound as an accelerator's is (4 layers of hidden 64 on this project's 2-core CI host: 1.67x).
 """
 from __future__ import annotations
 
@@ -29,21 +32,24 @@ from hal.backend import Backend
 A = TypeVar("A")
 B = TypeVar("B")
 
-ENV = "HAL_PAIR_OVERLAP"  # 0: every pair in turn; 1 or unset: at once on every stage that can
+ENV = "HAL_PAIR_OVERLAP"  # 0: every pair in turn; 1: at once on every stage that can; unset: not on compiled stages
 
 
-def why_not(tp: int, ep: int, balances_over_dp: bool) -> str | None:
-    """Why a stage runs its pairs one after the other (with the fix), or None where they run at once."""
+def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | None:
+    """Why a stage runs its pairs one after the other (with the fix where there is one), or None where at once."""
     setting = os.environ.get(ENV, "").strip()
     if setting not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={setting!r}: use 0 (every pair in turn), 1 or leave it unset (at once wherever a "
-                         "stage can)")
+        raise ValueError(f"{ENV}={setting!r}: use 0 (every pair in turn), 1 (at once wherever a stage can) or leave "
+                         "it unset (at once but on compiled stages)")
     if setting == "0":
         return f"{ENV}=0"
     if tp > 1 or ep > 1 or balances_over_dp:
         what = "tensor parallelism" if tp > 1 else "expert parallelism" if ep > 1 else "the MoE balancing sum over dp"
         return (f"{what} runs collectives inside the stage's compute, which two threads would issue in different "
                 "orders on its ranks")
+    if compiled and setting != "1":
+        return (f"compiled layers: both threads call their graphs from Python and take turns holding its lock, which "
+                f"measured slower at once ({ENV}=1 runs them at once anyway)")
     return None
 
 

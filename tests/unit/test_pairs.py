@@ -1,0 +1,78 @@
+"""DualPipeV's pairs at once (``hal.parallel.pipeline.pairs``): where a stage runs them so, and the runner's threads."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hal.parallel.pipeline.pairs import ENV, PairRunner, why_not
+
+
+@pytest.mark.parametrize("setting,tp,ep,moe,compiled,expected", [
+    (None, 1, 1, False, False, None),
+    (None, 1, 1, False, True, "compiled layers"),  # the interpreter's lock: at once measured slower
+    ("1", 1, 1, False, True, None),
+    ("0", 1, 1, False, False, f"{ENV}=0"),
+    ("1", 2, 1, False, False, "tensor parallelism"),  # collectives inside the compute: never at once
+    ("1", 1, 2, False, False, "expert parallelism"),
+    ("1", 1, 1, True, False, "the MoE balancing sum over dp"),
+])
+def test_why_a_stage_runs_its_pairs_in_turn(monkeypatch: pytest.MonkeyPatch, setting: str | None, tp: int, ep: int,
+                                            moe: bool, compiled: bool, expected: str | None) -> None:
+    if setting is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, setting)
+    why = why_not(tp, ep, moe, compiled)
+    assert why == expected if expected is None else why.startswith(expected), why
+
+
+def test_a_bad_setting_is_refused_with_the_values_that_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match="use 0 .every pair in turn., 1"):
+        why_not(1, 1, False, False)
+
+
+def test_the_forward_runs_on_the_pair_thread_while_the_backward_runs_here() -> None:
+    from hal import get_backend
+
+    runner = PairRunner(get_backend("cpu"), torch.device("cpu"))
+    both, here = threading.Barrier(2, timeout=30), threading.current_thread()
+
+    def forward() -> str:
+        both.wait()  # passes only while the backward is running too (one after the other: BrokenBarrierError)
+        return threading.current_thread().name
+
+    def backward() -> str:
+        both.wait()
+        return threading.current_thread().name
+
+    there, mine = runner.run(forward, backward)
+    assert there.startswith("hal-pair") and mine == here.name and runner.ran == 1
+    runner.close()
+
+
+def test_an_error_on_either_side_is_raised_after_both_finished() -> None:
+    from hal import get_backend
+
+    runner = PairRunner(get_backend("cpu"), torch.device("cpu"))
+    finished = threading.Event()
+
+    def slow_forward() -> None:
+        finished.wait(0.2)
+        finished.set()
+
+    def failing_backward() -> None:
+        raise RuntimeError("backward broke")
+
+    with pytest.raises(RuntimeError, match="backward broke"):
+        runner.run(slow_forward, failing_backward)
+    assert finished.is_set() and runner.ran == 0  # the forward had finished before the error came out
+
+    def failing_forward() -> None:
+        raise RuntimeError("forward broke")
+
+    with pytest.raises(RuntimeError, match="forward broke"):
+        runner.run(failing_forward, lambda: None)
+    runner.close()
