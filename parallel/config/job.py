@@ -84,6 +84,10 @@ class Job:
             return [self.topology]
         return [r.topology() for r in self.replicas.replicas]
 
+    def plans(self) -> list[ParallelPlan]:
+        """Each replica's plan, in replica order (one plan: itself)."""
+        return [self.plan] if self.replicas is None else [r.plan for r in self.replicas.replicas]
+
     def timeline_files(self) -> list[str]:
         """What ``hal train --profile`` leaves in the run directory for its last step: timeline.json, or one a replica."""
         if self.replicas is None:

@@ -516,6 +516,13 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     rate = steady_rate(records)
     peak = records[0]["peak_tflops"] if records else None
     stages = [_stage_summary(m, records, at) for at, m in enumerate(_all_stages(r))]
+    from hal.parallel.pipeline.pairs import stage_pairs
+
+    plans = [plan for plan, topology in zip(r.job.plans(), r.job.topologies()) for _ in topology.stages]
+    for stage, plan, mesh in zip(stages, plans, _all_stages(r)):
+        how = stage_pairs(plan, mesh, r.job.model.is_moe)  # DualPipeV: "at once", or "in turn: " and why
+        if how is not None:
+            stage["pairs"] = how
     value = mfu(rate, r.job.model, r.seq, peak)
     return {
         "config": r.job.config, "precision": r.job.precision, "world_size": (r.job.replicas.world_size if r.job.replicas is not None else r.topology.world_size), "steps": r.steps, "resumed_from_step": r.start,

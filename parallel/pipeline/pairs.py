@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-import torch
+if TYPE_CHECKING:  # names only: importing this stays light (the parent ``hal train`` describes its job with it)
+    import torch
 
-from hal.backend import Backend
+    from hal.backend import Backend
+    from hal.parallel.config.plan import ParallelPlan
+    from hal.parallel.config.topology import StageMesh
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -45,18 +48,28 @@ def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | N
         return f"{ENV}=0"
     if tp > 1 or ep > 1 or balances_over_dp:
         what = "tensor parallelism" if tp > 1 else "expert parallelism" if ep > 1 else "the MoE balancing sum over dp"
-        return (f"{what} runs collectives inside the stage's compute, which two threads would issue in different "
-                "orders on its ranks")
+        return (f"{what}: collectives inside the stage's compute, which two threads would issue in different orders "
+                "on its ranks")
     if compiled and setting != "1":
         return (f"compiled layers: both threads call their graphs from Python and take turns holding its lock, which "
                 f"measured slower at once ({ENV}=1 runs them at once anyway)")
     return None
 
 
+def stage_pairs(plan: "ParallelPlan", stage: "StageMesh", is_moe: bool) -> str | None:
+    """How ``stage`` of ``plan`` runs its schedule's pairs, as its engine decides (``why_not``): "at once", or "in
+    turn: " and why; None where the schedule pairs nothing there. What ``hal train`` says at its start and in its
+    summary."""
+    if not plan.schedule.pairs(plan.num_stages, plan.micro_batches, stage.index):
+        return None
+    why = why_not(stage.tp, stage.ep, is_moe and stage.dp > 1, stage.compile)
+    return "at once" if why is None else f"in turn: {why}"
+
+
 class PairRunner:
     """A worker thread on the rank's device: ``run(forward, backward)`` runs ``forward`` there and ``backward`` here."""
 
-    def __init__(self, backend: Backend, device: torch.device) -> None:
+    def __init__(self, backend: "Backend", device: "torch.device") -> None:
         self.backend, self.device = backend, device
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.ran = 0  # pairs run at once since the engine was built
@@ -95,4 +108,4 @@ class PairRunner:
             self._pool = None
 
 
-__all__ = ["ENV", "PairRunner", "why_not"]
+__all__ = ["ENV", "PairRunner", "stage_pairs", "why_not"]

@@ -200,6 +200,21 @@ def test_resume_into_a_zbv_plan_equals_uninterrupted(half_run: dict[str, Any]) -
     assert [s["layers"] for s in resumed["stages"]] == [[0, 3], [1, 2]]
 
 
+def test_resume_into_dualpipev_says_how_each_stage_runs_its_pairs(half_run: dict[str, Any]) -> None:
+    """Resumed with dualpipev (the V as zbv's): its pairs at once on the dp2 stage, in turn on the tp2 one (collectives
+    inside the compute), said at the start and in the summary; the losses are the uninterrupted run's."""
+    config = _config(half_run["root"], "plan_dpv", steps=6, parallel={**PLAN_IL, "schedule": "dualpipev"})
+    result = run_hal("train", str(config), "--resume", str(half_run["checkpoints"]), "--run-dir",
+                     str(half_run["root"] / "resumed_dpv"), "--json", timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    resumed = json.loads(result.stdout)
+    _assert_close(resumed["losses"], half_run["full"]["losses"][3:], 1e-5)
+    assert [s["pairs"].split(":")[0] for s in resumed["stages"]] == ["in turn", "at once"]
+    assert "tensor parallelism" in resumed["stages"][0]["pairs"]
+    said = result.stderr.splitlines()[0]
+    assert "layers 0+3 pairs in turn (tensor parallelism)" in said and "layers 1+2 pairs at once" in said, said
+
+
 def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
     from hal.cli.train import spawn_ranks
