@@ -132,8 +132,12 @@ def format_plan(report: dict[str, Any]) -> str:
         lines += ["", f"schedule {sched['name']} (predicted; {sched['assumes']}): idle share overall "
                       f"{sched['bubble_overall']:.3f}"]
         held = "micro-batches in flight" if sched.get("virtual_stages", 1) == 1 else "chunk activations held"
-        rows = [["stage", "idle share", held]]
-        rows += [[str(k), f"{b:.3f}", str(n)] for k, (b, n) in enumerate(zip(sched["bubble"], sched["in_flight"]))]
+        from hal.parallel.pipeline.pairs import in_brief
+
+        pairs = sched.get("pairs")  # dualpipev: how each stage runs its pairs, as hal train will
+        rows = [["stage", "idle share", held, *(["pairs (forward and backward at once)"] if pairs else [])]]
+        rows += [[str(k), f"{b:.3f}", str(n), *([in_brief(pairs[k]) if pairs[k] else "-"] if pairs else [])]
+                 for k, (b, n) in enumerate(zip(sched["bubble"], sched["in_flight"]))]
         lines += _table(rows)
     return "\n".join(lines)
 

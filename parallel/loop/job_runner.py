@@ -171,7 +171,7 @@ def _layer_text(mesh: Any) -> str:
 def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers (and how it runs DualPipeV's pairs), the steps and the
     run directory."""
-    from hal.parallel.pipeline.pairs import stage_pairs
+    from hal.parallel.pipeline.pairs import in_brief, stage_pairs
 
     parts = []
     for index, (plan, topology) in enumerate(zip(job.plans(), job.topologies())):
@@ -181,7 +181,7 @@ def describe(job: Job) -> str:
             grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
             sp = " sp" if m.sp else ""
             pairs = stage_pairs(plan, m, job.model.is_moe)  # DualPipeV's: "at once", or "in turn: why: details"
-            said = "" if pairs is None else " pairs at once" if pairs == "at once" else f" pairs in turn ({pairs.split(': ')[1]})"
+            said = "" if pairs is None else f" pairs {in_brief(pairs)}"
             parts.append(f"{rows}stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers "
                          f"{_layer_text(m)}{said}")
             rows = ""

@@ -21,8 +21,17 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
         "precision": run.hal.precision,
         "stage_precision": [s.precision or run.hal.precision for s in run.plan.stages],
         "topology": Topology.from_plan(run.plan).to_dict(),
-        "schedule": schedule_prediction(run.plan),
+        "schedule": {**schedule_prediction(run.plan), **_pairs(run)},
     }
+
+
+def _pairs(run: RunConfig) -> dict[str, Any]:
+    """{"pairs": how each stage runs DualPipeV's pairs (``pairs.stage_pairs``)}, or nothing for a schedule without."""
+    from hal.parallel.pipeline.pairs import stage_pairs
+
+    topology = Topology.from_plan(run.plan)
+    how = [stage_pairs(run.plan, m, run.model.is_moe) for m in topology.stages]
+    return {"pairs": how} if any(h is not None for h in how) else {}
 
 
 def replicated_report(run: RunConfig) -> dict[str, Any]:

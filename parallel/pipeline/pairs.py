@@ -66,6 +66,11 @@ def stage_pairs(plan: "ParallelPlan", stage: "StageMesh", is_moe: bool) -> str |
     return "at once" if why is None else f"in turn: {why}"
 
 
+def in_brief(how: str) -> str:
+    """``stage_pairs``'s answer in a few words, for a line or a table: "at once", or "in turn (its reason's name)"."""
+    return how if how == "at once" else f"in turn ({how.split(': ')[1]})"
+
+
 class PairRunner:
     """A worker thread on the rank's device: ``run(forward, backward)`` runs ``forward`` there and ``backward`` here."""
 
@@ -108,4 +113,4 @@ class PairRunner:
             self._pool = None
 
 
-__all__ = ["ENV", "PairRunner", "stage_pairs", "why_not"]
+__all__ = ["ENV", "PairRunner", "in_brief", "stage_pairs", "why_not"]

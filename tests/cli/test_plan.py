@@ -379,3 +379,17 @@ def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_pa
     assert one.returncode == 2 and "--profile" in one.stderr and len(one.stderr.strip().splitlines()) == 1, one.stderr
     bare = run_hal("plan", "--config", str(example), "--cluster", str(cluster))
     assert bare.returncode == 2 and "--cluster goes with --search or --profile" in bare.stderr
+
+
+def test_a_dualpipev_plan_says_how_each_stage_will_run_its_pairs(tmp_path: Path) -> None:
+    """At once on a plain stage, in turn (and why, in brief) on a tp2 one, as hal train will run them; --json has why."""
+    path = tmp_path / "dpv.yaml"
+    path.write_text(MODEL + "parallel:\n  schedule: dualpipev\n  virtual_stages: 2\n  micro_batches: 4\n"
+                    "  micro_batch_size: 2\n  stages:\n    - {backend: cpu, devices: 2, layers: 2, tp: 2}\n"
+                    "    - {backend: cpu, devices: 1, layers: 2}\n")
+    shown = run_hal("plan", "--config", str(path))
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout[shown.stdout.index("pairs (forward and backward at once)"):].splitlines()
+    assert table[1].split()[-3:] == ["turn", "(tensor", "parallelism)"] and table[2].split()[-2:] == ["at", "once"]
+    report = json.loads(run_hal("plan", "--config", str(path), "--json").stdout)
+    assert report["schedule"]["pairs"][0].startswith("in turn: tensor parallelism: ") and report["schedule"]["pairs"][1] == "at once"
