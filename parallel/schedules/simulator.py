@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step
+from hal.parallel.schedules.action import Action, Kind, Step, compute_actions
 from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.stage_times import StageTimes
@@ -157,16 +157,10 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
 def _compute(steps: Sequence[Step]) -> list[Action]:
     """The compute actions of a program (communication is modelled by the dependencies). An overlapped pair is played
     as its forward, then its backward: the simulator does not model what the overlap saves."""
-    out: list[Action] = []
-    for step in steps:
-        if isinstance(step, P2PBatch):
-            continue
-        if isinstance(step, Overlap):
-            out.extend(step.actions)
-            continue
-        if not step.kind.is_compute:
-            raise ValueError(f"the simulator plays compute actions; {step} is not one")
-        out.append(step)
+    out = compute_actions(steps)
+    wrong = [str(a) for a in out if not a.kind.is_compute]
+    if wrong:
+        raise ValueError(f"the simulator plays compute actions; {wrong[0]} is not one")
     return out
 
 
