@@ -25,6 +25,8 @@ import concurrent.futures
 import os
 from typing import TYPE_CHECKING, Callable, TypeVar
 
+from hal.errors import ConfigError
+
 if TYPE_CHECKING:  # names only: importing this stays light (the parent ``hal train`` describes its job with it)
     import torch
 
@@ -42,8 +44,8 @@ def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | N
     """Why a stage runs its pairs one after the other (with the fix where there is one), or None where at once."""
     setting = os.environ.get(ENV, "").strip()
     if setting not in ("", "0", "1"):
-        raise ValueError(f"{ENV}={setting!r}: use 0 (every pair in turn), 1 (at once wherever a stage can) or leave "
-                         "it unset (at once but on compiled stages)")
+        raise ConfigError(f"{ENV}={setting!r}: use 0 (every pair in turn), 1 (at once wherever a stage can) or leave "
+                          "it unset (at once but on compiled stages)")
     if setting == "0":
         return f"{ENV}=0"
     if tp > 1 or ep > 1 or balances_over_dp:

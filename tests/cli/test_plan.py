@@ -393,3 +393,7 @@ def test_a_dualpipev_plan_says_how_each_stage_will_run_its_pairs(tmp_path: Path)
     assert table[1].split()[-3:] == ["turn", "(tensor", "parallelism)"] and table[2].split()[-2:] == ["at", "once"]
     report = json.loads(run_hal("plan", "--config", str(path), "--json").stdout)
     assert report["schedule"]["pairs"][0].startswith("in turn: tensor parallelism: ") and report["schedule"]["pairs"][1] == "at once"
+    refused = run_hal("plan", "--config", str(path), env={"HAL_PAIR_OVERLAP": "yes"})  # hal train says it the same way
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "hal: error: HAL_PAIR_OVERLAP='yes': use 0 (every pair in turn), 1 (at once wherever a stage can) or leave it "
+        "unset (at once but on compiled stages)"], refused.stderr

@@ -29,8 +29,10 @@ def test_why_a_stage_runs_its_pairs_in_turn(monkeypatch: pytest.MonkeyPatch, set
 
 
 def test_a_bad_setting_is_refused_with_the_values_that_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hal.errors import ConfigError
+
     monkeypatch.setenv(ENV, "yes")
-    with pytest.raises(ValueError, match="use 0 .every pair in turn., 1"):
+    with pytest.raises(ConfigError, match="use 0 .every pair in turn., 1"):  # the CLI: one line, exit 2
         why_not(1, 1, False, False)
 
 
