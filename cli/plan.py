@@ -132,7 +132,7 @@ def format_plan(report: dict[str, Any]) -> str:
         lines += ["", f"schedule {sched['name']} (predicted; {sched['assumes']}): idle share overall "
                       f"{sched['bubble_overall']:.3f}"]
         held = "micro-batches in flight" if sched.get("virtual_stages", 1) == 1 else "chunk activations held"
-        from hal.parallel.pipeline.pairs import in_brief
+        from hal.parallel.schedules.pairs import in_brief
 
         pairs = sched.get("pairs")  # dualpipev: how each stage runs its pairs, as hal train will
         rows = [["stage", "idle share", held, *(["pairs (forward and backward at once)"] if pairs else [])]]

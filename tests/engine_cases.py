@@ -66,7 +66,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
     step ``switch_at`` on, the schedule's order is the one played with them (as ``parallel.order: measured`` does).
     A compiled plan also reports its graphs, its graph breaks and Dynamo's lru_cache warnings. ``pair_overlap``:
     HAL_PAIR_OVERLAP for this run (the rank's environment is restored after: a world serves many tests)."""
-    from hal.parallel.pipeline.pairs import ENV
+    from hal.parallel.schedules.pairs import ENV
 
     before = os.environ.get(ENV)
     if pair_overlap is not None:

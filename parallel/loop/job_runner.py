@@ -40,6 +40,7 @@ from hal.errors import ConfigError, HalError
 from hal.parallel.config.job import Job, write_job
 from hal.parallel.loop.preflight import TRAIN, Request, job, preflight
 from hal.parallel.config.topology import Topology
+from hal.parallel.schedules.pairs import in_brief, stage_pairs
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # so ranks import this checkout, installed or not
 RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
@@ -171,8 +172,6 @@ def _layer_text(mesh: Any) -> str:
 def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers (and how it runs DualPipeV's pairs), the steps and the
     run directory."""
-    from hal.parallel.pipeline.pairs import in_brief, stage_pairs
-
     parts = []
     for index, (plan, topology) in enumerate(zip(job.plans(), job.topologies())):
         share = None if job.replicas is None else job.replicas.replicas[index].rows

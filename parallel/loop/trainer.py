@@ -51,6 +51,7 @@ from hal.parallel.observe.progress import Progress, SlowStepNotice
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.config.topology import Topology
+from hal.parallel.schedules.pairs import stage_pairs
 
 # Per-rank timing row gathered to the writer each step (seconds).
 # "timed": 1 where the phases are real (a host device, or --profile: device events on an accelerator).
@@ -516,8 +517,6 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     rate = steady_rate(records)
     peak = records[0]["peak_tflops"] if records else None
     stages = [_stage_summary(m, records, at) for at, m in enumerate(_all_stages(r))]
-    from hal.parallel.pipeline.pairs import stage_pairs
-
     plans = [plan for plan, topology in zip(r.job.plans(), r.job.topologies()) for _ in topology.stages]
     for stage, plan, mesh in zip(stages, plans, _all_stages(r)):
         how = stage_pairs(plan, mesh, r.job.model.is_moe)  # DualPipeV: "at once", or "in turn: " and why

@@ -6,6 +6,7 @@ from typing import Any
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
 from hal.parallel.schedules import simulate
+from hal.parallel.schedules.pairs import stage_pairs
 from hal.parallel.observe.timeline import layer_proportional
 from hal.parallel.config.topology import Topology
 
@@ -27,8 +28,6 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
 
 def _pairs(run: RunConfig) -> dict[str, Any]:
     """{"pairs": how each stage runs DualPipeV's pairs (``pairs.stage_pairs``)}, or nothing for a schedule without."""
-    from hal.parallel.pipeline.pairs import stage_pairs
-
     topology = Topology.from_plan(run.plan)
     how = [stage_pairs(run.plan, m, run.model.is_moe) for m in topology.stages]
     return {"pairs": how} if any(h is not None for h in how) else {}

@@ -51,8 +51,9 @@ from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.pipeline.compile_stage import eager_first_forward
 from hal.parallel.pipeline.mesh import Mesh
 from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
-from hal.parallel.pipeline.pairs import PairRunner, why_not
+from hal.parallel.pipeline.pairs import PairRunner
 from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, Schedule
+from hal.parallel.schedules.pairs import why_not
 from hal.parallel.schedules.placement import neighbours
 
 BUCKET_BYTES = 16 * 2**20

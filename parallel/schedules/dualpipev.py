@@ -3,7 +3,7 @@
 Stage r of S holds virtual stages ``r`` and ``2S - 1 - r`` (the V: chunk 0 going down, chunk 1 coming back up;
 the first stage computes the loss). Where ZB-V plays the pipeline to find its order, DualPipeV writes it down in
 eight phases, and in its steady state pairs a forward of one chunk with a whole backward of the other, which the
-stage runs at the same time (``action.Overlap``; the engine's ``parallel.pipeline.pairs`` says where it can):
+stage runs at the same time (``action.Overlap``; ``schedules.pairs`` says where it can):
 
 1. ``2(S - r - 1)`` forwards of chunk 0 (the warm-up, longest on the first stage);
 2. ``r + 1`` pairs: a forward of chunk 0, a forward of chunk 1;

@@ -1,4 +1,4 @@
-"""DualPipeV's pairs at once (``hal.parallel.pipeline.pairs``): where a stage runs them so, and the runner's threads."""
+"""DualPipeV's pairs at once: where a stage runs them so (``schedules.pairs``), and the runner's threads (``pipeline.pairs``)."""
 from __future__ import annotations
 
 import threading
@@ -6,7 +6,8 @@ import threading
 import pytest
 import torch
 
-from hal.parallel.pipeline.pairs import ENV, PairRunner, why_not
+from hal.parallel.pipeline.pairs import PairRunner
+from hal.parallel.schedules.pairs import ENV, why_not
 
 
 @pytest.mark.parametrize("setting,tp,ep,moe,compiled,expected", [
