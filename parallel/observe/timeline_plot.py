@@ -17,7 +17,7 @@ MAX_RANK_ROWS = 16  # more ranks than this: one row per stage (its first rank), 
 COLOURS = {"F": "#4C78A8", "B": "#F58518", "I": "#F58518", "W": "#54A24B", "P": "#72B7B2", "p2p": "#B279A2",
            "grad_sync": "#9D755D", "idle": "#E6E6E6"}
 NAMES = {"F": "forward", "B": "backward", "I": "backward, input half (I)", "W": "backward, weight half (W)",
-         "P": "a pair at once: a forward (named) and another micro-batch's backward",
+         "P": "pair: F (named) + a B at once",
          "p2p": "send / recv (post or wait)", "grad_sync": "dp gradient sync", "idle": "idle"}
 COMPUTE = ("F", "B", "I", "W", "P")
 WIDTH, DPI = 13.0, 110
@@ -175,7 +175,8 @@ def _legend(fig: Any, used: set[str], chunks: bool) -> None:
     handles = [Patch(color=COLOURS[k], label=NAMES[k]) for k in order]
     if chunks:
         handles.append(Patch(color=COLOURS["F"], alpha=0.55, label="lighter: a later chunk (a bar says F3.1 or, narrow, 3: its micro-batch)"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
+    # one row while it fits the figure's width; more entries (a V's pairs, chunks) wrap onto a second row
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
 
 
 def _measured_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
