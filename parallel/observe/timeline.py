@@ -96,8 +96,10 @@ def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[di
     doc.update(step=step, clock=clocks[0] if len(clocks) == 1 else " + ".join(clocks), aligned="host clock" if shared else "barrier", makespan=makespan, ranks=ranks)
     if schedule is not None and schedule.times is not None:  # parallel.order: measured — the order that ran
         doc["order"] = "measured"
-    doc["predicted"] = predict(doc, **measured_costs(doc), schedule=schedule,
-                               assumes="each stage's measured mean forward and backward per micro-batch; "
+    costs = measured_costs(doc)
+    pairs = ", pairs at their measured share" if any(p < 1.0 for p in costs["pair_share"]) else ""
+    doc["predicted"] = predict(doc, **costs, schedule=schedule,
+                               assumes=f"each stage's measured mean forward and backward per micro-batch{pairs}; "
                                        "communication free")
     return doc
 
@@ -117,7 +119,8 @@ def _shares(spans: Sequence[dict[str, Any]], makespan: float) -> dict[str, float
 
 def measured_costs(doc: dict[str, Any]) -> dict[str, Any]:
     """Per stage, the mean forward and backward time of one micro-batch through all its chunks (the
-    simulator's inputs), each chunk's share of it, and the weight half's share of a split backward."""
+    simulator's inputs), each chunk's share of it, the weight half's share of a split backward, and what a pair run
+    at once (DualPipeV's ``P`` spans) took of its forward and the other chunk's backward in turn (1.0: no pairs)."""
     S, V = doc["num_stages"], doc["virtual_stages"]
     durations: dict[tuple[int, str, int], list[float]] = defaultdict(list)
     for r in doc["ranks"]:
@@ -140,7 +143,14 @@ def measured_costs(doc: dict[str, Any]) -> dict[str, Any]:
     inputs = sum(sum(v) for key, v in durations.items() if key[1] == "I")
     weights = sum(sum(v) for key, v in durations.items() if key[1] == "W")
     share = weights / (inputs + weights) if inputs + weights > 0 else 0.5
-    return {"forward": forward, "backward": backward, "weight_share": share, "chunk_share": shares}
+    pair_share = []
+    for k in range(S):  # a pair is filed under its forward's chunk c; its backward is the other chunk's (V = 2)
+        spent = sum(sum(durations.get((k, "P", c), [])) for c in range(V))
+        in_turn = sum(len(durations.get((k, "P", c), [])) * (forward[k] * shares[k][c] + backward[k] * shares[k][V - 1 - c])
+                      for c in range(V))  # what the simulator charges that forward and backward one after the other
+        pair_share.append(min(1.0, spent / in_turn) if V == 2 and spent > 0 and in_turn > 0 else 1.0)
+    return {"forward": forward, "backward": backward, "weight_share": share, "chunk_share": shares,
+            "pair_share": pair_share}
 
 
 # --- predicted -------------------------------------------------------------------------------------------------
@@ -155,13 +165,17 @@ def layer_proportional(plan: ParallelPlan) -> dict[str, Any]:
 
 
 def predict(doc: dict[str, Any], *, forward: Sequence[float], backward: Sequence[float], weight_share: float,
-            chunk_share: Sequence[Sequence[float]], assumes: str, schedule: Schedule | None = None) -> dict[str, Any]:
+            chunk_share: Sequence[Sequence[float]], assumes: str, schedule: Schedule | None = None,
+            pair_share: Sequence[float] | None = None) -> dict[str, Any]:
     """The simulator's timeline of the document's schedule with these per-stage times (``schedule``: the object
-    that ran, whose order may have been played from measured times; default: the named schedule's unit order)."""
+    that ran, whose order may have been played from measured times; default: the named schedule's unit order;
+    ``pair_share``: what a pair run at once took of its two actions in turn, a stage; default 1.0, in turn)."""
+    pairs = list(pair_share) if pair_share is not None else [1.0] * doc["num_stages"]
     sim = simulate(schedule or get_schedule(doc["schedule"]), doc["num_stages"], doc["micro_batches"], forward_s=list(forward),
                    backward_s=list(backward), weight_share=weight_share, virtual_stages=doc["virtual_stages"],
-                   chunk_share=[list(row) for row in chunk_share])
+                   chunk_share=[list(row) for row in chunk_share], pair_share=pairs)
     return {"assumes": assumes, "forward": list(forward), "backward": list(backward), "weight_share": weight_share,
+            **({"pair_share": pairs} if any(p < 1.0 for p in pairs) else {}),
             "makespan": sim.makespan, "bubble": list(sim.bubble), "spans": simulated_spans(sim)}
 
 

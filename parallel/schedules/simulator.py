@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from hal.parallel.schedules.action import Action, Kind, Step, compute_actions
+from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step, compute_actions
 from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.stage_times import StageTimes
@@ -55,7 +55,8 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
              weight_share: Times = 0.5, virtual_stages: int = 1,
              chunk_share: Sequence[Sequence[float]] | None = None, placement: str | None = None,
              host_forward_s: Times | None = None, host_backward_s: Times | None = None,
-             host_action_s: Times = 0.0, action_s: Times = 0.0, times: StageTimes | None = None) -> Simulation:
+             host_action_s: Times = 0.0, action_s: Times = 0.0, times: StageTimes | None = None,
+             pair_share: Times = 1.0) -> Simulation:
     """Play every stage's actions (a registered ``Schedule``, or {stage: program or compute list}).
 
     ``forward_s`` / ``backward_s``: a stage's time for one micro-batch through all its chunks; chunk v
@@ -77,6 +78,10 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     ``times``: per (stage, chunk) F, I and W seconds and per-link transfers (``StageTimes``, what a measured
     order was played with); when given they replace ``forward_s``, ``backward_s``, ``weight_share``,
     ``chunk_share`` and ``p2p_s``.
+
+    ``pair_share``: what a pair run at once (``action.Overlap``, DualPipeV's) takes of its two actions in turn (one
+    fraction, or one a stage; 1.0: in turn, as a stage that cannot overlap runs it). The pair starts when both are
+    ready and both end together: its forward's output leaves with the backward's gradient.
     """
     S, M, V = num_stages, num_micro_batches, virtual_stages
     if placement is None:
@@ -84,7 +89,11 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     if times is not None and (times.num_stages != S or times.chunks != V):
         raise ValueError(f"times: for {times.num_stages} stages x {times.chunks} chunks; the play has {S} x {V}")
     place = _Place(S, V, placement, times)
-    orders = [_compute(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s]) for s in range(S)]
+    pair = _per_stage(pair_share, S, "pair_share")
+    if not all(0.0 < f <= 1.0 for f in pair):
+        raise ValueError(f"pair_share: a pair's time over its two actions' in turn, in (0, 1] (or one a stage); got {pair_share!r}")
+    orders = [_units(schedule.program(S, M, s, V) if isinstance(schedule, Schedule) else schedule[s], pair[s] < 1.0)
+              for s in range(S)]
     fwd, bwd = _per_stage(forward_s, S, "forward_s"), _per_stage(backward_s, S, "backward_s")
     w_share = _per_stage(weight_share, S, "weight_share")
     if not all(0.0 <= w <= 1.0 for w in w_share):
@@ -111,7 +120,7 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
         return host_kind[action.kind][s] * shares[s][action.chunk] + ha[s]
 
     queued = [0.0] * S  # each host's enqueue clock
-    splits = {s: any(a.kind is Kind.BACKWARD_WEIGHT for a in orders[s]) for s in range(S)}
+    splits = {s: any(a.kind is Kind.BACKWARD_WEIGHT for a in compute_actions(orders[s])) for s in range(S)}
     done: dict[tuple[Kind, int, int], float] = {}  # (kind, micro-batch, stage) -> end time
     at = [0] * S  # next action per stage
     free = [0.0] * S
@@ -122,30 +131,39 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
         progressed = False
         for s in range(S):
             while at[s] < len(orders[s]):
-                action = orders[s][at[s]]
-                ready = _ready(action, s, place, done, p2p_s)
-                if ready is None:
+                unit = orders[s][at[s]]
+                actions = _actions(unit)
+                readies = [_ready(a, s, place, done, p2p_s) for a in actions]
+                if any(r is None for r in readies):
                     break
-                start = max(free[s], ready)
-                end = start + cost(action, s)
+                factor = pair[s] if len(actions) > 1 else 1.0
+                costs = [cost(a, s) for a in actions]
+                start = max(free[s], *readies)  # type: ignore[type-var]
+                work = factor * sum(costs)
+                end = start + work
                 if hosted:
                     begun = queued[s]
-                    queued[s] += host_cost(action, s)
+                    queued[s] += factor * sum(host_cost(a, s) for a in actions)
                     start = max(start, begun)
-                    end = max(start + cost(action, s), queued[s])
-                done[(action.kind, action.micro_batch, place.index(s, action.chunk))] = end
+                    end = max(start + work, queued[s])
+                cursor = start
+                for a, c in zip(actions, costs):  # a pair's bar is cut in its actions' proportions
+                    done[(a.kind, a.micro_batch, place.index(s, a.chunk))] = end
+                    until = end if a is actions[-1] else cursor + (end - start) * c / sum(costs)
+                    timeline.append(Span(s, a, cursor, until))
+                    cursor = until
+                    # a whole backward frees a micro-batch's activations, a split one with its W (DualPipeV mixes both)
+                    last_of_backward = a.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT) or (
+                        a.kind is Kind.BACKWARD_INPUT and not splits[s])
+                    live[s] += 1 if a.kind is Kind.FORWARD else -1 if last_of_backward else 0
+                    peak[s] = max(peak[s], live[s])
                 free[s] = end
-                timeline.append(Span(s, action, start, end))
-                # a whole backward frees a micro-batch's activations, a split one with its W (DualPipeV mixes both)
-                last_of_backward = action.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT) or (
-                    action.kind is Kind.BACKWARD_INPUT and not splits[s])
-                live[s] += 1 if action.kind is Kind.FORWARD else -1 if last_of_backward else 0
-                peak[s] = max(peak[s], live[s])
                 at[s] += 1
                 progressed = True
     stuck = [s for s in range(S) if at[s] < len(orders[s])]
     if stuck:
-        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for {_needs(orders[s][at[s]], s, place)}" for s in stuck)
+        waits = "; ".join(f"stage {s} at {orders[s][at[s]]} waits for "
+                          + " and ".join(_needs(a, s, place) for a in _actions(orders[s][at[s]])) for s in stuck)
         raise Deadlock(f"the schedule cannot progress: {waits}")
     makespan = max(max(free), max(queued))
     busy = [sum(sp.end - sp.start for sp in timeline if sp.stage == s) for s in range(S)]
@@ -154,14 +172,18 @@ def simulate(schedule: Schedule | Mapping[int, Sequence[Step]], num_stages: int,
     return Simulation(tuple(timeline), makespan, bubble, overall, tuple(peak))
 
 
-def _compute(steps: Sequence[Step]) -> list[Action]:
-    """The compute actions of a program (communication is modelled by the dependencies). An overlapped pair is played
-    as its forward, then its backward: the simulator does not model what the overlap saves."""
-    out = compute_actions(steps)
-    wrong = [str(a) for a in out if not a.kind.is_compute]
+def _units(steps: Sequence[Step], pairs: bool) -> list[Action | Overlap]:
+    """What a program computes, in order: its compute actions, and its pairs as one unit where they run at once
+    (``pairs``; else a pair's forward, then its backward). Communication is modelled by the dependencies."""
+    actions = compute_actions(steps)
+    wrong = [str(a) for a in actions if not a.kind.is_compute]
     if wrong:
         raise ValueError(f"the simulator plays compute actions; {wrong[0]} is not one")
-    return out
+    return [step for step in steps if not isinstance(step, P2PBatch)] if pairs else list(actions)
+
+
+def _actions(unit: Action | Overlap) -> tuple[Action, ...]:
+    return unit.actions if isinstance(unit, Overlap) else (unit,)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from hal.backends.cpu import CpuBackend
 from hal.cli.main import main
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.config.plan import parse_plan
-from hal.parallel.schedules import Action, Kind, P2PBatch, get_schedule
+from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, get_schedule
 from hal.parallel.observe.timeline import _shares, measured_document, measured_costs, plan_document, rank_record
 from hal.parallel.observe.timeline_plot import missing, write_png
 from hal.parallel.config.topology import Topology
@@ -131,7 +131,6 @@ def test_ranks_sharing_a_host_are_placed_by_its_clock_and_costs_are_the_measured
 def test_a_dualpipev_pair_is_one_compute_span_under_its_forward() -> None:
     """A pair run at once (``Overlap``) is one span, kind P, counted as compute, named by both of its actions."""
     from hal.parallel.observe.timeline import span_record
-    from hal.parallel.schedules import Overlap
 
     pair = Overlap(Action(Kind.FORWARD, 3, 0), Action(Kind.BACKWARD, 1, 1))
     record = span_record("compute", pair, 1.0, 2.5)
@@ -223,3 +222,26 @@ def test_a_bad_timeline_path_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
     assert main(["plan", str(config), "--timeline", str(tmp_path / "plan.svg")]) == 2
     assert capsys.readouterr().err.startswith("hal: error: --timeline")
     assert main(["plan", str(config), "--timeline", str(tmp_path)]) == 2  # a directory, not a .png file
+
+
+def test_pairs_run_at_once_are_priced_at_their_measured_share() -> None:
+    """A stage whose pairs took half their forward + backward in turn: measured_costs says 0.5, and the simulator
+    played with it runs a DualPipeV step shorter than with its pairs in turn (1.0, what it played before)."""
+    from hal.parallel.schedules import simulate
+
+    plan = parse_plan({"schedule": "dualpipev", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 1,
+                       "stages": [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]})
+    pair = Overlap(Action(Kind.FORWARD, 3, 0), Action(Kind.BACKWARD, 1, 1))
+    spans = [("schedule", "schedule", 0.0, 20.0), ("compute", Action(Kind.FORWARD, 0, 0), 0.0, 1.0),
+             ("compute", Action(Kind.FORWARD, 0, 1), 1.0, 2.0), ("compute", Action(Kind.BACKWARD, 0, 0), 2.0, 4.0),
+             ("compute", Action(Kind.BACKWARD, 0, 1), 4.0, 6.0), ("compute", pair, 6.0, 7.5)]
+    ranks = [rank_record(k, k, 0, 0, spans, host="one", clock_at_origin=0.0) for k in range(2)]
+    doc = measured_document(plan, Topology.from_plan(plan), ranks, step=1)
+    costs = measured_costs(doc)
+    assert costs["pair_share"] == [pytest.approx(0.5), pytest.approx(0.5)]  # 1.5 of F (1) + B (2)
+    assert doc["predicted"]["pair_share"] == costs["pair_share"] and "pairs at their measured share" in doc["predicted"]["assumes"]
+    dpv = get_schedule("dualpipev")
+    at_once = simulate(dpv, 2, 4, virtual_stages=2, pair_share=0.5).makespan
+    assert at_once < simulate(dpv, 2, 4, virtual_stages=2, pair_share=1.0).makespan == simulate(dpv, 2, 4, virtual_stages=2).makespan
+    with pytest.raises(ValueError, match="pair_share"):
+        simulate(dpv, 2, 4, virtual_stages=2, pair_share=0.0)
