@@ -89,7 +89,8 @@ class Overlap:
     pairs): both inputs were made before, neither needs the other's result, and their sends follow them both.
 
     The engine runs the forward on a second thread while its own runs the backward, where the stage allows it
-    (``schedules.pairs``), else one after the other; the simulator plays them one after the other.
+    (``schedules.pairs``), else one after the other; the simulator plays them at a stage's ``pair_share``
+    (default 1.0: one after the other).
     """
 
     forward: Action

@@ -19,8 +19,8 @@ stage runs at the same time (``action.Overlap``; ``schedules.pairs`` says where 
 Each chunk forwards and backwards every micro-batch once (the counts add up to M in every phase sum), and
 ``tests/unit/test_schedules.py`` plays every order through the simulator. It needs M >= 2S micro-batches and
 holds at most 2S + 1 chunk activations a stage (ZB-V: 2S; the steady state's pair keeps one more in flight). With
-unit times and free transfers (what the simulator plays, a pair as its forward then its backward) it is ZB-V's makespan
-or half a unit over: its gain is what running the pairs at once saves, which the simulator does not model. A pair whose
+unit times and free transfers, its pairs played in turn, it is ZB-V's makespan or half a unit over: its gain is what
+running the pairs at once saves (the simulator's ``pair_share``, measured by a profiled run). A pair whose
 two halves are not both ready when the stage reaches it (the round play, ``interleaved.rounds``) runs one after the
 other.
 """
