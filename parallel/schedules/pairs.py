@@ -13,7 +13,7 @@ The threads themselves are ``hal.parallel.pipeline.pairs``.
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from hal.errors import ConfigError
 
@@ -39,6 +39,15 @@ class StageShape(Protocol):
     ep: int
     compile: bool
 
+    @property
+    def layer_ids(self) -> Sequence[int]: ...
+
+
+class ModelShape(Protocol):
+    """What ``stage_pairs`` reads of the model (``ModelConfig`` has it)."""
+
+    def is_moe_layer(self, index: int) -> bool: ...
+
 
 def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | None:
     """Why a stage runs its pairs one after the other (with the fix where there is one), or None where at once."""
@@ -58,12 +67,13 @@ def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | N
     return None
 
 
-def stage_pairs(plan: PlanShape, stage: StageShape, is_moe: bool) -> str | None:
+def stage_pairs(plan: PlanShape, stage: StageShape, model: ModelShape) -> str | None:
     """How ``stage`` of ``plan`` runs its schedule's pairs, as its engine decides (``why_not``): "at once", or "in
     turn: " and why; None where the schedule pairs nothing there. What ``hal train`` and ``hal plan`` say."""
     if not plan.schedule.pairs(plan.num_stages, plan.micro_batches, stage.index):
         return None
-    why = why_not(stage.tp, stage.ep, is_moe and stage.dp > 1, stage.compile)
+    moe_here = any(model.is_moe_layer(i) for i in stage.layer_ids)  # its balancing sum runs over the stage's dp
+    why = why_not(stage.tp, stage.ep, moe_here and stage.dp > 1, stage.compile)
     return "at once" if why is None else f"in turn: {why}"
 
 
@@ -72,4 +82,4 @@ def in_brief(how: str) -> str:
     return how if how == "at once" else f"in turn ({how.split(': ')[1]})"
 
 
-__all__ = ["ENV", "PlanShape", "StageShape", "in_brief", "stage_pairs", "why_not"]
+__all__ = ["ENV", "ModelShape", "PlanShape", "StageShape", "in_brief", "stage_pairs", "why_not"]

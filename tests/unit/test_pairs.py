@@ -79,3 +79,26 @@ def test_an_error_on_either_side_is_raised_after_both_finished() -> None:
     with pytest.raises(RuntimeError, match="forward broke"):
         runner.run(failing_forward, lambda: None)
     runner.close()
+
+
+def test_a_stage_says_in_turn_only_where_its_own_layers_sum_a_balancing_loss_over_dp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An MoE model whose first two layers are dense: the dp2 stage holding them runs its pairs at once, the dp2 stage
+    holding MoE layers in turn (the balancing sum over dp); a schedule without pairs says nothing."""
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.config.plan import parse_plan
+    from hal.parallel.config.topology import Topology
+    from hal.parallel.schedules.pairs import stage_pairs
+
+    monkeypatch.delenv(ENV, raising=False)
+    model = ModelConfig(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, vocab_size=256,
+                        max_seq_len=64, moe_num_experts=4, moe_ffn_hidden_size=64, moe_first_dense=2)
+    stages = [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}, {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}]
+    plan = parse_plan({"schedule": "dualpipev", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
+                       "stages": stages})
+    how = [stage_pairs(plan, m, model) for m in Topology.from_plan(plan).stages]
+    assert [h.split(":")[0] for h in how] == ["in turn", "in turn"]  # the V: each stage holds a dense and an MoE layer
+    assert all("the MoE balancing sum over dp" in h for h in how)
+    dense_first = ModelConfig(**{**model.to_dict(), "moe_first_dense": 3})  # only layer 3 (stage 0's second chunk) is MoE
+    assert [stage_pairs(plan, m, dense_first) for m in Topology.from_plan(plan).stages][1] == "at once"
+    one_f = parse_plan({"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2, "stages": stages})
+    assert [stage_pairs(one_f, m, model) for m in Topology.from_plan(one_f).stages] == [None, None]
