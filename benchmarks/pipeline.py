@@ -477,7 +477,7 @@ def table(s: dict[str, Any]) -> str:
                  f"(goal {_GOALS.get(s.get('baseline', 'torch'), '>= 1.0')}); by round "
                  + " ".join(f"{r:.3f}" for r in s["ratio_per_round"])
                  + f" (spread {s['ratio_spread'][0]:.3f}..{s['ratio_spread'][1]:.3f})")
-    other = {"1f1b": "mem 1f1b GiB", "in-turn": "mem in turn GiB"}.get(s.get("baseline", "torch"), "mem torch GiB")
+    other = {"1f1b": "mem 1f1b GiB", "in-turn": "in turn GiB"}.get(s.get("baseline", "torch"), "mem torch GiB")
     lines.append(f"{'stage':<6}{'layers':>7}{'mem ours GiB':>14}{other:>15}{'compute s':>11}{'p2p s':>8}{'sched s':>9}"
                  f"{'idle':>7}{'sim idle':>9}")
     for st in s["per_stage"]:
