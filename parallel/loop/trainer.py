@@ -519,7 +519,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
     stages = [_stage_summary(m, records, at) for at, m in enumerate(_all_stages(r))]
     plans = [plan for plan, topology in zip(r.job.plans(), r.job.topologies()) for _ in topology.stages]
     for stage, plan, mesh in zip(stages, plans, _all_stages(r)):
-        how = stage_pairs(plan, mesh, r.job.model)  # DualPipeV: "at once", or "in turn: " and why
+        how = stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, mesh, r.job.model)  # DualPipeV: "at once", or "in turn: " and why
         if how is not None:
             stage["pairs"] = how
     value = mfu(rate, r.job.model, r.seq, peak)

@@ -29,7 +29,7 @@ def plan_report(run: RunConfig) -> dict[str, Any]:
 def _pairs(run: RunConfig) -> dict[str, Any]:
     """{"pairs": how each stage runs DualPipeV's pairs (``pairs.stage_pairs``)}, or nothing for a schedule without."""
     topology = Topology.from_plan(run.plan)
-    how = [stage_pairs(run.plan, m, run.model) for m in topology.stages]
+    how = [stage_pairs(run.plan.schedule, run.plan.num_stages, run.plan.micro_batches, m, run.model) for m in topology.stages]
     return {"pairs": how} if any(h is not None for h in how) else {}
 
 

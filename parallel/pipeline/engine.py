@@ -53,7 +53,7 @@ from hal.parallel.pipeline.mesh import Mesh
 from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
 from hal.parallel.pipeline.pairs import PairRunner
 from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, Schedule
-from hal.parallel.schedules.pairs import why_not
+from hal.parallel.schedules.pairs import stage_pairs
 from hal.parallel.schedules.placement import neighbours
 
 BUCKET_BYTES = 16 * 2**20
@@ -161,14 +161,10 @@ class PipelineEngine:
         # This rank's actions for every step: the plan fixes the stage, the stage count, M and V.
         self.program = self.schedule.program(S, micro_batches, k, V)
         # DualPipeV's pairs: at once on a worker thread where the stage allows it (``parallel.pipeline.pairs``)
-        self.pair_overlap: str | None = None  # "at once", or why the pairs run one after the other; None: no pairs
-        self._pairs: PairRunner | None = None
+        # "at once", or "in turn: " and why (the rule hal train and hal plan say: ``schedules.pairs``); None: no pairs
+        self.pair_overlap = stage_pairs(self.schedule, S, micro_batches, self.layout, stage.config)
+        self._pairs = PairRunner(backend, device) if self.pair_overlap == "at once" else None
         self._pairs_at_once = True  # False: a benchmark's baseline runs them in turn (``run_pairs_at_once``)
-        if any(isinstance(step, Overlap) for step in self.program):
-            moe_over_dp = self._moe_group is not None and bool(self.module.moe_blocks())
-            why = why_not(self.layout.tp, self.layout.ep, moe_over_dp, self.layout.compile)
-            self.pair_overlap = why or "at once"
-            self._pairs = None if why else PairRunner(backend, device)
         self.timer = PhaseTimer(backend)  # host clock; device events once measure_on_device is set
         self._times: StepTimes | None = None  # the last step's breakdown, read from the timer on demand
         self._step_origin: Any = None  # the timer's mark at the last step's schedule start (step_spans)

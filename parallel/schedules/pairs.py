@@ -22,14 +22,6 @@ from hal.parallel.schedules.base import Schedule
 ENV = "HAL_PAIR_OVERLAP"  # 0: every pair in turn; 1: at once on every stage that can; unset: not on compiled stages
 
 
-class PlanShape(Protocol):
-    """What ``stage_pairs`` reads of a plan (``ParallelPlan`` has it)."""
-
-    schedule: Schedule
-    num_stages: int
-    micro_batches: int
-
-
 class StageShape(Protocol):
     """What ``stage_pairs`` reads of a stage's grid (``StageMesh`` has it)."""
 
@@ -67,10 +59,11 @@ def why_not(tp: int, ep: int, balances_over_dp: bool, compiled: bool) -> str | N
     return None
 
 
-def stage_pairs(plan: PlanShape, stage: StageShape, model: ModelShape) -> str | None:
-    """How ``stage`` of ``plan`` runs its schedule's pairs, as its engine decides (``why_not``): "at once", or "in
-    turn: " and why; None where the schedule pairs nothing there. What ``hal train`` and ``hal plan`` say."""
-    if not plan.schedule.pairs(plan.num_stages, plan.micro_batches, stage.index):
+def stage_pairs(schedule: Schedule, num_stages: int, micro_batches: int, stage: StageShape, model: ModelShape,
+                ) -> str | None:
+    """How ``stage`` runs ``schedule``'s pairs (``why_not``): "at once", or "in turn: " and why; None where the schedule
+    pairs nothing there. The one rule the engine follows and ``hal train`` and ``hal plan`` say."""
+    if not schedule.pairs(num_stages, micro_batches, stage.index):
         return None
     moe_here = any(model.is_moe_layer(i) for i in stage.layer_ids)  # its balancing sum runs over the stage's dp
     why = why_not(stage.tp, stage.ep, moe_here and stage.dp > 1, stage.compile)
@@ -82,4 +75,4 @@ def in_brief(how: str) -> str:
     return how if how == "at once" else f"in turn ({how.split(': ')[1]})"
 
 
-__all__ = ["ENV", "ModelShape", "PlanShape", "StageShape", "in_brief", "stage_pairs", "why_not"]
+__all__ = ["ENV", "ModelShape", "StageShape", "in_brief", "stage_pairs", "why_not"]

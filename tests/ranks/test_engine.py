@@ -170,7 +170,7 @@ def test_plan_matches_single_process(name: str) -> None:
             how, ran = v["pairs"]
             tp = plan["stages"][v["coord"][0]].get("tp", 1)
             if tp > 1:
-                assert how.startswith("tensor parallelism") and ran == 0, v["pairs"]
+                assert how.startswith("in turn: tensor parallelism") and ran == 0, v["pairs"]
             else:
                 assert how == "at once" and ran >= steps, v["pairs"]
     if times is not None:  # time_links: every stage but the last times its boundary (a loop's last stage: the wrap, not it)

@@ -95,10 +95,10 @@ def test_a_stage_says_in_turn_only_where_its_own_layers_sum_a_balancing_loss_ove
     stages = [{"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}, {"backend": "cpu", "devices": 2, "layers": 2, "dp": 2}]
     plan = parse_plan({"schedule": "dualpipev", "virtual_stages": 2, "micro_batches": 4, "micro_batch_size": 2,
                        "stages": stages})
-    how = [stage_pairs(plan, m, model) for m in Topology.from_plan(plan).stages]
+    how = [stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, m, model) for m in Topology.from_plan(plan).stages]
     assert [h.split(":")[0] for h in how] == ["in turn", "in turn"]  # the V: each stage holds a dense and an MoE layer
     assert all("the MoE balancing sum over dp" in h for h in how)
     dense_first = ModelConfig(**{**model.to_dict(), "moe_first_dense": 3})  # only layer 3 (stage 0's second chunk) is MoE
-    assert [stage_pairs(plan, m, dense_first) for m in Topology.from_plan(plan).stages][1] == "at once"
+    assert [stage_pairs(plan.schedule, 2, 4, m, dense_first) for m in Topology.from_plan(plan).stages][1] == "at once"
     one_f = parse_plan({"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2, "stages": stages})
-    assert [stage_pairs(one_f, m, model) for m in Topology.from_plan(one_f).stages] == [None, None]
+    assert [stage_pairs(one_f.schedule, 2, 4, m, model) for m in Topology.from_plan(one_f).stages] == [None, None]
