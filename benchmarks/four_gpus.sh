@@ -20,7 +20,7 @@
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
 #   ccl         37.3  the collectives suite's reduction probes on NCCL (what the library's sums accumulate in) 2+
 #   kernels     35.6  every Triton kernel against torch.compile of its reference, 2048 and 8192 tokens           1
-#   izb-loop    36    the two-GPU interleaved zero-bubble test five times (hung 4 of 5, then passed 2 of 2 with the drain)  2
+#   izb-loop    36    the two-GPU interleaved zero-bubble test five times (hung 4 of 5; with the drain 2 of 2, then 5 of 5)  2
 #
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail

@@ -111,8 +111,12 @@ def format_profile(data: dict[str, Any]) -> str:
         loaded = link.get("loaded_collectives") or {}
         if loaded:
             size = link["loaded_sizes"][1] / 2**20
-            lines.append(f"  dp-sync collectives with every pair at once, {size:g} MiB: "
-                         + ", ".join(f"{op} {t[1] * 1e3:.1f} ms" for op, t in loaded.items()))
+            what = ("the replicas' bucket sum across it" if link["kind"] == "bridge"
+                    else "dp-sync collectives with every pair at once")
+            rate = (f" ({link['loaded_sizes'][1] / max(loaded['all_reduce'][1], 1e-9) / 1e9:.2f} GB/s)"
+                    if link["kind"] == "bridge" and "all_reduce" in loaded else "")
+            lines.append(f"  {what}, {size:g} MiB: " + ", ".join(f"{op} {t[1] * 1e3:.1f} ms" for op, t in loaded.items())
+                         + rate)
     if data["estimated"]:
         lines.append(f"\nestimated (not measured): {', '.join(data['estimated'])}")
     return "\n".join(lines)

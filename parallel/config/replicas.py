@@ -249,11 +249,6 @@ def validate_replicated(rep: ReplicatedPlan, model: ModelConfig, *, world_size: 
                         seq_len: int | None = None, single_host: bool = True, origin: str = "config",
                         precision: str | None = None) -> None:
     """Each replica's plan against the model (``validate_plan``), the world's size, and what replicas cannot mix."""
-    shared = sorted({s.backend for r in rep.replicas for s in r.plan.stages if s.backend != "cpu" and s.devices > 1})
-    if rep.sync.overlap == "on" and shared:
-        raise ConfigError(f"{origin}: parallel.replica_sync.overlap: on runs on cpu stages and on one-rank accelerator "
-                          f"stages so far (a {shared[0]} stage of several ranks did not finish a step in testing: "
-                          "docs/replicas.md); drop it or set off")
     for i, r in enumerate(rep.replicas):
         validate_plan(r.plan, model, world_size=None, check_backends=check_backends, seq_len=seq_len,
                       single_host=single_host, origin=f"{origin}: parallel.replicas[{i}]", precision=precision)

@@ -175,6 +175,13 @@ class CostModel:
             lat = Figure(measured.latency_us, "measured") if lat.source == "default" else lat
         return bw.value, lat.value, "default" in (bw.source, lat.source)
 
+    def bridge_sum(self, a: DeviceType, b: DeviceType, nbytes: float, ranks: int) -> float | None:
+        """Seconds of the bridge's all-reduce of ``nbytes`` over ``ranks`` speakers of one node, from the all-reduce
+        ``hal profile`` timed across the bridge on either side (the slower); None where neither side measured it."""
+        links = [self.profile.links.get(f"{k.backend}-bridge") for k in (a, b)]
+        times = [t for t in (link.collective_s("all_reduce", nbytes, ranks) for link in links if link) if t is not None]
+        return max(times) if times else None
+
     def device(self, kind: DeviceType) -> DeviceProfile:
         return self.profile.devices[kind.device]
 

@@ -266,8 +266,9 @@ class LinkProfile:
     latency_us: float
     source: str
     basis: str = ""
-    # seconds of a dp-sync collective between two ranks while every pair of the node runs one ({op: (at LINK_SIZES)}),
-    # measured on the island (``measure.measure_node_links``); empty where not measured
+    # seconds of a collective between two ranks ({op: (at loaded_sizes)}): on an island a dp-sync collective while every
+    # pair of the node runs one (``measure.measure_node_links``); on the bridge its all-reduce, as the replicas' exchange
+    # sums its buckets (``measure.link_rank``); empty where not measured
     loaded_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     loaded_sizes: tuple[int, int] = (0, 0)
 

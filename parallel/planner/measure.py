@@ -27,6 +27,7 @@ from hal.parallel.models.decoder import build_stage
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 from hal.parallel.loop.optim_schedule import decoupled_adamw
 from hal.parallel.planner.device_profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
+from hal.parallel.replicas.sync import BUCKET_BYTES
 
 Progress = Callable[[str], None]
 MIN_MEASURED_S, MAX_REPEATS = 0.3, 50
@@ -463,10 +464,15 @@ def _optimizer_s_per_param(backend: Backend, model: ModelConfig, device: torch.d
 # --- links, through the collectives benchmark library ----------------------------------------------------
 
 LINK_SIZES = (4 << 10, 16 << 20)  # bytes: latency-bound, bandwidth-bound
+# bytes of the bridge's sum timed beside its P2P: latency-bound, and one bucket of the replicas' exchange (what it sums)
+BRIDGE_SUM_SIZES = (4 << 10, BUCKET_BYTES)
 
 
-def link_rank(backend: str, bridged: bool, iters: int, init_method: str | None = None) -> dict[str, float] | None:
-    """One of two ranks: broadcast rank 0 → 1 at two sizes; rank 0 returns µs per call for each size.
+def link_rank(backend: str, bridged: bool, iters: int, init_method: str | None = None) -> dict[str, Any] | None:
+    """One of two ranks: broadcast rank 0 → 1 at two sizes; rank 0 returns µs per call for each size. Across the
+    bridge also the all-reduce of BRIDGE_SUM_SIZES (``"all_reduce"``: seconds at each): the replicas' exchange sums
+    32 MiB buckets, staged through page-locked memory and striped over the host channels, where a broadcast crosses
+    as one unstaged stream — about 3× slower on H200 hosts (docs/replicas.md), so one figure cannot price both.
     ``init_method``: the store (default: the launcher's ``HAL_INIT_METHOD``)."""
     import datetime
     import os
@@ -481,10 +487,16 @@ def link_rank(backend: str, bridged: bool, iters: int, init_method: str | None =
     try:
         plan = BenchPlan(backend, 2, LINK_SIZES, ("float32",), ("broadcast",), iters, 2, rounds=1)
         rank = BenchRank(world, world_communicator(validate=False), plan)
-        out = {}
+        out: dict[str, Any] = {}
         for size in LINK_SIZES:
             inp = torch.ones(size // 4, device=world.device)
             out[str(size)] = rank.time_us(ours_call("broadcast", rank.comm, inp))
+        if bridged:
+            sums = []
+            for size in BRIDGE_SUM_SIZES:
+                inp = torch.zeros(size // 4, device=world.device)  # zeros: the sums stay finite however many calls
+                sums.append(rank.time_us(ours_call("all_reduce", rank.comm, inp), iters=max(3, iters // 4)) * 1e-6)
+            out["all_reduce"] = sums
         return out if world.rank == 0 else None
     finally:
         shutdown()
@@ -585,6 +597,10 @@ def _link_profile(backend: str, bridged: bool, t: Mapping[str, float], iters: in
     t_small, t_large = t[str(small)], t[str(large)]
     gbps = (large - small) / max(t_large - t_small, 1e-3) / 1e3
     kind = "bridge" if bridged else "island"
+    sums = t.get("all_reduce") if bridged else None
     return LinkProfile(kind, backend, gbps, t_small, MEASURED,
                        f"broadcast between 2 ranks{' in two declared islands' if bridged else ''} (collectives.bench), "
-                       f"{small} B and {large} B, {iters} iterations")
+                       f"{small} B and {large} B, {iters} iterations"
+                       + (f"; all_reduce of {BRIDGE_SUM_SIZES[0]} B and {BRIDGE_SUM_SIZES[1]} B" if sums else ""),
+                       loaded_collectives={"all_reduce": (float(sums[0]), float(sums[1]))} if sums else {},
+                       loaded_sizes=BRIDGE_SUM_SIZES if sums else (0, 0))

@@ -20,7 +20,9 @@ parameters cross in buckets whose speakers are a stage's ranks in turn — about
 buckets at once over the bridge — and each speaker hands the sum back over its stage. bf16 on the wire halves the
 bridge's bytes; local SGD (every H) pays the exchange once per H steps (and trains differently: not exact). Each pair
 gets the declared bridge figure, capped by its nodes' share of their links out (``inter_node_gbps`` a node); the
-bridge's host channels inside a pair are not counted (the declared figure is taken as a pair's).
+bridge's host channels inside a pair are not counted (the declared figure is taken as a pair's). Where ``hal profile``
+timed the bridge's all-reduce on the node (a bucket, staged and striped over the host channels, as the exchange sums
+it), that figure prices every bucket instead: a broadcast's single stream is about 3× slower on H200 hosts.
 """
 from __future__ import annotations
 
@@ -183,17 +185,25 @@ def sync_cost(cost: CostModel, results: tuple[Result, ...], *, every: int = 1, c
     # bridge's figure (the slowest between any two replicas' types), but the pairs of one node share its link out
     # (inter_node_gbps a node)
     worst_gbps, worst_lat, one_node = math.inf, 0.0, True
+    R, rounds = len(results), math.ceil(buckets / stripes)
+    summed: list[float | None] = []  # a bucket's bridge sum as hal profile timed it, each pair of types
     for (ra, ga), (rb, gb) in itertools.combinations(list(zip(results, groups)), 2):
         same = bool({n for _, n in _nodes(ra)} & {n for _, n in _nodes(rb)})
         one_node = one_node and same
         for a, b in itertools.product(ga, gb):
             gbps, lat, _ = cost.link(a, b, same, bridged=bridged)
             worst_gbps, worst_lat = min(worst_gbps, gbps), max(worst_lat, lat)
+            crosses = bridged if bridged is not None else a.backend != b.backend
+            summed.append(cost.bridge_sum(a, b, wire / buckets, R) if crosses else None)
     nodes = min(len(_nodes(r)) for r in results)
     per_pair = worst_gbps if one_node else min(worst_gbps, nodes * cost.cluster.links.inter_node_gbps / stripes)
-    R, rounds = len(results), math.ceil(buckets / stripes)
     if compress == "fp8":  # gathered, not summed on the wire: every speaker's message reaches the R - 1 others
         bridge = (R - 1) * wire / stripes / (per_pair * 1e9) + rounds * (R - 1) * worst_lat * 1e-6
+    elif one_node and summed and all(t is not None for t in summed):
+        # the sum measured on this node (staged, striped over the host channels, as the exchange runs it), bucket
+        # after bucket; the speaker pairs share the node's host, so they are not counted as adding throughput (on
+        # 4 x H200 two pairs ran 1.3x one pair: docs/replicas.md)
+        bridge = buckets * max(t for t in summed if t is not None)
     else:
         bridge = ring_all_reduce_s(wire / stripes, R, per_pair, worst_lat, rounds)
     # inside each island: the full gradients gathered over tp, and each speaker's sum handed back over its stage

@@ -3,28 +3,32 @@
 Why: across a slow bridge the exchange can take a third of a step (measured on H200s: docs/replicas.md). A
 parameter's gradient is final once the step's last backward through it has accumulated into ``.grad``; buckets are
 taken in backward order (``ReplicaExchange.mine``), so the last layers' buckets are ready while the first layers
-still compute. Each bucket then goes through two threads, bucket after bucket in the one global order:
+still compute. Each bucket then goes in three parts, bucket after bucket in the one global order:
 
-* **inside** (the stage's ranks, its dp group: only tp-1 stages overlap) — a reduce of the bucket's flat gradients
-  to its speaker, and later the speaker's broadcast of the sum back, every rank writing it into ``.grad``. The calls
-  go in one fixed order whatever the timing: reduce 0, reduce 1, hand-back 0, reduce 2, hand-back 1, ...
-* **across** — the speaker scales by its replica's token share and sums over the other replicas' speakers
-  (``ReplicaExchange.bridge_sum``: the wire as set, fp8 included).
+* **reduce inside** (the stage's ranks, its dp group: only tp-1 stages overlap): launched asynchronously by the
+  gradient hook that completes the bucket, on the thread running the backward — as DDP's reducer does — so every
+  CCL call of a rank comes from the thread that runs its other CCL calls, in one order on every rank;
+* **across** (one worker thread, on a stream of its own): the speaker waits for its reduce, scales by its replica's
+  token share and sums over the other replicas' speakers (``ReplicaExchange.bridge_sum``: the wire as set, fp8
+  included) — host-staged copies and the bridge's own groups, no call on the stage's group;
+* **hand back inside**: after the backward, the engine's thread broadcasts each bucket's sum from its speaker in
+  the same order, every rank writing it into ``.grad``.
 
-So while one rank's speaker bridges a bucket, another rank's speaker can bridge the next. A rank's stage overlaps
-when its gradients are its own (tp 1, no expert shards, no ZeRO-1, no tied copy on another stage, a schedule whose
-backward is not split into I and W: the split's W adds to ``.grad`` by hand, which no hook sees); other stages — and
-any bucket whose parameters never reported — take the exchange after the backward, in the same order, so mixed
-replicas still pair up. The result is the exchange's after the backward, up to the order of the dp sum's additions.
+Before the first step the stage's group makes its first call and each speaker sums one empty bucket over the bridge,
+so no communicator starts and no page-locked staging buffer is allocated while a CCL kernel is waiting on a peer
+(either synchronizes the device, which is how the first design — the reduce and hand-back from a worker thread —
+stopped on two-GPU stages on H200s: docs/replicas.md).
 
-Cpu stages, and accelerator stages of one rank (no CCL call from the threads: only the bridge): on H200s a stage of
-two GPU ranks (NCCL reduce and hand-back from the inside thread) did not finish a step in any of five runs, while
-one-rank GPU stages ran (2 x H200, a rank on cuda:1: once each thread starts on the rank's device;
-docs/replicas.md). On cpu ranks it is exact (tested) but its threads take cores the backward computes on, so it pays
-only where the bridge, not the cores, is the bottleneck.
+A rank's stage overlaps when its gradients are its own (tp 1, no expert shards, no ZeRO-1, no tied copy on another
+stage, a schedule whose backward is not split into I and W: the split's W adds to ``.grad`` by hand, which no hook
+sees); other stages — and any bucket whose parameters never reported — take the exchange after the backward, in the
+same order, so mixed replicas still pair up. The result is the exchange's after the backward, up to the order of the
+dp sum's additions. On cpu ranks the worker thread takes cores the backward computes on, so it pays only where the
+bridge, not the cores, is the bottleneck.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
@@ -43,12 +47,9 @@ _DONE = object()
 
 def overlappable(engine: "PipelineEngine", mode: str = "on") -> str | None:
     """None when this rank's stage runs the exchange during its backward, else why not. ``mode``: the config's
-    ``replica_sync.overlap`` (on: every cpu stage that can; off: none)."""
+    ``replica_sync.overlap`` (on: every stage that can; off: none)."""
     if mode == "off":
         return "replica_sync.overlap is off"
-    if engine.device.type != "cpu" and engine.layout.dp * engine.layout.tp > 1:  # the config refuses it first
-        return ("an accelerator stage of several ranks (its reduce and hand-back from the exchange threads did not "
-                "finish a step on H200s in testing: docs/replicas.md)")
     if engine.layout.tp > 1:
         return "tp > 1 (full gradients are gathered over tp after the backward)"
     if engine.layout.ep > 1 or any(expert_shard(p) for p in engine.module.parameters()):
@@ -69,7 +70,7 @@ class BackwardOverlap:
                  mode: str = "on") -> None:
         """``replicas``: every replica's Topology, in replica order (as ``ReplicaExchange`` takes them). Every rank of
         the world builds it together: each stage that overlaps gets a group of its own (the reduce and hand-back),
-        made on every rank, as torch's rule for new groups asks."""
+        made on every rank, as torch's rule for new groups asks; then the groups and the bridge are warmed up."""
         import torch.distributed as dist
 
         from hal.collectives.communicator import Communicator
@@ -90,6 +91,10 @@ class BackwardOverlap:
                 layout = make_layout(world, ranks)  # on every rank: torch's new_group rule
                 if world.rank in ranks:
                     self._group = Communicator(layout, world, validate=False)
+        if self._group is not None:  # the group's communicator starts now, not under a waiting kernel (module doc)
+            self._group.all_reduce(torch.zeros(1, device=engine.device))
+        if any(everyone):
+            exchange.warm_up()  # every rank, in the one order: the bridge's staging buffers exist before a step
         if self.eligible:
             engine.grads_summed_elsewhere = True  # the dp sum is the reduce below, bucket by bucket
         self.params = dict(engine.module.named_parameters())
@@ -98,6 +103,7 @@ class BackwardOverlap:
         self._names_of = {id(p): n for n, p in self.params.items()}
         self._lock = threading.Lock()
         self._armed = False
+        self._stream: Any = None  # the worker's own stream (made on its first step)
         self.early = 0  # buckets started from the hooks in the last step (before the backward ended)
         if self.eligible:
             for p in self.params.values():
@@ -106,7 +112,7 @@ class BackwardOverlap:
 
     # --- one step -------------------------------------------------------------------------------------------
     def begin(self, weight: float) -> None:
-        """Arm the hooks for a step of ``engine.micro_batches`` backwards per parameter; start the threads."""
+        """Arm the hooks for a step of ``engine.micro_batches`` backwards per parameter; start the worker."""
         if not self.eligible:
             return
         self.weight = weight
@@ -117,12 +123,13 @@ class BackwardOverlap:
         self.early = 0
         self.exchange.bytes_sent = 0
         self._error: BaseException | None = None
-        self._queues: list["queue.Queue[Any]"] = [queue.Queue(), queue.Queue()]
-        self._bridged: dict[int, threading.Event] = {}
-        self._threads = [threading.Thread(target=self._on_this_device, args=(body,), daemon=True, name=f"hal-replica-{name}")
-                         for name, body in (("inside", self._inside), ("across", self._across))]
-        for t in self._threads:
-            t.start()
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._flats: list[torch.Tensor] = []
+        self._reduces: list[Any] = []  # per bucket: its reduce's handle (None: a stage of one rank)
+        self._bridged: list[threading.Event] = []
+        self._summed: list[Any] = []  # per bucket: an event on the worker's stream after its sum (None: nothing to wait)
+        self._worker = threading.Thread(target=self._across, daemon=True, name="hal-replica-across")
+        self._worker.start()
         self._armed = True
 
     def _accumulated(self, param: torch.Tensor) -> None:
@@ -136,93 +143,87 @@ class BackwardOverlap:
                 self._release(early=True)
 
     def _release(self, early: bool) -> None:
-        """Queue every bucket, in order, whose parameters are all final (``early``: from a hook); under the lock."""
+        """Start every bucket, in order, whose parameters are all final (``early``: from a hook); under the lock.
+        Starting one: pack its gradients, launch the reduce to its speaker, hand it to the worker."""
         while self._next < len(self.mine) and (not early or all(n in self._ready for n in self._names[self._next])):
-            self._queues[0].put(self._next)
+            index = self._next
+            bucket = self.mine[index]
+            flat = bucket.pack({n: self.params[n].grad for n in bucket.names}, self.engine.device)
+            reduced = self._group.reduce(flat, self._speaker(index), "sum", async_op=True) if self._group else None
+            self._flats.append(flat)
+            self._reduces.append(reduced)
+            self._bridged.append(threading.Event())
+            self._summed.append(None)
+            self._queue.put((index, reduced))
             self._next += 1
             self.early += early
 
     def finish(self) -> None:
-        """After the backward: queue what the hooks did not, wait for every bucket to be summed and written back."""
+        """After the backward: start what the hooks did not; hand each bucket's sum back, in order, once bridged."""
         if not self.eligible:
             return
         with self._lock:
             self._armed = False
             self._release(early=False)
-            self._queues[0].put(_DONE)
-        for t in self._threads:
-            t.join()
+        self._queue.put(_DONE)
+        try:
+            for index in range(len(self.mine)):
+                self._bridged[index].wait()
+                if self._error is not None:
+                    break
+                if self._reduces[index] is not None:  # a listener's buffer is read by its reduce: let it end first
+                    self._reduces[index].wait()
+                if self._summed[index] is not None:  # the sum was written on the worker's stream
+                    self._summed[index].wait(self.engine.backend.current_stream())
+                self._hand_back(index, self._flats[index])
+        finally:
+            self._queue.put(_DONE)  # a worker still waiting ends (a second DONE is harmless)
+            self._worker.join()
+            self._flats, self._reduces = [], []
         if self._error is not None:
             raise self._error
 
-    # --- the two threads ------------------------------------------------------------------------------------
-    def _on_this_device(self, body: Any) -> None:
-        """A new thread starts on device 0 (and its default stream): put it on this rank's device first, or its
-        allocations, events and collectives of a rank on device k > 0 land on device 0."""
-        device = self.engine.device
+    # --- the worker -----------------------------------------------------------------------------------------
+    def _across(self) -> None:
+        """The bridge sums, bucket after bucket (this rank's speaker buckets only do anything), on the rank's device
+        and a stream of the worker's own: a new thread starts on device 0 and the default stream, and what it waits
+        for (the reduce) must hold back only its own work, not the backward's."""
+        backend, device = self.engine.backend, self.engine.device
         if device.type != "cpu" and device.index is not None:
-            self.engine.backend.set_device(device.index)
-        body()
-
-    def _inside(self) -> None:
-        """The stage's CCL calls, in one order on every rank of it whatever the timing: reduce(0), reduce(1),
-        hand-back(0), reduce(2), hand-back(1), ... (CCL calls of one device issued in different orders on different
-        ranks may deadlock); the hand-back of a bucket waits for its bridge sum (the other thread)."""
-        pending = None
-        while True:
-            item = self._queues[0].get()
-            if item is not _DONE and self._error is None:
+            backend.set_device(device.index)
+        if device.type != "cpu" and self._stream is None:
+            self._stream = backend.Stream()
+        with backend.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            while True:
+                item = self._queue.get()
+                if item is _DONE:
+                    return
+                index, reduced = item
                 try:
-                    flat = self._sum_inside(item)
-                    self._bridged[item] = threading.Event()
-                    self._queues[1].put((item, flat))
+                    if self._error is None:
+                        self._summed[index] = self._cross(index, reduced)
                 except BaseException as exc:  # handed to finish()
                     self._error = self._error or exc
-            if pending is not None:
-                self._hand_back_when_bridged(*pending)
-            pending = (item, flat) if item is not _DONE and self._error is None else None
-            if item is _DONE:
-                self._queues[1].put(_DONE)
-                return
-
-    def _hand_back_when_bridged(self, index: int, flat: torch.Tensor) -> None:
-        self._bridged[index].wait()
-        if self._error is not None:
-            return
-        try:
-            self._hand_back(index, flat)
-        except BaseException as exc:
-            self._error = self._error or exc
-
-    def _across(self) -> None:
-        """The bridge sums, bucket after bucket (this rank's speaker buckets only do anything)."""
-        while True:
-            item = self._queues[1].get()
-            if item is _DONE:
-                return
-            index, flat = item
-            try:
-                if self._error is None:
-                    self._cross(index, flat)
-            except BaseException as exc:
-                self._error = self._error or exc
-            finally:
-                self._bridged[index].set()
+                finally:
+                    self._bridged[index].set()
 
     def _speaker(self, index: int) -> int:
         return self.mine[index].speakers[self.exchange.replica]
 
-    def _sum_inside(self, index: int) -> torch.Tensor:
-        bucket = self.mine[index]
-        flat = bucket.pack({n: self.params[n].grad for n in bucket.names}, self.engine.device)
-        if self._group is not None:
-            self._group.reduce(flat, self._speaker(index), "sum")
-        return flat
-
-    def _cross(self, index: int, flat: torch.Tensor) -> None:
-        if self.exchange.world.rank == self._speaker(index):
-            flat.mul_(self.weight)
-            self.exchange.bridge_sum(self.mine[index], flat)
+    def _cross(self, index: int, reduced: Any) -> Any:
+        """The speaker's part of bucket ``index``: wait for its reduce, sum across; returns an event after the sum."""
+        if self.exchange.world.rank != self._speaker(index):
+            return None
+        if reduced is not None:
+            reduced.wait()  # on an accelerator: this stream waits for the reduce, the host does not
+        flat = self._flats[index]
+        flat.mul_(self.weight)
+        self.exchange.bridge_sum(self.mine[index], flat)
+        if self._stream is None:
+            return None
+        done = self.engine.backend.Event()
+        done.record(self._stream)
+        return done
 
     def _hand_back(self, index: int, flat: torch.Tensor) -> None:
         if self._group is not None:

@@ -217,6 +217,28 @@ class ReplicaExchange:
                     out[name] = part.view(self.shapes[name])
         return out
 
+    def warm_up(self) -> None:
+        """Each speaker group of this rank sums one empty buffer of its largest bucket over the bridge, in the one
+        global order: the bridge's staging buffers (page-locked: allocating them synchronizes the device) and its
+        threads exist before a step, when the exchange may run beside the backward (``overlap``). Collective over
+        every rank; nothing it sums is kept (nor counted in ``bytes_sent``, nor fed back on the fp8 wire)."""
+        sizes: dict[tuple[int, ...], int] = {}
+        for bucket in reversed(self.buckets):  # every rank walks the same order
+            if self.groups[bucket.speakers] is not None:
+                sizes[bucket.speakers] = max(sizes.get(bucket.speakers, 0), bucket.numel)
+        device = next(iter(self.params.values())).device
+        for speakers, numel in sizes.items():
+            group = self.groups[speakers]
+            assert group is not None
+            if group.size < 2:
+                continue
+            empty = torch.zeros(numel, dtype=torch.float32, device=device)
+            if self.fp8 is not None:
+                self.fp8.all_reduce(empty, group, -1)
+                self.fp8.residuals.pop(-1, None)
+            else:
+                group.all_reduce(empty.to(self.wire), "sum")
+
     def bridge_sum(self, bucket: Bucket, flat: torch.Tensor) -> None:
         """This speaker's ``flat`` becomes the sum over the bucket's speakers (one a replica), on the wire as set."""
         group = self.groups[bucket.speakers]

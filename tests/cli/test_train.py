@@ -535,9 +535,6 @@ REPLICA_BAD = {
         "leaves 1 rows for the auto replicas [0]"),
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
-    "overlap on an accelerator": ({**REPLICAS, "replica_sync": {"overlap": "on"}, "replicas": [
-        {**REPLICAS["replicas"][0], "stages": [{**REPLICAS["replicas"][0]["stages"][0], "backend": "cuda"}]},
-        REPLICAS["replicas"][1]]}, [], "overlap: on runs on cpu stages and on one-rank accelerator stages so far"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},
                               [], "replicas train one model"),
 }

@@ -225,12 +225,16 @@ def test_fit_increasing_solves_and_clamps() -> None:
 def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() -> None:
     """One launch of the node's ranks measures the island link, the bridge link (each in a 2-rank world of its own)
     and the loaded collectives of every pair at once (``measure_node_links``)."""
-    from hal.parallel.planner.measure import LINK_SIZES, LOADED_OPS, measure_node_links
+    from hal.parallel.planner.measure import BRIDGE_SUM_SIZES, LINK_SIZES, LOADED_OPS, measure_node_links
     from hal.parallel.planner.device_profile import LinkProfile
 
     inside, bridge, loaded = measure_node_links("cpu", 4, run_function_forked, iters=3, loaded_iters=3)
     assert (inside.kind, bridge.kind) == ("island", "bridge") and "declared islands" in bridge.basis
     assert inside.bandwidth_gbps > 0 and bridge.bandwidth_gbps > 0
+    # the bridge's all-reduce, as the replicas' exchange sums a bucket (what prices their sync), beside its broadcast
+    assert set(bridge.loaded_collectives) == {"all_reduce"} and not inside.loaded_collectives
+    assert 0 < bridge.loaded_collectives["all_reduce"][0] < bridge.loaded_collectives["all_reduce"][1]
+    assert bridge.loaded_sizes == BRIDGE_SUM_SIZES
     assert loaded is not None and set(loaded) == set(LOADED_OPS)
     assert all(0 < small < large for small, large in loaded.values())  # 16 MiB takes longer than 4 KiB
     island = LinkProfile("island", "cpu", 3.0, 100.0, "measured", "test", loaded, LINK_SIZES)

@@ -164,6 +164,32 @@ def test_replicas_a_user_wrote_are_priced_with_the_bridge_hal_profile_measured_b
     assert cost.link(cluster.types[0], cluster.types[0], True, bridged=True)[:2] == (2.0, 0.0)
 
 
+def test_where_hal_profile_timed_the_bridges_all_reduce_it_prices_every_bucket_instead_of_the_broadcast() -> None:
+    """The exchange sums its buckets staged and striped over the host channels, which a broadcast's single stream
+    does not show (3x slower on H200 hosts): a bridge profile with the all-reduce timed (4 KiB: 1 ms, 32 MiB: 9 ms)
+    prices each bucket from it — latency plus bytes at the measured rate — and the broadcast figure goes unused."""
+    from hal.parallel.planner.device_profile import LinkProfile
+    from hal.parallel.planner.replica_search import predict_replicas
+    from hal.parallel.replicas.sync import BUCKET_BYTES
+
+    cluster = resolve(parse_cluster({"groups": [{**H100, "node": 0}], "links": {
+        "intra_node_gbps": 1e5, "intra_node_latency_us": 0}}))
+    sizes = (4 << 10, BUCKET_BYTES)
+    timed = LinkProfile("bridge", "cuda", 2.0, 0.0, "measured", "synthetic", {"all_reduce": (1e-3, 9e-3)}, sizes)
+    plan = ParallelPlan((StagePlan("cuda", 2, MODEL.num_layers, dp=2),), "1f1b", 8, 2)
+    synced = {}
+    for name, bridge in (("timed", timed), ("broadcast only", LinkProfile("bridge", "cuda", 2.0, 0.0, "measured", "x"))):
+        profile = Profile(MODEL.to_dict(), "fp32", {"nvidia-h100-sxm": _profile("nvidia-h100-sxm", "cuda", 1e-3)},
+                          {"cuda-bridge": bridge})
+        cost = CostModel(cluster, profile, MODEL, 32)
+        synced[name] = predict_replicas([cost, cost], [plan, plan], [16, 16], bridged=True).sync.seconds
+    wire = model_parameters(MODEL) * 4
+    per_byte = (9e-3 - 1e-3) / (sizes[1] - sizes[0])
+    # one bucket, 2 speakers (the hand-back inside each island, over its 1e5 GB/s link, adds next to nothing)
+    assert synced["timed"] == pytest.approx(1e-3 - sizes[0] * per_byte + wire * per_byte, rel=1e-4)
+    assert synced["broadcast only"] == pytest.approx(wire / 2e9, rel=0.01)
+
+
 def test_a_type_whose_devices_cannot_all_share_a_small_batch_share_trains_it_on_fewer() -> None:
     """16 slow devices beside 4 fast ones get a share of a few rows, which 16 ranks cannot split (a dp or tp rank for
     each): the replica takes fewer of them (halving) rather than no replica plan at all (on a 1 x H200 host with
