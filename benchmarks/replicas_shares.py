@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, name: str, parallel: dict[str, Any], islands: 
         out["first_rows"] = [r["rows"] for r in log[0]["replicas"]]
         out["sync_share"] = sum(max(r["sync_s"] for r in rec["replicas"]) / rec["step_s"] for rec in steady) / len(steady)
         out["rebalances"] = sum("rebalanced" in rec for rec in log)
-        out["said"] = [line for line in result.stderr.splitlines() if "replica shares" in line]
+        out["said"] = [line for line in result.stderr.splitlines() if "replica shares" in line or "slow this job" in line]
     return out
 
 
