@@ -16,8 +16,8 @@ still compute. Each bucket then goes in three parts, bucket after bucket in the 
 
 Before the first step the stage's group makes its first call and each speaker sums one empty bucket over the bridge,
 so no communicator starts and no page-locked staging buffer is allocated while a CCL kernel is waiting on a peer
-(either synchronizes the device, which is how the first design — the reduce and hand-back from a worker thread —
-stopped on two-GPU stages on H200s: docs/replicas.md).
+(either synchronizes the device: the suspects, with CCL calls from two threads, of the first design — the reduce
+and hand-back from a worker thread — which stopped on two-GPU stages on H200s: docs/replicas.md).
 
 A rank's stage overlaps when its gradients are its own (tp 1, no expert shards, no ZeRO-1, no tied copy on another
 stage, a schedule whose backward is not split into I and W: the split's W adds to ``.grad`` by hand, which no hook
