@@ -20,12 +20,14 @@
 #   hetero      35.7  benchmarks/planner_hetero.py on 2 GPUs + 2 cpu ranks (goal: <= 3 minutes)                2
 #   ccl         37.3  the collectives suite's reduction probes on NCCL (what the library's sums accumulate in) 2+
 #   kernels     35.6  every Triton kernel against torch.compile of its reference, 2048 and 8192 tokens           1
+#   replicas    34    two dp2 GPU islands (bf16 / fp32): rows auto against even and the fast island alone, the exchange
+#                     during the backward against after it, each run beside the planner's prediction                4
 #   izb-loop    36    the two-GPU interleaved zero-bubble test five times (hung 4 of 5; with the drain 2 of 2, then 5 of 5)  2
 #
 # Each command runs under `timeout`; a section's log keeps all it printed, the table the lines that carry its figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS="examples moe train train-bf16 train-loop schedules schedules-m16 uneven dualpipev dualpipev-torch planner-wide planner-narrow planner-tied hetero ccl kernels izb-loop"
+SECTIONS="examples moe train train-bf16 train-loop schedules schedules-m16 uneven dualpipev dualpipev-torch planner-wide planner-narrow planner-tied hetero ccl kernels replicas izb-loop"
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/four_gpus.sh SECTION [SECTION ...]; sections: $SECTIONS" >&2; exit 2; }
 for section in "$@"; do
     case " $SECTIONS " in *" $section "*) ;; *) echo "four_gpus.sh: unknown section '$section'; sections: $SECTIONS" >&2; exit 2 ;; esac
@@ -94,6 +96,9 @@ for section in "$@"; do
             for tokens in 2048 8192; do
                 step "kernels-$tokens-tokens" 250 python benchmarks/kernels.py --tokens "$tokens"
             done ;;
+        replicas)
+            step replicas-two-gpu-islands 560 python benchmarks/replicas_shares.py --devices 2 --hidden 2048 --layers 8 \
+                --rows 64 --steps 12 --overlap both --profile make --timeout 120 ;;
         izb-loop)
             for i in 1 2 3 4 5; do
                 step "izb-two-gpus-$i" 100 python -m pytest -q -m cuda \
