@@ -16,6 +16,7 @@ from hal.errors import UnsupportedError
 from ._device_module import DeviceModuleBackend, RuntimeMissing, _one_line
 
 CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
+_AUTOGRAD_READY: set[int] = set()  # devices whose autograd thread this process has readied (prepare_autograd)
 
 
 class CudaBackend(DeviceModuleBackend):
@@ -33,6 +34,21 @@ class CudaBackend(DeviceModuleBackend):
         "NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11.0+cu130), 2026-11-26: CUDA-marked tests and "
         "hal conformance (1 GPU) passed; NVIDIA H200 x2 and x4: hal conformance with NCCL passed"
     )
+
+    def prepare_autograd(self, index: int) -> None:
+        """One tiny elementwise backward on ``cuda:index``, once a process and device.
+
+        Why: torch's autograd thread for a CUDA device makes it current only when it differs from the thread's (device
+        0 never does), so where a process's first backward on device 0 begins with a matmul, cuBLAS finds no context
+        on that thread and torch warns "Attempting to run cuBLAS, but there was no current CUDA context!" (seen once a
+        process in `hal profile`'s launched ranks on H200s). An elementwise kernel launched there first binds the
+        device's primary context, silently. Skipped while a stream captures a graph (nothing may launch then)."""
+        if index in _AUTOGRAD_READY or self._mod().is_current_stream_capturing():
+            return
+        _AUTOGRAD_READY.add(index)
+        with torch.enable_grad():
+            seed = torch.zeros((), device=self.device(index), requires_grad=True)
+            (seed * 2.0).backward()
 
     def _load_module(self) -> ModuleType:
         if torch.version.hip is not None:

@@ -101,6 +101,7 @@ def device_for_rank(backend: Backend) -> torch.device:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     index = local_rank % count
     backend.set_device(index)
+    backend.prepare_autograd(index)
     return backend.device(index)
 
 

@@ -116,6 +116,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def set_device(self, index: int) -> None: ...
 
+    def prepare_autograd(self, index: int) -> None:
+        """Ready autograd's worker thread for device ``index`` before this process computes there (a process that
+        takes a device for its training calls it once). Nothing to do on most backends."""
+
     @abc.abstractmethod
     def current_device(self) -> int: ...
 

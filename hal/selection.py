@@ -56,6 +56,7 @@ class Selection:
         """Make this selection current: fallback policy, current device, precision switches."""
         set_fallback_mode(self.config.fallback)  # type: ignore[arg-type]
         self.backend.set_device(self.devices[0])
+        self.backend.prepare_autograd(self.devices[0])
         self.precision.apply(self.backend)
 
 

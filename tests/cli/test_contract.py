@@ -19,7 +19,7 @@ BUILTINS = ("cpu", "cuda", "rocm", "ascend", "cambricon")
 # The contract as frozen for this release: adding, removing or renaming a method must be a
 # deliberate change to this list too.
 CONTRACT_METHODS = {
-    "availability", "is_available", "require_available", "device_count", "set_device", "current_device",
+    "availability", "is_available", "require_available", "device_count", "set_device", "prepare_autograd", "current_device",
     "device_name", "device", "synchronize", "Stream", "Event", "current_stream", "stream",
     "memory_allocated", "memory_reserved", "max_memory_allocated", "reset_peak_memory_stats",
     "mem_get_info", "total_memory", "empty_cache", "manual_seed", "manual_seed_all", "get_rng_state",

@@ -175,3 +175,38 @@ def test_the_profiles_fused_head_holds_the_weight_gradient_and_no_logits() -> No
     assert fused.fixed_bytes == pytest.approx(model.vocab_size * model.hidden_size * 2, rel=0.01)
     assert fused.activation_bytes < 16 * model.hidden_size < plain.activation_bytes
     assert plain.activation_bytes > 4 * model.vocab_size  # the plain head saves its logits
+
+
+_FIRST_BACKWARD = """
+import warnings, torch
+from hal import get_backend
+from hal.collectives.process_groups import device_for_rank
+backend = get_backend("cuda")
+device = device_for_rank(backend) if {prepared} else torch.device("cuda", 0)
+if not {prepared}:
+    backend.set_device(0)
+lin = torch.nn.Linear(64, 64, device=device)
+x = torch.randn(4, 64, device=device, requires_grad=True)
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    y = lin(x)
+    y.backward(torch.ones_like(y))  # the backward's first node is a matmul
+    backend.synchronize()
+print(sum("no current CUDA context" in str(w.message) for w in seen))
+"""
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["a rank's device", "set_device alone"])
+def test_a_ranks_first_backward_starting_with_a_matmul_warns_of_no_context_only_unprepared(prepared: bool) -> None:
+    """A process that takes device 0 through ``device_for_rank`` readies autograd's thread for it
+    (``prepare_autograd``); without that, torch 2.11 warns once that cuBLAS found no current CUDA context (the
+    control: it shows the check can see the warning)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD.format(prepared=prepared)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "LOCAL_RANK": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    warned = int(done.stdout.strip().splitlines()[-1])
+    assert warned == (0 if prepared else 1), (prepared, done.stdout, done.stderr[-1000:])
