@@ -149,12 +149,16 @@ class BackwardOverlap:
             index = self._next
             bucket = self.mine[index]
             flat = bucket.pack({n: self.params[n].grad for n in bucket.names}, self.engine.device)
+            packed = None  # the pack's end on this thread's stream: the worker's stream waits for it (no reduce may)
+            if self.engine.device.type != "cpu":
+                packed = self.engine.backend.Event()
+                packed.record(self.engine.backend.current_stream())
             reduced = self._group.reduce(flat, self._speaker(index), "sum", async_op=True) if self._group else None
             self._flats.append(flat)
             self._reduces.append(reduced)
             self._bridged.append(threading.Event())
             self._summed.append(None)
-            self._queue.put((index, reduced))
+            self._queue.put((index, packed, reduced))
             self._next += 1
             self.early += early
 
@@ -198,10 +202,10 @@ class BackwardOverlap:
                 item = self._queue.get()
                 if item is _DONE:
                     return
-                index, reduced = item
+                index, packed, reduced = item
                 try:
                     if self._error is None:
-                        self._summed[index] = self._cross(index, reduced)
+                        self._summed[index] = self._cross(index, packed, reduced)
                 except BaseException as exc:  # handed to finish()
                     self._error = self._error or exc
                 finally:
@@ -210,10 +214,13 @@ class BackwardOverlap:
     def _speaker(self, index: int) -> int:
         return self.mine[index].speakers[self.exchange.replica]
 
-    def _cross(self, index: int, reduced: Any) -> Any:
-        """The speaker's part of bucket ``index``: wait for its reduce, sum across; returns an event after the sum."""
+    def _cross(self, index: int, packed: Any, reduced: Any) -> Any:
+        """The speaker's part of bucket ``index``: wait for its pack and reduce, sum across; returns an event after
+        the sum."""
         if self.exchange.world.rank != self._speaker(index):
             return None
+        if packed is not None:
+            packed.wait(self._stream)  # a stage of one rank has no reduce to order the worker after the pack
         if reduced is not None:
             reduced.wait()  # on an accelerator: this stream waits for the reduce, the host does not
         flat = self._flats[index]
