@@ -230,27 +230,28 @@ class ReplicaExchange:
         for speakers, numel in sizes.items():
             group = self.groups[speakers]
             assert group is not None
-            if group.size < 2:
-                continue
-            empty = torch.zeros(numel, dtype=torch.float32, device=device)
+            self._wire_sum(group, torch.zeros(numel, dtype=torch.float32, device=device), key=-1)
             if self.fp8 is not None:
-                self.fp8.all_reduce(empty, group, -1)
                 self.fp8.residuals.pop(-1, None)
-            else:
-                group.all_reduce(empty.to(self.wire), "sum")
 
     def bridge_sum(self, bucket: Bucket, flat: torch.Tensor) -> None:
         """This speaker's ``flat`` becomes the sum over the bucket's speakers (one a replica), on the wire as set."""
         group = self.groups[bucket.speakers]
         assert group is not None, "only a bucket's speakers sum it"
-        if group.size > 1 and self.fp8 is not None:
-            self.bytes_sent += self.fp8.all_reduce(flat, group, bucket.index)
-        elif group.size > 1:
-            wire = flat if self.wire == torch.float32 else flat.to(self.wire)
-            group.all_reduce(wire, "sum")
-            self.bytes_sent += wire.numel() * wire.element_size()
-            if wire is not flat:
-                flat.copy_(wire)
+        self.bytes_sent += self._wire_sum(group, flat, key=bucket.index)
+
+    def _wire_sum(self, group: "Communicator", flat: torch.Tensor, key: int) -> int:
+        """``flat`` summed over ``group`` on the wire as set (fp8: its residual kept under ``key``); returns the bytes
+        this rank sent."""
+        if group.size < 2:
+            return 0
+        if self.fp8 is not None:
+            return self.fp8.all_reduce(flat, group, key)
+        wire = flat if self.wire == torch.float32 else flat.to(self.wire)
+        group.all_reduce(wire, "sum")
+        if wire is not flat:
+            flat.copy_(wire)
+        return wire.numel() * wire.element_size()
 
     # --- the fp8 wire's residuals in a checkpoint -----------------------------------------------------------
     def residual_file(self) -> str | None:
