@@ -42,6 +42,16 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    _build_the_font_cache()
+
+
+def _build_the_font_cache() -> None:
+    """matplotlib runs ``fc-list`` (a process) to list the system's fonts the first time it is used on a machine:
+    here, before any test, so a unit test that draws a picture on a fresh machine does not trip the fast lane's guard."""
+    try:
+        from matplotlib import font_manager  # noqa: F401  (the import builds the cache)
+    except ImportError:
+        pass
 
 
 def run_hal(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

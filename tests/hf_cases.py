@@ -16,8 +16,8 @@ VOCAB, SEQ, BATCH = 256, 16, 2
 
 
 def transformers() -> Any:
-    """The transformers module. pytest puts the repository root on sys.path, so transformers' probe for Hugging
-    Face's ``kernels`` package imports hal's ``kernels/`` folder: this also checks that the folder stays inert."""
+    """The transformers module (imported from the repository root, where pytest runs: transformers >= 5.25 imports
+    Hugging Face's ``kernels``, which no folder of ours may shadow — tests/cli/test_import_names.py)."""
     import transformers as module
     from transformers import (  # noqa: F401  (resolve the lazy modules)
         AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,

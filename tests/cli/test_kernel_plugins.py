@@ -51,10 +51,10 @@ def good_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_every_kernel_module_is_declared_in_the_entry_points() -> None:
     declared = {ep.value for ep in kernel_entry_points()}
-    modules = sorted(p.stem for p in (REPO / "kernels").glob("*.py") if p.stem != "__init__")
-    assert modules, "kernels/ holds no kernel module"
+    modules = sorted(p.stem for p in (REPO / "hal" / "kernels").glob("*.py") if p.stem != "__init__")
+    assert modules, "hal/kernels/ holds no kernel module"
     for stem in modules:
-        assert f"hal.kernels.{stem}:register" in declared, f"kernels/{stem}.py has no hal.kernels entry point"
+        assert f"hal.kernels.{stem}:register" in declared, f"hal/kernels/{stem}.py has no hal.kernels entry point"
 
 
 def test_a_failing_kernel_module_is_reported_by_name_and_the_others_still_load(good_module: str) -> None:

@@ -69,7 +69,7 @@ TORCH_DIR = Path(torch.__file__).resolve().parent
 BANNERS = ("hal run:", "hal launch:")
 KEYS = {"pattern", "launch", "args", "hal-args", "procs", "twin", "compare", "expect", "may-warn"}
 WARNING_LINE = re.compile(r"^(?P<file>\S.*?):(?P<line>\d+): (?P<category>\w*Warning): (?P<message>.*)$")
-HAL_WARNING = "hal: warning: "  # how the hal command prints hal's own warnings (cli/main.py)
+HAL_WARNING = "hal: warning: "  # how the hal command prints hal's own warnings (hal/cli/main.py)
 LOCATION = re.compile(r"(?P<file>[^\s:'\"()]+\.py):(?P<line>\d+)")
 TRACEBACK = "Traceback (most recent call last):"
 

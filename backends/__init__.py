@@ -1,7 +1,0 @@
-"""Vendor backends, one module each: the only package that touches torch.cuda / torch.npu / torch.mlu.
-
-hetero-hal's own distribution registers the five built-ins in the ``hal.backends`` entry-point group
-(pyproject.toml), exactly as a third-party vendor registers a plug-in; ``hal.backend_registry`` finds them.
-"""
-if __name__ != "hal.backends":
-    raise ImportError(f"this folder installs as 'hal.backends', not {__name__!r}: pip install -e . and import hal.backends")
