@@ -29,6 +29,8 @@ def _load_class(target: str) -> type[Backend]:
 
 
 BUILTIN_ORDER: tuple[str, ...] = ("cpu", "cuda", "rocm", "ascend", "cambricon")
+"""The built-in backends, the one list of their names: listing order, and after cpu, the order ``backend: auto``
+tries them (hal.selection). pyproject.toml's ``hal.backends`` entry points declare the same five."""
 
 
 def _builtin_rank(ep: metadata.EntryPoint) -> tuple[int, str]:

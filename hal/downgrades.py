@@ -49,36 +49,36 @@ class _State(threading.local):
         self.mode: FallbackMode = "warn"
 
 
-_state = _State()
+fallback_state = _State()  # this thread's policy; the op dispatch reads .mode directly (a hot path)
 _records: list[Downgrade] = []
 _records_lock = threading.Lock()
 
 
 def fallback_mode() -> FallbackMode:
     """The policy in force for this thread (default ``warn``)."""
-    return _state.mode
+    return fallback_state.mode
 
 
 def set_fallback_mode(mode: FallbackMode) -> None:
     if mode not in FALLBACK_MODES:
         raise ValueError(f"fallback must be one of {', '.join(FALLBACK_MODES)}, got {mode!r}")
-    _state.mode = mode
+    fallback_state.mode = mode
 
 
 @contextlib.contextmanager
 def fallback_policy(mode: FallbackMode) -> Iterator[None]:
     """Temporarily run under another fallback policy."""
-    previous = _state.mode
+    previous = fallback_state.mode
     set_fallback_mode(mode)
     try:
         yield
     finally:
-        _state.mode = previous
+        fallback_state.mode = previous
 
 
 def record_downgrade(downgrade: Downgrade, mode: FallbackMode | None = None) -> Downgrade:
     """Apply the fallback policy to ``downgrade``: raise, or record (and maybe warn)."""
-    mode = mode or _state.mode
+    mode = mode or fallback_state.mode
     if mode == "error":
         raise FallbackRefused(
             f"{downgrade.describe()}; refused because fallback is 'error' — "

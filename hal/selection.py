@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hal.backend import Backend
-from hal.backend_registry import all_backends, get_backend
+from hal.backend_registry import BUILTIN_ORDER, all_backends, get_backend
 from hal.config import HalConfig
 from hal.downgrades import set_fallback_mode
 from hal.errors import BackendUnavailable, ConfigError
 from hal.precision import PrecisionPlan, resolve_precision
 
-BUILTIN_PREFERENCE: tuple[str, ...] = ("cuda", "rocm", "ascend", "cambricon")
+BUILTIN_PREFERENCE: tuple[str, ...] = tuple(name for name in BUILTIN_ORDER if name != "cpu")  # accelerators first
 
 
 def auto_preference() -> list[str]:

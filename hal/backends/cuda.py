@@ -26,6 +26,7 @@ class CudaBackend(DeviceModuleBackend):
     ccl = "nccl"
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     reduced_precision_matmul_format = "tf32"
+    no_reduced_precision_matmul = "has no TF32 (needs compute capability 8.0+)"  # the refusal's words (rocm: its own)
     graph_names = ("CUDAGraph", "graph")  # CUDA graphs (hipGraph on ROCm builds: the same torch.cuda API)
     profiler_activity = "CUDA"  # CUPTI through kineto (roctracer on ROCm builds)
     ccl_reduce_ops = frozenset({"sum", "avg", "max", "min", "product"})  # ncclAvg since NCCL 2.10
@@ -82,7 +83,7 @@ class CudaBackend(DeviceModuleBackend):
         self.require_available()
         if enabled and not self.capabilities(self.current_device()).is_native("tf32"):
             raise UnsupportedError(
-                f"{self.device_name(self.current_device())} has no TF32 (needs compute capability 8.0+); use precision fp32"
+                f"{self.device_name(self.current_device())} {self.no_reduced_precision_matmul}; use precision fp32"
             )
         _set_tf32(enabled)
 

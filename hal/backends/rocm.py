@@ -11,10 +11,9 @@ from types import ModuleType
 import torch
 
 from hal.capabilities import ProbedFacts
-from hal.errors import UnsupportedError
 
 from ._device_module import RuntimeMissing
-from .cuda import CudaBackend, _init_torch_cuda, _set_tf32
+from .cuda import CudaBackend, _init_torch_cuda
 
 
 class RocmBackend(CudaBackend):
@@ -24,6 +23,7 @@ class RocmBackend(CudaBackend):
     ccl = "nccl"  # RCCL, registered under the nccl name on HIP builds
     visible_devices_env = "HIP_VISIBLE_DEVICES"
     reduced_precision_matmul_format = "tf32"  # XF32 on MI300-class GPUs (catalog: tf32 native)
+    no_reduced_precision_matmul = "has no XF32/TF32 matmul mode"
     hardware_verification = None
 
     def _load_module(self) -> ModuleType:
@@ -43,11 +43,3 @@ class RocmBackend(CudaBackend):
             extra={"gcn_arch": arch, "multiprocessors": props.multi_processor_count},
             how="probed via torch.cuda.get_device_properties (HIP)",
         )
-
-    def set_reduced_precision_matmul(self, enabled: bool) -> None:
-        self.require_available()
-        if enabled and not self.capabilities(self.current_device()).is_native("tf32"):
-            raise UnsupportedError(
-                f"{self.device_name(self.current_device())} has no XF32/TF32 matmul mode; use precision fp32"
-            )
-        _set_tf32(enabled)

@@ -20,7 +20,11 @@ import torch
 
 from hal.backends.ascend import PACKAGE, AscendBackend, find_torch_npu
 from hal.downgrades import Downgrade, record_downgrade
-from hal.ops import _rms_norm, _rotary_embedding, _sdpa, _swiglu
+from hal.ops import registry as ops_registry
+
+# The references each fused op runs instead where it cannot serve an input (the downgrade is recorded).
+_rms_norm, _rotary_embedding, _sdpa, _swiglu = (
+    ops_registry.reference(op) for op in ("rms_norm", "rotary_embedding", "scaled_dot_product_attention", "swiglu"))
 
 if TYPE_CHECKING:
     from hal.ops.registry import OpRegistry

@@ -23,7 +23,11 @@ import torch
 from hal.backend_registry import backend_for_device_type, get_backend
 from hal.downgrades import Downgrade, record_downgrade
 from hal.kernels.triton import library  # the custom ops: torch.library only, no triton import
-from hal.ops import _add_rms_norm, _linear_cross_entropy, _rms_norm, _rotary_embedding, _swiglu
+from hal.ops import registry as ops_registry
+
+# The references each kernel runs instead where it cannot serve an input (the downgrade is recorded).
+_add_rms_norm, _linear_cross_entropy, _rms_norm, _rotary_embedding, _swiglu = (
+    ops_registry.reference(op) for op in ("add_rms_norm", "linear_cross_entropy", "rms_norm", "rotary_embedding", "swiglu"))
 
 if TYPE_CHECKING:
     from hal.ops.registry import OpRegistry

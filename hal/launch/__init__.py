@@ -1,14 +1,15 @@
 """hal.launch — the one way to start ranks: local subprocess ranks, and torchrun lines for several nodes.
 
-Top floor (with ``hal/cli/``): it may import every floor below, and nothing below imports it. How the
-code that needs ranks gets them without an upward import:
+Floor 1, beside the backends: it imports nothing of hal but ``hal.errors``, so every floor above may use it as a
+library. Who uses what:
 
-- commands (``hal launch``, ``hal train``, ``hal bench collectives``) live in ``hal/cli/``, on this
-  floor, and call the launcher directly; ``parallel.loop.job_runner`` takes its spawner as an argument
-  (``hal/cli/train.py`` passes one built on ``spawn_ranks``);
+- the loop (``hal.parallel.loop.job_runner``) gives each rank of ``hal train`` its environment with ``rank_env``,
+  ``free_port`` and ``import_path`` from ``env``, and takes the spawner as an argument (``hal/cli/train.py`` passes
+  one built on ``spawn_ranks`` that also prints);
+- commands (``hal launch``, ``hal train``, ``hal bench collectives``) call the launcher directly;
 - a rank's work is a function named ``"module:function"`` (``run_function``): each rank is
-  ``python -m hal.launch.entry``, which imports that name, so the library owning the function
-  (``hal.collectives.bench``, ``hal.conformance.jobs.worker``) never imports the launcher;
+  ``python -m hal.launch.entry``, which imports that name, so the launcher imports none of the libraries whose
+  functions it runs (``hal.collectives.bench``, ``hal.conformance.jobs.worker``);
 - the conformance suites start their multi-rank jobs through ``Context.launch``, a callable the
   caller puts there (``hal conformance run`` passes ``run_function``; see ``conformance.jobs.launch``).
 

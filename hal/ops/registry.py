@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from hal.downgrades import Downgrade, _state as _fallback_state, record_downgrade
+from hal.downgrades import Downgrade, fallback_state, record_downgrade
 from hal.errors import ConfigError
 from hal.plugins import LoadProblem, entry_points, is_builtin, origin
 
@@ -94,7 +94,7 @@ class Op:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tensor = args[self._arg]
         # torch.device objects hash cheaply; reading .type would build a new string each call.
-        key = (tensor.device, tensor.dtype, _fallback_state.mode)
+        key = (tensor.device, tensor.dtype, fallback_state.mode)
         fn = self._cache.get(key)
         if fn is None:
             fn = self._registry._dispatch_target(self.name, key[0].type, key[1])
@@ -204,6 +204,11 @@ class OpRegistry:
 
     def implementations(self, op: str) -> list[OpImpl]:
         return list(self.definition(op).impls)
+
+    def reference(self, op: str) -> Callable[..., Any]:
+        """The op's reference (plain PyTorch) implementation: what a kernel runs instead where it cannot serve an
+        input (and records the downgrade). Loads no kernel module, so a kernel module may ask while it loads."""
+        return next(impl.fn for impl in self._definition(op).impls if impl.name == REFERENCE)
 
     def choose(self, op: str, backend: str, dtype: torch.dtype) -> Choice:
         """The implementation ``op`` uses on ``backend`` for ``dtype`` — no policy applied."""

@@ -6,6 +6,7 @@
     models, observe   parallel layers and model families; timer, timeline, reports
     state             checkpoints and Hugging Face checks and export
     pipeline          one rank's engine, resharding between stages, compile
+    replicas          whole replicas beside each other: their shares, the gradient exchange, local SGD
     loop              hal train's parent side and the rank's training loop
     planner           profiles, cost model, search
 

@@ -166,3 +166,11 @@ def test_forbidden_pattern_catches_a_leak(tmp_path: Path) -> None:
         (tmp_path / rel).write_text("import torch\ntorch.cuda.synchronize()\n")
     assert cuda_leaks(tmp_path) == ["benchmarks/moe.py:2: torch.cuda.synchronize()",
                                     "hal/parallel/loop/trainer.py:2: torch.cuda.synchronize()"]
+
+
+def test_the_entry_points_declare_exactly_the_built_in_list() -> None:
+    """pyproject.toml's hal.backends entry points and hal.backend_registry.BUILTIN_ORDER name the same five."""
+    from hal.backend_registry import BUILTIN_ORDER
+    from hal.plugins import entry_points, is_builtin
+
+    assert sorted(ep.name for ep in entry_points("hal.backends") if is_builtin(ep)) == sorted(BUILTIN_ORDER)

@@ -16,7 +16,8 @@ import pytest
 from hal.errors import ConfigError
 from hal.parallel.config.job import JOB_FILE, load_job, write_job
 from hal.cli.train import multinode_lines
-from hal.parallel.loop.job_runner import free_port, prepare, rank_envs
+from hal.launch.env import free_port
+from hal.parallel.loop.job_runner import prepare, rank_envs
 
 from ..conftest import REPO
 

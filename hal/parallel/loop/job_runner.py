@@ -29,20 +29,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hal.cpu_binding import CPUS_ENV, allowed_cpus, cpulist, numa_groups, rank_blocks
 from hal.errors import ConfigError, HalError
+from hal.launch.env import free_port, import_path, rank_env
 
 from hal.parallel.config.job import Job, write_job
 from hal.parallel.loop.preflight import TRAIN, Request, job, preflight
 from hal.parallel.config.topology import Topology
 from hal.parallel.schedules.pairs import in_brief, stage_pairs
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # so ranks import this checkout, installed or not
 RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
 """Runs one command per rank with that rank's (extra) environment, reports failures itself; the exit status."""
 
@@ -66,13 +64,6 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
 # --- the ranks' environment ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port free on this host now (the local ranks' rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 REPLICA_ENV = "HAL_REPLICA"  # a rank's replica (parallel.replicas), for the failure report only
 
 
@@ -81,7 +72,7 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
     world = job.world_size
     topologies = job.topologies()
     threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // world))
-    pythonpath = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    pythonpath = import_path(os.environ)  # a rank imports what hal train does, this checkout included
     seen: dict[str, int] = {}
     envs: dict[int, dict[str, str]] = {}
     blocks = local_cpu_blocks(job)
@@ -89,12 +80,10 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
         backend = next(t for t in topologies if rank in t.ranks).backend_of(rank)
         local = seen.get(backend, 0)
         seen[backend] = local + 1
-        envs[rank] = {
-            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HAL_BACKEND": backend,
-            "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
+        envs[rank] = rank_env(rank, world, port, local_rank=local, local_world_size=world, base={}, extra={
+            "HAL_BACKEND": backend, "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
             "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
-        }
+        })
         if job.replicas is not None:  # the launcher's report names a failing rank's replica
             envs[rank][REPLICA_ENV] = str(job.replicas.replica_of(rank))
         if blocks is not None:  # pinned: the rank's threads are its cores (unless the user set OMP_NUM_THREADS)

@@ -1,10 +1,11 @@
-"""The pipeline engine: one rank's share of a training step under a registered schedule (GPipe, 1F1B).
+"""The pipeline engine: one rank's share of a training step under any registered schedule (``parallel.schedules``).
 
 Each rank runs its stage's module on the micro-batches its (stage, dp) coordinate owns.
 Activations cross stage boundaries through ``parallel.pipeline.reshard`` (slice intersection, batched P2P,
 the collectives bridge between islands); gradients return the same way. What a rank does, in which
-order, is data: the plan's schedule (``parallel.schedules``: GPipe, 1F1B) gives each stage a
-program of compute actions and P2P batches, and ``step_lazy`` executes it. 1F1B follows Megatron's
+order, is data: the plan's schedule (GPipe, 1F1B, interleaved, the zero-bubble family, DualPipeV: one file each
+in ``parallel.schedules``) gives each stage a program of compute actions and P2P batches, and ``step_lazy``
+executes it, whatever the schedule. 1F1B, for example, follows Megatron's
 non-interleaved structure: warm-up forwards, a steady phase whose sends and receives are posted
 together (``send_forward_recv_backward`` / ``send_backward_recv_forward``, so blocking P2P cannot
 deadlock), and cool-down backwards. Batches that only send are left in flight while the rank
