@@ -182,10 +182,10 @@ def _exchange(rank: int, world: int, opts: dict[str, Any], tokens: int, comm: An
 def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.device, backend: Any,
            sync: Callable[[], None]) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     model = ModelConfig(**opts["model"])

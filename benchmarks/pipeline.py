@@ -87,8 +87,8 @@ def flops_per_token(m: dict[str, Any], seq: int) -> float:
 # --- what every rank runs ------------------------------------------------------------------------------
 def _reference_ops_only() -> None:
     """Remove every implementation but the reference from hal's op registry (this rank only)."""
-    from hal.ops.registry import REFERENCE
     from hal.ops import registry
+    from hal.ops.registry import REFERENCE
 
     for op in registry.names():
         for impl in registry.implementations(op):
@@ -101,10 +101,10 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
     import torch.distributed as dist
 
     from hal.collectives import init_distributed, shutdown
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     torch.set_num_threads(max(1, opts["threads"]))

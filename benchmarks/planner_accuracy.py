@@ -121,7 +121,6 @@ def cluster_group(backend: str) -> dict[str, Any]:
     if backend == "cpu":
         return {"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": os.cpu_count() or 1}
     from hal.backend_registry import get_backend
-
     from hal.errors import ConfigError
 
     device = get_backend(backend).capabilities(0).catalog_id
@@ -292,10 +291,10 @@ def benchmark(argv: list[str] | None = None) -> int:
         check_creatable_file(Path(args.save_profile), "--save-profile")
 
     from hal.launch import run_function
-    from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.run_search import planning_cluster, planning_inputs
-    from hal.parallel.planner.make_profile import make_profile
     from hal.parallel.config.run import load_run_config
+    from hal.parallel.planner.cost import Placement
+    from hal.parallel.planner.make_profile import make_profile
+    from hal.parallel.planner.run_search import planning_cluster, planning_inputs
 
     todo = plans(args.backend, model)
     if args.compile:

@@ -87,12 +87,12 @@ def main() -> int:
     args = parser.parse_args()
 
     from hal.launch import run_function
+    from hal.parallel.config.run import load_run_config
     from hal.parallel.planner.cluster import load_cluster
     from hal.parallel.planner.cost import Placement
-    from hal.parallel.planner.run_search import planning_inputs, stage_text, write_plan
     from hal.parallel.planner.make_profile import make_profile
+    from hal.parallel.planner.run_search import planning_inputs, stage_text, write_plan
     from hal.parallel.planner.search import Result, Search
-    from hal.parallel.config.run import load_run_config
 
     groups = cluster(args.gpus, args.cpus)
     base = {**BATCH, "stages": [{"backend": "cuda", "devices": args.gpus, "dp": args.gpus, "layers": MODEL["num_layers"]}]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hal.errors import BackendUnavailable, ConfigError, FallbackRefused, HalError, UnsupportedError
+from hal.errors import BackendUnavailable, ConfigError, FallbackRefused, HalError, UnsupportedError  # noqa: F401  (re-exported)
 
 __version__ = "0.1.0"
 

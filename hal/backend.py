@@ -292,7 +292,7 @@ class Backend(abc.ABC):
         return f"cpu:gloo,{self.device_type}:{self.ccl}"
 
     # --- operators ---------------------------------------------------------------------------
-    def register_ops(self, registry: "OpRegistry") -> None:
+    def register_ops(self, registry: OpRegistry) -> None:
         """Add a plug-in backend's own operator implementations. Default: none; the built-in backends'
         fused ops are kernel modules in ``hal.kernels`` (entry-point group ``hal.kernels``)."""
 

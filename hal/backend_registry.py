@@ -90,7 +90,7 @@ def get_backend(name: str) -> Backend:
     return backends[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backend_for_device_type(device_type: str) -> Backend:
     """The backend that owns tensors of ``device_type`` in this process.
 

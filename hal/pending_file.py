@@ -96,7 +96,7 @@ class PendingFile:
             self.named.unlink(missing_ok=True)
             self.named = None
 
-    def __enter__(self) -> "PendingFile":
+    def __enter__(self) -> PendingFile:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -49,8 +49,8 @@ class CountingComm:
 
 def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, layers: range | None = None) -> dict[str, Any]:
     """Loss, gradients (local shards, and the input's when not first), saved tensors and collectives."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     cfg = config(seq)
     layers = layers if layers is not None else range(cfg.num_layers)
@@ -100,9 +100,9 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_checkpointed(rank: int, world: int) -> dict[str, Any]:
     """A 2-stage plan (tp1 → tp2+sp, 1F1B) with every stage checkpointed; losses to compare with one process."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     from .engine_cases import MODEL, batch

@@ -164,9 +164,9 @@ def late_rank(rank: int, world: int, late: int, timeout_s: float, sleep_s: float
 
 def declared_gaps(rank: int, world: int) -> dict[str, Any]:
     """Declare CCL gaps on the cpu backend (capability data) and check both handlings really run."""
+    from hal.backend import CclGap
     from hal.backends.cpu import CpuBackend
     from hal.collectives import world_communicator
-    from hal.backend import CclGap
     from hal.downgrades import fallback_policy, recorded_downgrades
 
     CpuBackend.ccl_gaps = (

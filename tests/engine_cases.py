@@ -36,11 +36,11 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
     return _reference(plan.micro_batches, plan.micro_batch_size, steps, lr, seed, tied, num_layers)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float, seed: int, tied: bool,
                num_layers: int) -> dict[str, Any]:
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     model = full_model(model_config(tied, num_layers), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -83,10 +83,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, steps: int, lr: float, see
 def _engine_run(plan_raw: dict, steps: int, lr: float, seed: int, tied: bool, num_layers: int, times: dict | None,
                 switch_at: int) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)
@@ -141,9 +141,9 @@ def overlap_run(rank: int, world: int, gate: str, micro_batches: int) -> float |
     import torch.distributed as dist
 
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan({"schedule": "gpipe", "micro_batches": micro_batches, "micro_batch_size": 2,
@@ -180,9 +180,9 @@ def first_half_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def loss_fn_run(rank: int, world: int, micro_batches: int) -> dict[str, Any]:
     """One stage on one rank: the step loss with the default loss and with ``first_half_loss``, and what it saw."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan({"schedule": "1f1b", "micro_batches": micro_batches, "micro_batch_size": 2,

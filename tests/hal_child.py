@@ -19,7 +19,6 @@ import torch._dynamo  # noqa: F401  (an optimizer's first param group imports it
 
 import hal
 from hal.cli import main
-
 from tests.plain_python import exit_like_the_interpreter
 
 MAIN = str(Path(hal.__file__).with_name("__main__.py"))  # what ``python -m hal`` puts in sys.argv[0]

@@ -20,7 +20,12 @@ def transformers() -> Any:
     Hugging Face's ``kernels``, which no folder of ours may shadow — tests/cli/test_import_names.py)."""
     import transformers as module
     from transformers import (  # noqa: F401  (resolve the lazy modules)
-        AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig,
+        AutoModelForCausalLM,
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
     )
 
     return module

@@ -29,12 +29,12 @@ def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: 
     return _reference(plan.micro_batches, plan.micro_batch_size, tuple(sorted(moe.items())), steps, lr, seed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(M: int, micro_batch_size: int, moe_items: tuple[tuple[str, Any], ...], steps: int, lr: float,
                seed: int) -> dict[str, Any]:
     """``reference`` of one micro-batching (cached for the test session: plans sharing it share one run)."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     config = model_config(dict(moe_items))
     model = full_model(config, seed)
@@ -62,10 +62,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
                seed: int = 0) -> dict[str, Any]:
     """This rank's part of the same run through the pipeline engine."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)
@@ -94,10 +94,10 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
 def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], scale: float) -> dict[str, Any]:
     """One step with the engine's loss scale set to ``scale`` (what fp16-mixed's scaler does): the gradients."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.models.decoder import gather_full_grads
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     plan = parse_plan(plan_raw)

@@ -25,7 +25,7 @@ class PlainServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
-    def start(self, argv: list[str], cwd: Path, scratch: Path, env: dict[str, str] | None = None) -> "ForkedRun":
+    def start(self, argv: list[str], cwd: Path, scratch: Path, env: dict[str, str] | None = None) -> ForkedRun:
         with self._lock:
             if self._proc is None:
                 self._proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "plain_python.py")],

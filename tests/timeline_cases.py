@@ -7,12 +7,12 @@ from typing import Any
 def spans_run(rank: int, world: int, plan_raw: dict, steps: int) -> dict[str, Any]:
     """``steps`` steps of ``plan_raw`` on this rank; the last step's spans and this stage's program, as plain data."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
-    from hal.parallel.schedules import P2PBatch
-    from hal.parallel.observe.timeline import rank_record
     from hal.parallel.config.topology import Topology
+    from hal.parallel.observe.timeline import rank_record
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
+    from hal.parallel.schedules import P2PBatch
 
     from .engine_cases import MODEL, batch, model_config
 

@@ -195,11 +195,11 @@ ENGINE_STEPS, ENGINE_LR = 3, 3e-3
 def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     """The engine with Zero1AdamW, both ways: after its dp all-reduce (step) and instead of it (reduce-scatter)."""
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
-    from hal.parallel.pipeline.mesh import build_mesh
     from hal.parallel.loop.zero import Zero1AdamW
+    from hal.parallel.pipeline.build import build_engine
+    from hal.parallel.pipeline.mesh import build_mesh
 
     from .engine_cases import MODEL, batch
 

@@ -15,10 +15,9 @@ import importlib.util
 from types import ModuleType
 from typing import Any
 
-from hal.backend import CclGap
-
 import torch
 
+from hal.backend import CclGap
 from hal.capabilities import DtypeSupport, ProbedFacts
 from hal.errors import UnsupportedError
 

@@ -37,7 +37,7 @@ class HostEvent:
     def wait(self, stream: Any = None) -> None:
         """Streams on the host run in order; nothing to wait for."""
 
-    def elapsed_time(self, end: "HostEvent") -> float:
+    def elapsed_time(self, end: HostEvent) -> float:
         if not (self.enable_timing and end.enable_timing):
             raise RuntimeError("both events need enable_timing=True to measure elapsed time")
         if self._ns is None or end._ns is None:

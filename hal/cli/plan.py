@@ -147,8 +147,8 @@ def run_search(args: argparse.Namespace) -> int:
     import sys
 
     from hal.errors import ConfigError
-    from hal.parallel.planner.run_search import as_json, format_search, preferred, search, write_plan, write_replicas
     from hal.parallel.config.run import load_run_config
+    from hal.parallel.planner.run_search import as_json, format_search, preferred, search, write_plan, write_replicas
 
     if args.top < 1:
         raise ConfigError(f"--top {args.top}: give 1 or more plans to show")
@@ -170,7 +170,7 @@ def run_search(args: argparse.Namespace) -> int:
     if args.write and family == "stages" and not report.results:
         raise ConfigError("--write: the search found no stage plan for this cluster (see the notes above)")
     if args.write and family == "replicas" and not report.replicas:
-        raise ConfigError(f"--family replicas: the search found no replica plan for this cluster (see the notes above); "
+        raise ConfigError("--family replicas: the search found no replica plan for this cluster (see the notes above); "
                           "drop --family or use --family stages")
     if args.write and family == "replicas":
         write_replicas(run, report.replicas[0], args.write)
@@ -180,8 +180,7 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"hal plan: wrote {args.write}: hal train {args.write} runs plan #1", file=sys.stderr)
     if args.timeline is not None:
         from hal.parallel.config.planned import planned_section, profile_label, read_planned
-        from hal.parallel.observe.timeline import planned_timeline
-        from hal.parallel.observe.timeline import planned_document
+        from hal.parallel.observe.timeline import planned_document, planned_timeline
 
         best = report.results[0]
         planned = read_planned(planned_section(best.plan, best.prediction, profile_label(args.profile)), best.plan, "plan #1")
@@ -220,8 +219,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + format_predicted(predicted))
     if args.timeline is not None:
         from hal.parallel.config.planned import mismatch_note
-        from hal.parallel.observe.timeline import planned_timeline
-        from hal.parallel.observe.timeline import plan_document, planned_document
+        from hal.parallel.observe.timeline import plan_document, planned_document, planned_timeline
 
         if run.planned is not None and run.planned.matches:  # hal plan --search wrote it: its own prediction
             _draw(planned_document(run.plan, planned_timeline(run.planned, run.plan)), args.timeline,

@@ -32,11 +32,10 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hal.launch import run_function
+    from hal.parallel.config.run import load_run_config
     from hal.parallel.planner.cluster import load_cluster
     from hal.parallel.planner.make_profile import fit_to_host, make_profile
-    from hal.parallel.config.run import load_run_config
-
-    from hal.launch import run_function
     from hal.run_dirs import check_creatable_file
 
     check_creatable_file(Path(args.out), "--out")  # before minutes of measuring, not after

@@ -78,8 +78,7 @@ def _draw_timeline(job: Any) -> None:
     planner's prediction added where the config keeps one for this plan; without matplotlib, one line why."""
     from pathlib import Path
 
-    from hal.parallel.observe.timeline import planned_timeline
-    from hal.parallel.observe.timeline import check_document
+    from hal.parallel.observe.timeline import check_document, planned_timeline
     from hal.parallel.observe.timeline_plot import missing, write_png
     from hal.run_dirs import write_text_atomic
 

@@ -6,8 +6,8 @@
     comm.all_reduce(t, "sum")
 """
 from .communicator import P2P, Communicator, Handle, world_communicator
-from .process_groups import Island, Layout, World, current_world, init_distributed, shutdown
 from .errors import CollectiveError, CollectivePeerLost, CollectiveTimeout
+from .process_groups import Island, Layout, World, current_world, init_distributed, shutdown
 
 __all__ = [
     "P2P", "CollectiveError", "CollectivePeerLost", "CollectiveTimeout", "Communicator", "Handle", "Island", "Layout", "World",

@@ -43,8 +43,7 @@ from hal.downgrades import Downgrade, record_downgrade
 
 from .p2p import P2P
 from .process_groups import Island, Layout
-from .staging import (CHUNK_ENV, Channels, Lane, StagingPipeline, chunk_bytes_from_env, stage_mode_from_env,
-                      tag_poster, wait_all)
+from .staging import CHUNK_ENV, Channels, Lane, StagingPipeline, chunk_bytes_from_env, stage_mode_from_env, tag_poster, wait_all
 from .validation import CollectiveError, all_gather_single
 
 HostRoute = Callable[[str, torch.Tensor, "str | None"], bool]  # (op, tensor, reduce op) -> go through the host?

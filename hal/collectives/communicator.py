@@ -31,8 +31,18 @@ from .p2p_check import check_peers
 from .process_groups import Layout, World, aborted, current_world, make_layout
 from .serial_worker import SerialWorker
 from .validation import (
-    REDUCE_OPS, SPLITS_IN, SPLITS_OUT, CallSignature, CollectiveError, agree_splits, all_gather_single, check, exchange,
-    exchange_split_rows, reduce_scatter_single, split_row,
+    REDUCE_OPS,
+    SPLITS_IN,
+    SPLITS_OUT,
+    CallSignature,
+    CollectiveError,
+    agree_splits,
+    all_gather_single,
+    check,
+    exchange,
+    exchange_split_rows,
+    reduce_scatter_single,
+    split_row,
 )
 
 _TORCH_OPS = {
@@ -159,7 +169,7 @@ class Communicator:
     def path(self) -> str:
         return "bridge" if self.layout.is_heterogeneous else f"native {self.backend.ccl}"
 
-    def subgroup(self, ranks: Sequence[int], *, validate: bool | None = None) -> "Communicator":
+    def subgroup(self, ranks: Sequence[int], *, validate: bool | None = None) -> Communicator:
         """A communicator over ``ranks``. Every rank of the world must call it (torch's rule)."""
         self._alive("subgroup")
         layout = make_layout(self.world, ranks)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import CollectiveError
-from .exchange_slots import DurableSlots, pool_mib, tracking_problem, slot_count
+from .exchange_slots import DurableSlots, pool_mib, slot_count, tracking_problem
 
 MAX_BUFFER_BYTES = 512 * 2**20  # one exchange buffer (two are kept); above it the all-to-all path runs
 ENV = "HAL_MOE_EXCHANGE"
@@ -151,7 +151,7 @@ class DeviceRoute:
     come from the dispatch's own launch (``route_and_push``; ``moe_exchange.split_routes`` names the parts): set
     once its rows have moved."""
 
-    exchange: "SymmetricExchange"
+    exchange: SymmetricExchange
     rows: int  # this rank's rows
     expert_of_row: torch.Tensor  # (rows,) global expert of each sorted row
     table: int  # the count table the dispatch posted into

@@ -75,7 +75,7 @@ class CallSignature:
         return torch.tensor(values, dtype=torch.int64)
 
     @staticmethod
-    def decode(row: Sequence[int]) -> "CallSignature":
+    def decode(row: Sequence[int]) -> CallSignature:
         ndim = row[3]
         dims = tuple(int(d) for d in row[4 : 4 + ndim])
         rest = row[4 + MAX_DIMS :]

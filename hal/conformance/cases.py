@@ -16,8 +16,6 @@ import torch
 from hal.backend import Backend
 from hal.capabilities import DeviceCapabilities
 
-from hal.conformance.suite_names import SUITES
-
 Status = Literal["pass", "fail", "error", "skip", "unsupported"]
 FAILING: frozenset[str] = frozenset({"fail", "error"})
 # torch dtype -> the dtype key of DeviceCapabilities (``support``/``is_native``)

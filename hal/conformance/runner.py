@@ -30,10 +30,10 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 
 import torch
 
-from hal.errors import ConfigError, HalError
-
+from hal.conformance.cases import FAILING, Case, Context, Outcome
+from hal.conformance.suite_names import SUITES
 from hal.conformance.verdicts.profiles import looser_than
-from hal.conformance.cases import FAILING, SUITES, Case, Context, Outcome
+from hal.errors import ConfigError, HalError
 
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "unsupported")
 DEFAULT_SEED = 1234

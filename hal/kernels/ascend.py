@@ -39,7 +39,7 @@ DOC_ROTARY_MUL = f"{_OP_DOCS}/torch_npu-npu_rotary_mul.md"
 DOC_SWIGLU = "https://www.hiascend.com/document/detail/zh/Pytorch/600/apiref/apilist/ptaoplist_000834.html"
 
 
-def register(registry: "OpRegistry") -> None:
+def register(registry: OpRegistry) -> None:
     """torch_npu's fused kernels for rms_norm, attention, rotary embedding and swiglu, on the ascend backend."""
     for op, impl, fn, doc in FUSED_OPS:
         registry.register(

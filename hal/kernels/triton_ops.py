@@ -44,7 +44,7 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def register(registry: "OpRegistry") -> None:
+def register(registry: OpRegistry) -> None:
     """The Triton kernels on cuda and rocm, for fp32/bf16/fp16 (fp64 keeps the reference, no downgrade)."""
     for op, fn, module in WRAPPERS:
         for backend, (impl, _, note) in BACKENDS.items():
@@ -73,7 +73,7 @@ def requires_triton(backend: str) -> Callable[[], str | None]:
     return check
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_missing(vendor: str) -> str | None:
     """Why the triton package (with its ``vendor`` backend) is not installed here; None if it is. No import."""
     try:
@@ -88,7 +88,7 @@ def triton_missing(vendor: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_import_problem() -> str | None:
     """Import triton (a GPU is there: the kernels are about to be used) and check its version."""
     try:

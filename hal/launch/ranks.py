@@ -237,7 +237,7 @@ class _Signals:
     def _note(self, signum: int, _frame: object) -> None:
         self.received = self.received or signum
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> _Signals:
         if self._enabled:
             for sig in self.WATCHED:
                 self._previous[sig] = signal.signal(sig, self._note)

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 
 from hal.backend import Backend
-from hal.errors import ConfigError, HalError
 from hal.config.limits import check_local_ranks
+from hal.errors import ConfigError, HalError
 
 from . import torchrun
 from .env import free_port, rank_env

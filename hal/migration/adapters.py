@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from hal.migration.mapping import CUDA, _REAL_DEVICE, Patch, _location, rewrite_map_location
+from hal.migration.mapping import _REAL_DEVICE, CUDA, Patch, _location, rewrite_map_location
 from hal.migration.session import Session, called_by_torch, cuda_function, replace_callable, rewrite_arguments
 
 # The real objects, taken before any patch (the shim calls them with the target's names).
@@ -39,7 +39,7 @@ class _DeviceContext:
         self._index = None if device is None or device == -1 else session.index(device)
         self._previous: int | None = None
 
-    def __enter__(self) -> "_DeviceContext":
+    def __enter__(self) -> _DeviceContext:
         if self._index is not None:
             self._previous = self._backend.current_device()
             if self._previous != self._index:

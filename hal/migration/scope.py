@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator
 
 from hal.backend import Backend
 from hal.errors import ConfigError, UnsupportedError
-from . import adapters, adapters_runtime
 from hal.migration.mapping import Kind, Patch, _resolve, map_ccl, plan
-from hal.migration.session import (Session, cuda_function, parse_arguments, relocating_showwarning, replace_callable,
-                      rewrite_arguments, swap)
+from hal.migration.session import Session, cuda_function, parse_arguments, relocating_showwarning, replace_callable, rewrite_arguments, swap
+
+from . import adapters, adapters_runtime
 
 _log = logging.getLogger("hal.migration")
 # Backend methods whose numbers may not be the device allocator's (Backend.memory_stats_measure).
@@ -240,7 +240,7 @@ class _Migration(contextlib.AbstractContextManager):
         session = _current
         return tuple(session.applied) if session is not None and session.backend is self.backend else ()
 
-    def __enter__(self) -> "_Migration":
+    def __enter__(self) -> _Migration:
         global _current, _depth, _hook
         with _lock:
             if _current is not None:

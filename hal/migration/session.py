@@ -178,7 +178,7 @@ def is_proxy(value: Any) -> bool:
     return isinstance(value, _ProxyMeta)
 
 
-def replace_callable(original: Any, session: "Session", impl: Callable[..., Any],
+def replace_callable(original: Any, session: Session, impl: Callable[..., Any],
                      instancecheck: Callable[[Any], bool] | None = None) -> Any:
     """A class gets a proxy class, anything else a function; both pass through when inactive."""
 

@@ -84,7 +84,7 @@ class Op:
 
     __slots__ = ("name", "doc", "_registry", "_arg", "_cache")
 
-    def __init__(self, registry: "OpRegistry", definition: OpDef) -> None:
+    def __init__(self, registry: OpRegistry, definition: OpDef) -> None:
         self.name = definition.name
         self._registry = registry
         self._arg = definition.dispatch_arg

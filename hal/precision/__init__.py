@@ -49,14 +49,14 @@ MODES: Mapping[str, Mode] = {
 PRECISIONS: tuple[str, ...] = tuple(MODES)
 
 
-def dtype_named(name: str | None) -> "torch.dtype | None":
+def dtype_named(name: str | None) -> torch.dtype | None:
     """``"bfloat16"`` -> ``torch.bfloat16`` (None stays None)."""
     import torch
 
     return None if name is None else getattr(torch, name)
 
 
-def autocast_dtype(mode: str) -> "torch.dtype | None":
+def autocast_dtype(mode: str) -> torch.dtype | None:
     """The autocast dtype of precision ``mode`` (None for fp32/tf32)."""
     return dtype_named(MODES[mode].autocast)
 
@@ -92,7 +92,7 @@ class PrecisionPlan:
                 "fp8_dtype": _dtype_name(self.fp8_dtype), "downgrades": [d.to_dict() for d in self.downgrades]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "PrecisionPlan":
+    def from_dict(cls, data: Mapping[str, Any]) -> PrecisionPlan:
         """The inverse of ``to_dict``: the plan as resolved elsewhere, with no new resolution."""
         return cls(data["requested"], data["mode"], dtype_named(data["autocast_dtype"]), bool(data["loss_scaling"]),
                    data["reduced_precision_matmul"], dtype_named(data["fp8_dtype"]),
@@ -113,11 +113,11 @@ class PrecisionPlan:
         return ", ".join(parts)
 
 
-def _dtype_name(dtype: "torch.dtype | None") -> str | None:
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).replace("torch.", "")
 
 
-def _native(requested: str, mode: str, downgrades: list[Downgrade] | None = None, fp8: "torch.dtype | None" = None) -> PrecisionPlan:
+def _native(requested: str, mode: str, downgrades: list[Downgrade] | None = None, fp8: torch.dtype | None = None) -> PrecisionPlan:
     """A plan that runs ``mode`` as MODES defines it."""
     m = MODES[mode]
     return PrecisionPlan(requested, mode, dtype_named(m.autocast), m.loss_scaling, None, fp8, tuple(downgrades or ()))

@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 
-from ..conftest import REPO, run_hal
 from hal.errors import ConfigError
-from hal.parallel.state.checkpoint import META, file_checksum
 from hal.parallel.loop.job_runner import prepare
+from hal.parallel.state.checkpoint import META, file_checksum
+
+from ..conftest import REPO, run_hal
 
 ONE_RANK = {"schedule": "1f1b", "micro_batches": 1, "micro_batch_size": 2,
             "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}

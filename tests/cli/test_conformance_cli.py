@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hal.backend_registry import all_backends
 from hal.conformance import runner
 from hal.conformance.reports import report
-from hal.backend_registry import all_backends
 from tests.conftest import REPO, run_hal
 
 PLANTED = "tests.conformance_planted"

@@ -14,8 +14,8 @@ import pytest
 
 from hal.backends.cpu import CpuBackend
 from hal.conformance import runner
-from hal.conformance.reports import compare, report
 from hal.conformance.cases import Context
+from hal.conformance.reports import compare, report
 from hal.conformance.reports.html_report import render
 from hal.errors import ConfigError
 from tests.conftest import REPO

@@ -10,11 +10,11 @@ import torch
 import yaml
 
 from hal.errors import ConfigError
-from hal.parallel.state.checkpoint import read_meta, read_tensors, resolve
-from hal.parallel.state.hf_export import Source, export_hf, plan_shards, tokenizer_files
-from hal.parallel.state.hf_checks import check_weights
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.models.decoder import full_model
+from hal.parallel.state.checkpoint import read_meta, read_tensors, resolve
+from hal.parallel.state.hf_checks import check_weights
+from hal.parallel.state.hf_export import Source, export_hf, plan_shards, tokenizer_files
 
 from .. import hf_cases as cases
 from ..conftest import run_hal

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hal.errors import ConfigError
-from hal.parallel.config.job import JOB_FILE, load_job, write_job
 from hal.cli.train import multinode_lines
+from hal.errors import ConfigError
 from hal.launch.env import free_port
+from hal.parallel.config.job import JOB_FILE, load_job, write_job
 from hal.parallel.loop.job_runner import prepare, rank_envs
 
 from ..conftest import REPO

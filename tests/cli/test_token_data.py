@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from hal.errors import ConfigError
-from hal.parallel.data.batches import global_batch, validation_batch
 from hal.parallel.config.run import parse_train
+from hal.parallel.data.batches import global_batch, validation_batch
 from hal.parallel.data.token_file import check_token_file
 
 from ..conftest import REPO, run_hal

@@ -13,8 +13,6 @@ from ..dist_harness import run_world
 from ..engine_cases import reference
 
 
-
-
 def _assert_identical(row: dict[str, Any]) -> None:
     assert row["names"], "the checkpointed stage has other parameters"
     assert row["loss_equal"], "checkpointing changed the loss"
@@ -39,8 +37,8 @@ def test_saving_shrinks_to_one_input_per_layer() -> None:
 
 
 def test_no_grad_forward_skips_checkpointing() -> None:
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     cfg = cases.config(16)
     ids, labels = cases.data(16)

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
+from ..cli.test_launch import _assert_none_left
 from ..conftest import run_hal
 from ..dist_harness import ok_values, run_world
-from ..cli.test_launch import _assert_none_left
 
 CASES = "tests.failure_cases"
 PROBE = "tests/failure_probe.py"

@@ -68,8 +68,8 @@ def test_declared_ccl_gaps_are_staged_or_refused_visibly() -> None:
 def test_gap_lookup_reads_capability_data() -> None:
     import torch
 
-    from hal.collectives.communicator import find_gap
     from hal import get_backend
+    from hal.collectives.communicator import find_gap
 
     ascend, cuda = get_backend("ascend"), get_backend("cuda")
     assert find_gap(ascend, "all_reduce", torch.float64, "sum").handling == "host"

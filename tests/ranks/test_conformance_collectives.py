@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from hal import get_backend
 from hal.conformance.cases import Context
-from hal.conformance.suites.collective_checks import plan_checks
 from hal.conformance.jobs.launch import JobFailed, run_job
 from hal.conformance.suites import collectives as suite
-from hal import get_backend
+from hal.conformance.suites.collective_checks import plan_checks
 
 from ..dist_harness import run_function_forked
 

@@ -10,11 +10,11 @@ from typing import Any, Iterator
 import pytest
 import torch
 
+from hal import get_backend
 from hal.conformance.cases import Context, Outcome
 from hal.conformance.jobs.pipeline_check import compare, single_device_run
 from hal.conformance.suites import training as suite
 from hal.conformance.suites.training_run import MODEL
-from hal import get_backend
 from hal.ops import _rms_norm, _swiglu, registry
 
 from ..dist_harness import run_function_forked

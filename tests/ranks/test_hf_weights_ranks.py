@@ -76,8 +76,8 @@ BOUND = 48 * MIB  # what a rank may hold beyond its own shard while loading (the
 def _write_big(directory: Path) -> tuple[int, dict[str, float]]:
     """A random Llama-shaped checkpoint in 64 MiB shards with its index, written tensor by tensor (the test
     process never holds the model); its size and the sums each TP rank's probe slices must have."""
-    from hal.parallel.state.hf_checks import hf_shapes
     from hal.parallel.config.model import ModelConfig
+    from hal.parallel.state.hf_checks import hf_shapes
 
     directory.mkdir()
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "rms_norm_eps": 1e-5,

@@ -45,9 +45,9 @@ PLAN = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 2,
 
 def planted_body(rank: int, world: int, plant_on: int) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch

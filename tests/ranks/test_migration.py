@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copyreg
-import functools
 import io
 import json
 import math
@@ -19,10 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hal.backends.cpu import CpuBackend
 from hal.backend_registry import get_backend
+from hal.backends.cpu import CpuBackend
 from hal.errors import UnsupportedError
-from hal.migration.mapping import _resolve
 from hal.migration import (
     MAPPING,
     CudaLocationMap,
@@ -35,6 +33,7 @@ from hal.migration import (
     rewrite_map_location,
     run_script,
 )
+from hal.migration.mapping import _resolve
 
 from ..plain_client import run_plain, shared
 

@@ -572,7 +572,7 @@ def _runs_of(spec: Spec, cwd: Path) -> list[Run]:
 
 
 @pytest.fixture(scope="module")
-def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, "Future[list[Run]]"]]:
+def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[list[Run]]]]:
     """Starts the runs of every selected corpus script in a small pool; name -> future of its runs."""
     selected = [item.callspec.params["spec"] for item in request.session.items
                 if getattr(item, "callspec", None) is not None and isinstance(item.callspec.params.get("spec"), Spec)]
@@ -584,7 +584,7 @@ def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[s.path.stem for s in SPECS])
-def test_corpus_script(spec: Spec, corpus_runs: dict[str, "Future[list[Run]]"]) -> None:
+def test_corpus_script(spec: Spec, corpus_runs: dict[str, Future[list[Run]]]) -> None:
     runs = corpus_runs[spec.name].result()
     migrated, twin = runs[0], (runs[1] if len(runs) > 1 else None)
     problems = check(spec, migrated, twin)

@@ -225,8 +225,8 @@ def test_fit_increasing_solves_and_clamps() -> None:
 def test_loaded_collectives_are_measured_in_pairs_and_priced_into_the_dp_sync() -> None:
     """One launch of the node's ranks measures the island link, the bridge link (each in a 2-rank world of its own)
     and the loaded collectives of every pair at once (``measure_node_links``)."""
-    from hal.parallel.planner.measure import BRIDGE_SUM_SIZES, LINK_SIZES, LOADED_OPS, measure_node_links
     from hal.parallel.planner.device_profile import LinkProfile
+    from hal.parallel.planner.measure import BRIDGE_SUM_SIZES, LINK_SIZES, LOADED_OPS, measure_node_links
 
     inside, bridge, loaded = measure_node_links("cpu", 4, run_function_forked, iters=3, loaded_iters=3)
     assert (inside.kind, bridge.kind) == ("island", "bridge") and "declared islands" in bridge.basis

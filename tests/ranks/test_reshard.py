@@ -14,7 +14,15 @@ import torch
 
 from hal.errors import ConfigError
 from hal.parallel.pipeline.reshard import (
-    Block, Boundary, Layout, Transfer, backward_transfers, exchange, p2p_ops, plan_transfers, send_activation,
+    Block,
+    Boundary,
+    Layout,
+    Transfer,
+    backward_transfers,
+    exchange,
+    p2p_ops,
+    plan_transfers,
+    send_activation,
 )
 
 from ..dist_harness import run_world

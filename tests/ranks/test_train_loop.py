@@ -40,10 +40,10 @@ PLAN = {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,
 
 def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.loop.optim_schedule import clip_global_norm
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.loop.optim_schedule import clip_global_norm
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch, model_config
@@ -118,9 +118,9 @@ def test_bad_loop_options_are_one_line(tmp_path: Path) -> None:
 # --- evaluation: forward only, the same loss as the training step, no gradients ------------------------------------
 def eval_body(rank: int, world: int, schedule: str) -> dict[str, Any]:
     from hal.collectives import current_world
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
     from ..engine_cases import MODEL, batch

@@ -2,18 +2,16 @@
 to fill hal's op caches, then no graph break and the same losses and gradients as the eager stage."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from hal.errors import ConfigError
-from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
-from hal.parallel.models.loss import token_sum_cross_entropy
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.decoder import full_model
-from hal.parallel.config.plan import ParallelPlan, StagePlan, parse_plan
+from hal.parallel.config.plan import ParallelPlan, parse_plan
 from hal.parallel.config.topology import Topology
+from hal.parallel.models.decoder import full_model
+from hal.parallel.models.loss import token_sum_cross_entropy
+from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
 
 from ..conftest import has_cuda
 

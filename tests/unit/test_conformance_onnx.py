@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hal.conformance.suites import onnx_cases
+from hal.backend_registry import get_backend
 from hal.conformance.cases import Context
 from hal.conformance.runner import CaseResult, execute, plan_from_cases
 from hal.conformance.suites import onnx as onnx_suite
-from hal.backend_registry import get_backend
+from hal.conformance.suites import onnx_cases
 from hal.ops import registry
 
 
@@ -77,9 +77,8 @@ def test_a_wrong_softmax_fails_the_onnx_softmax_cases(ctx: Context) -> None:
 def test_stored_pb_data_is_read_like_the_generated_tests(tmp_path: Path, ctx: Context) -> None:
     """The onnx layout <test>/model.onnx + test_data_set_0/{input,output}_N.pb, written and read back."""
     import onnx
-    from onnx import numpy_helper
-
     import onnx.backend.test.case.node as node_cases
+    from onnx import numpy_helper
 
     generated = {t.name: t for t in onnx_cases.generate("Gemm")}
     source = next(c for c in node_cases._NodeTestCases if c.name == "test_gemm_transposeB")

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from hal.conformance.suites import inputs
-from hal.conformance.cases import Context
-from hal.conformance.runner import CaseResult, execute, plan_from_cases
-from hal.conformance.suites import ops as ops_suite
 from hal.backend_registry import get_backend
 from hal.capabilities import DtypeSupport
-from hal.ops.registry import REFERENCE, OpRegistry
+from hal.conformance.cases import Context
+from hal.conformance.runner import CaseResult, execute, plan_from_cases
+from hal.conformance.suites import inputs
+from hal.conformance.suites import ops as ops_suite
 from hal.ops import registry
+from hal.ops.registry import REFERENCE, OpRegistry
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch.amp.grad_scaler import OptState
 
-from hal.backends.cpu import CpuBackend
-from hal.conformance.suites import precision_checks as pc
-from hal.conformance.cases import Context, Outcome
-from hal.conformance.suites import precision
 from hal import get_backend, ops
+from hal.backends.cpu import CpuBackend
 from hal.capabilities import DTYPE_KEYS, DeviceCapabilities, DtypeSupport
 from hal.config import PRECISIONS
+from hal.conformance.cases import Context, Outcome
+from hal.conformance.suites import precision
+from hal.conformance.suites import precision_checks as pc
 from hal.downgrades import DowngradeWarning, recorded_downgrades
 from hal.errors import UnsupportedError
 from hal.precision import PrecisionPlan, resolve_precision

@@ -7,11 +7,11 @@ import textwrap
 import pytest
 import torch
 
+from hal.backend import NOT_VERIFIED
+from hal.backend_registry import all_backends, get_backend
 from hal.backends.cpu import CpuBackend
 from hal.conformance import runner
 from hal.conformance.cases import Case, Context, Outcome
-from hal.backend import NOT_VERIFIED
-from hal.backend_registry import all_backends, get_backend
 from hal.errors import BackendUnavailable, ConfigError, HalError
 from tests import conformance_planted
 

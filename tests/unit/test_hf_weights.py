@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hal.errors import ConfigError
-from hal.parallel.state.hf_checks import check_weights
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.models.decoder import full_model
+from hal.parallel.state.hf_checks import check_weights
 
 from .. import hf_cases as cases
 

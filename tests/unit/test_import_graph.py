@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..conftest import REPO
 
+
 def _modules() -> dict[str, Path]:
     """Every module under hal/ (every package: cli and launch included), by its import name (= its path)."""
     found: dict[str, Path] = {}

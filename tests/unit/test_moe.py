@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
 from hal.parallel.models.moe import MoE, MoEConfig, attach_aux_loss, load_balancing_loss, z_loss

@@ -9,7 +9,6 @@ run in Triton's interpreter:
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -12,8 +12,8 @@ from hal.parallel.config.plan import ParallelPlan, StagePlan, validate_plan
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.cost import CostModel, Placement
 from hal.parallel.planner.device_profile import DeviceProfile, LayerPoint, PerToken, Profile
-from hal.parallel.planner.run_search import left_out_note
 from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.run_search import left_out_note
 from hal.parallel.planner.search import Search, balance
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
@@ -274,8 +274,8 @@ def test_a_written_plan_mixing_backends_names_no_top_level_backend(tmp_path) -> 
     and sets it to the plan's one backend otherwise; the parallel: section is the plan as searched."""
     import yaml
 
-    from hal.parallel.planner.run_search import write_plan
     from hal.parallel.config.run import load_run_config
+    from hal.parallel.planner.run_search import write_plan
 
     groups = [{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
               {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}]

@@ -9,11 +9,11 @@ import yaml
 
 from hal.errors import ConfigError
 from hal.parallel.config.plan import parse_plan
-from hal.parallel.planner.run_search import write_plan
 from hal.parallel.config.planned import parallel_digest, read_planned
-from hal.parallel.observe.timeline import planned_timeline
-from hal.parallel.planner.search import Search
 from hal.parallel.config.run import load_run_config
+from hal.parallel.observe.timeline import planned_timeline
+from hal.parallel.planner.run_search import write_plan
+from hal.parallel.planner.search import Search
 
 from .test_planner_cost import MODEL, _cost, _profile
 

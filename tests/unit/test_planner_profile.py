@@ -11,8 +11,8 @@ from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.estimate import estimate_device
-from hal.parallel.planner.profile_store import load_profile
 from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.profile_store import load_profile
 
 MODEL = ModelConfig(vocab_size=256, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=128, max_seq_len=32)
 CLUSTER = {"groups": [{"backend": "cpu", "device": "cpu-generic", "count": 4, "cores": 2},
@@ -67,8 +67,8 @@ def test_the_split_backward_is_measured_and_prices_a_split_schedule(profile, tmp
     """hal profile times the zero-bubble split of a layer's backward (I with the linears' weight gradients deferred, then
     W): a fraction, kept through a round trip, lent to the estimated device; a zbv plan is priced with it (W's share
     moves the prediction), and a profile from before it was measured still loads, priced with half and saying so."""
-    from hal.parallel.planner.cost import CostModel, Placement
     from hal.parallel.config.plan import parse_plan
+    from hal.parallel.planner.cost import CostModel, Placement
 
     cpu, h100 = profile.devices["cpu-generic"], profile.devices["nvidia-h100-sxm"]
     assert cpu.weight_share is not None and 0.0 < cpu.weight_share < 1.0

@@ -15,8 +15,8 @@ from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.planner.cluster import parse_cluster, resolve
 from hal.parallel.planner.device_profile import LinkProfile
-from hal.parallel.planner.profile_store import MAX_PROFILE_BYTES, load_profile
 from hal.parallel.planner.make_profile import make_profile
+from hal.parallel.planner.profile_store import MAX_PROFILE_BYTES, load_profile
 
 from ..conftest import run_hal
 

@@ -5,7 +5,6 @@ import pytest
 import yaml
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.flops import model_parameters
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 from hal.parallel.config.replicas import ReplicaSync

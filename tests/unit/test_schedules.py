@@ -3,10 +3,20 @@ from __future__ import annotations
 
 import pytest
 
-from hal.parallel.config.plan import parse_plan
 from hal.errors import ConfigError
+from hal.parallel.config.plan import parse_plan
 from hal.parallel.schedules import (
-    Action, Deadlock, GPipe, Kind, OneFOneB, Overlap, P2PBatch, compute_actions, get_schedule, schedule_names, simulate,
+    Action,
+    Deadlock,
+    GPipe,
+    Kind,
+    OneFOneB,
+    Overlap,
+    P2PBatch,
+    compute_actions,
+    get_schedule,
+    schedule_names,
+    simulate,
 )
 
 

@@ -12,12 +12,12 @@ import pytest
 
 from hal.backends.cpu import CpuBackend
 from hal.cli.main import main
-from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.config.plan import parse_plan
-from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, get_schedule
-from hal.parallel.observe.timeline import _shares, measured_document, measured_costs, plan_document, rank_record
-from hal.parallel.observe.timeline_plot import missing, write_png
 from hal.parallel.config.topology import Topology
+from hal.parallel.observe.phase_timer import PhaseTimer
+from hal.parallel.observe.timeline import _shares, measured_costs, measured_document, plan_document, rank_record
+from hal.parallel.observe.timeline_plot import missing, write_png
+from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, get_schedule
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TWO = {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,

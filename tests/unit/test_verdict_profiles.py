@@ -2,7 +2,6 @@
 (99 % of elements within rtol/atol, the largest error within 32 ULP of its golden value), and what a report says."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from hal.conformance.verdicts.profiles import CANN_TOL, judge_under, looser_than

@@ -101,9 +101,9 @@ def test_a_bias_gradient_is_deferred_with_its_weight_and_equals_autograds() -> N
 
 def test_a_qkv_bias_model_split_backward_equals_the_plain_one() -> None:
     """The decoder with Qwen2's qkv bias: every gradient, bias included, the same through the zero-bubble split."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.config.model import ModelConfig
     from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                          max_seq_len=8, qkv_bias=True)

@@ -13,8 +13,23 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from hal.conformance.suites.collective_checks import (
-    NUMEL, PIECE, REPEATS, SWEEP_BLOCK, Check, RankVerdict, bits_of, bitwise, classify, describe, inputs, make_verdict,
-    probe_inputs, reduce_exact, reduction_tolerance, summation_bound, within,
+    NUMEL,
+    PIECE,
+    REPEATS,
+    SWEEP_BLOCK,
+    Check,
+    RankVerdict,
+    bits_of,
+    bitwise,
+    classify,
+    describe,
+    inputs,
+    make_verdict,
+    probe_inputs,
+    reduce_exact,
+    reduction_tolerance,
+    summation_bound,
+    within,
 )
 
 if TYPE_CHECKING:
@@ -33,7 +48,7 @@ def skewed_splits(n: int) -> list[list[int]]:
 class _RankChecks:
     """Runs checks on one rank; every rank runs the same calls in the same order."""
 
-    def __init__(self, comm: "Communicator", world_size: int, rank: int, seed: int, on_accelerator: bool) -> None:
+    def __init__(self, comm: Communicator, world_size: int, rank: int, seed: int, on_accelerator: bool) -> None:
         self.comm, self.n, self.rank, self.seed = comm, world_size, rank, seed
         self.dev = comm.device
         self.big = on_accelerator
@@ -202,7 +217,7 @@ class _RankChecks:
 # --- the job: every rank -------------------------------------------------------------------------------------
 
 
-def make_communicator(factory: str | None, *, validate: bool) -> "Communicator":
+def make_communicator(factory: str | None, *, validate: bool) -> Communicator:
     """The communicator under test: ``collectives.world_communicator`` or the injected factory.
 
     A factory is ``"module:callable"``, called collectively on every rank as ``fn(validate=...)``
@@ -220,7 +235,7 @@ def make_communicator(factory: str | None, *, validate: bool) -> "Communicator":
     return comm
 
 
-def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
+def run_rank(world: World, spec: dict[str, Any]) -> dict[str, Any]:
     """The collectives job on one rank: every check, then the busbw sweep through collectives.bench."""
     checks = [Check(**c) for c in spec["checks"]]
     comm = make_communicator(spec.get("communicator_factory"), validate=True)
@@ -243,7 +258,7 @@ def run_rank(world: "World", spec: dict[str, Any]) -> dict[str, Any]:
     return {"checks": verdicts, "bench": bench, "bench_error": bench_error}
 
 
-def _bench(world: "World", spec: dict[str, Any], comm: "Communicator") -> dict[str, Any]:
+def _bench(world: World, spec: dict[str, Any], comm: Communicator) -> dict[str, Any]:
     """``hal bench collectives``' own measurement loop (collectives.bench), on this job's world."""
     from hal.collectives import bench
 

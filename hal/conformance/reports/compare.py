@@ -25,11 +25,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from hal.run_dirs import write_text_atomic
-
 from hal.conformance.reports import levels
 from hal.conformance.reports.report import check_report_dir
 from hal.conformance.reports.results import ERROR_METRICS, as_float, fmt, json_safe, load_results
+from hal.run_dirs import write_text_atomic
 
 FLOORS: dict[str, float] = {"tol_ratio": 0.01, "rel_l2": 1e-6, "max_rel": 1e-6, "max_abs": 1e-6, "ulp": 1.0}
 DEFAULT_FACTOR = 2.0

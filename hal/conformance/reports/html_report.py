@@ -9,9 +9,22 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
+from hal.conformance.reports.results import (
+    CASE_COLUMNS,
+    STATUSES,
+    by_suite,
+    case_row,
+    counts_rows,
+    failing_metric,
+    failures,
+    fmt,
+    metadata_rows,
+    title,
+    verdict_line,
+    worst_by_tol_ratio,
+)
+
 from . import plots
-from hal.conformance.reports.results import (CASE_COLUMNS, STATUSES, by_suite, case_row, counts_rows, failing_metric, failures, fmt,
-                     metadata_rows, title, verdict_line, worst_by_tol_ratio)
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}

@@ -11,14 +11,36 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from hal.conformance.reports.html_report import render
+
+# The document's names stay importable from here (``report.load_results``, ``report.json_safe``, ...).
+from hal.conformance.reports.results import (  # noqa: F401
+    CASE_COLUMNS,
+    ERROR_METRICS,
+    KIND,
+    SCHEMA_VERSION,
+    STATUSES,
+    as_float,
+    by_suite,
+    case_row,
+    counts_rows,
+    device_label,
+    dumps,
+    failing_metric,
+    failures,
+    fmt,
+    headline,
+    json_safe,
+    load_results,
+    metadata_rows,
+    title,
+    validate,
+    verdict_line,
+    verdict_profile_text,
+    worst_by_tol_ratio,
+)
 from hal.errors import ConfigError
 from hal.run_dirs import new_run_dir, write_text_atomic
-
-from hal.conformance.reports.html_report import render
-# The document's names stay importable from here (``report.load_results``, ``report.json_safe``, ...).
-from hal.conformance.reports.results import (CASE_COLUMNS, verdict_profile_text, ERROR_METRICS, KIND, SCHEMA_VERSION, STATUSES, as_float, by_suite,  # noqa: F401
-                      case_row, counts_rows, device_label, dumps, failing_metric, failures, fmt, headline, json_safe,
-                      load_results, metadata_rows, title, validate, verdict_line, worst_by_tol_ratio)
 
 REPORT_FILES: tuple[str, ...] = ("results.json", "summary.md", "report.html")
 

@@ -135,7 +135,7 @@ def int_levels(check: Check, world_size: int) -> int:
     return min(3, limit // world_size)
 
 
-def not_runnable(backend: "Backend", check: Check, world_size: int) -> tuple[str, str] | None:
+def not_runnable(backend: Backend, check: Check, world_size: int) -> tuple[str, str] | None:
     """("unsupported" | "skip", reason) when the check cannot run on this backend's CCL, else None."""
     from hal.collectives.communicator import find_gap
 

@@ -27,10 +27,16 @@ import threading
 from typing import Any, Callable
 
 from hal.conformance.cases import Case, Context, Outcome, skip
-from hal.conformance.suites.collective_checks import (
-    ACCUMULATION_WORDS, DTYPES, Check, accumulation_kind, merge_ranks, not_runnable, plan_checks,
-)
 from hal.conformance.jobs.launch import JobFailed, JobResult, run_job
+from hal.conformance.suites.collective_checks import (
+    ACCUMULATION_WORDS,
+    DTYPES,
+    Check,
+    accumulation_kind,
+    merge_ranks,
+    not_runnable,
+    plan_checks,
+)
 
 SUITE = "collectives"
 CPU_BUSBW_SIZES = (1 << 10, 1 << 14, 1 << 18)

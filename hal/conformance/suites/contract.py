@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 
 from hal.backend import CONTRACT_ITEMS
-from hal.errors import UnsupportedError
 from hal.conformance.cases import Case, Context, Outcome, unsupported
+from hal.errors import UnsupportedError
 
 SUITE = "contract"
 MIB = 2**20

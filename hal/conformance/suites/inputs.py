@@ -62,7 +62,7 @@ class Sample:
     magnitude: float = 1.0  # typical size of the result given that scale (the table's atol assumes 1)
     note: str = ""  # what this sample is, for the case description
     # (float64 leaves, float64 cotangent) -> {leaf: max of the gradient's componentwise scale}; see GradScale
-    grad_scale: "GradScale | None" = None
+    grad_scale: GradScale | None = None
     outputs: tuple[OutputSpec, ...] = ()  # one per output of a multi-output op (add_rms_norm); () for one output
     fp32_out: bool = False  # the op's contract returns fp32 for fp16/bf16 inputs (a loss summed over many tokens)
 

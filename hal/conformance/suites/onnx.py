@@ -16,8 +16,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hal.conformance.suites import onnx_cases
 from hal.conformance.cases import Case, Context, Outcome, skip, unsupported
+from hal.conformance.suites import onnx_cases
 from hal.conformance.suites.onnx_cases import NodeTest
 from hal.conformance.verdicts.tolerances import OP_CATEGORY, dtype_name, judge, override, tolerance_for
 

@@ -18,12 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from hal.ops.registry import REFERENCE, OpDef, OpImpl, OpRegistry
-
-from hal.conformance.suites import inputs
 from hal.conformance.cases import Case, Context, Outcome, skip, unsupported
+from hal.conformance.suites import inputs
 from hal.conformance.verdicts.profiles import CANN_PASS_SHARE, judge_under
 from hal.conformance.verdicts.tolerances import Judgement, Tolerance, dtype_name, op_category, override, tolerance_for
+from hal.ops.registry import REFERENCE, OpDef, OpImpl, OpRegistry
 
 SUITE = "ops"
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -27,14 +27,13 @@ import torch
 
 from hal import ops
 from hal.config import PRECISIONS
+from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
+from hal.conformance.suites import precision_checks as pc
+from hal.conformance.verdicts.profiles import judge_under
+from hal.conformance.verdicts.tolerances import dtype_name, judge, tolerance_for
 from hal.downgrades import DowngradeWarning, recorded_downgrades
 from hal.errors import UnsupportedError
 from hal.precision import resolve_precision
-
-from hal.conformance.suites import precision_checks as pc
-from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
-from hal.conformance.verdicts.profiles import judge_under
-from hal.conformance.verdicts.tolerances import dtype_name, judge, tolerance_for
 
 SUITE = "precision"
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)

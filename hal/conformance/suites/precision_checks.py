@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from hal.backend import Backend
 from hal.capabilities import DeviceCapabilities, DtypeSupport
+from hal.conformance.cases import CAPABILITY_KEY
 from hal.downgrades import (
     Downgrade,
     clear_downgrades,
@@ -34,8 +35,6 @@ from hal.downgrades import (
 )
 from hal.errors import FallbackRefused, UnsupportedError
 from hal.precision import PrecisionPlan
-
-from hal.conformance.cases import CAPABILITY_KEY
 
 # --- rounding ------------------------------------------------------------------------------------
 

@@ -51,11 +51,21 @@ from typing import Any, Callable
 import torch
 
 from hal.conformance.cases import CAPABILITY_KEY, Case, Context, Outcome, skip, unsupported
-from hal.conformance.jobs.pipeline_check import choose_plan, compare, moe_model, single_device_run, world_of
 from hal.conformance.jobs.launch import JobFailed, run_job
+from hal.conformance.jobs.pipeline_check import choose_plan, compare, moe_model, single_device_run, world_of
 from hal.conformance.suites.training_run import (
-    PRECISIONS, RunResult, Settings, grad_agreement, gradient_at, host_threads, layer_parity, plain_fp32_matmul,
-    reference_curve, reference_gradient_at, reference_grads, train,
+    PRECISIONS,
+    RunResult,
+    Settings,
+    grad_agreement,
+    gradient_at,
+    host_threads,
+    layer_parity,
+    plain_fp32_matmul,
+    reference_curve,
+    reference_gradient_at,
+    reference_grads,
+    train,
 )
 
 SUITE = "training"

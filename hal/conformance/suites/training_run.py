@@ -66,8 +66,8 @@ def reference_ops_only() -> Iterator[None]:
     It takes the other implementations out of the registry for the block's duration, so ops
     dispatched from another thread meanwhile would see the reference too (the runner is sequential).
     """
-    from hal.ops.registry import REFERENCE
     from hal.ops import registry
+    from hal.ops.registry import REFERENCE
 
     removed = []
     for name in registry.names():
@@ -134,8 +134,8 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool, skip_steps: frozenset[int],
            tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is unknown here; use one of {', '.join(PRECISIONS)}")
@@ -193,8 +193,8 @@ def gradient_at(settings: Settings, backend: Backend, device: torch.device, para
                 tamper: Callable[[torch.nn.Module], None] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and every parameter's gradient (float64 on the host, unscaled) of the model at ``params`` on the
     batch after the run's last step, in ``precision`` on ``device``: the state N steps of training reached."""
-    from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.layers import vocab_parallel_cross_entropy
 
     dtype = PRECISIONS[precision]
     model = full_model(settings.model, settings.seed).to(device=device, dtype=param_dtype)

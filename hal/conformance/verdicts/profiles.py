@@ -20,6 +20,7 @@ Under every profile an ``exact`` case (data movement) stays bitwise: vendors che
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from hal.conformance.verdicts.metrics import error_metrics, spacing

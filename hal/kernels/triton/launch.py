@@ -184,7 +184,7 @@ def program_count(device: torch.device, rows: int, per_sm: int = 4) -> int:
     return max(1, min(int(rows), per_sm * _multiprocessors(device)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(device: torch.device) -> int:
     if device.type == "cpu":
         return 2  # the interpreter runs programs one after another: few programs, few partial sums

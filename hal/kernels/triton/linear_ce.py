@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device, launcher
+from .launch import check_device, launcher, on_device
 
 BLOCK_V = 4096  # vocabulary columns per loop step of a row program
 MEAN, SUM = 0, 1

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device, program_count, row_block, launcher
+from .launch import check_device, launcher, on_device, program_count, row_block
 
 # The backward's persistent grid; on an H100 (bf16, hidden 2048-4096, 2k-8k rows) 2 programs per SM of
 # 2 rows a step ran 20-25 % faster than 4 x 1 (fewer partial weight-gradient rows to sum, more loads in flight).

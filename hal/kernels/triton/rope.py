@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import check_device, on_device, launcher
+from .launch import check_device, launcher, on_device
 
 # Tile: BLOCK_S positions x HEADS heads per program (head-independent cos/sin read once for them); on an
 # H100 every setting tried (8-64 positions, 1-8 heads) ran within 5 % of the copy bandwidth. On an H200 (bf16,

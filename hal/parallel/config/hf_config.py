@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hal.errors import ConfigError
-from hal.run_dirs import read_limited
-
 from hal.parallel.families.registry import family_names, get_family
 from hal.parallel.families.spec import check_config_fields
+from hal.run_dirs import read_limited
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; refuse anything absurd before reading it
 

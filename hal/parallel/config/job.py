@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
-from hal.run_dirs import read_limited, write_text_atomic
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.replicas import ReplicatedPlan
 from hal.parallel.config.run import TrainConfig
 from hal.parallel.config.topology import StageMesh, Topology
+from hal.run_dirs import read_limited, write_text_atomic
 
 JOB_FILE = "job.json"
 JOB_SCHEMA = 1
@@ -94,7 +93,7 @@ class Job:
             return ["timeline.json"]
         return [f"timeline-replica-{i}.json" for i in range(len(self.replicas.replicas))]
 
-    def replica_view(self, rank: int) -> "tuple[int, ParallelPlan, Topology, int]":
+    def replica_view(self, rank: int) -> tuple[int, ParallelPlan, Topology, int]:
         """(replica index, its plan, its topology, the index of its first stage in ``stage_precision``) of ``rank``."""
         if self.replicas is None:
             return 0, self.plan, self.topology, 0
@@ -132,7 +131,7 @@ class Job:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Job":
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
         """Rebuild what the parent wrote; the parent validated it, so nothing is checked again."""
         plan = ParallelPlan.from_dict(data["plan"])
         return cls(

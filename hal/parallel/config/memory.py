@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 

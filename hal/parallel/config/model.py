@@ -6,7 +6,16 @@ from typing import Any, Literal, Mapping
 
 from hal.config import limits
 from hal.config.schema import (
-    Choice, Custom, Flag, NonNegativeInt, Number, PositiveInt, key, parse_section, reject_unknown, section_specs,
+    Choice,
+    Custom,
+    Flag,
+    NonNegativeInt,
+    Number,
+    PositiveInt,
+    key,
+    parse_section,
+    reject_unknown,
+    section_specs,
 )
 from hal.errors import ConfigError
 
@@ -129,7 +138,7 @@ class ModelConfig:
         return asdict(self)
 
     @staticmethod
-    def from_mapping(raw: Mapping[str, Any], origin: str = "config") -> "ModelConfig":
+    def from_mapping(raw: Mapping[str, Any], origin: str = "config") -> ModelConfig:
         """Build from the ``model:`` section; one ConfigError line per problem.
 
         ``hf: DIR`` reads a Hugging Face ``config.json`` from DIR (``parallel.config.hf_config``); the section's

@@ -53,10 +53,10 @@ from typing import Any
 from hal.config import limits
 from hal.config.schema import Choice, Custom, Flag, ListOf, Nullable, PositiveInt, check_choice, key, parse_section
 from hal.errors import ConfigError
-from hal.precision import PRECISIONS
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.schedules import Schedule, get_schedule, schedule_names
+from hal.precision import PRECISIONS
+
 
 def _schedule(origin: str, key_name: str, value: Any) -> Schedule:
     """``parallel.schedule``: a registered name, parsed here once into the Schedule every later step asks."""
@@ -178,7 +178,7 @@ class ParallelPlan:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ParallelPlan":
+    def from_dict(cls, data: dict[str, Any]) -> ParallelPlan:
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
         stages = tuple(StagePlan(**{**s, "layers": s["layers"] if isinstance(s["layers"], int) else tuple(s["layers"])})
                        for s in data["stages"])

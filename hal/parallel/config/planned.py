@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.plan import ParallelPlan
 
 PER_STAGE = ("forward_s", "backward_s", "action_s", "host_forward_s", "host_backward_s", "host_action_s")

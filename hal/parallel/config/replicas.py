@@ -32,7 +32,6 @@ from typing import Any, Mapping, Sequence
 from hal.config import limits
 from hal.config.schema import Choice, NonNegativeInt, Number, PositiveInt, key, parse_section, reject_unknown, require_mapping
 from hal.errors import ConfigError
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
 from hal.parallel.config.topology import Topology
@@ -117,7 +116,7 @@ class ReplicatedPlan:
             first += r.rows
         return out
 
-    def with_rows(self, rows: Sequence[int]) -> "ReplicatedPlan":
+    def with_rows(self, rows: Sequence[int]) -> ReplicatedPlan:
         """The same replicas with these rows (``auto`` resolved): each replica's micro-batches follow."""
         if len(rows) != len(self.replicas) or sum(rows) != self.global_batch:
             raise ValueError(f"rows {list(rows)} do not split global_batch {self.global_batch} over "
@@ -135,7 +134,7 @@ class ReplicatedPlan:
                 "replicas": [{"rows": AUTO if r.rows is None else r.rows, **r.plan.to_dict()} for r in self.replicas]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReplicatedPlan":
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicatedPlan:
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
         replicas, first = [], 0
         for raw in data["replicas"]:

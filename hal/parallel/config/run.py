@@ -11,11 +11,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from hal.config import HalConfig
-from hal.config import limits
+from hal.config import HalConfig, limits
 from hal.config.schema import Choice, Custom, Flag, NonNegativeInt, Nullable, Number, PathStr, PositiveInt, did_you_mean, key, parse_section
 from hal.errors import ConfigError
-
 from hal.parallel.config.hf_config import model_keys_from_hf
 from hal.parallel.config.model import ModelConfig, weights_source
 from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan

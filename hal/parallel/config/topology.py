@@ -27,9 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.plan import ParallelPlan
-
 
 
 class Coord(NamedTuple):
@@ -97,7 +95,7 @@ class Topology:
     placement: str = "loop"  # where the chunks sit (``schedules.placement``): "v" under zbv
 
     @classmethod
-    def from_plan(cls, plan: ParallelPlan, first_rank: int = 0) -> "Topology":
+    def from_plan(cls, plan: ParallelPlan, first_rank: int = 0) -> Topology:
         """Lay the stages out on consecutive ranks from ``first_rank`` (a replica's first: ``parallel.config.replicas``;
         0 for a plan of its own). Assumes ``devices == tp * dp`` (validate_plan checks it)."""
         chunks = plan.layer_chunks()  # virtual stage v*S + k takes the next layers

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from hal.errors import ConfigError
-
 from hal.parallel.data.token_file import is_token_file, open_tokens, split_point, windows
 
 CORPUS_PATH = Path(__file__).resolve().parents[3] / "examples" / "data" / "corpus.txt"

@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from hal.errors import ConfigError, HalError
-from hal.pending_file import PendingFile
-from hal.run_dirs import check_creatable_file
-
 from hal.parallel.data.documents import WINDOW_CHARS, Piece, documents, pieces
 from hal.parallel.data.token_file import DTYPES, INDEX_FORMAT, index_path
-from hal.parallel.data.tokenizer_file import MAX_TOKENIZER_BYTES, load_tokenizer as load_file, token_count
+from hal.parallel.data.tokenizer_file import MAX_TOKENIZER_BYTES, token_count
+from hal.parallel.data.tokenizer_file import load_tokenizer as load_file
+from hal.pending_file import PendingFile
+from hal.run_dirs import check_creatable_file
 
 EOD_CANDIDATES: tuple[str, ...] = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>")
 BATCH_DOCUMENTS = 512  # pieces per encode_batch call (the tokenizer's threads work on a batch)

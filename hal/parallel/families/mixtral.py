@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hal.errors import ConfigError
-from hal.parallel.families.llama import Llama
 from hal.config import limits
 from hal.config.schema import PositiveInt
-from hal.parallel.families.spec import DECODER_FIELDS, MOE_ROUTER_FIELDS, MoENames, ModelShape, Need, Refuse, count
+from hal.errors import ConfigError
+from hal.parallel.families.llama import Llama
+from hal.parallel.families.spec import DECODER_FIELDS, MOE_ROUTER_FIELDS, ModelShape, MoENames, Need, Refuse, count
 
 
 class Mixtral(Llama):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hal.errors import ConfigError
-from hal.parallel.families.qwen2 import Qwen2
 from hal.config import limits
 from hal.config.schema import Flag, NonNegativeInt, Nullable, PositiveInt
-from hal.parallel.families.spec import MOE_ROUTER_FIELDS, MoENames, ModelShape, Need, Refuse, list_of, count
+from hal.errors import ConfigError
+from hal.parallel.families.qwen2 import Qwen2
+from hal.parallel.families.spec import MOE_ROUTER_FIELDS, ModelShape, MoENames, Need, Refuse, count, list_of
 
 
 class Qwen2Moe(Qwen2):

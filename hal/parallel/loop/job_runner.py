@@ -35,10 +35,9 @@ from typing import Any, Callable, Sequence
 from hal.cpu_binding import CPUS_ENV, allowed_cpus, cpulist, numa_groups, rank_blocks
 from hal.errors import ConfigError, HalError
 from hal.launch.env import free_port, import_path, rank_env
-
 from hal.parallel.config.job import Job, write_job
-from hal.parallel.loop.preflight import TRAIN, Request, job, preflight
 from hal.parallel.config.topology import Topology
+from hal.parallel.loop.preflight import TRAIN, Request, job, preflight
 from hal.parallel.schedules.pairs import in_brief, stage_pairs
 
 RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]

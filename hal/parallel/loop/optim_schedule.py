@@ -23,7 +23,6 @@ from hal.parallel.config.run import LR_SCHEDULES
 from hal.parallel.models.layers import param_meta
 
 
-
 def learning_rate(step: int, *, lr: float, steps: int, warmup_steps: int = 0, schedule: str = "constant",
                   min_lr: float = 0.0) -> float:
     """The lr of 0-based ``step`` of a run of ``steps`` steps."""
@@ -88,15 +87,15 @@ def clip_global_norm(module: torch.nn.Module, max_norm: float, *, tp_rank: int, 
 __all__ = ["LR_SCHEDULES", "clip_global_norm", "learning_rate", "owned_square_sum", "set_learning_rate"]
 
 
-def adamw_options(device: "torch.device") -> dict[str, bool]:
+def adamw_options(device: torch.device) -> dict[str, bool]:
     """AdamW's implementation choice for ``device``: CUDA (and ROCm, which torch also calls cuda) has one fused
     kernel for the whole update; elsewhere torch's default (foreach) stays, which the single-process
     references of the tests also use. The trainer and the planner's measurement both build AdamW this way."""
     return {"fused": True} if device.type == "cuda" else {}
 
 
-def decoupled_adamw(params: "list[torch.nn.Parameter]", device: "torch.device", *, lr: float,
-                    weight_decay: float | None = None) -> "torch.optim.AdamW":
+def decoupled_adamw(params: list[torch.nn.Parameter], device: torch.device, *, lr: float,
+                    weight_decay: float | None = None) -> torch.optim.AdamW:
     """AdamW as the trainer builds it: weight decay on matrices only (norm weights and biases get none), the
     implementation ``adamw_options`` picks. ``weight_decay`` None: torch's default. The trainer, the planner's
     optimizer measurement and its calibration pipeline all use it, so they time the same update."""

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from hal.cpu_binding import MODES as CPU_BINDINGS, allowed_cpus, numa_groups, rank_blocks
 from hal.config.limits import check_local_ranks
+from hal.cpu_binding import MODES as CPU_BINDINGS
+from hal.cpu_binding import allowed_cpus, numa_groups, rank_blocks
 from hal.errors import ConfigError
-from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
-
 from hal.parallel.config.job import Job
 from hal.parallel.config.run import RunConfig
 from hal.parallel.config.topology import Topology
+from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 if TYPE_CHECKING:
     from hal.precision import PrecisionPlan
@@ -49,7 +49,7 @@ class Preflight:
 
     request: Request
     run: RunConfig | None = None
-    precision: "list[PrecisionPlan | None]" = field(default_factory=list)
+    precision: list[PrecisionPlan | None] = field(default_factory=list)
     checkpoint: Path | None = None  # the checkpoint resumed from
     start: int = 0  # steps already done (from the checkpoint)
     weights: Path | None = None  # the Hugging Face checkpoint the ranks slice their weights from
@@ -261,7 +261,6 @@ def _loop(p: Preflight) -> None:
 def _memory(p: Preflight) -> None:
     """The training state's lower bound against each available stage's memory (hal.parallel.config.memory)."""
     from hal.backend_registry import get_backend
-
     from hal.parallel.config.memory import MemoryPool, check_memory
 
     run = p.loaded
@@ -279,7 +278,7 @@ def _memory(p: Preflight) -> None:
         check_memory(run.model, plan, pools, run.origin if where == "parallel" else f"{run.origin}: {where}")
 
 
-def _stage_precision(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
+def _stage_precision(run: RunConfig, fallback: str) -> list[PrecisionPlan | None]:
     """Each stage's precision plan, resolved once here (None where the backend is not available on this host); with
     replicas, every replica's stages in order.
 
@@ -354,7 +353,7 @@ def preflight(request: Request, names: tuple[str, ...], run: RunConfig | None = 
     return state
 
 
-def check_training(run: RunConfig, fallback: str) -> "list[PrecisionPlan | None]":
+def check_training(run: RunConfig, fallback: str) -> list[PrecisionPlan | None]:
     """The checks of a loaded run (``LOADED``) under ``fallback``; each stage's precision plan."""
     checked = Preflight(Request(run.origin, writes=False), replace(run, hal=replace(run.hal, fallback=fallback)))
     for check in CHECKS:

@@ -43,14 +43,13 @@ import torch.distributed as dist
 
 from hal import strict_json
 from hal.errors import HalError
-
-from hal.parallel.data.batches import global_batch
 from hal.parallel.config.job import Job
-from hal.parallel.models.layers import expert_shard
-from hal.parallel.observe.progress import Progress, SlowStepNotice
+from hal.parallel.config.topology import Topology
+from hal.parallel.data.batches import global_batch
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
-from hal.parallel.config.topology import Topology
+from hal.parallel.models.layers import expert_shard
+from hal.parallel.observe.progress import Progress, SlowStepNotice
 from hal.parallel.schedules.pairs import stage_pairs
 
 # Per-rank timing row gathered to the writer each step (seconds).
@@ -126,10 +125,9 @@ def setup(job: Job) -> RankRun:
     """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
     from hal.backend_registry import get_backend
     from hal.collectives import init_distributed
-
-    from hal.parallel.state.checkpoint import load_checkpoint
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
+    from hal.parallel.state.checkpoint import load_checkpoint
 
     rank = int(os.environ.get("RANK", "0"))
     replica, plan, topology, first_stage = job.replica_view(rank)
@@ -808,7 +806,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run this rank; a HalError is one line and exit 2, anything else a traceback and exit 1."""
     from hal.collectives import shutdown
     from hal.cpu_binding import bind_from_env, cpulist
-
     from hal.parallel.config.job import load_job
 
     args = list(sys.argv[1:] if argv is None else argv)

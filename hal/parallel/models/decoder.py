@@ -32,14 +32,19 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from hal import ops
 from hal.errors import ConfigError
-
-from hal.parallel.models.layers import (
-    ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding, local_shard, param_meta, parallel_input,
-)
 from hal.parallel.config.model import ROPE_SCALING_KEYS, ModelConfig
+from hal.parallel.models.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    local_shard,
+    parallel_input,
+    param_meta,
+)
+from hal.parallel.models.linear import fp8_matmuls, fp8_setting
 from hal.parallel.models.moe import MoE, attach_aux_loss, compiling
 from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
-from hal.parallel.models.linear import fp8_matmuls, fp8_setting
 from hal.parallel.models.weight_grad import split_linear, split_setting, splittable
 
 # --- deterministic initialisation ---------------------------------------------------------------

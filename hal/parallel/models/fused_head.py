@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from hal import ops
-
 from hal.parallel.models.loss import LossFn
 from hal.parallel.models.tp_comm import TPComm, tp_rank, tp_size
 

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from hal.errors import ConfigError
-
 from hal.parallel.families.registry import family_of
 from hal.parallel.models.hf_names import Piece, pieces
 from hal.parallel.models.layers import param_meta

@@ -18,12 +18,16 @@ import torch
 from torch import nn
 
 from hal import ops
-
-from hal.parallel.models.tp_comm import (
-    TPComm, copy_to_tp_region, gather_from_seq_region, reduce_from_tp_region, reduce_scatter_to_seq_region,
-    tp_rank, tp_size,
-)
 from hal.parallel.models.linear import layer_linear
+from hal.parallel.models.tp_comm import (
+    TPComm,
+    copy_to_tp_region,
+    gather_from_seq_region,
+    reduce_from_tp_region,
+    reduce_scatter_to_seq_region,
+    tp_rank,
+    tp_size,
+)
 
 DEFAULT_STD = 0.02
 

@@ -19,15 +19,14 @@ from typing import Iterator
 import torch
 
 from hal.downgrades import Downgrade, record_downgrade
-
 from hal.parallel.models.weight_grad import split_linear
 
-_FP8: "torch.dtype | None" = None  # the fp8 format of this stage's forward matmuls (set by ``fp8_matmuls``)
+_FP8: torch.dtype | None = None  # the fp8 format of this stage's forward matmuls (set by ``fp8_matmuls``)
 _MULTIPLE = 16
 
 
 @contextlib.contextmanager
-def fp8_matmuls(dtype: "torch.dtype | None") -> Iterator[None]:
+def fp8_matmuls(dtype: torch.dtype | None) -> Iterator[None]:
     """Inside, the decoder layers' linears run fp8 forward matmuls of ``dtype`` (None: off)."""
     global _FP8
     before, _FP8 = _FP8, dtype
@@ -37,7 +36,7 @@ def fp8_matmuls(dtype: "torch.dtype | None") -> Iterator[None]:
         _FP8 = before
 
 
-def fp8_setting() -> "torch.dtype | None":
+def fp8_setting() -> torch.dtype | None:
     """The fp8 format the decoder layers' forward matmuls now run in, None for none (what a recompute must use again)."""
     return _FP8
 

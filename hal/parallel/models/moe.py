@@ -41,12 +41,17 @@ from hal import ops
 from hal.collectives.symmetric_exchange import choose as choose_exchange
 from hal.collectives.symmetric_exchange import exchange_for
 from hal.downgrades import Downgrade, record_downgrade
-
 from hal.parallel.config.model import MoEConfig, Scoring
 from hal.parallel.models.graph_breaks import eager_when_compiled
 from hal.parallel.models.layers import DEFAULT_STD, ParamMeta, ShardSpec
-from hal.parallel.models.tp_comm import (TPComm, copy_to_tp_region, gather_to_replicated_region, reduce_from_tp_region,
-                      reduce_scatter_to_seq_region, tp_size)
+from hal.parallel.models.tp_comm import (
+    TPComm,
+    copy_to_tp_region,
+    gather_to_replicated_region,
+    reduce_from_tp_region,
+    reduce_scatter_to_seq_region,
+    tp_size,
+)
 
 ExpertPath = Literal["grouped_mm", "loop"]
 
@@ -254,7 +259,7 @@ def experts_outside_the_graph(ep: int, device_type: str, grouped: bool = True, m
 
 
 @eager_when_compiled
-def _loop_experts(experts: "Experts", rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
+def _loop_experts(experts: Experts, rows: torch.Tensor, load: torch.Tensor) -> torch.Tensor:
     """The experts as a loop over their blocks: the block sizes are read on the host, so inside a compiled layer
     this runs eagerly (one graph break, not a recompile for every new split)."""
     return experts(rows, load.tolist(), "loop")

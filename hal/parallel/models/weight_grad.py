@@ -25,7 +25,7 @@ from hal import ops
 from hal.parallel.models.graph_breaks import eager_when_compiled
 
 _SPLIT = False  # forwards build split linears (set by ``splittable``)
-_STORE: "WeightGradStore | None" = None  # the store a running backward defers into (set by ``collecting``)
+_STORE: WeightGradStore | None = None  # the store a running backward defers into (set by ``collecting``)
 
 
 class WeightGradStore:

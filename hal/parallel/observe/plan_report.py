@@ -5,10 +5,10 @@ from typing import Any
 
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.run import RunConfig
+from hal.parallel.config.topology import Topology
+from hal.parallel.observe.timeline import layer_proportional
 from hal.parallel.schedules import simulate
 from hal.parallel.schedules.pairs import stage_pairs
-from hal.parallel.observe.timeline import layer_proportional
-from hal.parallel.config.topology import Topology
 
 
 def plan_report(run: RunConfig) -> dict[str, Any]:

@@ -149,7 +149,7 @@ class SlowStepNotice:
         self._thread = threading.Thread(target=self._run, name="hal-slow-step-notice", daemon=True)
         self.said = 0  # lines printed
 
-    def __enter__(self) -> "SlowStepNotice":
+    def __enter__(self) -> SlowStepNotice:
         import time
 
         self._began = time.perf_counter()

@@ -24,11 +24,10 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from hal.errors import HalError
-
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.planned import Planned
-from hal.parallel.schedules import Action, Overlap, P2PBatch, Schedule, get_schedule, simulate
 from hal.parallel.config.topology import Topology
+from hal.parallel.schedules import Action, Overlap, P2PBatch, Schedule, get_schedule, simulate
 
 VERSION = 1
 COMPUTE = ("F", "B", "I", "W", "P")  # P: a DualPipeV pair, its forward and backward at once

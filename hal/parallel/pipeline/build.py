@@ -12,7 +12,6 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from hal.backend import Backend
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.models.decoder import Stage, build_stage

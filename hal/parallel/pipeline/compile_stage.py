@@ -16,7 +16,6 @@ import torch
 
 from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
-
 from hal.parallel.models.decoder import Stage
 from hal.parallel.models.moe import MoE, experts_outside_the_graph
 

@@ -42,7 +42,6 @@ import torch
 
 from hal.backend import Backend
 from hal.collectives import Communicator
-
 from hal.parallel.models.decoder import Stage, sync_tied_embedding_grads
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.models.linear import fp8_matmuls
@@ -51,8 +50,8 @@ from hal.parallel.models.weight_grad import WeightGradStore, collecting, splitta
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.pipeline.compile_stage import eager_first_forward
 from hal.parallel.pipeline.mesh import Mesh
-from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
 from hal.parallel.pipeline.pairs import PairRunner
+from hal.parallel.pipeline.reshard import Boundary, Layout, p2p_ops
 from hal.parallel.schedules import Action, Kind, Overlap, P2PBatch, Schedule
 from hal.parallel.schedules.pairs import stage_pairs
 from hal.parallel.schedules.placement import neighbours
@@ -99,7 +98,7 @@ class StepTimes:
     counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_totals(cls, totals: dict[str, float], counts: dict[str, int]) -> "StepTimes":
+    def from_totals(cls, totals: dict[str, float], counts: dict[str, int]) -> StepTimes:
         known = {name: totals[name] for name in ("compute", "p2p", "grad_sync", "schedule", "optimizer", "step") if name in totals}
         return cls(**known, counts=dict(counts))
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import torch
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.topology import Coord, StageMesh, Topology
 from hal.parallel.models.decoder import gather_full
 from hal.parallel.models.layers import expert_shard, local_shard, param_meta
@@ -41,14 +40,14 @@ class Mesh:
 
     topology: Topology  # the job's ranks and stages (data): my stage's grid is ``layout``
     coord: Coord
-    stage: "Communicator"  # every rank of my stage
-    tp: "Communicator"  # my TP group (tp consecutive ranks)
-    dp: "Communicator"  # my DP group (dp ranks strided by tp)
-    boundaries: Mapping[int, "Communicator"]  # boundary k → stages k and k+1 (only those I am in)
-    embedding: "Communicator | None" = None  # tied embeddings over several stages: every rank of the first and last stage
-    wrap: "Communicator | None" = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
-    ep: "Communicator | None" = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
-    edp: "Communicator | None" = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
+    stage: Communicator  # every rank of my stage
+    tp: Communicator  # my TP group (tp consecutive ranks)
+    dp: Communicator  # my DP group (dp ranks strided by tp)
+    boundaries: Mapping[int, Communicator]  # boundary k → stages k and k+1 (only those I am in)
+    embedding: Communicator | None = None  # tied embeddings over several stages: every rank of the first and last stage
+    wrap: Communicator | None = None  # interleaved pipelines: the last stage → first stage link (first/last stage ranks)
+    ep: Communicator | None = None  # expert parallelism: my ep group (ep consecutive dp replicas), None at ep 1
+    edp: Communicator | None = None  # the dp replicas holding my expert shard (dp / ep of them), None at ep 1
 
     @property
     def layout(self) -> StageMesh:
@@ -66,16 +65,16 @@ class Mesh:
         return self.coord.stage == self.topology.last_stage
 
     @property
-    def tp_shards(self) -> "Communicator | None":
+    def tp_shards(self) -> Communicator | None:
         """The group a stage's layers split their tensor-parallel weights over (None: no split)."""
         return self.tp if self.tp.size > 1 else None
 
     @property
-    def expert_shards(self) -> "Communicator | None":
+    def expert_shards(self) -> Communicator | None:
         """The group an MoE layer shares its experts out over (None: every expert on this rank)."""
         return self.ep if self.ep is not None and self.ep.size > 1 else None
 
-    def grad_group(self, param: torch.Tensor) -> "Communicator":
+    def grad_group(self, param: torch.Tensor) -> Communicator:
         """The replicas whose gradients of ``param`` are summed: an expert shard's holders (``edp``, dp / ep of
         them), every other parameter's dp group."""
         return self.edp if self.edp is not None and expert_shard(param) else self.dp
@@ -90,31 +89,31 @@ class Mesh:
         (and my ep group for expert shards); every rank of both calls it with the same names."""
         return gather_full(dict(module.named_parameters()), tensors, self.tp_shards, self.expert_shards)
 
-    def optimizer_groups(self) -> "tuple[Communicator, Communicator | None]":
+    def optimizer_groups(self) -> tuple[Communicator, Communicator | None]:
         """ZeRO-1's shard groups: (dense parameters' dp group, expert shards' replica group or None without ep)."""
         return self.dp, self.edp
 
     @property
-    def loss_group(self) -> "Communicator":
+    def loss_group(self) -> Communicator:
         """The replicas whose micro-batch losses add up to the step's: each covers its rows only."""
         return self.dp
 
     @property
-    def balance_group(self) -> "Communicator | None":
+    def balance_group(self) -> Communicator | None:
         """The group an MoE balancing loss counts routed tokens over: the dp replicas splitting each micro-batch."""
         return self.dp if self.dp.size > 1 else None
 
     @property
-    def prev_boundary(self) -> "Communicator | None":
+    def prev_boundary(self) -> Communicator | None:
         """The boundary I receive activations on (None on stage 0)."""
         return self.boundaries.get(self.coord.stage - 1)
 
     @property
-    def next_boundary(self) -> "Communicator | None":
+    def next_boundary(self) -> Communicator | None:
         """The boundary I send activations on (None on the last stage)."""
         return self.boundaries.get(self.coord.stage)
 
-    def link(self, peer_stage: int) -> "Communicator":
+    def link(self, peer_stage: int) -> Communicator:
         """The communicator I share with ``peer_stage``: a neighbour's boundary, else the wrap-around link.
 
         With two stages the wrap-around traffic rides boundary 0 (the same ranks), on both sides alike.
@@ -126,7 +125,7 @@ class Mesh:
         return comm
 
 
-def _check_world_matches(topologies: "Sequence[Topology]", world: "World") -> None:
+def _check_world_matches(topologies: Sequence[Topology], world: World) -> None:
     """Same answer on every rank (world.backends is gathered at init), so every rank raises together."""
     needed = sum(t.world_size for t in topologies)
     if world.size != needed:
@@ -163,7 +162,7 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
     return sets
 
 
-def build_mesh(topology: Topology, world: "World | None" = None, *, validate: bool = True,
+def build_mesh(topology: Topology, world: World | None = None, *, validate: bool = True,
                tied_embeddings: bool = False) -> Mesh:
     """Create every stage, TP, DP and boundary communicator; return the ones this rank belongs to.
 
@@ -173,7 +172,7 @@ def build_mesh(topology: Topology, world: "World | None" = None, *, validate: bo
     return build_meshes((topology,), world, validate=validate, tied_embeddings=tied_embeddings)
 
 
-def build_meshes(topologies: "Sequence[Topology]", world: "World | None" = None, *, validate: bool = True,
+def build_meshes(topologies: Sequence[Topology], world: World | None = None, *, validate: bool = True,
                  tied_embeddings: bool = False) -> Mesh:
     """``build_mesh`` for several plans side by side (replicas, ``parallel.config.replicas``): each topology over its
     own consecutive ranks, together the world. Every rank creates every topology's groups, in topology order; it

@@ -70,7 +70,7 @@ class Block:
         rows, length = self.shape
         return rows * length
 
-    def intersect(self, other: "Block") -> "Block | None":
+    def intersect(self, other: Block) -> Block | None:
         b = (max(self.batch[0], other.batch[0]), min(self.batch[1], other.batch[1]))
         s = (max(self.seq[0], other.seq[0]), min(self.seq[1], other.seq[1]))
         return Block(b, s) if b[0] < b[1] and s[0] < s[1] else None
@@ -96,7 +96,7 @@ class Layout:
             raise ConfigError(f"layout dp={self.dp} tp={self.tp} needs {self.dp * self.tp} distinct ranks, got {list(self.ranks)}")
 
     @staticmethod
-    def contiguous(dp: int, tp: int, sp: bool, offset: int) -> "Layout":
+    def contiguous(dp: int, tp: int, sp: bool, offset: int) -> Layout:
         """The stage convention: ranks offset .. offset + dp*tp - 1, rank = offset + d*tp + t."""
         return Layout(dp, tp, sp, tuple(range(offset, offset + dp * tp)))
 

@@ -60,8 +60,8 @@ def calibration_rank(model: dict[str, Any], rows: int, seq: int, threads: int | 
     ``trainer_step``: each step as ``hal train`` runs it instead — a fresh batch, the loss read on the last
     stage, AdamW, and every rank's times gathered over the default group (a host barrier a step) — timed as
     ``hal train`` times it (``steps_s``: this rank's wall time of each step, its device unsynchronized)."""
-    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.config.topology import Topology
+    from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
     from hal.parallel.planner.measure import profiling_rank
 

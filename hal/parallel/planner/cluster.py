@@ -29,10 +29,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from hal.config import limits
 from hal.capabilities import DTYPE_KEYS, CatalogEntry, load_catalog
-from hal.config.schema import (Custom, NonNegativeInt, Nullable, Number, PositiveInt, ListOf, did_you_mean, key,
-                               parse_section, require_mapping)
+from hal.config import limits
+from hal.config.schema import Custom, ListOf, NonNegativeInt, Nullable, Number, PositiveInt, did_you_mean, key, parse_section, require_mapping
 from hal.errors import ConfigError
 
 # Documented defaults where neither the catalog nor the user gives a figure (GB/s one direction, µs).

@@ -40,11 +40,11 @@ from typing import Any
 from hal.parallel.config.memory import rank_bytes, routed_expert_parameters, stage_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.planner.cluster import Cluster, DeviceType, Figure
+from hal.parallel.planner.device_profile import DeviceProfile, Profile
 from hal.parallel.schedules import Schedule, simulate
 from hal.parallel.schedules.fastest import measured_or_unit
 from hal.parallel.schedules.stage_times import StageTimes
-from hal.parallel.planner.cluster import Cluster, DeviceType, Figure
-from hal.parallel.planner.device_profile import DeviceProfile, Profile
 
 BUCKET_BYTES = 16 * 2**20  # the engine's gradient bucket (parallel.pipeline.engine.BUCKET_BYTES)
 BOUNDARY_BYTES = 4  # boundary activations travel in the weights' dtype: fp32
@@ -60,7 +60,7 @@ class Placement:
     starts: tuple[int, ...]
 
     @classmethod
-    def pack(cls, plan: ParallelPlan, kinds: tuple[DeviceType, ...]) -> "Placement":
+    def pack(cls, plan: ParallelPlan, kinds: tuple[DeviceType, ...]) -> Placement:
         """Stages of one type take its devices in pipeline order."""
         used: dict[str, int] = {}
         starts = []

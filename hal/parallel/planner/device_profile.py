@@ -237,7 +237,7 @@ class DeviceProfile:
         return asdict(self)
 
     @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> "DeviceProfile":
+    def from_dict(data: Mapping[str, Any]) -> DeviceProfile:
         fused = data.get("fused_head")
         return DeviceProfile(**{**data, "layers": tuple(LayerPoint(**p) for p in data["layers"]),
                                 "embedding": PerToken(**data["embedding"]), "head": PerToken(**data["head"]),
@@ -251,7 +251,7 @@ def _fit(xs: list[float], ys: list[float], x: float) -> float:
     """Least squares a + b·x through the points at ``x``; one point (or one x): proportional to x."""
     if len(xs) == 1 or len(set(xs)) == 1:
         return ys[0] * x / xs[0]
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     b = sum((a - mx) * (c - my) for a, c in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
     return (my - b * mx) + b * x
 

@@ -11,7 +11,6 @@ made here is labelled ``estimated``.
 from __future__ import annotations
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.flops import PEAK_KEY
 from hal.parallel.config.memory import layer_parameters
 from hal.parallel.config.model import ModelConfig

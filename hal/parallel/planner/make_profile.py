@@ -11,13 +11,13 @@ import time
 from typing import Any, Callable
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.planner.calibrate import STEPS as CALIBRATION_STEPS, calibrate_host, calibrate_node, calibrate_tp
+from hal.parallel.planner.calibrate import STEPS as CALIBRATION_STEPS
+from hal.parallel.planner.calibrate import calibrate_host, calibrate_node, calibrate_tp
 from hal.parallel.planner.cluster import Cluster, DeviceType
+from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Profile
 from hal.parallel.planner.estimate import estimate_device
 from hal.parallel.planner.measure import LINK_SIZES, TP_DEGREE, measure_device, measure_link, measure_node_links, measure_tp_layers
-from hal.parallel.planner.device_profile import DeviceProfile, LinkProfile, Profile
 
 QUICK_ROWS, ROWS = (1, 2), (1, 2, 4)
 QUICK_CALIBRATION_STEPS = 3  # timed steps a calibration pipeline runs under quick (calibrate.STEPS otherwise)

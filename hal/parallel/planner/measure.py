@@ -19,14 +19,13 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping
 import torch
 
 from hal.backend import Backend
-
 from hal.parallel.config.flops import PEAK_KEY
 from hal.parallel.config.memory import layer_parameters
 from hal.parallel.config.model import ModelConfig
+from hal.parallel.loop.optim_schedule import decoupled_adamw
 from hal.parallel.models.decoder import build_stage
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
-from hal.parallel.loop.optim_schedule import decoupled_adamw
-from hal.parallel.planner.device_profile import MEASURED, LayerPoint, LinkProfile, PerToken, DeviceProfile
+from hal.parallel.planner.device_profile import MEASURED, DeviceProfile, LayerPoint, LinkProfile, PerToken
 from hal.parallel.replicas.sync import BUCKET_BYTES
 
 Progress = Callable[[str], None]

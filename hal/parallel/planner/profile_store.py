@@ -14,11 +14,9 @@ import stat
 from typing import Any, Callable, Mapping, NamedTuple, NoReturn
 
 from hal.errors import ConfigError
-from hal.run_dirs import read_at_most
-
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.planner.device_profile import ESTIMATED, MEASURED, SCHEMA, DeviceProfile, LayerPoint, LinkProfile, PerToken, Profile, model_key
-
+from hal.run_dirs import read_at_most
 
 # A profile as ``hal profile`` writes it is a few KB to a few hundred KB; anything past these bounds is not one, and is
 # refused before it is read (a device or a sparse file would otherwise be read whole into memory) or used (a count or

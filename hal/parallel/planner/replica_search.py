@@ -33,10 +33,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.flops import model_parameters
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.config.replicas import Replica, ReplicatedPlan, ReplicaSync, auto_rows
+from hal.parallel.config.replicas import Replica, ReplicaSync, ReplicatedPlan, auto_rows
 from hal.parallel.planner.cluster import Cluster, DeviceType
 from hal.parallel.planner.cost import CostModel, Placement, ring_all_reduce_s, transfer_s
 from hal.parallel.planner.search import Result, Search

@@ -11,18 +11,17 @@ from typing import Any, Callable
 
 import yaml
 
-from hal.run_dirs import write_text_atomic
-
 from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.config.planned import planned_section, profile_label
 from hal.parallel.config.run import RunConfig
 from hal.parallel.planner.cluster import Cluster, check_holds, load_cluster
 from hal.parallel.planner.cost import CostModel
 from hal.parallel.planner.device_profile import Profile
-from hal.parallel.planner.profile_store import load_profile
-from hal.parallel.config.planned import planned_section, profile_label
 from hal.parallel.planner.make_profile import fit_to_host, make_profile
+from hal.parallel.planner.profile_store import load_profile
 from hal.parallel.planner.replica_search import ReplicaCandidate, ReplicaSearch, sync_cost
 from hal.parallel.planner.search import Result, Search, SearchReport, report_dict
+from hal.run_dirs import write_text_atomic
 
 
 def planning_cluster(run: RunConfig, cluster_file: str | None) -> Cluster:

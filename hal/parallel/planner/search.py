@@ -42,13 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from hal.errors import ConfigError
-
 from hal.parallel.config.memory import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters, routed_expert_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan, moe_stages, validate_plan
-from hal.parallel.planner.cluster import Cluster, DeviceType
-from hal.parallel.schedules import Schedule, get_schedule
+from hal.parallel.planner.cluster import DeviceType
 from hal.parallel.planner.cost import BOUNDARY_BYTES, CostModel, Placement, Prediction, expert_exchange_s, ring_all_reduce_s, transfer_s
+from hal.parallel.schedules import Schedule, get_schedule
 
 SCHEDULES = tuple(get_schedule(name) for name in ("1f1b", "zero-bubble", "interleaved-1f1b", "interleaved-zero-bubble", "zbv"))
 CONFIRM = 200  # candidates the simulator re-predicts

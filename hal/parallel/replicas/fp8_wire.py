@@ -51,7 +51,7 @@ class Fp8Wire:
     def __init__(self) -> None:
         self.residuals: dict[int, torch.Tensor] = {}
 
-    def all_reduce(self, flat: torch.Tensor, group: "Communicator", bucket: int) -> int:
+    def all_reduce(self, flat: torch.Tensor, group: Communicator, bucket: int) -> int:
         """``flat`` becomes Σ over ``group`` of every speaker's (flat + its residual), each sent as fp8; returns the
         bytes this rank put on the wire."""
         residual = self.residuals.get(bucket)

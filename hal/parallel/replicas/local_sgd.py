@@ -32,7 +32,7 @@ class LocalSGD:
         self.bytes_sent = 0  # cross-replica bytes of the last meeting (0 on steps without one)
 
     @torch.no_grad()
-    def resume(self, velocity: "dict[str, torch.Tensor] | None") -> None:
+    def resume(self, velocity: dict[str, torch.Tensor] | None) -> None:
         """After a checkpoint was loaded into the parameters (a checkpoint is taken where the replicas meet): the
         anchor is the loaded weights; ``velocity``: the outer momentum's full tensors saved with it (this rank keeps
         its shards), or None where the checkpoint has none (the momentum restarts at zero)."""

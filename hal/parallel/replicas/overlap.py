@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 _DONE = object()
 
 
-def overlappable(engine: "PipelineEngine", mode: str = "on") -> str | None:
+def overlappable(engine: PipelineEngine, mode: str = "on") -> str | None:
     """None when this rank's stage runs the exchange during its backward, else why not. ``mode``: the config's
     ``replica_sync.overlap`` (on: every stage that can; off: none)."""
     if mode == "off":
@@ -66,7 +66,7 @@ def overlappable(engine: "PipelineEngine", mode: str = "on") -> str | None:
 class BackwardOverlap:
     """This rank's exchange of one step, started by gradient hooks (see the module doc). Built collectively."""
 
-    def __init__(self, exchange: "ReplicaExchange", engine: "PipelineEngine", replicas: Sequence[Any],
+    def __init__(self, exchange: ReplicaExchange, engine: PipelineEngine, replicas: Sequence[Any],
                  mode: str = "on") -> None:
         """``replicas``: every replica's Topology, in replica order (as ``ReplicaExchange`` takes them). Every rank of
         the world builds it together: each stage that overlaps gets a group of its own (the reduce and hand-back),
@@ -82,7 +82,7 @@ class BackwardOverlap:
         everyone: list[Any] = [None] * world.size
         dist.all_gather_object(everyone, self.why_not is None)  # the default group: gloo on every rank
         self.eligible = self.why_not is None
-        self._group: "Communicator | None" = None  # the stage's ranks (its dp group), for the reduce and hand-back
+        self._group: Communicator | None = None  # the stage's ranks (its dp group), for the reduce and hand-back
         for topology in replicas:  # every rank walks the same stages in the same order
             for stage in topology.stages:
                 ranks = list(stage.ranks)
@@ -98,7 +98,7 @@ class BackwardOverlap:
         if self.eligible:
             engine.grads_summed_elsewhere = True  # the dp sum is the reduce below, bucket by bucket
         self.params = dict(engine.module.named_parameters())
-        self.mine: list["Bucket"] = list(exchange.mine) if self.eligible else []
+        self.mine: list[Bucket] = list(exchange.mine) if self.eligible else []
         self._names = [[n for n in b.names if n in self.params] for b in self.mine]
         self._names_of = {id(p): n for n, p in self.params.items()}
         self._lock = threading.Lock()
@@ -123,7 +123,7 @@ class BackwardOverlap:
         self.early = 0
         self.exchange.bytes_sent = 0
         self._error: BaseException | None = None
-        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue()
         self._flats: list[torch.Tensor] = []
         self._reduces: list[Any] = []  # per bucket: its reduce's handle (None: a stage of one rank)
         self._bridged: list[threading.Event] = []

@@ -64,7 +64,7 @@ class Bucket:
     def numel(self) -> int:
         return sum(self.numels)
 
-    def pack(self, tensors: Mapping[str, "torch.Tensor | None"], device: torch.device) -> torch.Tensor:
+    def pack(self, tensors: Mapping[str, torch.Tensor | None], device: torch.device) -> torch.Tensor:
         """The bucket's tensors as one flat float32 buffer, in its order (a missing or None one: zeros)."""
         flat = torch.empty(self.numel, dtype=torch.float32, device=device)
         for name, part in self.parts(flat):
@@ -146,7 +146,7 @@ def plan_buckets(holdings: Sequence[Holding], replicas: int, stage_ranks: Callab
 class ReplicaExchange:
     """This rank's part of the cross-replica sums (see the module doc). Built collectively over the world."""
 
-    def __init__(self, mesh: Mesh, module: torch.nn.Module, replica: int, replicas: Sequence[Any], world: "World", *,
+    def __init__(self, mesh: Mesh, module: torch.nn.Module, replica: int, replicas: Sequence[Any], world: World, *,
                  compress: str = "none", bucket_bytes: int = BUCKET_BYTES, validate: bool = False) -> None:
         """``replicas``: every replica's Topology, in replica order (``mesh.topology`` is this rank's, ``replica``-th)."""
         from hal.collectives.communicator import Communicator
@@ -169,7 +169,7 @@ class ReplicaExchange:
 
             raise ConfigError(str(exc)) from None
         self.shapes = dict(mine.shapes)
-        self.groups: dict[tuple[int, ...], "Communicator | None"] = {}
+        self.groups: dict[tuple[int, ...], Communicator | None] = {}
         for speakers in sorted({b.speakers for b in self.buckets}):  # the same order on every rank
             layout = make_layout(world, speakers)
             self.groups[speakers] = Communicator(layout, world, validate=validate) if world.rank in speakers else None
@@ -182,7 +182,7 @@ class ReplicaExchange:
                      if b.stages[replica] == mesh.coord.stage or (self.tied_copy and "embed.weight" in b.names)]
         self.bytes_sent = 0  # cross-replica bytes this rank put on the wire in the last exchange
 
-    def _handback(self, bucket: Bucket) -> "Communicator":
+    def _handback(self, bucket: Bucket) -> Communicator:
         """The group a bucket's sum is broadcast over inside this replica: its stage, or both stages of a tied copy (the
         mesh has an embedding group exactly when this replica's tied embedding sits on two stages)."""
         if self.mesh.embedding is not None and "embed.weight" in bucket.names:
@@ -240,7 +240,7 @@ class ReplicaExchange:
         assert group is not None, "only a bucket's speakers sum it"
         self.bytes_sent += self._wire_sum(group, flat, key=bucket.index)
 
-    def _wire_sum(self, group: "Communicator", flat: torch.Tensor, key: int) -> int:
+    def _wire_sum(self, group: Communicator, flat: torch.Tensor, key: int) -> int:
         """``flat`` summed over ``group`` on the wire as set (fp8: its residual kept under ``key``); returns the bytes
         this rank sent."""
         if group.size < 2:

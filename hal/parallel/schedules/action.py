@@ -113,7 +113,7 @@ class Overlap:
 Step = Union[Action, P2PBatch, Overlap]  # one item of a stage's program: a compute action, a P2P batch, or a pair
 
 
-def compute_actions(steps: "list[Step] | tuple[Step, ...]") -> list[Action]:
+def compute_actions(steps: list[Step] | tuple[Step, ...]) -> list[Action]:
     """The compute actions of a program in order, an overlapped pair's forward before its backward."""
     out: list[Action] = []
     for step in steps:

@@ -42,7 +42,7 @@ class Schedule(ABC):
                              "interleaved-zero-bubble, zbv) is built from stage times")
         self.times = times  # None: the play's unit times (and the order every earlier release ran)
 
-    def timed(self, times: StageTimes | None) -> "Schedule":
+    def timed(self, times: StageTimes | None) -> Schedule:
         """This schedule with its order played from ``times`` (None: unit times again)."""
         return type(self)(times)
 
@@ -69,7 +69,7 @@ class Schedule(ABC):
         """The stage holding the model's last layers, the head and the loss (the first one under the V)."""
         return last_stage(num_stages, self.placement)
 
-    def forward_only(self) -> "Schedule":
+    def forward_only(self) -> Schedule:
         """The schedule evaluation runs: every forward in this schedule's order and placement, nothing else."""
         return ForwardOnly()
 

@@ -46,7 +46,7 @@ class DualPipeV(ZeroBubbleV):
                     f"set parallel.micro_batches ≥ {2 * S} or use schedule: zbv")
         return super().problem(num_stages, micro_batches)
 
-    def forward_only(self) -> "ZeroBubbleVForwardOnly":
+    def forward_only(self) -> ZeroBubbleVForwardOnly:
         return ZeroBubbleVForwardOnly()  # evaluation: every forward through the V, in ZB-V's order
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,

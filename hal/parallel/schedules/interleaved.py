@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step
 from hal.parallel.schedules.base import Schedule, _check
+from hal.parallel.schedules.fastest import fastest
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.simulator import Deadlock
-from hal.parallel.schedules.fastest import fastest
 from hal.parallel.schedules.stage_times import StageTimes, fit_variants, unit_times
 
 

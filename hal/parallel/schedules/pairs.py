@@ -16,7 +16,6 @@ import os
 from typing import Protocol, Sequence
 
 from hal.errors import ConfigError
-
 from hal.parallel.schedules.base import Schedule
 
 ENV = "HAL_PAIR_OVERLAP"  # 0: every pair in turn; 1: at once on every stage that can; unset: not on compiled stages

@@ -48,7 +48,7 @@ class StageTimes:
     @classmethod
     def of(cls, forward: Sequence[Sequence[float]], backward_input: Sequence[Sequence[float]],
            backward_weight: Sequence[Sequence[float]], links: Sequence[float] = (), *, digits: int = 6,
-           ) -> "StageTimes":
+           ) -> StageTimes:
         """From plain lists, each value rounded to ``digits`` decimals of a second (a microsecond): ranks that gathered
         the same measurements build equal objects (and the same orders), and noise below it does not change an order."""
         def r(x: float) -> float:

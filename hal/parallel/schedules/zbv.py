@@ -27,10 +27,10 @@ import functools
 from typing import Any
 
 from hal.parallel.schedules.action import Action, Kind
-from hal.parallel.schedules.interleaved import Interleaved1F1B, arrival, checked_times, choose, earliest, tick_program
 from hal.parallel.schedules.fastest import fastest
-from hal.parallel.schedules.stage_times import StageTimes, fit_variants
+from hal.parallel.schedules.interleaved import Interleaved1F1B, arrival, checked_times, choose, earliest, tick_program
 from hal.parallel.schedules.placement import virtual_index
+from hal.parallel.schedules.stage_times import StageTimes, fit_variants
 
 
 class ZeroBubbleV(Interleaved1F1B):
@@ -43,7 +43,7 @@ class ZeroBubbleV(Interleaved1F1B):
     torch_class = "ScheduleZBVZeroBubble"
     plays_times = True
 
-    def forward_only(self) -> "ZeroBubbleV":
+    def forward_only(self) -> ZeroBubbleV:
         return ZeroBubbleVForwardOnly()
 
     def compute_order(self, num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2,

@@ -38,8 +38,8 @@ import json
 import math
 import os
 import re
-import warnings
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -47,10 +47,9 @@ import torch
 import torch.distributed as dist
 
 from hal.errors import ConfigError
-from hal.run_dirs import write_text_atomic
-
-from hal.parallel.models.layers import param_meta
 from hal.parallel.config.model import ModelConfig
+from hal.parallel.models.layers import param_meta
+from hal.run_dirs import write_text_atomic
 
 FORMAT = "hetero-hal-checkpoint/1"
 META = "meta.json"

@@ -11,12 +11,11 @@ import os
 import torch
 
 from hal.errors import ConfigError, HalError
-
+from hal.parallel.config.model import ModelConfig
 from hal.parallel.families.registry import family_of
 from hal.parallel.models.hf_names import Piece, pieces
 from hal.parallel.models.hf_weights import FLOAT_DTYPES, catalog
 from hal.parallel.models.layers import param_meta
-from hal.parallel.config.model import ModelConfig
 
 
 def model_pieces(config: ModelConfig) -> dict[str, list[Piece]]:

@@ -40,11 +40,10 @@ from typing import Any, Mapping
 import torch
 
 from hal.errors import ConfigError, HalError
-from hal.run_dirs import check_creatable_dir
-
-from hal.parallel.state.hf_checks import model_pieces
-from hal.parallel.families.registry import family_of
 from hal.parallel.config.model import ModelConfig
+from hal.parallel.families.registry import family_of
+from hal.parallel.state.hf_checks import model_pieces
+from hal.run_dirs import check_creatable_dir
 
 FLAG = "hal export"
 INDEX = "model.safetensors.index.json"
@@ -159,8 +158,8 @@ def _check_tokenizer(file: Path, model: ModelConfig) -> None:
 
 def _check_json_object(file: Path) -> None:
     """A tokenizer_config.json or special_tokens_map.json that transformers will read: a JSON object."""
-    from hal.run_dirs import read_limited
     from hal.parallel.data.tokenizer_file import MAX_TOKENIZER_BYTES
+    from hal.run_dirs import read_limited
 
     raw = read_limited(file, MAX_TOKENIZER_BYTES, f"{FLAG}: {file}", "give the tokenizer's own file or remove it")
     try:
