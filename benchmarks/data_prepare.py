@@ -7,8 +7,8 @@ with no newline at all (one document), and ``normal.txt``, the shipped examples'
 by blank lines. Each is prepared with the shipped tokenizer (examples/data/tokenizer.json) by ``python -m hal data
 prepare`` in a process of its own; its peak resident memory comes from the kernel (``wait4``'s ru_maxrss), its
 throughput from the command's own report. ``--baseline-tree`` (with ``--baseline-python``, an interpreter
-whose hal is that checkout) runs the same command from another checkout on the normal corpus too (the one-line file would run it out of memory) and prints the throughput ratio. A table is
-printed last; name the machine with the numbers.
+whose hal is that checkout) runs the same command from another checkout on the normal corpus too (the one-line
+file would run it out of memory) and prints the throughput ratio. A table is printed last; name the machine with the numbers.
 """
 from __future__ import annotations
 

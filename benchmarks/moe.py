@@ -217,7 +217,7 @@ def _model(rank: int, world: int, opts: dict[str, Any], ep: int, device: torch.d
     engine.module.take_moe_tally()
     paths = sorted({str(block.path) for block in engine.module.moe_blocks().values()})  # grouped_mm or loop
     exchanges = sorted({str(block.exchange) for block in engine.module.moe_blocks().values()})  # ep > 1: the path taken
-    del engine
+    engine = None  # free the model before the next configuration builds its own
     return {"step_s": statistics.median(times), "tokens": opts["micro_batches"] * mbs * opts["seq"], "peak_bytes": peak,
             "expert_path": "+".join(paths), "exchange": "+".join(exchanges),
             "symmetric_exchanges": after["exchanges"] - before["exchanges"], "symmetric_copied": after["copied"] - before["copied"],

@@ -439,7 +439,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
               for k, (_, r) in enumerate(sorted(reports.items()))]
     return {
         "card": r0["device_name"], "torch": torch.__version__, "stages": P, "micro_batches": M,
-        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False), "master_weights": opts.get("master_weights", False),
+        "micro_batch_size": mbs, "seq": seq, "dtype": opts["dtype"], "model": opts["model"], "compile": opts.get("compile", False),
+        "master_weights": opts.get("master_weights", False),
         "reference_ops": opts.get("reference_ops", False),
         "parameters": parameter_counts(opts["model"])["total"], "flops_per_token": fpt,
         "fused_head": opts.get("fused_head", False), "layers": [r["layers"] for _, r in sorted(reports.items())],
@@ -459,7 +460,8 @@ def summarise(reports: dict[int, dict[str, Any]], opts: dict[str, Any]) -> dict[
 def table(s: dict[str, Any]) -> str:
     lines = [
         f"pipeline {s.get('schedule', '1f1b')} on {s['stages']} x {s['card']} (torch {s['torch']}): {s['parameters'] / 1e9:.2f}B params, "
-        f"seq {s['seq']}, {s['dtype']}" + (" autocast, fp32 master weights" if s.get("master_weights") else "") + f", M={s['micro_batches']} x mbs {s['micro_batch_size']}"
+        f"seq {s['seq']}, {s['dtype']}" + (" autocast, fp32 master weights" if s.get("master_weights") else "")
+        + f", M={s['micro_batches']} x mbs {s['micro_batch_size']}"
         + (", layers compiled" if s.get("compile") else ", eager")
         + (", reference ops" if s.get("reference_ops") else ", registry's kernels")
         + (", fused head" if s.get("fused_head") else "") + f", layers {s.get('layers')}",

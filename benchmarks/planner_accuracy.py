@@ -407,7 +407,8 @@ def table(result: dict[str, Any]) -> str:
                 if gpu else f"  {r['bound']}")
         drift = f"{r['host_vs_profile']:>6.2f}x" if r.get("host_vs_profile") else f"{'n/a':>7}"
         lines.append(f"{r['plan']:<30} {r['predicted_s']:>11.3f} {r['measured_s']:>10.3f} {r['error']:>+7.1%} {drift}{tail}")
-    where = f"{result.get('model', 'model')}, 4 {result['backend']} ranks ({', '.join(result['devices'])})" + ("" if gpu else f" on {result['cores']} cores")
+    where = (f"{result.get('model', 'model')}, 4 {result['backend']} ranks ({', '.join(result['devices'])})"
+             + ("" if gpu else f" on {result['cores']} cores"))
     where += ", each pinned to cores of its own" if result.get("cpu_binding") == "cores" else ""
     where += f", layers compiled ({result['compiled']})" if result.get("compiled") else ""
     lines.append(f"step time: median |error| {result['median_abs_error']:.1%}, worst {result['worst_abs_error']:.1%} "

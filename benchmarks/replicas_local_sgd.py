@@ -5,10 +5,10 @@
 Two replicas of one rank each (each its own island: every cross-replica byte goes through the bridge), 8 rows of
 every step's 16 each, trained with ``hal train`` once per H in ``--every`` (1: the exact every-step sync; H > 1:
 local SGD meeting every H steps over AdamW inner steps: the mean delta applied as it is, outer lr 1 and no
-momentum, unless ``--outer-lr`` / ``--outer-momentum`` ask DiLoCo's Nesterov step), and H = 1 with the cross-replica part sent compressed (``--wires``: ``compress: bf16``, ``compress: fp8`` with error
-feedback). Reports, per run, the cross-replica bytes a step (from the run's log) and the final evaluation loss on
-held-out text, and each against H = 1. Needs ``examples/data/tiny.bin`` (``hal data prepare``: see
-examples/tiny_cpu.yaml). Name the machine with the numbers.
+momentum, unless ``--outer-lr`` / ``--outer-momentum`` ask DiLoCo's Nesterov step), and H = 1 with the
+cross-replica part sent compressed (``--wires``: ``compress: bf16``, ``compress: fp8`` with error feedback).
+Reports, per run, the cross-replica bytes a step (from the run's log) and the final evaluation loss on held-out
+text, and each against H = 1. Needs ``examples/data/tiny.bin`` (``hal data prepare``: see examples/tiny_cpu.yaml). Name the machine with the numbers.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def run(steps: int, every: int, folder: Path, compress: str = "none") -> dict:
     log = [json.loads(line) for line in (folder / name / "train.jsonl").read_text().splitlines()]
     evals = [rec["eval_loss"] for rec in log if "eval_loss" in rec]  # every 32 steps (at a meeting)
     sent = sum(r["cross_replica_bytes"] for rec in log for r in rec["replicas"])
-    return {"every": every, "compress": compress, "steps": steps, "final_loss": summary["final_loss"], "final_eval_loss": evals[-1], "best_eval_loss": min(evals),
+    return {"every": every, "compress": compress, "steps": steps, "final_loss": summary["final_loss"], "final_eval_loss": evals[-1],
+            "best_eval_loss": min(evals),
             "bytes_per_step": sent / len(log), "tokens_per_s": summary["tokens_per_s"]}
 
 

@@ -59,7 +59,7 @@ def _check_run_sections(path: str | None, config: Any) -> list[str]:
     present = [name for name in RUN_SECTIONS if getattr(config, name, None) is not None]
     if path is None or not present:
         return []
-    from hal.parallel.config.run import load_run_config
+    from hal.parallel.loop.preflight import CONFIG, Request, preflight
 
-    load_run_config(path, check_backends=False)
+    preflight(Request(path, local=False, writes=False), CONFIG)  # the one door: hal plan's and hal train's checks
     return present

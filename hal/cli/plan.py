@@ -147,7 +147,7 @@ def run_search(args: argparse.Namespace) -> int:
     import sys
 
     from hal.errors import ConfigError
-    from hal.parallel.config.run import load_run_config
+    from hal.parallel.loop.preflight import SEARCH, Request, preflight
     from hal.parallel.planner.run_search import as_json, format_search, preferred, search, write_plan, write_replicas
 
     if args.top < 1:
@@ -158,7 +158,7 @@ def run_search(args: argparse.Namespace) -> int:
         _check_write(args)
     if args.timeline is not None:
         _check_timeline(args.timeline)
-    run = load_run_config(config_path(args), check_backends=False)
+    run = preflight(Request(config_path(args), local=False, writes=False), SEARCH).loaded
     if run.replicas is not None:
         raise ConfigError(f"{run.origin}: --search starts from one plan (parallel.stages) and proposes stage and replica "
                           "plans itself; search from a config with parallel.stages (this config's replicas are checked by "

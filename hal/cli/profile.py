@@ -33,14 +33,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hal.launch import run_function
-    from hal.parallel.config.run import load_run_config
+    from hal.parallel.loop.preflight import PROFILE, Request, preflight
     from hal.parallel.planner.cluster import load_cluster
     from hal.parallel.planner.make_profile import fit_to_host, make_profile
     from hal.run_dirs import check_creatable_file
 
     check_creatable_file(Path(args.out), "--out")  # before minutes of measuring, not after
     path = config_path(args)
-    config = load_run_config(path, check_backends=False)
+    config = preflight(Request(path, local=False, writes=False), PROFILE).loaded
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
     cluster = fit_to_host(cluster, config.model, seq, quick=args.quick, progress=_progress)

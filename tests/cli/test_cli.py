@@ -27,7 +27,7 @@ def test_devices_lists_cpu_available_and_vendors_unavailable_with_reasons() -> N
         assert "unavailable" in blocks[name].split("\n")[0], blocks[name]
         assert reason in blocks[name]
         verified = "H100" if name == "cuda" else "not verified on hardware"
-        line = next(l for l in blocks[name].splitlines() if l.strip().startswith("verified "))
+        line = next(line for line in blocks[name].splitlines() if line.strip().startswith("verified "))
         assert verified in line, line
 
 
@@ -111,6 +111,6 @@ def test_readme_main_job_matches_the_cpu_twin() -> None:
     twin = subprocess.run([sys.executable, "examples/cpu_train_twin.py", "--steps", "4"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert twin.returncode == 0, twin.stderr
-    losses = lambda out: [json.loads(l)["loss"] for l in out.splitlines() if l.startswith('{"step"')]  # noqa: E731
+    losses = lambda out: [json.loads(line)["loss"] for line in out.splitlines() if line.startswith('{"step"')]
     assert len(losses(migrated.stdout)) == 4 and losses(migrated.stdout) == losses(twin.stdout)
     assert "hal run: backend cpu" in migrated.stderr

@@ -178,3 +178,17 @@ def test_local_rank_counts_are_bounded_before_anything_starts() -> None:
         check_local_ranks(LOCAL_RANKS.maximum + 1, "--nproc")
     result = run_hal("launch", "--nproc", "100000", "--backend", "cpu", "examples/cuda_train.py")
     assert result.returncode == 2 and "--nproc 100000 is above the limit" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["config", "--config"], ["profile", "--quick", "--out", "{out}", "--config"],
+                                     ["plan", "--search", "--config"]])
+def test_every_command_that_reads_a_run_comes_through_the_preflight(command: list[str], tmp_path: Path) -> None:
+    """hal config, hal profile and hal plan --search run the preflight's checks (here its 'environment' check, which
+    their own loading never made): one line, exit 2, nothing measured or written."""
+    out = tmp_path / "profile.json"
+    args = [a.replace("{out}", str(out)) for a in command]
+    result = run_hal(*args, str(REPO / "examples" / "hetero_cpu.yaml"), env={"HAL_DUMP_STACKS_AFTER_S": "soon"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "hal: error: HAL_DUMP_STACKS_AFTER_S='soon' is not a positive number of seconds; e.g. 60"]
+    assert not out.exists()

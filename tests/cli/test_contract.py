@@ -124,7 +124,8 @@ def test_process_group_backend_strings() -> None:
 
 
 def test_no_vendor_package_imported_by_listing_backends() -> None:
-    code = "import sys, hal; hal.all_backends(); import hal.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'torch_mlu')))"
+    code = ("import sys, hal; hal.all_backends(); import hal.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch_npu', 'torch_mlu')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

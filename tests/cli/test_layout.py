@@ -312,7 +312,7 @@ def test_help_loads_no_torch() -> None:
     """`hal --help` and `hal <cmd> --help` answer without importing torch (that import alone is 1-3 s)."""
     for argv in ([], ["train"], ["conformance", "run"]):
         loaded = _loaded_after(
-            "from hal.cli import main\ntry:\n    main([*%r, '--help'])\nexcept SystemExit:\n    pass" % (argv,))
+            f"from hal.cli import main\ntry:\n    main([*{argv!r}, '--help'])\nexcept SystemExit:\n    pass")
         assert "torch" not in loaded, argv
 
 

@@ -295,7 +295,8 @@ def run_child(code: str, fake_root: Path | None = None, **env: str) -> str:
     paths = ([str(fake_root)] if fake_root else []) + [str(REPO)]
     child_env = {
         k: v for k, v in os.environ.items()
-        if not k.startswith(("HAL_", "FAKE_")) and k not in ("ASCEND_RT_VISIBLE_DEVICES", "MLU_VISIBLE_DEVICES", "CN_VISIBLE_DEVICES", "HCCL_DETERMINISTIC")
+        if not k.startswith(("HAL_", "FAKE_"))
+        and k not in ("ASCEND_RT_VISIBLE_DEVICES", "MLU_VISIBLE_DEVICES", "CN_VISIBLE_DEVICES", "HCCL_DETERMINISTIC")
     }
     child_env["PYTHONPATH"] = os.pathsep.join(paths)
     child_env.update(env)
@@ -402,7 +403,8 @@ def test_broken_install_says_it_failed_to_import(name: str, fake_root: Path) -> 
     run_child(f"""
         from hal import get_backend
         reason = get_backend("{name}").availability().reason
-        assert reason == "{package} failed to import: ImportError: libfake_runtime.so: cannot open shared object file: No such file or directory", reason
+        missing = "libfake_runtime.so: cannot open shared object file: No such file or directory"
+        assert reason == "{package} failed to import: ImportError: " + missing, reason
     """, fake_root, **{f"FAKE_{pfx}_MODE": "broken"})
 
 

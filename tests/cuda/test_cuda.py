@@ -129,7 +129,7 @@ def test_example_script_runs_under_hal_run_cuda() -> None:
     result = run_hal("run", "--backend", "cuda", "examples/cuda_train.py", "--steps", "5", "--amp", timeout=300)
     assert result.returncode == 0, result.stderr
     losses = [json.loads(line)["loss"] for line in result.stdout.splitlines() if line.startswith('{"step"')]
-    assert len(losses) == 5 and all(l == l for l in losses)
+    assert len(losses) == 5 and all(loss == loss for loss in losses)
 
 
 def test_moe_grouped_experts_take_device_offsets_and_equal_the_loop() -> None:

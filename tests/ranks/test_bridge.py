@@ -280,7 +280,8 @@ def _check_movement(comm: Any, flat: Any, dtype: torch.dtype, check: _Checker) -
     a2a_u = lambda: _data(rank, (sum(splits), 2), dtype, -50, 50, salt=14)  # noqa: E731
     check.same(f"all_to_all uneven {name}", *_both(comm, flat, lambda c, t: c.all_to_all(t, input_splits=splits), a2a_u))
     src = size - 1
-    check.same(f"broadcast from {src} {name}", *_both(comm, flat, lambda c, t: c.broadcast(t, src), lambda: _data(rank, (3, 5), dtype, -50, 50, salt=15)))
+    check.same(f"broadcast from {src} {name}",
+               *_both(comm, flat, lambda c, t: c.broadcast(t, src), lambda: _data(rank, (3, 5), dtype, -50, 50, salt=15)))
     dst = size - 1
     check.same(f"gather to {dst} {name}", *_both(comm, flat, lambda c, t: c.gather(t, dst), lambda: _data(rank, (2, 3), dtype, -50, 50, salt=16)))
     chunks = [_data(i, (4,), dtype, -50, 50, salt=17) for i in range(size)] if rank == 1 else None

@@ -140,7 +140,8 @@ def test_bad_boundaries_give_one_clear_error(make: Any, words: str) -> None:
 
 
 # --- execution, simulated in one process ------------------------------------------------------------
-def _simulate(transfers: Sequence[Transfer], ranks: Sequence[int], locals_: dict[int, torch.Tensor], accumulate: bool = False) -> dict[int, torch.Tensor | None]:
+def _simulate(transfers: Sequence[Transfer], ranks: Sequence[int], locals_: dict[int, torch.Tensor],
+              accumulate: bool = False) -> dict[int, torch.Tensor | None]:
     """Run p2p_ops on every rank and deliver each message to its matching receive, as batch_p2p would."""
     posted = {r: p2p_ops(transfers, r, locals_.get(r), tail=TAIL, dtype=torch.float32, accumulate=accumulate) for r in ranks}
     wire: dict[tuple[int, int], torch.Tensor] = {}

@@ -112,11 +112,13 @@ def test_registry_names_and_unknown_names() -> None:
     assert schedule_names() == ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "interleaved-zero-bubble", "zbv",
                                 "dualpipev")
     assert isinstance(get_schedule("1f1b"), OneFOneB) and isinstance(get_schedule("gpipe"), GPipe)
-    with pytest.raises(ValueError, match="schedule .zb. is unknown; use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"):
+    names = "gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"
+    with pytest.raises(ValueError, match=f"schedule .zb. is unknown; use one of {names}"):
         get_schedule("zb")
     stages = [{"backend": "cpu", "devices": 1, "layers": 1}]
     assert parse_plan({"schedule": "gpipe", "stages": stages}).schedule.name == "gpipe"
-    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"):
+    with pytest.raises(ConfigError, match=r"'parallel.schedule': 'gpipee' is not allowed \(did you mean 'gpipe'\?\); use one of "
+                                         "gpipe, 1f1b, interleaved-1f1b, zero-bubble, interleaved-zero-bubble, zbv, dualpipev"):
         parse_plan({"schedule": "gpipee", "stages": stages})
 
 

@@ -1,11 +1,12 @@
 """One preflight: every check a run passes before anything starts, in order, each one line on failure.
 
-A command names the checks it runs (``TRAIN``, ``PLAN``, ``RUN``) and ``preflight`` runs them in this module's one
-order over one ``Preflight`` -- the request (the config file and the command's flags) and what the checks have
-found so far (the run config, each stage's precision plan, the resume point, the weights, the paths). ``hal
-train`` turns the result into the job file (``job``); ``hal plan`` runs the same checks but those about flags
-only hal train has, so what it passes, hal train passes. A new feature adds one ``Check`` to ``CHECKS`` and
-its name to the commands that need it.
+Every command that reads a run config comes through this one door: it names the checks it runs (``TRAIN``,
+``PLAN``, ``CONFIG``, ``PROFILE``, ``SEARCH``) and ``preflight`` runs them in this module's one order over one
+``Preflight`` -- the request (the config file and the command's flags) and what the checks have found so far (the
+run config, each stage's backend and precision plan, the resume point, the weights, the paths). ``hal train`` turns
+the result into the job file (``job``); ``hal plan`` runs the same checks but those about flags only hal train has,
+so what it passes, hal train passes. A new feature adds one ``Check`` to ``CHECKS`` and its name to the commands
+that need it.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from hal.backend_registry import get_backend
 from hal.config.limits import check_local_ranks
 from hal.cpu_binding import MODES as CPU_BINDINGS
 from hal.cpu_binding import allowed_cpus, numa_groups, rank_blocks
@@ -23,9 +25,9 @@ from hal.parallel.config.topology import Topology
 from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 if TYPE_CHECKING:
+    from hal.backend import Backend
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
     from hal.precision import PrecisionPlan
-
-TRAIN_PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed", "fp8-mixed")
 
 
 @dataclass
@@ -43,13 +45,25 @@ class Request:
     writes: bool = True  # a run directory will be made (hal train); False: nothing is written (hal plan)
 
 
+@dataclass(frozen=True)
+class StageView:
+    """One stage of the run (of any replica) with its backend, resolved once by the 'config' check."""
+
+    where: str  # the config section of its plan: "parallel" or "parallel.replicas[i]"
+    plan: ParallelPlan
+    index: int  # within its plan
+    stage: StagePlan
+    backend: Backend
+
+
 @dataclass
 class Preflight:
     """The request and what the checks found: the state every check reads and the job is made of."""
 
     request: Request
     run: RunConfig | None = None
-    precision: list[PrecisionPlan | None] = field(default_factory=list)
+    stages: list[StageView] = field(default_factory=list)  # every plan's stages in order (replica 0's first)
+    precision: list[PrecisionPlan | None] = field(default_factory=list)  # one per entry of ``stages``
     checkpoint: Path | None = None  # the checkpoint resumed from
     start: int = 0  # steps already done (from the checkpoint)
     weights: Path | None = None  # the Hugging Face checkpoint the ranks slice their weights from
@@ -90,6 +104,13 @@ def _config(p: Preflight) -> None:
     from hal.parallel.config.run import load_run_config
 
     p.run = load_run_config(p.request.config, check_backends=p.request.local, init_from=p.request.init_from)
+    _resolve_stages(p)
+
+
+def _resolve_stages(p: Preflight) -> None:
+    """Each stage's backend, resolved from its name once; every later check asks ``p.stages``."""
+    p.stages = [StageView(where, plan, index, stage, get_backend(stage.backend))
+                for where, plan in p.loaded.plans() for index, stage in enumerate(plan.stages)]
 
 
 def _environment(p: Preflight) -> None:
@@ -123,7 +144,7 @@ def _backend(p: Preflight) -> None:
 
 
 def _precision(p: Preflight) -> None:
-    p.precision = _stage_precision(p.loaded, p.fallback)
+    p.precision = _stage_precision(p.loaded, p.stages, p.fallback)
 
 
 def _tensorboard(p: Preflight) -> None:
@@ -200,25 +221,20 @@ def _moe_compile(p: Preflight) -> None:
     ``fallback: error`` refuses it here, before any rank starts."""
     import torch
 
-    from hal.backend_registry import get_backend
     from hal.parallel.models.moe import experts_outside_the_graph
 
     run = p.loaded
     if p.fallback != "error" or not run.model.moe_num_experts:
         return
-    flat = 0
-    for where, plan in run.plans():
-        for k, stage in enumerate(plan.stages):
-            precision = p.precision[flat] if flat < len(p.precision) else None
-            flat += 1
-            if not (plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k))):
-                continue
-            why = experts_outside_the_graph(stage.ep, get_backend(stage.backend).device_type,
-                                            matmul=None if precision is None else (precision.autocast_dtype or torch.float32))
-            if not why:
-                continue
-            raise ConfigError(f"{run.origin}: stage {k} ({where}.stages[{k}]) compiles MoE layers, but {why}: a downgrade, "
-                              "which fallback: error refuses; set fallback: warn, or compile: false on that stage")
+    for view, precision in zip(p.stages, p.precision):
+        k, plan = view.index, view.plan
+        if not (plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k))):
+            continue
+        why = experts_outside_the_graph(view.stage.ep, view.backend.device_type,
+                                        matmul=None if precision is None else (precision.autocast_dtype or torch.float32))
+        if why:
+            raise ConfigError(f"{run.origin}: stage {k} ({view.where}.stages[{k}]) compiles MoE layers, but {why}: a "
+                              "downgrade, which fallback: error refuses; set fallback: warn, or compile: false on that stage")
 
 
 def _token_file(p: Preflight) -> None:
@@ -248,8 +264,10 @@ def _loop(p: Preflight) -> None:
                               "replica steps on its own gradients, whose norms differ; drop grad_clip or set every: 1")
         every = run.replicas.sync.every
         if every > 1 and p.steps % every:
-            raise ConfigError(f"--steps {p.steps} is not a multiple of parallel.replica_sync.every {every}: the run must "
-                              f"end at a meeting of the replicas; use --steps {every * max(1, p.steps // every)}")
+            said, fix = ((f"--steps {p.steps}", "--steps") if p.request.steps is not None
+                         else (f"{run.origin}: train.steps {p.steps}", "steps:"))
+            raise ConfigError(f"{said} is not a multiple of parallel.replica_sync.every {every}: the run must end at a "
+                              f"meeting of the replicas; use {fix} {every * max(1, p.steps // every)}")
     if train.warmup_steps >= train.steps and train.lr_schedule != "constant":
         raise ConfigError(f"{run.origin}: train.warmup_steps {train.warmup_steps} leaves no step of the "
                           f"{train.lr_schedule} decay before train.steps {train.steps}; lower warmup_steps")
@@ -260,25 +278,24 @@ def _loop(p: Preflight) -> None:
 
 def _memory(p: Preflight) -> None:
     """The training state's lower bound against each available stage's memory (hal.parallel.config.memory)."""
-    from hal.backend_registry import get_backend
     from hal.parallel.config.memory import MemoryPool, check_memory
 
     run = p.loaded
     for where, plan in run.plans():
         pools: dict[int, MemoryPool | None] = {}
-        for index, stage in enumerate(plan.stages):
-            backend = get_backend(stage.backend)
+        for view in (v for v in p.stages if v.plan is plan):
+            backend = view.backend
             if not backend.is_available():
-                pools[index] = None
+                pools[view.index] = None
             elif backend.device_type == "cpu":
-                pools[index] = MemoryPool("host", backend.mem_get_info()[1])
+                pools[view.index] = MemoryPool("host", backend.mem_get_info()[1])
             else:
                 memory = backend.capabilities().memory_bytes
-                pools[index] = None if memory is None else MemoryPool(backend.name, memory)
+                pools[view.index] = None if memory is None else MemoryPool(backend.name, memory)
         check_memory(run.model, plan, pools, run.origin if where == "parallel" else f"{run.origin}: {where}")
 
 
-def _stage_precision(run: RunConfig, fallback: str) -> list[PrecisionPlan | None]:
+def _stage_precision(run: RunConfig, stages: list[StageView], fallback: str) -> list[PrecisionPlan | None]:
     """Each stage's precision plan, resolved once here (None where the backend is not available on this host); with
     replicas, every replica's stages in order.
 
@@ -288,29 +305,26 @@ def _stage_precision(run: RunConfig, fallback: str) -> list[PrecisionPlan | None
     (``parallel.loop.loss_scale``). fp8-mixed runs the decoder layers' forward matmuls in fp8 where the
     device has native fp8 (``parallel.models.linear``) and is refused elsewhere by the policy, in one line.
     """
-    from hal.backend_registry import get_backend
     from hal.errors import UnsupportedError
     from hal.precision import resolve_precision
 
     plans: list[PrecisionPlan | None] = []
-    for section, plan in run.plans():
-        for index, stage in enumerate(plan.stages):
-            precision = stage.precision or run.hal.precision
-            where = (f"{run.origin}: {section}.stages[{index}].precision" if stage.precision
-                     else f"{run.hal.origins.get('precision', 'config')}: precision")
-            if precision not in TRAIN_PRECISIONS:
-                raise ConfigError(f"{where} {precision!r}: hal train runs {', '.join(TRAIN_PRECISIONS)}; use bf16-mixed")
-            if precision == "fp8-mixed" and plan.schedule.splits_backward:
-                raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
-                                  f"{plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
-            backend = get_backend(stage.backend)
-            if not backend.is_available():
-                plans.append(None)  # the plan check reports unavailable backends with their reason
-                continue
-            try:
-                plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
-            except UnsupportedError as exc:
-                raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
+    for view in stages:
+        stage, index = view.stage, view.index
+        precision = stage.precision or run.hal.precision  # the schema allows only precisions hal train runs
+        where = (f"{run.origin}: {view.where}.stages[{index}].precision" if stage.precision
+                 else f"{run.hal.origins.get('precision', 'config')}: precision")
+        if precision == "fp8-mixed" and view.plan.schedule.splits_backward:
+            raise ConfigError(f"{where} fp8-mixed: its fp8 linears compute both gradients at once, which schedule "
+                              f"{view.plan.schedule} needs split; use schedule: 1f1b or bf16-mixed on that stage")
+        backend = view.backend
+        if not backend.is_available():
+            plans.append(None)  # the plan check reports unavailable backends with their reason
+            continue
+        try:
+            plans.append(resolve_precision(precision, backend, backend.capabilities(), fallback))  # type: ignore[arg-type]
+        except UnsupportedError as exc:
+            raise UnsupportedError(f"{where}: stage {index} ({stage.backend}): {exc}") from None
     return plans
 
 
@@ -338,6 +352,9 @@ TRAIN = tuple(c.name for c in CHECKS)  # hal train: everything
 PLAN = ("config", "environment", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
         "corpus", "weights", "paths")  # hal plan: all but the flags only hal train has
 LOADED = ("backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory")  # over a loaded run
+CONFIG = ("config", "environment", "backend", "loop")  # hal config: what the file says, on whatever host will run it
+PROFILE = ("config", "environment")  # hal profile: the model and plan it measures for (the host's devices are measured)
+SEARCH = ("config", "environment")  # hal plan --search: the model, train section and cluster it plans for
 
 
 def preflight(request: Request, names: tuple[str, ...], run: RunConfig | None = None) -> Preflight:
@@ -347,6 +364,8 @@ def preflight(request: Request, names: tuple[str, ...], run: RunConfig | None = 
     if unknown:
         raise ValueError(f"no preflight check is called {', '.join(unknown)}")
     state = Preflight(request, run)
+    if run is not None:
+        _resolve_stages(state)
     for check in CHECKS:
         if check.name in names:
             check.run(state)
@@ -355,11 +374,8 @@ def preflight(request: Request, names: tuple[str, ...], run: RunConfig | None = 
 
 def check_training(run: RunConfig, fallback: str) -> list[PrecisionPlan | None]:
     """The checks of a loaded run (``LOADED``) under ``fallback``; each stage's precision plan."""
-    checked = Preflight(Request(run.origin, writes=False), replace(run, hal=replace(run.hal, fallback=fallback)))
-    for check in CHECKS:
-        if check.name in LOADED:
-            check.run(checked)
-    return checked.precision
+    loaded = replace(run, hal=replace(run.hal, fallback=fallback))
+    return preflight(Request(run.origin, writes=False), LOADED, loaded).precision
 
 
 def job(p: Preflight) -> Job:
@@ -373,5 +389,5 @@ def job(p: Preflight) -> Job:
                p.request.cpu_binding, run.planned, run.replicas)
 
 
-__all__ = ["CHECKS", "LOADED", "PLAN", "TRAIN", "TRAIN_PRECISIONS", "Check", "Preflight", "Request", "check_training",
-           "job", "preflight"]
+__all__ = ["CHECKS", "CONFIG", "LOADED", "PLAN", "PROFILE", "SEARCH", "TRAIN", "Check", "Preflight", "Request", "StageView",
+           "check_training", "job", "preflight"]
