@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         NAME,
         help="run SCRIPT as N local ranks with each rank pinned to its device",
-        description="Run SCRIPT as N local ranks (torchrun's environment, each in its own process group); hal.collectives.init_distributed() in the script picks "
+        description="Run SCRIPT as N local ranks (torchrun's environment, each in its own process group); "
+                    "hal.collectives.init_distributed() in the script picks "
         "the backend and the rank's device. Arguments after SCRIPT go to it. Multi-node: see --print-multinode.",
     )
     p.add_argument("--nproc", type=int, required=True, help="number of local ranks (one per device on accelerators)")

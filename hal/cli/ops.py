@@ -57,7 +57,7 @@ def _print_ops(report: dict[str, Any]) -> None:
     notes: dict[str, str] = {}
     for op, row in report["ops"].items():
         cells = []
-        for dtype, cell in row.items():
+        for cell in row.values():
             mark = "*" if cell["fallback_from"] else ""
             cells.append((cell["impl"] + mark).ljust(col))
             for skipped in cell["fallback_from"]:

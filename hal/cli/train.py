@@ -25,7 +25,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("config", help="YAML config with model:, parallel: and train: sections")
     p.add_argument("--steps", type=int, help="train until this many steps are done in total (default: train.steps)")
-    p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — any plan with the same model")
+    p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — "
+                                                   "any plan with the same model")
     p.add_argument("--init-from", metavar="DIR",
                    help="start from a Hugging Face checkpoint (config.json + safetensors), as model: {hf: DIR, weights: true}; "
                    "the model section must describe DIR's model")

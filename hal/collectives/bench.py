@@ -2,7 +2,8 @@
 against raw torch.distributed, returned as data (the command — ranks, table, JSON — is ``hal/cli/bench.py``).
 
 Each of N ranks (one per device on accelerators; started by hal.launch, joining through
-``bench_in_world``) times, for every op × dtype × size, K iterations after W warm-ups twice on the same process group: through ``collectives.Communicator`` with
+``bench_in_world``) times, for every op × dtype × size, K iterations after W warm-ups twice on the same process group: through
+``collectives.Communicator`` with
 ``validate=False`` ("ours") and through the plain ``torch.distributed`` call ("raw"). Validation
 — the cross-rank check of every call — is a correctness feature with its own cost; it is off
 here so the ratio shows what the API itself costs. Each timing is bracketed by a barrier and
@@ -441,7 +442,8 @@ def _header(rank: BenchRank) -> dict[str, Any]:
         "ops": list(plan.ops), "dtypes": list(plan.dtypes), "sizes": list(plan.sizes),
         "iters": plan.iters, "warmup": plan.warmup, "rounds": plan.rounds, "root": ROOT,
         "ours": OURS, "raw": RAW, "validation": VALIDATION_NOTE,
-        "time": "µs per call: mean over max(iters, enough for 25 ms), median over rounds (ours and raw alternate), averaged over ranks; backend events after synchronize + barrier",
+        "time": "µs per call: mean over max(iters, enough for 25 ms), median over rounds (ours and raw alternate), averaged over ranks; "
+                "backend events after synchronize + barrier",
         "size_convention": "nccl-tests: larger of one rank's send/receive buffer; algbw = size/time (GB/s = 1e9 B/s)",
         "bus_factors": {op: BUS_FACTORS[op](world.size) for op in plan.ops}, "bus_factor_source": NCCL_TESTS_PERFORMANCE,
         "check": "exact, bitwise, every element, after timing; reduction inputs in 1..min(3, L//n), L = largest exact integer",

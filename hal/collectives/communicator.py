@@ -194,7 +194,8 @@ class Communicator:
         if root != -1 and root not in self.ranks:
             raise CollectiveError(f"{op}: root rank {root} is not in this group ({list(self.ranks)}); pass a member's global rank")
         if reduce_op == "avg" and tensor is not None and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise CollectiveError(f"{op}: avg of {str(tensor.dtype).replace('torch.', '')} tensors is not exact; use sum and divide, or a float dtype")
+            raise CollectiveError(f"{op}: avg of {str(tensor.dtype).replace('torch.', '')} tensors is not exact; "
+                                  "use sum and divide, or a float dtype")
         self._seq += 1
         device_ok = tensor is None or self._on_my_device(tensor)
         if not self.validate:
@@ -213,7 +214,8 @@ class Communicator:
         """Refuse at once once a failure aborted this process's groups (they are gone; a call would hang or crash)."""
         reason = aborted()
         if reason is not None:
-            raise CollectiveError(f"{op}: this rank's collectives were aborted after an earlier failure ({reason[:300]}); end this rank — it cannot communicate any more")
+            raise CollectiveError(f"{op}: this rank's collectives were aborted after an earlier failure ({reason[:300]}); "
+                                  "end this rank — it cannot communicate any more")
 
     def _starting(self, what: str, group: dist.ProcessGroup | None, timeout: datetime.timedelta | None) -> ContextManager[None]:
         """Start this call's CCL op inside the block: bounded by the call's timeout, start errors named (``failures``)."""
@@ -322,7 +324,8 @@ class Communicator:
 
         return self._run([work], finish, async_op, "all_gather", timeout), known
 
-    def all_gather_list(self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None, timeout: datetime.timedelta | None = None) -> list[torch.Tensor]:
+    def all_gather_list(self, tensor: torch.Tensor, *, sizes: Sequence[int] | None = None,
+                        timeout: datetime.timedelta | None = None) -> list[torch.Tensor]:
         """Every rank's tensor, in rank order (dim 0 may differ)."""
         gathered, known = self._all_gather(tensor, sizes, False, timeout)
         return list(gathered.split(known))
@@ -390,7 +393,8 @@ class Communicator:
             if input_splits is not None and output_splits is None:
                 output_splits = self._exchange_splits(list(input_splits) if fits else None, timeout)
             elif input_splits is not None and not fits:
-                raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes summing to dim 0 ({tensor.shape[0]})")
+                raise CollectiveError(f"all_to_all: input_splits {list(input_splits)} must have {self.size} non-negative sizes "
+                                      f"summing to dim 0 ({tensor.shape[0]})")
         rows = sum(output_splits) if output_splits is not None else tensor.shape[0]
         if out is not None:
             _check_out("all_to_all", out, (rows, *tensor.shape[1:]), tensor)
@@ -647,7 +651,8 @@ def _block_rows(size: int, tensor: torch.Tensor, send_blocks: Sequence[Sequence[
                 recv_blocks: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
     """Rows each block row sends and receives; a malformed table is one error naming it."""
     if len(send_blocks) != len(recv_blocks) or not send_blocks:
-        raise CollectiveError(f"all_to_all_blocks: {len(send_blocks)} send rows and {len(recv_blocks)} receive rows; give the same number, at least one")
+        raise CollectiveError(f"all_to_all_blocks: {len(send_blocks)} send rows and {len(recv_blocks)} receive rows; "
+                              "give the same number, at least one")
     for name, table in (("send_blocks", send_blocks), ("recv_blocks", recv_blocks)):
         for j, row in enumerate(table):
             if len(row) != size or min(row) < 0:

@@ -23,7 +23,8 @@ def _signature(op: P2P) -> CallSignature:
     return CallSignature(op.kind, 0, op.tensor.dtype, tuple(op.tensor.shape), op.tensor.device.type, True)
 
 
-def _post(group: dist.ProcessGroup | None, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]], timeout: datetime.timedelta, what: str) -> None:
+def _post(group: dist.ProcessGroup | None, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+          timeout: datetime.timedelta, what: str) -> None:
     ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
     ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
     peers = sorted({peer for _, peer in sends + recvs})

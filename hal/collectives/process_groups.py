@@ -287,7 +287,8 @@ def abort_all(reason: str) -> None:
     try:
         abort() if abort is not None else dist.destroy_process_group()
     except (RuntimeError, ValueError) as exc:  # kept in the reason every later call shows
-        _ABORTED = f"{reason} (aborting the process groups failed too: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})"
+        said = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        _ABORTED = f"{reason} (aborting the process groups failed too: {said})"
 
 
 def aborted() -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -97,7 +97,7 @@ def _fmt(dtype: torch.dtype | None) -> str:
     return "none" if dtype is None else str(dtype).replace("torch.", "")
 
 
-def _ranks_where(signatures: Sequence[CallSignature], ranks: Sequence[int], pred) -> str:
+def _ranks_where(signatures: Sequence[CallSignature], ranks: Sequence[int], pred: Callable[[CallSignature], bool]) -> str:
     return ", ".join(f"rank {r}" for r, s in zip(ranks, signatures) if pred(s))
 
 
@@ -114,7 +114,8 @@ def check(signatures: Sequence[CallSignature], ranks: Sequence[int], expected_de
     bad = _ranks_where(signatures, ranks, lambda s: not s.device_ok)
     if bad:
         where = "; ".join(f"rank {r}: {s.device_type}" for r, s in zip(ranks, signatures) if not s.device_ok)
-        raise CollectiveError(f"{op}: {bad} passed a tensor on the wrong device ({where}); each rank must pass tensors on its own device (backend.device()) — move them with .to(device)")
+        raise CollectiveError(f"{op}: {bad} passed a tensor on the wrong device ({where}); each rank must pass tensors on its own "
+                              "device (backend.device()) — move them with .to(device)")
     if any(s.dtype != first.dtype for s in signatures):
         seen = "; ".join(f"rank {r}: {_fmt(s.dtype)}" for r, s in zip(ranks, signatures))
         raise CollectiveError(f"{op}: dtype mismatch across ranks ({seen}); cast every rank's tensor to one dtype")
@@ -203,7 +204,8 @@ def agree_splits(signatures: Sequence[CallSignature], rows: Sequence[Sequence[in
         given = None if rows is None else _splits_of(rows[i], 0, size)
         if given is None:
             if dim0 % size:
-                raise CollectiveError(f"all_to_all: rank {r}'s dim 0 ({dim0}) is not divisible by the group size {size}; pass input_splits on rank {r}")
+                raise CollectiveError(f"all_to_all: rank {r}'s dim 0 ({dim0}) is not divisible by the group size {size}; "
+                                      f"pass input_splits on rank {r}")
             sends.append([dim0 // size] * size)
             continue
         count = rows[i][0]  # type: ignore[index]

@@ -224,13 +224,13 @@ def load_config(
         config = replace(config, **sections, origins={**config.origins, **{key: str(path) for key in sections}})
         layers.append((str(path), data))
     env_layer = {key: env[var] for key, var in ENV_VARS.items() if env.get(var)}
-    for key, value in env_layer.items():
-        layers.append((f"environment {ENV_VARS[key]}", {key: value}))
-    for key, value in (overrides or {}).items():
+    for name, value in env_layer.items():
+        layers.append((f"environment {ENV_VARS[name]}", {name: value}))
+    for name, value in (overrides or {}).items():
         if value is not None:
-            layers.append((f"--{key}", {key: value}))
+            layers.append((f"--{name}", {name: value}))
     for origin, values in layers:
-        for key, value in values.items():
-            checked = check_value(origin, HalConfig, key, value)
-            config = replace(config, **{key: checked}, origins={**config.origins, key: origin})
+        for name, value in values.items():
+            checked = check_value(origin, HalConfig, name, value)
+            config = replace(config, **{name: checked}, origins={**config.origins, name: origin})
     return config

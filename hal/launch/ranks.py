@@ -374,7 +374,8 @@ def spawn_ranks(
     process, every running rank's process group gets SIGTERM, then SIGKILL after ``term_grace_s``.
     Every group gets a final SIGKILL (leftover helpers) and every rank is reaped before this
     returns, also when it raises. ``echo_stderr``: where the ranks' stderr lines are echoed as they
-    come, a warning that another rank already showed left out (None: only the tails are kept for the report). ``fork_from``: modules to import once (with the
+    come, a warning that another rank already showed left out (None: only the tails are kept for the report). ``fork_from``: modules to
+    import once (with the
     commands' own) in a zygote (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
     allows it; otherwise, or if the zygote cannot start (said on stderr), every rank is a fresh interpreter.
     """

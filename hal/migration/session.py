@@ -115,7 +115,8 @@ def parse_arguments(spec: str) -> _ArgSpec:
     )
 
 
-def rewrite_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], spec: _ArgSpec, fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def rewrite_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], spec: _ArgSpec,
+                      fn: Callable[[Any], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     positions, keywords = spec
     new_args = tuple(fn(a) if i in positions else a for i, a in enumerate(args))
     new_kwargs = {k: fn(v) if k in keywords else v for k, v in kwargs.items()}

@@ -174,7 +174,8 @@ def resolve_precision(
             f"{device} has fp8 {caps.support('fp8_e4m3')}; use bf16-mixed"
         )
     if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-        raise UnsupportedError(f"precision fp8-mixed needs torch.float8_e4m3fn and torch._scaled_mm; torch {torch.__version__} lacks them; upgrade PyTorch")
+        raise UnsupportedError(f"precision fp8-mixed needs torch.float8_e4m3fn and torch._scaled_mm; torch {torch.__version__} "
+                               "lacks them; upgrade PyTorch")
     bf16 = caps.support("bf16")
     if bf16 is not DtypeSupport.NATIVE:
         # The ops beside the fp8 matmuls run under bf16 autocast: say so when that bf16 is not native.

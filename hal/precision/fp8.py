@@ -24,7 +24,8 @@ def _quantize(t: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 class _ScaledLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp8_dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp8_dtype: torch.dtype,  # type: ignore[override]
+                out_dtype: torch.dtype) -> torch.Tensor:
         xq, sx = _quantize(x2, fp8_dtype)
         wq, sw = _quantize(weight, fp8_dtype)
         out = torch._scaled_mm(

@@ -153,7 +153,9 @@ def compare(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str,
     if missing:
         failed, reason = "missing_grads", f"no rank returned the gradient of {', '.join(missing[:3])}"
     elif len(curve) != len(ref) or replicas_differ:
-        failed, reason = "loss_curve_max_rel", "the last stage's replicas report different loss curves" if replicas_differ else "the engine returned a loss curve of the wrong length"
+        failed = "loss_curve_max_rel"
+        reason = ("the last stage's replicas report different loss curves" if replicas_differ
+                  else "the engine returned a loss curve of the wrong length")
     elif first_rel > FIRST_LOSS_RTOL:
         failed, reason = "first_loss_rel", f"first-step loss {curve[0]:.8g} vs single-device {ref[0]:.8g} (rel {first_rel:.3g} > {FIRST_LOSS_RTOL:g})"
     elif worst_rel > GRAD_REL_L2:

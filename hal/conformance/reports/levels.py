@@ -14,7 +14,8 @@ infinite ratio. The rmse floor scales with the golden (``RMS_FLOOR_SHARE`` of it
 ``golden_rms``): an absolute 1e-9 graded float32 noise on values of magnitude 100 as a failure. And where B's rmse is
 at that floor, B is as exact as the comparison can tell: its ratios count at most 1 — a near-zero golden element
 (a gradient that is 0 in exact arithmetic) otherwise turns a 1e-17 error into a relative error of 1. Cases whose
-results lack the three metrics (runs from before they were recorded, status-only cases) are not graded. ``matrix`` folds the grades per op and dtype, worst case first: the report's picture.
+results lack the three metrics (runs from before they were recorded, status-only cases) are not graded. ``matrix`` folds the grades per op
+and dtype, worst case first: the report's picture.
 """
 from __future__ import annotations
 

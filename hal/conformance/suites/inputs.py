@@ -179,7 +179,10 @@ def _matmul(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     return Sample(leaves, build, k=kin, grads=grads, scale=s, magnitude=s * s, note=f"({m}, {kin}) @ ({kin}, {n})")
 
 
-def _norm_input(cls: str, dtype: torch.dtype, r: _Rng, normal: tuple[int, int]) -> tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]:
+Built = tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]  # what an input builder returns
+
+
+def _norm_input(cls: str, dtype: torch.dtype, r: _Rng, normal: tuple[int, int]) -> Built:
     """x for the row-normalising ops: (leaves, view, rows, cols, scale); noncontig is a transposed matrix."""
     m, d = _rows_cols(cls, normal)
     s = _magnitude(cls, dtype, 1)
@@ -262,7 +265,7 @@ def _softmax(cls: str, dtype: torch.dtype, r: _Rng) -> Sample:
     return Sample(leaves, build, k=d, grads={"x": GradSpec("normalization", d)}, scale=s, note=note, grad_scale=grad_scale)
 
 
-def _pointwise(cls: str, dtype: torch.dtype, r: _Rng, halves: bool, power: int) -> tuple[Leaves, Callable[[torch.Tensor], torch.Tensor], int, int, float]:
+def _pointwise(cls: str, dtype: torch.dtype, r: _Rng, halves: bool, power: int) -> Built:
     """x for the elementwise ops: (leaves, view, rows, cols, scale); ``halves`` doubles the odd widths."""
     m, d = _rows_cols(cls, (16, 128 if halves else 64))
     if cls in ("odd", "single") and halves:

@@ -129,7 +129,8 @@ def _run_autocast_op(ctx: Context, dtype: torch.dtype, exp: pc.AutocastExpectati
                      metrics, tolerance, data)
     if after != fed:
         return _fail("dtype_after_exit_ok",
-                     f"{exp.op} after leaving autocast({dtype_name(dtype)}) returned {dtype_name(after)}, expected {dtype_name(fed)}: autocast leaked",
+                     f"{exp.op} after leaving autocast({dtype_name(dtype)}) returned {dtype_name(after)}, "
+                     f"expected {dtype_name(fed)}: autocast leaked",
                      metrics, tolerance, data)
     return Outcome("pass", metrics, tolerance, data=data)
 

@@ -12,7 +12,8 @@ Cases (``conformance.suites.training_run`` holds the runs, ``conformance.jobs.pi
 - ``layer_parity/<precision>``: after N steps of the backend's own training, at the weights they reached, one more
   batch's loss and every parameter tensor's gradient against the float64 CPU reference at the same weights: cosine
   ≥ 0.99, norm within the precision's bound, the loss within the curve bound; the case names the worst tensor and its
-  layer (per tensor: one weight's gradient 1 % too large moves its whole layer's norm by only 0.1 %). Why at the reached weights and not against a float64 training run: in bf16 two trainings drift apart
+  layer (per tensor: one weight's gradient 1 % too large moves its whole layer's norm by only 0.1 %). Why at the reached weights and not
+  against a float64 training run: in bf16 two trainings drift apart
   (the embedding's gradient after 12 steps: cosine 0.9896 against the float64 run's, seed 1234), which says nothing
   about a layer; at one state the gradient is the layer's computation alone. A whole-model loss can hide one broken
   layer: with half of one layer's weight gradient dropped, the bf16 and fp16 loss curves stayed within their bounds

@@ -114,7 +114,8 @@ def _route(table, slot_deltas, routes, offs, me, world, local, slots, E: tl.cons
 
 
 @triton.jit
-def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_row, n_rows, me, world, local, slots, capacity, E: tl.constexpr, EP: tl.constexpr,
+def _route_push_rows(table, slot_deltas, routes, offs, src, anchor, expert_of_row, n_rows, me, world, local, slots, capacity,
+                     E: tl.constexpr, EP: tl.constexpr,
                      WP: tl.constexpr, H: tl.constexpr, VEC: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
     """Dispatch's routing and row movement in one launch: every program works out where its rows go from the
     table (a few hundred integers), and the first also stores the whole route for what comes after."""

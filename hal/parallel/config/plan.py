@@ -2,7 +2,8 @@
 
 The ``parallel:`` section of the hal config is declared here once, as the ``StagePlan`` and
 ``ParallelPlan`` dataclasses (``hal.config.schema`` rules on their fields; the whole file is
-``run_config``), and ``validate_plan`` checks a plan against the model *before any process starts* — every problem is one ``ConfigError`` line naming the stage or
+``run_config``), and ``validate_plan`` checks a plan against the model *before any process starts* — every problem is one ``ConfigError``
+line naming the stage or
 key, the value and the fix, so a bad plan never turns into a hang or a shape error on rank 5.
 
     parallel:
@@ -324,9 +325,9 @@ def _check_moe(origin: str, plan: ParallelPlan, model: ModelConfig, precision: s
         where = f"stage {k} (parallel.stages[{k}])"
         widths = {"model.moe_ffn_hidden_size": model.moe_ffn_hidden_size or model.ffn_hidden_size,
                   "model.moe_shared_ffn_size": model.moe_shared_ffn_size}
-        for key, width in widths.items():
+        for name, width in widths.items():
             if width % stage.tp:
-                raise ConfigError(f"{origin}: {where}: tp {stage.tp} does not divide {key} {width}; each TP rank holds "
+                raise ConfigError(f"{origin}: {where}: tp {stage.tp} does not divide {name} {width}; each TP rank holds "
                                   f"an equal slice of every expert — choose tp dividing {width}")
         if (stage.precision or precision) == "fp8-mixed":
             raise ConfigError(f"{origin}: {where} holds MoE layers under fp8-mixed; the experts' grouped matmuls "

@@ -111,9 +111,9 @@ def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, wher
     """``--init-from DIR``: DIR's config.json describes this run's model (any sequence length): one line naming a difference."""
     theirs = ModelConfig.from_mapping({**model_keys_from_hf(str(directory), where), "max_seq_len": model.max_seq_len}, where)
     mine, other = model.to_dict(), theirs.to_dict()
-    for key, value in mine.items():
-        if other[key] != value:
-            raise ConfigError(f"{where}: its config.json gives model.{key} {other[key]!r} but the run's model has {value!r}; "
+    for name, value in mine.items():
+        if other[name] != value:
+            raise ConfigError(f"{where}: its config.json gives model.{name} {other[name]!r} but the run's model has {value!r}; "
                               "use model: {hf: DIR, weights: true} or make the model section match")
 
 

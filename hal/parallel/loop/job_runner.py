@@ -167,7 +167,8 @@ def describe(job: Job) -> str:
         for m in topology.stages:
             grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
             sp = " sp" if m.sp else ""
-            pairs = stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, m, job.model)  # DualPipeV's: "at once", or "in turn: why: details"
+            # DualPipeV's pairs: "at once", or "in turn: why: details"
+            pairs = stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, m, job.model)
             said = "" if pairs is None else f" pairs {in_brief(pairs)}"
             parts.append(f"{rows}stage {m.index} {m.backend} {grid}{sp} ranks {m.ranks[0]}-{m.ranks[-1]} layers "
                          f"{_layer_text(m)}{said}")

@@ -1,4 +1,5 @@
-"""``parallel.order: measured`` (and ``auto``, the default, for a played schedule): after a calibration step, every rank re-plays its schedule's order from measured times.
+"""``parallel.order: measured`` (and ``auto``, the default, for a played schedule): after a calibration step, every rank re-plays its
+schedule's order from measured times.
 
 Why: the zero-bubble family's orders come from a play with unit F, I and W times and free transfers; a real
 pipeline has a head on one stage, uneven layer counts, a CPU stage beside a GPU stage, links that take time.

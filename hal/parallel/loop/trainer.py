@@ -16,7 +16,8 @@ that backend object), and steps AdamW over batches that are a pure function of (
 The writer — the first rank of the last stage, which holds the loss — gathers every rank's time
 breakdown each step (one small gather on the host group), prints the progress line on stderr (and a line
 per evaluation; ``parallel.observe.progress``: plain lines into ``hal train``'s pipe, which redraws them in
-place when its own stderr is a terminal) and appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars to an event file
+place when its own stderr is a terminal) and appends one JSON line per step to the log file (with ``train.tensorboard``, the same scalars
+to an event file
 in ``RUN_DIR/tensorboard``, ``parallel.observe.tensorboard``); at the end it writes ``summary.json`` in the run
 directory, which ``hal train`` prints with ``--json``.
 
@@ -521,8 +522,11 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         if how is not None:
             stage["pairs"] = how
     value = mfu(rate, r.job.model, r.seq, peak)
+    orders = [rec["order"] for rec in records if "order" in rec]  # parallel.order: measured — what the calibration chose
     return {
-        "config": r.job.config, "precision": r.job.precision, "world_size": (r.job.replicas.world_size if r.job.replicas is not None else r.topology.world_size), "steps": r.steps, "resumed_from_step": r.start,
+        "config": r.job.config, "precision": r.job.precision,
+        "world_size": r.job.replicas.world_size if r.job.replicas is not None else r.topology.world_size,
+        "steps": r.steps, "resumed_from_step": r.start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
         "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
@@ -533,7 +537,7 @@ def _summary(r: RankRun, records: list[dict[str, Any]], wall_s: float, checkpoin
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(r.job.log_file), "checkpoint": checkpoint,
         "stages": stages,
         **({"replicas": _replica_summary(records)} if records and "replicas" in records[0] else {}),
-        **({"order": rec["order"] for rec in records if "order" in rec}),
+        **({"order": orders[-1]} if orders else {}),
     }
 
 

@@ -22,14 +22,14 @@ layers reduce to plain layers.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from hal.collectives import Communicator
 from hal.parallel.models.graph_breaks import eager_when_compiled
 
-TPComm = Optional[Communicator]
+TPComm = Communicator | None
 
 
 def tp_size(comm: TPComm) -> int:

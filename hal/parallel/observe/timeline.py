@@ -92,7 +92,8 @@ def measured_document(plan: ParallelPlan, topology: Topology, ranks: Sequence[di
         r.update(_shares(r["spans"], makespan))
     doc = _header(plan, topology, "s")
     clocks = sorted({r["clock"] for r in ranks})
-    doc.update(step=step, clock=clocks[0] if len(clocks) == 1 else " + ".join(clocks), aligned="host clock" if shared else "barrier", makespan=makespan, ranks=ranks)
+    doc.update(step=step, clock=clocks[0] if len(clocks) == 1 else " + ".join(clocks), aligned="host clock" if shared else "barrier",
+               makespan=makespan, ranks=ranks)
     if schedule is not None and schedule.times is not None:  # parallel.order: measured — the order that ran
         doc["order"] = "measured"
     costs = measured_costs(doc)

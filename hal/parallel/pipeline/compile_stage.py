@@ -1,6 +1,7 @@
 """Regional compilation of a stage: every decoder layer through ``torch.compile`` (``compile: true``).
 
-Each layer is compiled on its own (as torchtitan does; an MoE layer's host reads and exchanges eager inside it, ``compile_layers``): the layers share one code object, so the
+Each layer is compiled on its own (as torchtitan does; an MoE layer's host reads and exchanges eager inside it, ``compile_layers``): the
+layers share one code object, so the
 compiler traces one layer and reuses it for the rest, and the stage's embedding, head, loss and the
 engine's communication stay eager. hal's ops dispatch through a per-op cache keyed by device and
 dtype; a miss inside a traced region is a graph break, so the stage's first forward runs eagerly

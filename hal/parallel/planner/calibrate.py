@@ -244,7 +244,8 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
                  boundary: Callable[[int], float] = lambda rows: 0.0) -> tuple[tuple[float, ...], ...]:
     """(occupancy, seconds a tp all-reduce costs inside a layer, seconds a sequence-parallel exchange costs) for a
     node: one rank alone (0, 0) and calibration pipelines of tp-2 stages over the node's ranks, sequence
-    parallelism off and on (one launch; a sequence length tp does not divide: off only, and no sp column). Why: tp's collectives are blocking exchanges between ranks that compute
+    parallelism off and on (one launch; a sequence length tp does not divide: off only, and no sp column). Why: tp's collectives are
+    blocking exchanges between ranks that compute
     together; on a busy node each waits for its partner to be scheduled — and sp makes twice as many of them
     (an all-gather and a reduce-scatter where tp has one all-reduce), each half the size."""
     import sys

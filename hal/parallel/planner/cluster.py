@@ -170,7 +170,7 @@ class DeviceType:
         raise IndexError(index)
 
     def to_dict(self) -> dict[str, Any]:
-        fig = lambda f: None if f is None else {"value": f.value, "source": f.source}  # noqa: E731
+        fig = lambda f: None if f is None else {"value": f.value, "source": f.source}
         return {"backend": self.backend, "device": self.device, "count": self.count, "nodes": [list(n) for n in self.nodes],
                 "cores": self.cores, "memory_bytes": fig(self.memory_bytes), "memory_bandwidth_gbps": fig(self.memory_bandwidth_gbps),
                 "peak_tflops": {k: fig(v) for k, v in self.peak_tflops.items()},
@@ -269,7 +269,8 @@ def resolve(spec: ClusterSpec, origin: str = "cluster", *, probed: bool = False)
     for (backend, device), groups in by_type.items():
         entry, first = _entry(device), groups[0]
         for g in groups[1:]:
-            if (g.memory_gb, g.memory_bandwidth_gbps, g.peak_tflops, g.cores) != (first.memory_gb, first.memory_bandwidth_gbps, first.peak_tflops, first.cores):
+            facts = lambda d: (d.memory_gb, d.memory_bandwidth_gbps, d.peak_tflops, d.cores)
+            if facts(g) != facts(first):
                 raise ConfigError(f"{origin}: cluster groups of {device} declare different figures on nodes {first.node} and "
                                   f"{g.node}; one device model has one set of figures — declare them alike")
         types.append(_device_type(entry, backend, groups, spec.links))

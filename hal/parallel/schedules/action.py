@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
 
 
 class Kind(enum.Enum):
@@ -110,7 +109,7 @@ class Overlap:
         return f"{self.forward}|{self.backward}"
 
 
-Step = Union[Action, P2PBatch, Overlap]  # one item of a stage's program: a compute action, a P2P batch, or a pair
+Step = Action | P2PBatch | Overlap  # one item of a stage's program: a compute action, a P2P batch, or a pair
 
 
 def compute_actions(steps: list[Step] | tuple[Step, ...]) -> list[Action]:

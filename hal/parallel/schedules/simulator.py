@@ -17,14 +17,14 @@ micro-batch counts as in flight once per chunk it is held for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Sequence
 
 from hal.parallel.schedules.action import Action, Kind, Overlap, P2PBatch, Step, compute_actions
 from hal.parallel.schedules.base import Schedule
 from hal.parallel.schedules.placement import position, virtual_index
 from hal.parallel.schedules.stage_times import StageTimes
 
-Times = Union[float, Sequence[float]]  # one value for every stage, or one per stage
+Times = float | Sequence[float]  # one value for every stage, or one per stage
 
 
 class Deadlock(RuntimeError):
