@@ -460,7 +460,7 @@ def test_progress_updates_in_place_on_a_terminal() -> None:
 
 def test_the_summary_shows_mfu_where_a_peak_is_known_and_why_not_elsewhere(capsys: pytest.CaptureFixture[str]) -> None:
     from hal.cli.train import _print_summary
-    from hal.parallel.loop.trainer import compute_share, mfu_note
+    from hal.parallel.observe.records import compute_share, mfu_note
 
     stage = {"stage": 0, "backend": "cuda", "ranks": [0, 1], "tp": 2, "dp": 1, "sp": False, "layers": [0, 1, 2],
              "peak_memory_bytes": 3 << 30, "peak_tflops": 1978.0, "compute_share": 0.8}
@@ -487,7 +487,7 @@ def test_the_summary_shows_mfu_where_a_peak_is_known_and_why_not_elsewhere(capsy
 
 
 def test_the_summary_rate_leaves_out_the_first_step_and_checkpoint_writes() -> None:
-    from hal.parallel.loop.trainer import steady_rate
+    from hal.parallel.observe.records import steady_rate
 
     records = [{"tokens": 100, "step_s": 10.0}, {"tokens": 100, "step_s": 1.0}, {"tokens": 100, "step_s": 1.0}]
     assert steady_rate(records) == 100.0  # not 300 / 12 (warm-up included) nor less (wall time with a checkpoint)
