@@ -1,7 +1,7 @@
 """hal.launch — the one way to start ranks: local subprocess ranks, and torchrun lines for several nodes.
 
-Floor 1, beside the backends: it imports nothing of hal but ``hal.errors``, so every floor above may use it as a
-library. Who uses what:
+Floor 1, beside the backends: it imports only hal/'s contracts (errors, config limits, backend selection for
+``hal launch``'s scripts), so every floor above may use it as a library. Who uses what:
 
 - the loop (``hal.parallel.loop.job_runner``) gives each rank of ``hal train`` its environment with ``rank_env``,
   ``free_port`` and ``import_path`` from ``env``, and takes the spawner as an argument (``hal/cli/train.py`` passes
