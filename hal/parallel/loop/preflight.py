@@ -226,7 +226,8 @@ def _moe_compile(p: Preflight) -> None:
     run = p.loaded
     if p.fallback != "error" or not run.model.moe_num_experts:
         return
-    for view, precision in zip(p.stages, p.precision):
+    for flat, view in enumerate(p.stages):
+        precision = p.precision[flat] if flat < len(p.precision) else None  # None: the 'precision' check did not run
         k, plan = view.index, view.plan
         if not (plan.stage_compiles(k) and run.model.moe_layers(plan.stage_layers(k))):
             continue
