@@ -161,7 +161,7 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
             for _ in range(opts["warmup"]):
                 fn()
         if opts.get("order") == "measured":  # hal train's calibration: one step with device events, then the links
-            report_order = _measured_order(engine, plan, topology, rank, ours)
+            report_order = _measured_order(engine, plan, rank, ours)
         for _ in range(opts["rounds"]):
             for name, fn in (("ours", ours), ("torch", torch_step)):
                 for module in modules:  # neither step's gradients are held while the other is measured
@@ -194,20 +194,20 @@ def _rank_main(rank: int, world_size: int, store: str, opts: dict[str, Any]) -> 
         shutdown()
 
 
-def _measured_order(engine: Any, plan: Any, topology: Any, rank: int, step: Any) -> dict[str, Any]:
+def _measured_order(engine: Any, plan: Any, rank: int, step: Any) -> dict[str, Any]:
     """``--order measured``: one step timed with device events, each link's round trip, and every rank's engine
     switched to the order the simulator finds fastest with those times (``parallel.loop.measured_order``, as
     ``hal train`` does on its second step); what it chose, for the summary."""
-    from types import SimpleNamespace
-
+    from hal.parallel.config.replicas import ReplicatedPlan
     from hal.parallel.loop import measured_order
+    from hal.parallel.replicas.replica_set import ReplicaSet
 
     engine.measure_on_device = True
     step()
     engine.measure_on_device = False
-    run = SimpleNamespace(engine=engine, plan=plan, topology=topology, replica=0, job=SimpleNamespace(replicas=None),
-                          rank=rank, writer=-1, start=0, steps=measured_order.CALIBRATION_STEP + 2)
-    choice = measured_order.calibrate(run, measured_order.CALIBRATION_STEP)
+    replicas = ReplicaSet(ReplicatedPlan.single(plan), rank)  # one plan: the set of one replica
+    choice = measured_order.calibrate(engine, replicas, rank, -1, 0, measured_order.CALIBRATION_STEP + 2,
+                                      measured_order.CALIBRATION_STEP)  # writer -1: nobody prints
     assert choice is not None
     return {**choice.to_dict(), "said": choice.text().replace(f"; it runs from step {choice.step}", "; the timed rounds run it")}
 

@@ -62,10 +62,10 @@ def _rank_main(rank: int, world: int, store: str, opts: dict[str, Any]) -> dict[
     os.environ.update(rank_envs(job, opts["port"])[rank])  # the torchrun variables hal train gives this rank
     r = setup(job)
     try:
-        plan, train, backend = r.plan, job.train, r.engine.backend
+        plan, train, backend = r.replicas.plan, job.train, r.engine.backend
         tokens = global_batch(train.data, train.seed, 0, plan.micro_batches, plan.micro_batch_size, r.seq,
                               job.model.vocab_size, validation=train.validation).to(r.engine.device)
-        update = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step  # ZeRO-1's
+        update = r.optimizer.reduce_scatter_and_step if r.engine.dp_grads == "optimizer" else r.optimizer.step  # ZeRO-1's
         done = [0]
 
         def engine() -> None:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             job = prepare(a.config, steps=1, run_dir=os.path.join(run_dir, "run"))
     except HalError as exc:
         parser.exit(2, f"train_vs_engine: {exc}\n")
-    if job.replicas is not None:
+    if job.replicas.several:
         parser.exit(2, f"train_vs_engine: {a.config} trains parallel.replicas; this benchmark takes one plan (time a "
                        "replica's plan on its own)\n")
 

@@ -38,6 +38,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     from hal.parallel.pipeline.mesh import build_meshes
     from hal.parallel.replicas.local_sgd import LocalSGD
     from hal.parallel.replicas.overlap import BackwardOverlap
+    from hal.parallel.replicas.replica_set import dp_grad_sum
     from hal.parallel.replicas.sync import ReplicaExchange, token_weights
 
     from . import engine_cases, moe_cases
@@ -54,6 +55,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     exchange = ReplicaExchange(mesh, engine.module, index, topologies, joined, compress=compress,
                                **({"bucket_bytes": bucket_bytes} if bucket_bytes else {}))
     during = BackwardOverlap(exchange, engine, topologies, "on") if overlap and local_sgd is None else None
+    engine.dp_grads = dp_grad_sum(mesh, engine.module, plan.zero1, True, during)  # as the trainer asks it
     early = 0
     params = list(engine.module.parameters())
     opt: Any = (torch.optim.SGD(params, lr=lr) if inner == "sgd" else Zero1AdamW(params, mesh.dp, lr=lr) if plan.zero1

@@ -211,7 +211,7 @@ def engine_zero(rank: int, world: int) -> dict[str, list[float]]:
     for how in ("step", "rs"):
         engine = build_engine(MODEL, plan, groups, backend=joined.backend, seed=0, device=torch.device("cpu"))
         if how == "rs":
-            engine.reduce_dp_grads = False  # the reduce-scatter sums instead
+            engine.dp_grads = "optimizer"  # the reduce-scatter sums instead
         opt = Zero1AdamW(engine.module.parameters(), groups.dp, lr=ENGINE_LR)
         losses = []
         for step in range(ENGINE_STEPS):

@@ -159,7 +159,7 @@ def run_search(args: argparse.Namespace) -> int:
     if args.timeline is not None:
         _check_timeline(args.timeline)
     run = preflight(Request(config_path(args), local=False, writes=False), SEARCH).loaded
-    if run.replicas is not None:
+    if run.replicas.several:
         raise ConfigError(f"{run.origin}: --search starts from one plan (parallel.stages) and proposes stage and replica "
                           "plans itself; search from a config with parallel.stages (this config's replicas are checked by "
                           "hal plan without --search)")
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     # hal train's checks but those of flags only it has: what passes here passes there, before anything starts
     run = preflight(Request(config_path(args), writes=False), PLAN).loaded
     predicted = _predicted(run, args) if args.profile else None
-    if run.replicas is not None:
+    if run.replicas.several:
         return _print_replicas(run, args, predicted)
     report = plan_report(run) | ({"predicted": predicted} if predicted else {})
     print(strict_json.dumps(report, indent=2) if args.json else format_plan(report))

@@ -44,11 +44,10 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(config.hal.cluster, config.origin, args.cluster)
     seq = config.train.seq_len or config.model.max_seq_len
     cluster = fit_to_host(cluster, config.model, seq, quick=args.quick, progress=_progress)
-    plan = config.plan
-    compiles = any(p.stage_compiles(k) for _, p in config.plans() for k in range(p.num_stages))  # any replica's
+    compiled = [p.compile_backend for _, p in config.plans() if any(p.stage_compiles(k) for k in range(p.num_stages))]
     profile = make_profile(cluster, config.model, config.hal.precision, seq, quick=args.quick,
                            links=not (args.quick or args.no_links), progress=_progress, fallback=config.hal.fallback,
-                           launch=run_function, compile_backend=plan.compile_backend if compiles else None)
+                           launch=run_function, compile_backend=compiled[0] if compiled else None)  # any replica's
     profile.save(args.out)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))

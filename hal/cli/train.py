@@ -83,7 +83,7 @@ def _draw_timeline(job: Any) -> None:
     from hal.parallel.observe.timeline_plot import missing, write_png
     from hal.run_dirs import write_text_atomic
 
-    replicated = job.replicas is not None
+    replicated = job.replicas.several
     for index, name in enumerate(job.timeline_files()):
         source = Path(job.run_dir) / name
         if not source.is_file():  # no step ran (a resume at the last step)
@@ -204,7 +204,7 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
         env = {"HAL_BACKEND": backends[0]} if len(backends) == 1 else {}  # mixed node: each rank takes its stage's
         program = ["-m", "hal.parallel.loop.trainer", *job.rank_args()]
         line = torchrun.static_line(nodes, node, len(ranks), program, env)
-        replicas = sorted({job.replicas.replica_of(r) for r in ranks}) if job.replicas is not None else []
+        replicas = sorted({job.replicas.replica_of(r) for r in ranks}) if job.replicas.several else []
         holds = f"; replica{'s' if len(replicas) > 1 else ''} {', '.join(map(str, replicas))}" if replicas else ""
         which = f"ranks {ranks.start}-{ranks.stop - 1}" if len(ranks) > 1 else f"rank {ranks.start}"
         lines.append(f"# node {node}: {which} ({', '.join(backends)}{holds})\n{line}")

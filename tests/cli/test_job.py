@@ -16,7 +16,7 @@ import pytest
 from hal.cli.train import multinode_lines
 from hal.errors import ConfigError
 from hal.launch.env import free_port
-from hal.parallel.config.job import JOB_FILE, load_job, write_job
+from hal.parallel.config.job import JOB_FILE, JOB_SCHEMA, load_job, write_job
 from hal.parallel.loop.job_runner import prepare, rank_envs
 
 from ..conftest import REPO
@@ -40,7 +40,7 @@ def test_job_file_round_trips_what_was_validated(tmp_path: Path) -> None:
     assert not [p for p in path.parent.iterdir() if p.name != JOB_FILE]  # no temporary file left behind
     loaded = load_job(path)
     assert loaded.to_dict() == job.to_dict()
-    assert loaded.topology == job.topology and loaded.plan == job.plan and loaded.model == job.model
+    assert loaded.topologies() == job.topologies() and loaded.plan == job.plan and loaded.model == job.model
     assert all(p is not None and p["mode"] == "fp32" for p in loaded.stage_precision)  # resolved by the parent
 
 
@@ -49,7 +49,7 @@ def test_job_file_of_another_schema_is_one_line(tmp_path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["schema"] = 99
     path.write_text(json.dumps(data), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"schema 99 but this hal reads schema 1") as info:
+    with pytest.raises(ConfigError, match=rf"schema 99 but this hal reads schema {JOB_SCHEMA}") as info:
         load_job(path)
     assert "\n" not in str(info.value)
 

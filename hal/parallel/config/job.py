@@ -2,18 +2,19 @@
 
 Why: ``hal train`` validates the YAML before anything starts; ranks used to re-read and re-validate
 it (the backend looked up again, the topology rebuilt, the precision resolved again). Now the
-parent writes ``<run dir>/job.json`` once, atomically — the run config as validated plain data,
-the topology, each stage's precision plan, the step counts and the paths — and every rank loads it
+parent writes ``<run dir>/job.json`` once, atomically — the run config as validated plain data
+(its replicas), each stage's precision plan, the step counts and the paths — and every rank loads it
 with ``load_job``: no YAML, no re-validation, only the schema version is checked.
 
-Format (``JOB_SCHEMA`` 1), a JSON object:
+Format (``JOB_SCHEMA`` 2), a JSON object:
 
-    schema            1
+    schema            2
     config            the YAML the parent validated (recorded in the summary and checkpoints; never read by a rank)
     hal               {backend, devices, precision, fallback} as resolved from file, environment and flags
-    model, plan, train   the validated sections (ModelConfig, ParallelPlan, TrainConfig as dicts)
-    topology          one entry per stage: index, backend, offset, tp, dp, sp, checkpoint, chunks, compile
-    stage_precision   one entry per stage: the PrecisionPlan resolved by the parent (hal.precision), or null
+    model, train      the validated sections (ModelConfig, TrainConfig as dicts)
+    replicas          the run's replicas (``ReplicatedPlan.to_dict``: a plain plan is the set of one), each with
+                      its plan and rows; every topology follows from them
+    stage_precision   one entry per stage of every replica in order: the PrecisionPlan resolved by the parent (hal.precision), or null
                       where the parent could not see that stage's devices (``--print-multinode``): that
                       stage's ranks resolve it on their own device
     steps, start      train until ``steps`` steps are done; ``start`` were done already (from the checkpoint)
@@ -24,20 +25,21 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
+from hal.parallel.config.planned import Planned
 from hal.parallel.config.replicas import ReplicatedPlan
 from hal.parallel.config.run import TrainConfig
-from hal.parallel.config.topology import StageMesh, Topology
+from hal.parallel.config.topology import Topology
 from hal.run_dirs import read_limited, write_text_atomic
 
 JOB_FILE = "job.json"
-JOB_SCHEMA = 1
+JOB_SCHEMA = 2  # 2: the replicas only (1 had a plan and a topology beside them)
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,9 @@ class Job:
     config: str
     hal: Mapping[str, Any]  # backend, devices, precision, fallback
     model: ModelConfig
-    plan: ParallelPlan
+    replicas: ReplicatedPlan  # every replica's plan and rows (a plain plan: the set of one)
     train: TrainConfig
-    topology: Topology
-    stage_precision: tuple[Mapping[str, Any] | None, ...]  # PrecisionPlan.to_dict() per stage, or None
+    stage_precision: tuple[Mapping[str, Any] | None, ...]  # PrecisionPlan.to_dict() per stage of every replica, or None
     steps: int
     start: int  # steps already done (from the checkpoint)
     run_dir: Path
@@ -62,44 +63,34 @@ class Job:
     cpu_binding: str = "none"  # none | cores: each local rank pinned to a block of cores (``hal.launch.cpu_binding``)
     # the launcher's only: the planner's prediction the config keeps (``planner.planned``), drawn beside the measured
     # timeline; not in the job file (no rank needs it)
-    planned: Any = None
-    # parallel.replicas: then ``plan`` and ``topology`` are the first replica's, ``stage_precision`` lists every
-    # replica's stages in order, and a rank takes its own with ``replica_view``
-    replicas: ReplicatedPlan | None = None
+    planned: Planned | None = None
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The plan of a run of one replica (``ReplicatedPlan.plan``: several replicas have several)."""
+        return self.replicas.plan
 
     @property
     def world_size(self) -> int:
         """Ranks of the run: every replica's."""
-        return self.replicas.world_size if self.replicas is not None else self.topology.world_size
+        return self.replicas.world_size
 
     @property
     def writer(self) -> int:
         """The rank that logs: the first of the stage holding the loss (the first stage under zbv), replica 0's."""
-        return self.topology.stages[self.topology.last_stage].offset
+        return self.replicas.writer
 
     def topologies(self) -> list[Topology]:
-        """Each replica's topology over its own ranks, in replica order (one plan: its topology)."""
-        if self.replicas is None:
-            return [self.topology]
-        return [r.topology() for r in self.replicas.replicas]
+        """Each replica's topology over its own ranks, in replica order."""
+        return self.replicas.topologies()
 
     def plans(self) -> list[ParallelPlan]:
-        """Each replica's plan, in replica order (one plan: itself)."""
-        return [self.plan] if self.replicas is None else [r.plan for r in self.replicas.replicas]
+        """Each replica's plan, in replica order."""
+        return self.replicas.plans()
 
     def timeline_files(self) -> list[str]:
         """What ``hal train --profile`` leaves in the run directory for its last step: timeline.json, or one a replica."""
-        if self.replicas is None:
-            return ["timeline.json"]
-        return [f"timeline-replica-{i}.json" for i in range(len(self.replicas.replicas))]
-
-    def replica_view(self, rank: int) -> tuple[int, ParallelPlan, Topology, int]:
-        """(replica index, its plan, its topology, the index of its first stage in ``stage_precision``) of ``rank``."""
-        if self.replicas is None:
-            return 0, self.plan, self.topology, 0
-        index = self.replicas.replica_of(rank)
-        first_stage = sum(r.plan.num_stages for r in self.replicas.replicas[:index])
-        return index, self.replicas.replicas[index].plan, self.topologies()[index], first_stage
+        return self.replicas.timeline_files()
 
     @property
     def precision(self) -> str:
@@ -121,26 +112,22 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": JOB_SCHEMA, "config": self.config, "hal": dict(self.hal),
-            "model": self.model.to_dict(), "plan": self.plan.to_dict(), "train": self.train.to_dict(),
-            "topology": [asdict(m) for m in self.topology.stages],
+            "model": self.model.to_dict(), "train": self.train.to_dict(), "replicas": self.replicas.to_dict(),
             "stage_precision": [None if p is None else dict(p) for p in self.stage_precision],
             "steps": self.steps, "start": self.start, "run_dir": str(self.run_dir), "log_file": str(self.log_file),
             "checkpoint_dir": _str_or_none(self.checkpoint_dir), "resume": _str_or_none(self.resume),
             "profile": self.profile, "init_from": _str_or_none(self.init_from), "cpu_binding": self.cpu_binding,
-            "replicas": None if self.replicas is None else self.replicas.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Job:
         """Rebuild what the parent wrote; the parent validated it, so nothing is checked again."""
-        plan = ParallelPlan.from_dict(data["plan"])
         return cls(
-            data["config"], dict(data["hal"]), ModelConfig(**data["model"]), plan,
-            TrainConfig(**data["train"]), Topology(tuple(StageMesh(**m) for m in data["topology"]), plan.placement),
-            tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]), Path(data["run_dir"]),
-            Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]), _path_or_none(data["resume"]),
-            bool(data.get("profile", False)), _path_or_none(data.get("init_from")), str(data.get("cpu_binding", "none")),
-            None, None if data.get("replicas") is None else ReplicatedPlan.from_dict(data["replicas"]),
+            data["config"], dict(data["hal"]), ModelConfig(**data["model"]), ReplicatedPlan.from_dict(data["replicas"]),
+            TrainConfig(**data["train"]), tuple(data["stage_precision"]), int(data["steps"]), int(data["start"]),
+            Path(data["run_dir"]), Path(data["log_file"]), _path_or_none(data["checkpoint_dir"]),
+            _path_or_none(data["resume"]), bool(data.get("profile", False)), _path_or_none(data.get("init_from")),
+            str(data.get("cpu_binding", "none")),
         )
 
 

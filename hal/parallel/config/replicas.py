@@ -21,6 +21,10 @@ With ``every: H > 1`` the replicas step on their own and meet every H steps (DiL
 parameter deltas is the outer gradient of a Nesterov-momentum SGD (``outer_lr``, ``outer_momentum``); H = 1
 with outer lr 1 and no momentum is plain sync.
 
+A ``parallel:`` section without ``replicas:`` — one plan, ``stages: [...]`` — parses into the same object: a set of
+one replica whose rows are its plan's global batch (``parse_parallel``). A run is always a set of replicas; one
+replica syncs with nobody, so its sync settings are the defaults and nothing crosses islands.
+
 This module is data and checks only (no process): every problem is one ConfigError line naming the key.
 """
 from __future__ import annotations
@@ -68,6 +72,7 @@ class Replica:
     plan: ParallelPlan
     rows: int | None
     first_rank: int
+    where: str = ""  # the config section of its plan: "parallel.replicas[i]", or "parallel" for a plain plan
 
     @property
     def world_size(self) -> int:
@@ -90,9 +95,50 @@ class ReplicatedPlan:
     global_batch: int
     sync: ReplicaSync
 
+    @classmethod
+    def single(cls, plan: ParallelPlan, where: str = "parallel") -> ReplicatedPlan:
+        """A plain plan as the set of one replica: all the step's rows, nothing to sync with."""
+        return cls((Replica(plan, plan.global_batch_size, 0, where),), plan.global_batch_size, ReplicaSync())
+
     @property
     def world_size(self) -> int:
         return sum(r.world_size for r in self.replicas)
+
+    @property
+    def several(self) -> bool:
+        """More than one replica: something crosses islands, and reports show each replica."""
+        return len(self.replicas) > 1
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The plan of a run of one replica (a plain ``parallel: {stages: ...}``); several replicas have several."""
+        if self.several:
+            raise ValueError(f"the run has {len(self.replicas)} replicas, each with its own plan: ask each replica")
+        return self.replicas[0].plan
+
+    def plans(self) -> list[ParallelPlan]:
+        """Each replica's plan, in replica order."""
+        return [r.plan for r in self.replicas]
+
+    def topologies(self) -> list[Topology]:
+        """Each replica's topology over its own ranks, in replica order."""
+        return [r.topology() for r in self.replicas]
+
+    def first_stage(self, index: int) -> int:
+        """Where replica ``index``'s stages begin in the run's list of every replica's stages (replica 0's first)."""
+        return sum(r.plan.num_stages for r in self.replicas[:index])
+
+    @property
+    def writer(self) -> int:
+        """The rank that logs: replica 0's first rank of the stage holding the loss (the first stage under zbv)."""
+        topology = self.replicas[0].topology()
+        return topology.stages[topology.last_stage].offset
+
+    def timeline_files(self) -> list[str]:
+        """What ``hal train --profile`` leaves in the run directory for its last step: timeline.json, or one a replica."""
+        if not self.several:
+            return ["timeline.json"]
+        return [f"timeline-replica-{i}.json" for i in range(len(self.replicas))]
 
     @property
     def resolved(self) -> bool:
@@ -137,10 +183,11 @@ class ReplicatedPlan:
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicatedPlan:
         """The inverse of ``to_dict`` for data this code wrote (a job file, a checkpoint): no re-validation."""
         replicas, first = [], 0
-        for raw in data["replicas"]:
+        for index, raw in enumerate(data["replicas"]):
             body = {k: v for k, v in raw.items() if k != "rows"}
             plan = ParallelPlan.from_dict(body)
-            replicas.append(Replica(plan, None if raw["rows"] == AUTO else int(raw["rows"]), first))
+            replicas.append(Replica(plan, None if raw["rows"] == AUTO else int(raw["rows"]), first,
+                                    f"parallel.replicas[{index}]"))
             first += plan.world_size
         return cls(tuple(replicas), int(data["global_batch"]), ReplicaSync(**data["replica_sync"]))
 
@@ -153,6 +200,11 @@ TOP_KEYS = ("replicas", "global_batch", "replica_sync")
 def is_replicated(raw: Any) -> bool:
     """Whether a ``parallel:`` section lists replicas (else it is one plan, as before)."""
     return isinstance(raw, Mapping) and "replicas" in raw
+
+
+def parse_parallel(raw: Any, origin: str = "config") -> ReplicatedPlan:
+    """The ``parallel:`` section as the run's replicas: listed ones, or a plain plan as the set of one."""
+    return parse_replicated(raw, origin) if is_replicated(raw) else ReplicatedPlan.single(parse_plan(raw, origin))
 
 
 def _rows(origin: str, where: str, value: Any) -> int | None:
@@ -182,7 +234,7 @@ def _parse_replica(origin: str, index: int, raw: Any, first_rank: int) -> Replic
                               f"{plan.micro_batches * mbs} rows, but rows is {rows}; drop micro_batches (it follows "
                               f"from rows) or make them agree")
         plan = replace(plan, micro_batches=rows // mbs)
-    return Replica(plan, rows, first_rank)
+    return Replica(plan, rows, first_rank, where)
 
 
 def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> ReplicatedPlan:
@@ -248,15 +300,22 @@ def validate_replicated(rep: ReplicatedPlan, model: ModelConfig, *, world_size: 
                         seq_len: int | None = None, single_host: bool = True, origin: str = "config",
                         precision: str | None = None) -> None:
     """Each replica's plan against the model (``validate_plan``), the world's size, and what replicas cannot mix."""
-    for i, r in enumerate(rep.replicas):
-        validate_plan(r.plan, model, world_size=None, check_backends=check_backends, seq_len=seq_len,
-                      single_host=single_host, origin=f"{origin}: parallel.replicas[{i}]", precision=precision)
+    for r in rep.replicas:
+        validate_plan(r.plan, model, world_size=None if rep.several else world_size, check_backends=check_backends,
+                      seq_len=seq_len, single_host=single_host, origin=section(origin, r.where), precision=precision)
+    if not rep.several:
+        return
     if world_size is not None and world_size != rep.world_size:
         parts = " + ".join(str(r.world_size) for r in rep.replicas)
         raise ConfigError(f"{origin}: the replicas use {rep.world_size} devices ({parts}) but the world has {world_size} "
                           f"ranks; launch {rep.world_size} ranks or change the replicas' devices")
     if single_host and check_backends:
         _check_shared_devices(rep, origin)
+
+
+def section(origin: str, where: str) -> str:
+    """A message's origin for a replica's plan: the file, and the section unless it is the plain ``parallel``."""
+    return origin if where in ("", "parallel") else f"{origin}: {where}"
 
 
 def _check_shared_devices(rep: ReplicatedPlan, origin: str) -> None:

@@ -1,9 +1,9 @@
 """The run config: the whole YAML file of a training run — hal's keys plus ``model:``, ``parallel:`` and ``train:``.
 
 ``hal.config`` reads the file and checks the top level; the sections are parsed here with the same
-schema machinery (``hal.config.schema``): ``model:`` by ``ModelConfig``, ``parallel:`` by
-``ParallelPlan`` (``parallel.config.plan``, which also checks the plan against the model), and ``train:``
-declared below. Every problem is one ``ConfigError`` line, before any process starts.
+schema machinery (``hal.config.schema``): ``model:`` by ``ModelConfig``, ``parallel:`` by ``parse_parallel``
+(``parallel.config.replicas``: listed replicas, or one plan as the set of one, each plan checked against the
+model), and ``train:`` declared below. Every problem is one ``ConfigError`` line, before any process starts.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from hal.config.schema import Choice, Custom, Flag, NonNegativeInt, Nullable, Nu
 from hal.errors import ConfigError
 from hal.parallel.config.hf_config import model_keys_from_hf
 from hal.parallel.config.model import ModelConfig, weights_source
-from hal.parallel.config.plan import ParallelPlan, parse_plan, validate_plan
+from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.planned import Planned, read_planned
-from hal.parallel.config.replicas import ReplicatedPlan, is_replicated, parse_replicated, validate_replicated
+from hal.parallel.config.replicas import ReplicatedPlan, parse_parallel, validate_replicated
 
 DATA_SOURCES: tuple[str, ...] = ("synthetic", "corpus")  # built in; any path ending in .bin is a token file
 MAX_VALIDATION = 0.5
@@ -89,22 +89,24 @@ class RunConfig:
     origin: str
     hal: HalConfig  # backend, devices, precision, fallback (and the raw sections)
     model: ModelConfig
-    plan: ParallelPlan
+    replicas: ReplicatedPlan  # the ``parallel:`` section: listed replicas, or a plain plan as the set of one
     train: TrainConfig
     init_from: str | None = None  # a Hugging Face checkpoint directory the weights come from (model.weights / --init-from)
     planned: Planned | None = None  # the planner's prediction a written plan keeps (``planner.planned``)
-    replicas: ReplicatedPlan | None = None  # parallel.replicas: then ``plan`` is the first replica's
+
+    @property
+    def plan(self) -> ParallelPlan:
+        """The plan of a run of one replica (``ReplicatedPlan.plan``: several replicas have several)."""
+        return self.replicas.plan
 
     @property
     def world_size(self) -> int:
         """Ranks of the whole run: every replica's."""
-        return self.replicas.world_size if self.replicas is not None else self.plan.world_size
+        return self.replicas.world_size
 
     def plans(self) -> list[tuple[str, ParallelPlan]]:
-        """Each plan of the run with the config path naming it: ("parallel", plan), or one per replica."""
-        if self.replicas is None:
-            return [("parallel", self.plan)]
-        return [(f"parallel.replicas[{i}]", r.plan) for i, r in enumerate(self.replicas.replicas)]
+        """Each plan of the run with the config section naming it: ("parallel", plan), or one per replica."""
+        return [(r.where, r.plan) for r in self.replicas.replicas]
 
 
 def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, where: str) -> None:
@@ -142,8 +144,7 @@ def load_run_config(
     if init_from is not None:
         check_same_model(init_from, model, f"--init-from {init_from}")
         weights = init_from
-    replicas = parse_replicated(config.parallel, origin) if is_replicated(config.parallel) else None
-    plan = replicas.replicas[0].plan if replicas is not None else parse_plan(config.parallel, origin)
+    replicas = parse_parallel(config.parallel, origin)
     train = parse_train(config.train, origin)
     if train.seq_len is not None and train.seq_len > model.max_seq_len:
         raise ConfigError(
@@ -151,18 +152,14 @@ def load_run_config(
             f"lower seq_len or raise max_seq_len"
         )
     _check_data(origin, train, model)
-    if replicas is not None:
-        validate_replicated(replicas, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
-                            single_host=single_host, origin=origin, precision=config.precision)
-        _check_replica_loop(origin, replicas, train)
-        if config.planned is not None:
-            raise ConfigError(f"{origin}: a 'planned:' section records the planner's prediction for one plan, and this "
-                              "file lists replicas; remove it")
-        return RunConfig(origin, config, model, plan, train, weights, None, replicas)
-    validate_plan(plan, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
-                  single_host=single_host, origin=origin, precision=config.precision)
-    planned = read_planned(config.planned, plan, origin)
-    return RunConfig(origin, config, model, plan, train, weights, planned)
+    validate_replicated(replicas, model, world_size=world_size, check_backends=check_backends, seq_len=train.seq_len,
+                        single_host=single_host, origin=origin, precision=config.precision)
+    _check_replica_loop(origin, replicas, train)
+    if replicas.several and config.planned is not None:
+        raise ConfigError(f"{origin}: a 'planned:' section records the planner's prediction for one plan, and this "
+                          "file lists replicas; remove it")
+    planned = None if replicas.several else read_planned(config.planned, replicas.plan, origin)
+    return RunConfig(origin, config, model, replicas, train, weights, planned)
 
 
 def _check_replica_loop(origin: str, replicas: ReplicatedPlan, train: TrainConfig) -> None:

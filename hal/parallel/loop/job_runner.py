@@ -83,7 +83,7 @@ def rank_envs(job: Job, port: int) -> dict[int, dict[str, str]]:
             "HAL_BACKEND": backend, "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
             "OMP_NUM_THREADS": threads, "PYTHONPATH": pythonpath,
         })
-        if job.replicas is not None:  # the launcher's report names a failing rank's replica
+        if job.replicas.several:  # the launcher's report names a failing rank's replica
             envs[rank][REPLICA_ENV] = str(job.replicas.replica_of(rank))
         if blocks is not None:  # pinned: the rank's threads are its cores (unless the user set OMP_NUM_THREADS)
             envs[rank][CPUS_ENV] = cpulist(blocks[rank])
@@ -161,10 +161,10 @@ def describe(job: Job) -> str:
     """One line: every stage's backend, grid, ranks and layers (and how it runs DualPipeV's pairs), the steps and the
     run directory."""
     parts = []
-    for index, (plan, topology) in enumerate(zip(job.plans(), job.topologies())):
-        share = None if job.replicas is None else job.replicas.replicas[index].rows
-        rows = "" if job.replicas is None else f"replica {index} ({'auto' if share is None else share} rows) "
-        for m in topology.stages:
+    for index, replica in enumerate(job.replicas.replicas):
+        plan, share = replica.plan, replica.rows
+        rows = f"replica {index} ({'auto' if share is None else share} rows) " if job.replicas.several else ""
+        for m in replica.topology().stages:
             grid = " × ".join(f"{name}{value}" for name, value in (("tp", m.tp), ("dp", m.dp)) if value > 1) or "1 device"
             sp = " sp" if m.sp else ""
             # DualPipeV's pairs: "at once", or "in turn: why: details"
@@ -176,7 +176,7 @@ def describe(job: Job) -> str:
     resumed = f", resuming at step {job.start}" if job.resume else ""
     blocks = local_cpu_blocks(job)
     bound = "" if blocks is None else "; cpus " + " ".join(f"r{r}:{cpulist(b)}" for r, b in enumerate(blocks))
-    sync = "" if job.replicas is None else f"; replicas sync every {job.replicas.sync.every} step(s)"
+    sync = f"; replicas sync every {job.replicas.sync.every} step(s)" if job.replicas.several else ""
     return f"{job.world_size} rank(s): {'; '.join(parts)}{sync}; steps {job.steps}{resumed}{bound}; run dir {job.run_dir}"
 
 

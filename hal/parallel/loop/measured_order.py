@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch.distributed as dist
 
 from hal.parallel.schedules import Kind, Schedule
 from hal.parallel.schedules.fastest import measured_or_unit
 from hal.parallel.schedules.stage_times import StageTimes
+
+if TYPE_CHECKING:
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.replicas.replica_set import ReplicaSet
 
 CALIBRATION_STEP = 1  # the run's second step: the first fills caches, compiles and allocates
 
@@ -75,10 +79,9 @@ def skipped(plan: Any, start: int, steps: int) -> str | None:
             f"this run has {steps - start} step(s) left, so the unit-time order runs throughout")
 
 
-def due_anywhere(job: Any, plan: Any, start: int, steps: int, step: int) -> bool:
-    """Whether any replica calibrates at ``step`` (the same answer on every rank): every rank then joins the gather,
-    those of a replica that does not calibrate with nothing to add."""
-    plans = [rep.plan for rep in job.replicas.replicas] if job.replicas is not None else [plan]
+def due_anywhere(plans: Sequence[Any], start: int, steps: int, step: int) -> bool:
+    """Whether any replica (``plans``: every replica's) calibrates at ``step`` (the same answer on every rank): every
+    rank then joins the gather, those of a replica that does not calibrate with nothing to add."""
     return any(due(p, start, steps, step) for p in plans)
 
 
@@ -108,29 +111,29 @@ def choose(schedule: Schedule, times: StageTimes, micro_batches: int, step: int)
     return OrderChoice(times, unit_s, measured_s, keep, step)
 
 
-def calibrate(r: Any, step: int) -> OrderChoice | None:
+def calibrate(engine: PipelineEngine, replicas: ReplicaSet, rank: int, writer: int, start: int, steps: int,
+              step: int) -> OrderChoice | None:
     """After the calibration step (run with device events): time the links, gather every rank's figures, and
-    switch every rank of this pipeline to the chosen order. Collective over the world (``due_anywhere``); None on
-    a rank whose replica does not calibrate."""
-    engine = r.engine
+    switch every rank of this pipeline to the chosen order; said by ``writer`` (several replicas: each replica's
+    first rank). Collective over the world (``due_anywhere``); None on a rank whose replica does not calibrate."""
     mine: dict[str, Any] | None = None
-    if due(r.plan, r.start, r.steps, step):
+    if due(replicas.plan, start, steps, step):
         link = engine.time_links()
         actions = {f"{kind.value}{chunk}": seconds for (kind, chunk), seconds in engine.action_times().items()
                    if kind in (Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT)}
-        mine = {"replica": r.replica, "stage": engine.coord.stage, "actions": actions, "link": link}
+        mine = {"replica": replicas.index, "stage": engine.coord.stage, "actions": actions, "link": link}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if mine is None:
         return None
-    ours = [e for e in everyone if e is not None and e["replica"] == r.replica]
-    plan = r.plan
+    ours = [e for e in everyone if e is not None and e["replica"] == replicas.index]
+    plan = replicas.plan
     times = stage_times(ours, plan.num_stages, plan.virtual_stages, plan.placement)
     choice = choose(plan.schedule, times, plan.micro_batches, step + 2)
     if choice.schedule != engine.schedule:
         engine.set_schedule(choice.schedule)
-    speaker = r.writer if r.job.replicas is None else min(m.ranks[0] for m in r.topology.stages)
-    if r.rank == speaker:
-        where = f"replica {r.replica}: " if r.job.replicas is not None else ""
+    speaker = min(m.ranks[0] for m in replicas.topology.stages) if replicas.exchanges else writer
+    if rank == speaker:
+        where = f"replica {replicas.index}: " if replicas.exchanges else ""
         print(f"hal train: step {step + 1}: {where}{choice.text()}", file=sys.stderr, flush=True)
     return choice

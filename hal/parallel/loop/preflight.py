@@ -20,8 +20,8 @@ from hal.cpu_binding import MODES as CPU_BINDINGS
 from hal.cpu_binding import allowed_cpus, numa_groups, rank_blocks
 from hal.errors import ConfigError
 from hal.parallel.config.job import Job
+from hal.parallel.config.replicas import section
 from hal.parallel.config.run import RunConfig
-from hal.parallel.config.topology import Topology
 from hal.run_dirs import check_creatable_dir, check_creatable_file, new_run_dir
 
 if TYPE_CHECKING:
@@ -259,16 +259,15 @@ def _loop(p: Preflight) -> None:
     if train.grad_clip is not None and any(plan.zero1 and any(s.dp > 1 for s in plan.stages) for _, plan in run.plans()):
         raise ConfigError(f"{run.origin}: train.grad_clip with parallel.zero1: ZeRO-1 sums the gradients inside its "
                           "step, after the norm would be taken; drop one of them")
-    if run.replicas is not None:
-        if train.grad_clip is not None and run.replicas.sync.every > 1:
-            raise ConfigError(f"{run.origin}: train.grad_clip with local SGD (parallel.replica_sync.every > 1): each "
-                              "replica steps on its own gradients, whose norms differ; drop grad_clip or set every: 1")
-        every = run.replicas.sync.every
-        if every > 1 and p.steps % every:
-            said, fix = ((f"--steps {p.steps}", "--steps") if p.request.steps is not None
-                         else (f"{run.origin}: train.steps {p.steps}", "steps:"))
-            raise ConfigError(f"{said} is not a multiple of parallel.replica_sync.every {every}: the run must end at a "
-                              f"meeting of the replicas; use {fix} {every * max(1, p.steps // every)}")
+    every = run.replicas.sync.every  # local SGD when > 1 (one replica: always 1)
+    if train.grad_clip is not None and every > 1:
+        raise ConfigError(f"{run.origin}: train.grad_clip with local SGD (parallel.replica_sync.every > 1): each "
+                          "replica steps on its own gradients, whose norms differ; drop grad_clip or set every: 1")
+    if every > 1 and p.steps % every:
+        said, fix = ((f"--steps {p.steps}", "--steps") if p.request.steps is not None
+                     else (f"{run.origin}: train.steps {p.steps}", "steps:"))
+        raise ConfigError(f"{said} is not a multiple of parallel.replica_sync.every {every}: the run must end at a "
+                          f"meeting of the replicas; use {fix} {every * max(1, p.steps // every)}")
     if train.warmup_steps >= train.steps and train.lr_schedule != "constant":
         raise ConfigError(f"{run.origin}: train.warmup_steps {train.warmup_steps} leaves no step of the "
                           f"{train.lr_schedule} decay before train.steps {train.steps}; lower warmup_steps")
@@ -293,7 +292,7 @@ def _memory(p: Preflight) -> None:
             else:
                 memory = backend.capabilities().memory_bytes
                 pools[view.index] = None if memory is None else MemoryPool(backend.name, memory)
-        check_memory(run.model, plan, pools, run.origin if where == "parallel" else f"{run.origin}: {where}")
+        check_memory(run.model, plan, pools, section(run.origin, where))
 
 
 def _stage_precision(run: RunConfig, stages: list[StageView], fallback: str) -> list[PrecisionPlan | None]:
@@ -385,9 +384,9 @@ def job(p: Preflight) -> Job:
     assert p.run_dir is not None and p.log_file is not None and p.checkpoint_dir is not None, "'paths' ran"
     stage_precision = tuple(plan.to_dict() if plan is not None and local else None for plan in p.precision)
     hal = {k: v for k, v in run.hal.to_dict().items() if k != "origins"}
-    return Job(run.origin, hal, run.model, run.plan, run.train, Topology.from_plan(run.plan), stage_precision, p.steps,
-               p.start, p.run_dir, p.log_file, p.checkpoint_dir, p.checkpoint, p.request.profile, p.weights,
-               p.request.cpu_binding, run.planned, run.replicas)
+    return Job(run.origin, hal, run.model, run.replicas, run.train, stage_precision, p.steps, p.start, p.run_dir,
+               p.log_file, p.checkpoint_dir, p.checkpoint, p.request.profile, p.weights, p.request.cpu_binding,
+               run.planned)
 
 
 __all__ = ["CHECKS", "CONFIG", "LOADED", "PLAN", "PROFILE", "SEARCH", "TRAIN", "Check", "Preflight", "Request", "StageView",

@@ -30,28 +30,34 @@ for ``hal train`` to draw.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 import torch
 import torch.distributed as dist
+from torch.optim import Optimizer
 
 from hal import strict_json
 from hal.errors import HalError
 from hal.parallel.config.job import Job
-from hal.parallel.config.topology import Topology
-from hal.parallel.data.batches import global_batch
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.progress import Progress, SlowStepNotice
-from hal.parallel.observe.records import merge_moe_tallies, run_record, run_summary
+from hal.parallel.observe.records import StepNotes, merge_moe_tallies, run_record, run_summary
+
+if TYPE_CHECKING:
+    from hal.backend import Backend
+    from hal.parallel.config.plan import ParallelPlan, StagePlan
+    from hal.parallel.loop.loss_scale import PipelineLossScaler
+    from hal.parallel.pipeline.engine import PipelineEngine
+    from hal.parallel.replicas.replica_set import ReplicaSet
+    from hal.precision import PrecisionPlan
 
 
 @dataclass
@@ -59,31 +65,28 @@ class RankRun:
     """Everything one rank trains with."""
 
     job: Job
-    topology: Topology
-    engine: Any  # PipelineEngine
-    optimizer: Any  # torch.optim.AdamW or parallel.loop.zero.Zero1AdamW
+    engine: PipelineEngine
+    optimizer: Optimizer  # torch.optim.AdamW or parallel.loop.zero's ZeRO-1 AdamW
+    replicas: ReplicaSet  # this rank's replica, its rows and everything between replicas (one replica: no-ops)
     rank: int
-    writer: int  # global rank that logs (first rank of the last stage)
     seq: int
     start: int  # steps already done (from a checkpoint)
     steps: int  # the run stops after this many steps in total
     peak_tflops: float = float("nan")  # this rank's device's dense peak for the run's precision (catalog)
-    scaler: Any = None  # parallel.loop.loss_scale.PipelineLossScaler when any stage runs fp16, else None
+    scaler: PipelineLossScaler | None = None  # when any stage runs fp16
     grad_norm: float | None = None  # the last clipped step's global gradient norm (train.grad_clip)
     clip_skip: frozenset[str] = frozenset()  # parameters another rank counts in the global norm (a tied head copy)
-    replica: int = 0  # parallel.replicas: this rank's replica (its plan is ``plan``)
-    plan: Any = None  # this rank's plan (its replica's; job.plan without replicas)
-    exchange: Any = None  # parallel.replicas.sync.ReplicaExchange with replicas, else None
-    local_sgd: Any = None  # parallel.replicas.local_sgd.LocalSGD when the replicas meet every H > 1 steps
-    overlap: Any = None  # parallel.replicas.overlap.BackwardOverlap: the every-step exchange during the backward
-    replica_sync_s: float = 0.0  # the last step's cross-replica exchange
-    shares: Any = None  # parallel.replicas.shares.ShareTracker: rows: auto replicas re-balanced mid-run, else None
+
+    @property
+    def writer(self) -> int:
+        """The global rank that logs (replica 0's first rank of the stage holding the loss)."""
+        return self.job.writer
 
 
 # --- setup ---------------------------------------------------------------------------------------------
 
 
-def _make_optimizer(engine: Any, job: Job, plan: Any) -> Any:
+def _make_optimizer(engine: PipelineEngine, job: Job, plan: ParallelPlan) -> Optimizer:
     """AdamW with the config's lr and weight decay; under zero1 its state sharded over the groups the rank's mesh
     names (``Mesh.optimizer_groups``: dense state over dp, expert shards' over their replicas)."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
@@ -98,7 +101,7 @@ def _make_optimizer(engine: Any, job: Job, plan: Any) -> Any:
     return decoupled_adamw(params, engine.device, **hyper)
 
 
-def _precision_plan(backend: Any, job: Job, index: int, stage: Any) -> Any:
+def _precision_plan(backend: Backend, job: Job, index: int, stage: StagePlan) -> PrecisionPlan:
     """This rank's precision plan, switches applied: the one ``hal train`` resolved for this stage.
 
     Only where the job leaves it open (``--print-multinode``: the printing host could not see this
@@ -117,133 +120,59 @@ def _precision_plan(backend: Any, job: Job, index: int, stage: Any) -> Any:
 
 
 def setup(job: Job) -> RankRun:
-    """Join the world, build groups, engine and optimizer, and load the checkpoint when resuming."""
+    """Join the world, build the mesh, the replica set, the engine and the optimizer; load the checkpoint when
+    resuming."""
     from hal.backend_registry import get_backend
     from hal.collectives import init_distributed
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
+    from hal.parallel.replicas.replica_set import ReplicaSet
+    from hal.parallel.replicas.shares import rows_per_second
     from hal.parallel.state.checkpoint import load_checkpoint
 
     rank = int(os.environ.get("RANK", "0"))
-    replica, plan, topology, first_stage = job.replica_view(rank)
-    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or topology.backend_of(rank)))
+    replicas = ReplicaSet(job.replicas, rank, _say if rank == job.writer else None)
+    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or replicas.topology.backend_of(rank)))
     backend = world.backend  # resolved once; everything below is handed this object
     mesh = build_meshes(job.topologies(), world, validate=False,  # the engine's calls are fixed by the plan
                         tied_embeddings=job.model.tie_embeddings)
     torch.manual_seed(job.train.seed)
     seq = job.train.seq_len or job.model.max_seq_len
-    own = topology.stage_of(world.rank)
-    precision = _precision_plan(backend, job, first_stage + own, plan.stages[own])
-    shares = _share_tracker(job)
-    if job.replicas is not None and not job.replicas.resolved:  # rows: auto -> rows from a short calibration
-        job = _resolve_auto_rows(job, replica, plan, mesh, world, backend, precision, seq)
-        plan = job.replicas.replicas[replica].plan  # type: ignore[union-attr]
-    engine = build_engine(job.model, plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
+    own = replicas.topology.stage_of(world.rank)
+    precision = _precision_plan(backend, job, replicas.first_stage + own, replicas.plan.stages[own])
+
+    def engine(init_from: Path | None = None) -> PipelineEngine:
+        return build_engine(job.model, replicas.plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype,
-                            init_from=job.init_from if job.resume is None else None)
-    engine.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
-    optimizer = _make_optimizer(engine, job, plan)
-    # ZeRO-1 sums gradients with a reduce-scatter inside its step instead of the engine's all-reduce,
-    # except where a tied embedding must be summed across stages first (that needs the full dp sum), or where the
-    # replicas' exchange needs every gradient whole first.
-    engine.reduce_dp_grads = not (plan.zero1 and mesh.dp.size > 1 and not engine.module.needs_tied_grad_sync
-                                  and job.replicas is None)
-    exchange, local_sgd, overlap = _replica_sync(job, mesh, engine, replica, world)
+                            init_from=init_from)
+
+    # rows: auto -> rows from a short calibration of a probe engine (collective over the world)
+    replicas.resolve_rows(lambda: rows_per_second(engine(), replicas.plan, seq, job.model.vocab_size),
+                          world.rank == mesh.topology.first_rank)
+    trained = engine(job.init_from if job.resume is None else None)
+    trained.measure_on_device = job.profile  # a lean step: device events (one sync a step) only under --profile
+    optimizer = _make_optimizer(trained, job, replicas.plan)
+    trained.dp_grads = replicas.connect(mesh, trained, world)  # who sums the dp gradients: one answer
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
-        meta = load_checkpoint(job.resume, engine, optimizer, replica)
+        meta = load_checkpoint(job.resume, trained, optimizer, replicas.index)
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
-        if local_sgd is not None:  # anchored at the loaded weights, with the outer momentum saved beside them
-            from hal.parallel.state.checkpoint import read_outer_momentum
-
-            velocity = read_outer_momentum(job.resume, meta) if local_sgd.momentum else None
-            if local_sgd.momentum and velocity is None and world.rank == job.writer:
-                print("hal train: the checkpoint holds no local SGD outer momentum (it was not a local SGD run): "
-                      "the momentum starts at zero", file=sys.stderr, flush=True)
-            local_sgd.resume(velocity)
-        _resume_wire(job, meta, exchange, replica, world.rank == job.writer)
-    writer = job.writer
+        replicas.resume(job.resume, meta)
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
-    skip = frozenset({"embed.weight"}) if engine.module.needs_tied_grad_sync and not engine.first else frozenset()
-    return RankRun(job, topology, engine, optimizer, world.rank, writer, seq, start, job.steps, peak, scaler,
-                   clip_skip=skip, replica=replica, plan=plan, exchange=exchange, local_sgd=local_sgd, shares=shares,
-                   overlap=overlap)
+    skip = frozenset({"embed.weight"}) if trained.module.needs_tied_grad_sync and not trained.first else frozenset()
+    return RankRun(job, trained, optimizer, replicas, world.rank, seq, start, job.steps, peak, scaler, clip_skip=skip)
 
 
-def _resume_wire(job: Job, meta: dict[str, Any], exchange: Any, replica: int, is_writer: bool) -> None:
-    """The fp8 wire's residuals from the checkpoint into this speaker (matched by parameter name), or a line saying why
-    they are not used: a resumed fp8 run then carries the error feedback the uninterrupted run would."""
-    from hal.parallel.state.checkpoint import read_wire_residuals
-
-    assert job.resume is not None
-    kept = read_wire_residuals(job.resume, meta)
-    if not kept:
-        return
-    fp8 = exchange is not None and exchange.fp8 is not None
-    if not fp8 or replica not in kept:
-        if is_writer:
-            why = ("this run's cross-replica wire is not fp8" if not fp8 else
-                   f"the checkpoint's run had replicas {sorted(kept)}, not this run's replica {replica}")
-            print(f"hal train: the checkpoint's fp8 wire residuals are not used: {why}", file=sys.stderr, flush=True)
-        return
-    missing = exchange.load_residuals(kept[replica])
-    if missing:
-        print(f"hal train: warning: the checkpoint keeps no fp8 wire residual for {len(missing)} parameter(s) of replica "
-              f"{replica} (e.g. {missing[0]}): their buckets start without error feedback", file=sys.stderr, flush=True)
+def _say(text: str) -> None:
+    """The writer's lines on stderr (``hal train`` shows them above its progress line)."""
+    print(f"hal train: {text}", file=sys.stderr, flush=True)
 
 
-def _share_tracker(job: Job) -> Any:
-    """With ``rows: auto`` replicas and ``replica_sync.rebalance_every`` > 0: the mid-run rebalance, else None."""
-    if job.replicas is None or job.replicas.sync.rebalance_every == 0 or job.replicas.resolved:
-        return None
-    from hal.parallel.replicas.shares import ShareTracker
-
-    movable = [r.rows is None for r in job.replicas.replicas]
-    return ShareTracker(movable, job.replicas.sync.rebalance_every) if sum(movable) >= 2 else None
-
-
-def _resolve_auto_rows(job: Job, replica: int, plan: Any, mesh: Any, world: Any, backend: Any, precision: Any,
-                       seq: int) -> Job:
-    """The job with every ``rows: auto`` replica's rows set from measured speed (``parallel.replicas.shares``; said
-    on the writer's stderr). Collective over the world."""
-    from dataclasses import replace
-
-    from hal.parallel.pipeline.build import build_engine
-    from hal.parallel.replicas.shares import resolve_shares, rows_per_second
-
-    def measure() -> float:
-        probe = build_engine(job.model, plan, mesh, backend=backend, seed=job.train.seed, device=world.device,
-                             seq_len=seq, autocast=lambda: precision.autocast(backend), fp8_dtype=precision.fp8_dtype)
-        return rows_per_second(probe, plan, seq, job.model.vocab_size)
-
-    say = (lambda text: print(f"hal train: {text}", file=sys.stderr, flush=True)) if world.rank == job.writer else None
-    assert job.replicas is not None
-    resolved = resolve_shares(job.replicas, replica, measure, world.rank == mesh.topology.first_rank, say)
-    return replace(job, replicas=resolved, plan=resolved.replicas[0].plan)
-
-
-def _replica_sync(job: Job, mesh: Any, engine: Any, replica: int, world: Any) -> tuple[Any, Any, Any]:
-    """With replicas: the cross-replica exchange (collective over the world); every H > 1, local SGD; every step,
-    the exchange during the backward where a stage allows it (``replica_sync.overlap``)."""
-    if job.replicas is None or len(job.replicas.replicas) == 1:  # one replica is its plan: nothing to meet
-        return None, None, None
-    from hal.parallel.replicas.local_sgd import LocalSGD
-    from hal.parallel.replicas.overlap import BackwardOverlap
-    from hal.parallel.replicas.sync import ReplicaExchange
-
-    sync = job.replicas.sync
-    exchange = ReplicaExchange(mesh, engine.module, replica, job.topologies(), world, compress=sync.compress)
-    local = LocalSGD(exchange, sync.every, sync.outer_lr, sync.outer_momentum) if sync.every > 1 else None
-    overlap = (BackwardOverlap(exchange, engine, job.topologies(), sync.overlap)
-               if sync.every == 1 and sync.overlap == "on" else None)
-    return exchange, local, overlap
-
-
-def _loss_scaler(mine: bool) -> Any:
+def _loss_scaler(mine: bool) -> PipelineLossScaler | None:
     """The pipeline's loss scaler if any rank's stage runs fp16 (agreed over the world: one MAX of a flag)."""
     from hal.parallel.loop.loss_scale import PipelineLossScaler
 
@@ -252,7 +181,7 @@ def _loss_scaler(mine: bool) -> Any:
     return PipelineLossScaler() if flag.item() > 0 else None
 
 
-def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
+def _peak_tflops(backend: Backend, device: torch.device, precision: str) -> float:
     """This rank's device's dense peak for the run's precision (the catalog's figure), NaN if unknown."""
     from hal.parallel.config.flops import PEAK_KEY
 
@@ -265,77 +194,42 @@ def _peak_tflops(backend: Any, device: torch.device, precision: str) -> float:
 
 
 def train_step(r: RankRun, step: int) -> tuple[float | None, list[float]]:
-    """Forward/backward over the step's batch, then the optimizer; the loss (last stage) and this rank's times."""
-    plan, train = r.plan, r.job.train
-    weight = 1.0
-    if r.job.replicas is None:
-        tokens = global_batch(train.data, train.seed, step, plan.micro_batches, plan.micro_batch_size, r.seq,
-                              r.job.model.vocab_size, validation=train.validation)
-    else:  # the step's rows over every replica (the same data as one plan of that many rows); this replica's part
-        from hal.parallel.replicas.sync import token_weights
-
-        rows = global_batch(train.data, train.seed, step, 1, r.job.replicas.global_batch, r.seq, r.job.model.vocab_size,
-                            validation=train.validation)[0]
-        ranges = r.job.replicas.row_ranges()
-        weight = token_weights(rows, ranges)[r.replica]
-        mine = ranges[r.replica]
-        tokens = rows[mine.start:mine.stop].reshape(plan.micro_batches, plan.micro_batch_size, r.seq + 1)
-    timer = r.engine.timer
+    """Forward/backward over this replica's rows of the step, the exchange with the other replicas, then the
+    optimizer; the loss (last stage) and this rank's times."""
+    train, engine, replicas = r.job.train, r.engine, r.replicas
+    tokens = replicas.batch(train, step, r.seq, r.job.model.vocab_size)
+    timer = engine.timer
     started, wall_started = timer.mark(), time.perf_counter()
     r.grad_norm = None
     set_learning_rate(r.optimizer, learning_rate(step, lr=train.lr, steps=r.steps, warmup_steps=train.warmup_steps,
                                                  schedule=train.lr_schedule, min_lr=train.min_lr))
     r.optimizer.zero_grad(set_to_none=True)
     if r.scaler is not None:
-        r.engine.loss_scale = r.scaler.scale
-    own = time.perf_counter() if r.shares is not None else 0.0
-    during = r.overlap is not None and r.overlap.eligible
-    if during:
-        r.overlap.begin(weight)  # buckets start from the gradient hooks as the backward finishes them
-    loss = r.engine.step(tokens)
-    own_s = None
-    if r.shares is not None:  # this rank's own time of the step, before it waits for the other replicas
-        r.engine.backend.synchronize()
-        own_s = time.perf_counter() - own
-    r.replica_sync_s = 0.0
-    if r.exchange is not None:
-        began = time.perf_counter()
-        if during:
-            r.overlap.finish()  # what is left of the exchange after the backward: the part the step waits for
-        elif r.local_sgd is None:
-            r.exchange.sync_grads(weight)  # every replica's gradient becomes the step's token-weighted mean
-        loss = r.exchange.step_loss(loss, weight)
-        r.replica_sync_s = time.perf_counter() - began
-    update = r.optimizer.step if r.engine.reduce_dp_grads else r.optimizer.reduce_scatter_and_step
+        engine.loss_scale = r.scaler.scale
+    replicas.before_backward()
+    loss = replicas.after_backward(engine, engine.step(tokens))
+    update = r.optimizer.reduce_scatter_and_step if engine.dp_grads == "optimizer" else r.optimizer.step  # type: ignore[attr-defined]
 
     def optimizer_step() -> None:
         if train.grad_clip is not None:  # the whole pipeline's norm, one collective over the world
-            copies = 1 if r.exchange is None else len(r.job.replicas.replicas)  # type: ignore[union-attr]  # synced: alike
-            r.grad_norm = clip_global_norm(r.engine.module, train.grad_clip, tp_rank=r.engine.coord.tp,
-                                           dp_rank=r.engine.coord.dp, skip=r.clip_skip, ep=r.engine.layout.ep,
-                                           copies=copies)
+            r.grad_norm = clip_global_norm(engine.module, train.grad_clip, tp_rank=engine.coord.tp,
+                                           dp_rank=engine.coord.dp, skip=r.clip_skip, ep=engine.layout.ep,
+                                           copies=replicas.copies)
         update()
 
     with timer.phase("optimizer"):
         if r.scaler is None:
             optimizer_step()
         else:  # unscale, agree on inf/NaN over the world, step or skip together
-            r.scaler.step([p for p in r.engine.module.parameters() if p.requires_grad], optimizer_step)
-    if r.local_sgd is not None:
-        began = time.perf_counter()
-        r.local_sgd.after_step(step + 1, weight)  # every H steps: the outer step over the replicas' deltas
-        r.replica_sync_s += time.perf_counter() - began
+            r.scaler.step([p for p in engine.module.parameters() if p.requires_grad], optimizer_step)
+    replicas.after_optimizer(step + 1)  # local SGD: every H steps the outer step over the replicas' deltas
     timer.add("step", started, timer.mark())
-    t = r.engine.times  # with device events: the one wait of a profiled step
-    timed = 1.0 if r.engine.measure_on_device or r.engine.device.type == "cpu" else 0.0
+    t = engine.times  # with device events: the one wait of a profiled step
+    timed = 1.0 if engine.measure_on_device or engine.device.type == "cpu" else 0.0
     # Unmeasured accelerator phases: the step is the host's wall time (the last stage read its loss).
     step_s = t.step if timed else time.perf_counter() - wall_started
-    if r.shares is not None and own_s is not None:
-        r.shares.record(own_s, step_s)
-    sent = 0.0 if r.exchange is None else float(r.local_sgd.bytes_sent if r.local_sgd is not None else r.exchange.bytes_sent)
-    early = float(r.overlap.early) if during else float("nan")
     return loss, [t.compute, t.p2p, t.grad_sync, t.optimizer, t.schedule, step_s, r.peak_tflops, timed, _peak_memory(r),
-                  r.replica_sync_s, sent, early]
+                  *replicas.timing(step_s)]
 
 
 def _peak_memory(r: RankRun) -> float:
@@ -353,9 +247,9 @@ def evaluate(r: RankRun) -> float | None:
     """
     from hal.parallel.data.batches import validation_batch
 
-    train, plan = r.job.train, r.plan
+    train, plan = r.job.train, r.replicas.plan
     losses: list[float] = []
-    if r.replica != 0:  # replica 0 evaluates (the replicas hold the same weights; the writer is one of its ranks)
+    if r.replicas.index != 0:  # replica 0 evaluates (the replicas hold the same weights; the writer is one of its ranks)
         return None
     for k in range(train.eval_batches):
         rows = validation_batch(train.data, train.seed, k, plan.global_batch_size, r.seq, train.validation)
@@ -417,14 +311,15 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
     mine = rank_record(r.rank, coord.stage, coord.dp, coord.tp, r.engine.step_spans(origin[0]),
                        host=socket.gethostname(), clock_at_origin=origin[1],
                        clock="events" if r.engine.measure_on_device else "host")
+    replicas = r.replicas
     for index, (topology, name) in enumerate(zip(r.job.topologies(), r.job.timeline_files())):
         dst = topology.stages[-1].ranks[0]
         everyone: list[Any] | None = [None] * dist.get_world_size() if r.rank == dst else None
-        dist.gather_object(mine if index == r.replica else None, everyone, dst=dst)
+        dist.gather_object(mine if index == replicas.index else None, everyone, dst=dst)
         if everyone is None:
             continue
         ranks = [record for record in everyone if record is not None]
-        doc = measured_document(r.plan, r.topology, ranks, step=step, schedule=r.engine.schedule)
+        doc = measured_document(replicas.plan, replicas.topology, ranks, step=step, schedule=r.engine.schedule)
         Path(r.job.run_dir, name).write_text(strict_json.dumps(doc) + "\n", encoding="utf-8")
 
 
@@ -432,61 +327,22 @@ def write_timeline(r: RankRun, step: int, origin: tuple[Any, float]) -> None:
 
 
 def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
-    train = r.job.train
-    meta = {"model": r.job.model.to_dict(), "plan": r.job.plan.to_dict(), "train": train.to_dict(), "config": r.job.config,
+    train, plans = r.job.train, r.replicas.checkpoint_meta()
+    meta = {"model": r.job.model.to_dict(), "plan": plans.pop("plan"), "train": train.to_dict(), "config": r.job.config,
             "data": {"source": train.data, "seed": train.seed, "next_step": next_step, "seq_len": r.seq},
             "init_from": None if r.job.init_from is None else str(r.job.init_from)}
     if r.scaler is not None:
         meta["loss_scale"] = r.scaler.state_dict()
-    if r.job.replicas is not None:
-        meta["replicas"] = r.job.replicas.to_dict()  # "plan" is replica 0's, whose ranks wrote the files
-    return meta
-
-
-def _rebalance(r: RankRun, done: int) -> list[int] | None:
-    """The look at the replicas' measured times (collective over the world); a change is applied on every rank, said
-    on the writer's stderr, and returned (the new rows, for the step's record)."""
-    from dataclasses import replace
-
-    from hal.parallel.replicas.shares import rebalance_text
-
-    before = r.job.replicas
-    assert before is not None and r.shares is not None
-    after, note = r.shares.look(before, r.replica)
-    if note is not None and r.rank == r.writer:
-        print(f"hal train: warning: {note}", file=sys.stderr, flush=True)
-    if after is None:
-        return None
-    r.job = replace(r.job, replicas=after, plan=after.replicas[0].plan)
-    r.plan = after.replicas[r.replica].plan
-    r.engine.set_micro_batches(r.plan.micro_batches)
-    if r.rank == r.writer:
-        print(f"hal train: {rebalance_text(before, after, done)}", file=sys.stderr, flush=True)
-    return [rep.rows for rep in after.replicas]
+    return {**meta, **plans}
 
 
 def _save(r: RankRun, checkpoint_dir: Path, done: int) -> str:
     from hal.parallel.state.checkpoint import save_checkpoint
 
-    # replicas hold the same weights at a checkpoint (every step, or a meeting of local SGD): replica 0 writes; under
-    # local SGD the others add their own inner optimizer states, and the outer momentum goes beside the weights
-    inner_file, inner_files, outer = None, [], None
-    if r.local_sgd is not None:
-        from hal.parallel.state.checkpoint import inner_file_name
-
-        assert r.job.replicas is not None
-        inner_files = [inner_file_name(i, k) for i, rep in enumerate(r.job.replicas.replicas) if i > 0
-                       for k in range(rep.plan.num_stages)]
-        inner_file = inner_file_name(r.replica, r.engine.coord.stage) if r.replica > 0 else None
-        outer = r.local_sgd.velocity if r.local_sgd.momentum else None
-    wire, wire_files = None, []
-    if r.exchange is not None and r.exchange.fp8 is not None:  # what the fp8 sends rounded away: carried over a restart
-        wire_files = r.exchange.residual_files()
-        file = r.exchange.residual_file()
-        wire = None if file is None else (file, r.replica, r.exchange.residuals_by_name())
-    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=r.replica == 0,
-                               outer_momentum=outer, inner_file=inner_file, inner_files=inner_files, wire=wire,
-                               wire_files=wire_files))
+    parts = r.replicas.checkpoint_parts(r.engine.coord.stage)
+    return str(save_checkpoint(checkpoint_dir, done, r.engine, r.optimizer, _checkpoint_meta(r, done), write=parts.write,
+                               outer_momentum=parts.outer_momentum, inner_file=parts.inner_file,
+                               inner_files=parts.inner_files, wire=parts.wire, wire_files=parts.wire_files))
 
 
 def _open_log(path: Path, resumed: bool) -> TextIO:
@@ -505,8 +361,7 @@ def _open_board(r: RankRun) -> Any:
 
 def _first_step_why(r: RankRun) -> str:
     """What may keep the run's first step long, for ``SlowStepNotice``."""
-    plans = [r.job.plan] if r.job.replicas is None else [replica.plan for replica in r.job.replicas.replicas]
-    if any(plan.stage_compiles(k) for plan in plans for k in range(plan.num_stages)):
+    if any(plan.stage_compiles(k) for plan in r.job.plans() for k in range(plan.num_stages)):
         return ("the first step compiles the decoder layers (torch.compile, every stage its own: a minute or more "
                 "on a GPU; compile: false skips it)")
     return "the first step also allocates memory and loads kernels"
@@ -515,10 +370,9 @@ def _first_step_why(r: RankRun) -> str:
 def train(r: RankRun) -> None:
     """Steps ``start+1 .. steps``; the writer logs each one; checkpoints every N steps and at the end."""
     is_writer = r.rank == r.writer
-    save_every, eval_every = r.job.train.checkpoint_every, r.job.train.eval_every
-    plan = r.job.plan
+    train, replicas = r.job.train, r.replicas
     checkpoint_dir = r.job.checkpoint_dir
-    tokens = (r.job.replicas.global_batch if r.job.replicas is not None else plan.global_batch_size) * r.seq
+    tokens = replicas.tokens_per_step * r.seq
     log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
     board = _open_board(r) if is_writer else None
     progress = Progress(r.steps) if is_writer else None
@@ -527,46 +381,37 @@ def train(r: RankRun) -> None:
     skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
     began = time.perf_counter()
     timeline_step = r.steps - 1 if r.job.profile else None
-    rebalanced: list[int] | None = None  # the rows a mid-run rebalance just set (the next step's record says so)
     order = None  # parallel.order: measured — the calibration's choice, once made
-    note = measured_order.skipped(r.plan, r.start, r.steps)
+    note = measured_order.skipped(replicas.plan, r.start, r.steps)
     if note is not None and is_writer:
-        print(f"hal train: warning: {note}", file=sys.stderr, flush=True)
+        _say(f"warning: {note}")
     try:
         for step in range(r.start, r.steps):
             origin = _common_start(r) if step == timeline_step else None
-            calibrating = measured_order.due_anywhere(r.job, r.plan, r.start, r.steps, step)
-            if measured_order.due(r.plan, r.start, r.steps, step):
+            calibrating = measured_order.due_anywhere(r.job.plans(), r.start, r.steps, step)
+            if measured_order.due(replicas.plan, r.start, r.steps, step):
                 r.engine.measure_on_device = True  # the device's own times, not the host's enqueueing
             first = progress is not None and step == r.start  # a long first step says so (once a run: the writer)
             with SlowStepNotice(progress, step + 1, _first_step_why(r)) if first else contextlib.nullcontext():
                 loss, row = train_step(r, step)
             if calibrating:
-                order = measured_order.calibrate(r, step) or order
+                order = measured_order.calibrate(r.engine, replicas, r.rank, r.writer, r.start, r.steps, step) or order
                 r.engine.measure_on_device = r.job.profile
             times = gather_times(row, r.writer)
             moe = gather_moe(r)
             if origin is not None:
                 write_timeline(r, step + 1, origin)
-            evaluation = evaluate(r) if eval_every and (step + 1) % eval_every == 0 else None
+            evaluation = evaluate(r) if train.eval_every and (step + 1) % train.eval_every == 0 else None
             if is_writer:
                 assert loss is not None and times is not None and log is not None and progress is not None
-                record = run_record(r.job, r.seq, step + 1, loss, times, tokens)
-                record["lr"] = r.optimizer.param_groups[0]["lr"]
-                if r.job.train.grad_clip is not None:
-                    record["grad_norm"] = r.grad_norm  # before clipping (None: the step was skipped)
-                if evaluation is not None:
-                    record["eval_loss"], record["eval_ppl"] = evaluation, math.exp(min(evaluation, 80.0))
-                if moe is not None:
-                    record["moe"] = moe
-                if rebalanced is not None:  # this step was the first on re-balanced shares
-                    record["rebalanced"] = rebalanced
-                if order is not None and step + 1 == order.step - 1:  # the calibration step: what it chose
-                    record["order"] = order.to_dict()
-                if r.scaler is not None:  # the scale the step ran with; the same on every rank
-                    record["loss_scale"] = r.engine.loss_scale
-                    record["skipped"] = r.scaler.skipped_steps > skipped_before
-                    record["skipped_steps"] = skipped_before = r.scaler.skipped_steps
+                scaled = None
+                if r.scaler is not None:
+                    scaled = (r.engine.loss_scale, r.scaler.skipped_steps > skipped_before, r.scaler.skipped_steps)
+                    skipped_before = r.scaler.skipped_steps
+                notes = StepNotes(r.optimizer.param_groups[0]["lr"], train.grad_clip is not None, r.grad_norm, evaluation,
+                                  moe, replicas.rebalanced,
+                                  order.to_dict() if order is not None and step + 1 == order.step - 1 else None, scaled)
+                record = run_record(replicas.replicas, r.seq, step + 1, loss, times, tokens, notes)
                 records.append(record)
                 log.write(strict_json.dumps(record) + "\n")
                 log.flush()
@@ -576,9 +421,9 @@ def train(r: RankRun) -> None:
                 if evaluation is not None:
                     progress.evaluated(step + 1, evaluation)
             done = step + 1
-            if checkpoint_dir is not None and (done == r.steps or (save_every and done % save_every == 0)):
+            if checkpoint_dir is not None and (done == r.steps or (train.checkpoint_every and done % train.checkpoint_every == 0)):
                 checkpoint = _save(r, checkpoint_dir, done)
-            rebalanced = _rebalance(r, done) if r.shares is not None and r.shares.due(done, r.steps) else None
+            replicas.rebalance(done, r.steps, r.engine)  # rows: auto shares from measured times, when due
     finally:
         if progress is not None:
             progress.close()
@@ -587,7 +432,8 @@ def train(r: RankRun) -> None:
         if board is not None:
             board.close()
     if is_writer:
-        summary = run_summary(r.job, r.seq, r.steps, r.start, records, time.perf_counter() - began, checkpoint)
+        summary = run_summary(r.job, replicas.replicas, r.seq, r.steps, r.start, records, time.perf_counter() - began,
+                              checkpoint)
         Path(r.job.run_dir, "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

@@ -11,39 +11,35 @@ from hal.parallel.schedules import simulate
 from hal.parallel.schedules.pairs import stage_pairs
 
 
-def plan_report(run: RunConfig) -> dict[str, Any]:
-    """The validated plan and its topology as plain data (``--json`` prints exactly this)."""
+def plan_report(run: RunConfig, index: int = 0) -> dict[str, Any]:
+    """Replica ``index``'s validated plan and its topology over its own ranks as plain data (a run of one plan:
+    ``--json`` prints exactly this)."""
+    replica = run.replicas.replicas[index]
+    plan, topology = replica.plan, replica.topology()
     return {
         "config": run.origin,
         "model": run.model.to_dict(),
-        "plan": run.plan.to_dict(),
+        "plan": plan.to_dict(),
         "train": run.train.to_dict(),
-        "global_batch_size": run.plan.global_batch_size,
+        "global_batch_size": plan.global_batch_size,
         "precision": run.hal.precision,
-        "stage_precision": [s.precision or run.hal.precision for s in run.plan.stages],
-        "topology": Topology.from_plan(run.plan).to_dict(),
-        "schedule": {**schedule_prediction(run.plan), **_pairs(run)},
+        "stage_precision": [s.precision or run.hal.precision for s in plan.stages],
+        "topology": topology.to_dict(),
+        "schedule": {**schedule_prediction(plan), **_pairs(run, plan, topology)},
     }
 
 
-def _pairs(run: RunConfig) -> dict[str, Any]:
+def _pairs(run: RunConfig, plan: ParallelPlan, topology: Topology) -> dict[str, Any]:
     """{"pairs": how each stage runs DualPipeV's pairs (``pairs.stage_pairs``)}, or nothing for a schedule without."""
-    topology = Topology.from_plan(run.plan)
-    how = [stage_pairs(run.plan.schedule, run.plan.num_stages, run.plan.micro_batches, m, run.model) for m in topology.stages]
+    how = [stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, m, run.model) for m in topology.stages]
     return {"pairs": how} if any(h is not None for h in how) else {}
 
 
 def replicated_report(run: RunConfig) -> dict[str, Any]:
-    """A run with ``parallel.replicas``: each replica's ``plan_report`` (its topology over its own ranks) with its rows,
-    the global batch and the sync settings."""
-    from dataclasses import replace
-
-    assert run.replicas is not None
-    replicas = []
-    for index, replica in enumerate(run.replicas.replicas):
-        report = plan_report(replace(run, plan=replica.plan, replicas=None))
-        report["topology"] = replica.topology().to_dict()
-        replicas.append({"replica": index, "rows": replica.rows, "ranks": list(replica.ranks), **report})
+    """A run of several replicas: each replica's ``plan_report`` with its rows, the global batch and the sync
+    settings."""
+    replicas = [{"replica": index, "rows": replica.rows, "ranks": list(replica.ranks), **plan_report(run, index)}
+                for index, replica in enumerate(run.replicas.replicas)]
     return {"config": run.origin, "model": run.model.to_dict(), "train": run.train.to_dict(),
             "global_batch_size": run.replicas.global_batch, "world_size": run.replicas.world_size,
             "replica_sync": run.replicas.sync.to_dict(), "replicas": replicas}

@@ -5,11 +5,13 @@ gathers and writes, this module says what the numbers mean."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hal.parallel.config.job import Job
+from hal.parallel.config.replicas import ReplicatedPlan
 from hal.parallel.config.topology import StageMesh, Topology
 from hal.parallel.schedules.pairs import stage_pairs
 
@@ -82,15 +84,51 @@ def step_record(step: int, loss: float, times: torch.Tensor, topology: Topology,
             "tokens_per_s": tokens / step_s if step_s > 0 else None, "stages": stages,
             "peak_tflops": None if math.isnan(peak) else peak}
 
-def run_record(job: Job, seq: int, step: int, loss: float, times: torch.Tensor, tokens: int) -> dict[str, Any]:
-    """``step_record`` of the run: with replicas, every replica's stages (each marked with its replica) and a line per
-    replica — its rows, tokens/s, the cross-replica exchange's seconds and share of the step, bytes it sent."""
-    if job.replicas is None:
-        return step_record(step, loss, times, job.topology, tokens)
+@dataclass(frozen=True)
+class StepNotes:
+    """What the writer adds to a step's line beyond the timing rows, each only where it applies."""
+
+    lr: float
+    clipped: bool = False  # train.grad_clip is set: the line carries the norm before clipping (None: step skipped)
+    grad_norm: float | None = None
+    evaluation: float | None = None  # the validation loss of an evaluation after this step
+    moe: dict[str, Any] | None = None  # the expert load (``merge_moe_tallies``)
+    rebalanced: list[int] | None = None  # the rows this step, the first on re-balanced shares, ran with
+    order: dict[str, Any] | None = None  # the calibration step: what it chose (``parallel.order: measured``)
+    loss_scale: tuple[float, bool, int] | None = None  # fp16: (the scale it ran with, skipped, skipped steps so far)
+
+
+def run_record(replicas: ReplicatedPlan, seq: int, step: int, loss: float, times: torch.Tensor, tokens: int,
+               notes: StepNotes) -> dict[str, Any]:
+    """One step's JSON line: ``step_record`` over every stage, then ``notes``; with several replicas, every replica's
+    stages (each marked with its replica) and a line per replica — its rows, tokens/s, the cross-replica exchange's
+    seconds and share of the step, bytes it sent. ``replicas``: the rows in force this step."""
+    record = _replica_record(replicas, seq, step, loss, times, tokens)
+    record["lr"] = notes.lr
+    if notes.clipped:
+        record["grad_norm"] = notes.grad_norm
+    if notes.evaluation is not None:
+        record["eval_loss"], record["eval_ppl"] = notes.evaluation, math.exp(min(notes.evaluation, 80.0))
+    if notes.moe is not None:
+        record["moe"] = notes.moe
+    if notes.rebalanced is not None:
+        record["rebalanced"] = notes.rebalanced
+    if notes.order is not None:
+        record["order"] = notes.order
+    if notes.loss_scale is not None:  # the scale the step ran with; the same on every rank
+        record["loss_scale"], record["skipped"], record["skipped_steps"] = notes.loss_scale
+    return record
+
+
+def _replica_record(replicas: ReplicatedPlan, seq: int, step: int, loss: float, times: torch.Tensor,
+                    tokens: int) -> dict[str, Any]:
+    topologies = replicas.topologies()
+    record = step_record(step, loss, times, topologies[0], tokens)
+    if not replicas.several:
+        return record
     col = {name: i for i, name in enumerate(TIME_FIELDS)}
-    record = step_record(step, loss, times, job.topologies()[0], tokens)
     record["stages"], record["replicas"] = [], []
-    for index, (replica, topology) in enumerate(zip(job.replicas.replicas, job.topologies())):
+    for index, (replica, topology) in enumerate(zip(replicas.replicas, topologies)):
         own = step_record(step, loss, times, topology, (replica.rows or 0) * seq)
         record["stages"] += [{**stage, "replica": index} for stage in own["stages"]]
         ranks = list(topology.ranks)
@@ -104,6 +142,7 @@ def run_record(job: Job, seq: int, step: int, loss: float, times: torch.Tensor, 
             # buckets whose exchange began during the backward (null: none of its stages overlaps)
             "buckets_during_backward": _buckets_early([times[list(m.ranks), col["replica_early"]] for m in topology.stages])})
     return record
+
 
 def _buckets_early(stages: list[torch.Tensor]) -> int | None:
     """A replica's buckets begun during the backward: each stage's (its ranks share its buckets: their max), summed."""
@@ -119,17 +158,18 @@ def steady_rate(records: list[dict[str, Any]]) -> float | None:
     seconds = sum(rec["step_s"] for rec in steady)
     return sum(rec["tokens"] for rec in steady) / seconds if seconds > 0 else None
 
-def run_summary(job: Job, seq: int, steps: int, start: int, records: list[dict[str, Any]], wall_s: float,
-                checkpoint: str | None) -> dict[str, Any]:
-    """``summary.json``: the run's losses, speed, MFU and each stage's share of the step, over the writer's records."""
+def run_summary(job: Job, replicas: ReplicatedPlan, seq: int, steps: int, start: int, records: list[dict[str, Any]],
+                wall_s: float, checkpoint: str | None) -> dict[str, Any]:
+    """``summary.json``: the run's losses, speed, MFU and each stage's share of the step, over the writer's records.
+    ``replicas``: the rows in force at the end (a rebalance moves them)."""
     from hal.parallel.config.flops import flops_per_token, mfu
 
     tokens = sum(rec["tokens"] for rec in records)
     rate = steady_rate(records)
     peak = records[0]["peak_tflops"] if records else None
-    stages = [stage_summary(m, records, at) for at, m in enumerate(all_stages(job))]
-    plans = [plan for plan, topology in zip(job.plans(), job.topologies()) for _ in topology.stages]
-    for stage, plan, mesh in zip(stages, plans, all_stages(job)):
+    stages = [stage_summary(m, records, at) for at, m in enumerate(all_stages(replicas))]
+    plans = [plan for plan, topology in zip(replicas.plans(), replicas.topologies()) for _ in topology.stages]
+    for stage, plan, mesh in zip(stages, plans, all_stages(replicas)):
         how = stage_pairs(plan.schedule, plan.num_stages, plan.micro_batches, mesh, job.model)  # DualPipeV: "at once", or "in turn: " and why
         if how is not None:
             stage["pairs"] = how
@@ -169,9 +209,9 @@ def replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                          sum(r["buckets_during_backward"] or 0 for r in own) / len(own))})
     return out
 
-def all_stages(job: Job) -> list[StageMesh]:
+def all_stages(replicas: ReplicatedPlan) -> list[StageMesh]:
     """Every stage of the run in record order: replica 0's, then replica 1's ... (one plan: its stages)."""
-    return [m for topology in job.topologies() for m in topology.stages]
+    return [m for topology in replicas.topologies() for m in topology.stages]
 
 def stage_summary(mesh: StageMesh, records: list[dict[str, Any]], at: int) -> dict[str, Any]:
     """One stage in the summary: its grid and layers, its largest rank's peak memory over the run (the

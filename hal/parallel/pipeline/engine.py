@@ -36,7 +36,7 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Literal
 
 import torch
 
@@ -57,6 +57,9 @@ from hal.parallel.schedules.pairs import stage_pairs
 from hal.parallel.schedules.placement import neighbours
 
 BUCKET_BYTES = 16 * 2**20
+# Who sums a rank's gradients over its dp group: the engine after the backward, the optimizer inside its step
+# (ZeRO-1's reduce-scatter), or the replicas' exchange during the backward (``replicas.replica_set.dp_grad_sum``).
+DpGradSum = Literal["engine", "optimizer", "backward"]
 
 
 @dataclass
@@ -124,8 +127,6 @@ class PipelineEngine:
         self.coord = mesh.coord
         self.rank = mesh.stage.rank  # global rank (transfer plans use global ranks)
         self.layout = mesh.layout  # this stage's grid, layers and options
-        # set by the replicas' exchange when it sums the dp gradients itself, during the backward (replicas.overlap)
-        self.grads_summed_elsewhere = False
         self.first, self.last = mesh.first, mesh.last  # the model's first chunk (embedding), its last (head, loss)
         self.backend, self.device, self.dtype = backend, device, dtype
         self.autocast = autocast or contextlib.nullcontext
@@ -173,9 +174,10 @@ class PipelineEngine:
         self._deferred: dict[tuple[Kind, int, int], _Posted] = {}  # receives posted, not yet claimed (interleaved)
         self._output_like: dict[int, tuple[tuple[int, ...], torch.dtype]] = {}  # per chunk: what its forward sends on
         self.loss_scale = 1.0  # the pipeline's dynamic loss scale (parallel.loop.loss_scale), applied by the last stage
-        # False when the optimizer sums gradients over dp itself (ZeRO-1's reduce-scatter: half the
-        # traffic of the all-reduce); p.grad then holds this replica's part only.
-        self.reduce_dp_grads = True
+        # Who sums the gradients over dp, one answer set once by the rank's setup (``replicas.replica_set.dp_grad_sum``):
+        # "engine" (here, after the backward), "optimizer" (ZeRO-1's reduce-scatter: half the traffic of the
+        # all-reduce; p.grad then holds this replica's part only) or "backward" (the replicas' exchange, during it).
+        self.dp_grads: DpGradSum = "engine"
 
     def run_pairs_at_once(self, on: bool) -> None:
         """From the next step, DualPipeV's pairs at once (where ``pair_overlap`` says the stage can) or one after
@@ -378,7 +380,7 @@ class PipelineEngine:
         self.timer.add("schedule", start, self.timer.mark(), "schedule")
         with self._timed("grad_sync", "grad sync"):
             self._fill_idle_experts()
-            if self.reduce_dp_grads and not self.grads_summed_elsewhere:
+            if self.dp_grads == "engine":
                 self._sync_dp_grads()
             if self.module.needs_tied_grad_sync:
                 sync_tied_embedding_grads(self.module, self.mesh.embedding)

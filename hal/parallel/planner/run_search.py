@@ -278,7 +278,7 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
 
     cluster, profile, cost = planning_inputs(run, cluster_file, profile_file)
     notes = [f"priced with {profile_file} on {cluster.origin}"]
-    plans = [run.plan] if run.replicas is None else [r.plan for r in run.replicas.replicas]
+    plans = run.replicas.plans()
     unfused = unfused_head_note(plans, profile)
     if unfused:
         notes.append(unfused)
@@ -287,8 +287,9 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
         notes.append(f"stage precision {', '.join(odd)} priced at the profile's {run.hal.precision} (hal profile of a "
                      "config at that precision times it)")
 
-    if run.replicas is None:
-        prediction = cost.predict(run.plan, Placement.pack(run.plan, stage_kinds(cluster, run.plan)), measured_order=True)
+    if not run.replicas.several:
+        plan = run.replicas.plan
+        prediction = cost.predict(plan, Placement.pack(plan, stage_kinds(cluster, plan)), measured_order=True)
         return {"prediction": prediction.to_dict(), "notes": notes}
     rep = run.replicas
     if not rep.resolved:  # rows: auto -> each auto replica's predicted speed on the whole batch, as the search shares

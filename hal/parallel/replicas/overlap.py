@@ -19,7 +19,7 @@ so no communicator starts and no page-locked staging buffer is allocated while a
 (either synchronizes the device: the suspects, with CCL calls from two threads, of the first design — the reduce
 and hand-back from a worker thread — which stopped on two-GPU stages on H200s: docs/replicas.md).
 
-A rank's stage overlaps when its gradients are its own (tp 1, no expert shards, no ZeRO-1, no tied copy on another
+A rank's stage overlaps when its gradients are its own (tp 1, no expert shards, no tied copy on another
 stage, a schedule whose backward is not split into I and W: the split's W adds to ``.grad`` by hand, which no hook
 sees); other stages — and any bucket whose parameters never reported — take the exchange after the backward, in the
 same order, so mixed replicas still pair up. The result is the exchange's after the backward, up to the order of the
@@ -54,8 +54,6 @@ def overlappable(engine: PipelineEngine, mode: str = "on") -> str | None:
         return "tp > 1 (full gradients are gathered over tp after the backward)"
     if engine.layout.ep > 1 or any(expert_shard(p) for p in engine.module.parameters()):
         return "experts (some receive no tokens in a step: their gradients are filled after the backward)"
-    if not engine.reduce_dp_grads:
-        return "ZeRO-1 (the optimizer reduce-scatters the gradients)"
     if engine.module.needs_tied_grad_sync:
         return "a tied embedding on two stages"
     if engine.schedule.splits_backward:
@@ -95,8 +93,6 @@ class BackwardOverlap:
             self._group.all_reduce(torch.zeros(1, device=engine.device))
         if any(everyone):
             exchange.warm_up()  # every rank, in the one order: the bridge's staging buffers exist before a step
-        if self.eligible:
-            engine.grads_summed_elsewhere = True  # the dp sum is the reduce below, bucket by bucket
         self.params = dict(engine.module.named_parameters())
         self.mine: list[Bucket] = list(exchange.mine) if self.eligible else []
         self._names = [[n for n in b.names if n in self.params] for b in self.mine]
