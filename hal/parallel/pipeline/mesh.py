@@ -3,7 +3,8 @@ which group syncs, shards or gathers each parameter (``Mesh``).
 
 ``build_mesh`` creates every rank's TP, DP and stage groups, each boundary k→k+1's group over the union of both
 stages' ranks (boundary resharding runs inside it), the expert-parallel groups and the tied-embedding and
-wrap-around links. Groups are made with ``collectives.process_groups.make_layout``, which splits any rank set
+wrap-around links. Groups are made by ``make_groups`` (the one place: the replicas' extra groups too) with
+``collectives.process_groups.make_layout``, which splits any rank set
 into islands by backend, so a boundary between a CUDA stage and a CPU stage is bridged by the collectives with
 no special case here.
 """
@@ -162,6 +163,23 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
     return sets
 
 
+def make_groups(world: World, rank_sets: Sequence[Sequence[int]], *,
+                validate: bool = True) -> dict[tuple[int, ...], Communicator | None]:
+    """One communicator per rank set, in the given order, made by every rank of the world (torch creates groups
+    collectively, member or not): this rank's, or None where it is not a member. Every group of a job is made here —
+    the mesh's, and those the replicas add beside it (their bridge speakers, the overlap's stage groups) — so one
+    function holds the rule; a rank set given twice gets a second communicator of its own (its own stream)."""
+    from hal.collectives.communicator import Communicator
+    from hal.collectives.process_groups import make_layout
+
+    made: dict[tuple[int, ...], Communicator | None] = {}
+    for ranks in rank_sets:
+        key = tuple(ranks)
+        layout = make_layout(world, key)  # every rank calls this, member or not
+        made[key] = Communicator(layout, world, validate=validate) if world.rank in key else None
+    return made
+
+
 def build_mesh(topology: Topology, world: World | None = None, *, validate: bool = True,
                tied_embeddings: bool = False) -> Mesh:
     """Create every stage, TP, DP and boundary communicator; return the ones this rank belongs to.
@@ -177,8 +195,7 @@ def build_meshes(topologies: Sequence[Topology], world: World | None = None, *, 
     """``build_mesh`` for several plans side by side (replicas, ``parallel.config.replicas``): each topology over its
     own consecutive ranks, together the world. Every rank creates every topology's groups, in topology order; it
     gets its Mesh in the topology holding it."""
-    from hal.collectives.communicator import Communicator
-    from hal.collectives.process_groups import current_world, make_layout
+    from hal.collectives.process_groups import current_world
 
     world = world or current_world()
     _check_world_matches(topologies, world)
@@ -188,8 +205,7 @@ def build_meshes(topologies: Sequence[Topology], world: World | None = None, *, 
     for topology in topologies:
         for kind, where, _index, ranks in _group_sets(topology, tied_embeddings):
             if ranks not in made:
-                layout = make_layout(world, ranks)  # every rank calls this, member or not
-                made[ranks] = Communicator(layout, world, validate=validate) if world.rank in ranks else None
+                made.update(make_groups(world, [ranks], validate=validate))
             comm = made[ranks]
             if comm is not None and topology is own:
                 mine[(kind, where)] = comm

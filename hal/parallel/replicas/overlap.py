@@ -71,8 +71,7 @@ class BackwardOverlap:
         made on every rank, as torch's rule for new groups asks; then the groups and the bridge are warmed up."""
         import torch.distributed as dist
 
-        from hal.collectives.communicator import Communicator
-        from hal.collectives.process_groups import make_layout
+        from hal.parallel.pipeline.mesh import make_groups
 
         self.exchange, self.engine = exchange, engine
         world = exchange.world
@@ -81,14 +80,11 @@ class BackwardOverlap:
         dist.all_gather_object(everyone, self.why_not is None)  # the default group: gloo on every rank
         self.eligible = self.why_not is None
         self._group: Communicator | None = None  # the stage's ranks (its dp group), for the reduce and hand-back
-        for topology in replicas:  # every rank walks the same stages in the same order
-            for stage in topology.stages:
-                ranks = list(stage.ranks)
-                if len(ranks) < 2 or not all(everyone[r] for r in ranks):
-                    continue
-                layout = make_layout(world, ranks)  # on every rank: torch's new_group rule
-                if world.rank in ranks:
-                    self._group = Communicator(layout, world, validate=False)
+        stages = [list(stage.ranks) for topology in replicas for stage in topology.stages  # the same order everywhere
+                  if len(stage.ranks) > 1 and all(everyone[r] for r in stage.ranks)]
+        for group in make_groups(world, stages, validate=False).values():  # a second group beside the mesh's: its own stream
+            if group is not None:
+                self._group = group
         if self._group is not None:  # the group's communicator starts now, not under a waiting kernel (module doc)
             self._group.all_reduce(torch.zeros(1, device=engine.device))
         if any(everyone):

@@ -149,8 +149,7 @@ class ReplicaExchange:
     def __init__(self, mesh: Mesh, module: torch.nn.Module, replica: int, replicas: Sequence[Any], world: World, *,
                  compress: str = "none", bucket_bytes: int = BUCKET_BYTES, validate: bool = False) -> None:
         """``replicas``: every replica's Topology, in replica order (``mesh.topology`` is this rank's, ``replica``-th)."""
-        from hal.collectives.communicator import Communicator
-        from hal.collectives.process_groups import make_layout
+        from hal.parallel.pipeline.mesh import make_groups
 
         self.mesh, self.module, self.replica, self.world = mesh, module, replica, world
         self.wire = WIRE_DTYPES[compress]
@@ -169,10 +168,8 @@ class ReplicaExchange:
 
             raise ConfigError(str(exc)) from None
         self.shapes = dict(mine.shapes)
-        self.groups: dict[tuple[int, ...], Communicator | None] = {}
-        for speakers in sorted({b.speakers for b in self.buckets}):  # the same order on every rank
-            layout = make_layout(world, speakers)
-            self.groups[speakers] = Communicator(layout, world, validate=validate) if world.rank in speakers else None
+        # one group per speaker set, the same order on every rank
+        self.groups = make_groups(world, sorted({b.speakers for b in self.buckets}), validate=validate)
         # My buckets, in the one global order (which keeps every rank's collectives deadlock-free): those my stage
         # holds, and a tied embedding's, whose sum my stage's second copy takes from the first stage's broadcast.
         self.tied_copy = bool(mine.tied_copy)
