@@ -49,8 +49,8 @@ class CountingComm:
 
 def measure(checkpoint: bool, seq: int, tp_comm: Any = None, sp: bool = False, layers: range | None = None) -> dict[str, Any]:
     """Loss, gradients (local shards, and the input's when not first), saved tensors and collectives."""
-    from hal.parallel.models.decoder import build_stage
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import build_stage
 
     cfg = config(seq)
     layers = layers if layers is not None else range(cfg.num_layers)

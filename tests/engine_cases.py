@@ -39,8 +39,8 @@ def reference(plan_raw: dict, steps: int, lr: float, seed: int = 0, tied: bool =
 @functools.cache
 def _reference(micro_batches: int, micro_batch_size: int, steps: int, lr: float, seed: int, tied: bool,
                num_layers: int) -> dict[str, Any]:
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     model = full_model(model_config(tied, num_layers), seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -85,7 +85,7 @@ def _engine_run(plan_raw: dict, steps: int, lr: float, seed: int, tied: bool, nu
     from hal.collectives import current_world
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
-    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.models.shards import gather_full_grads
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 

@@ -96,7 +96,7 @@ def tp2_then_dp2(rank: int, world: int, directories: list[str]) -> dict[str, Any
     on ranks 2-3, each rank loading only its slices; a stage-1 replica returns the full logits of its row."""
     from hal.collectives import world_communicator
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
 
     comm = world_communicator()
     tp_pair = comm.subgroup((0, 1))
@@ -146,7 +146,7 @@ def load_peak(rank: int, world: int, directory: str) -> dict[str, Any]:
     """Load the whole model as a tp=world stage; this rank's peak host memory while loading, and its shard's size."""
     from hal.collectives import world_communicator
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
 
     comm = world_communicator()
     config = ModelConfig.from_mapping({"hf": directory, "weights": True})

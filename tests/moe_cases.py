@@ -33,8 +33,8 @@ def reference(plan_raw: dict, moe: dict[str, Any], steps: int, lr: float, seed: 
 def _reference(M: int, micro_batch_size: int, moe_items: tuple[tuple[str, Any], ...], steps: int, lr: float,
                seed: int) -> dict[str, Any]:
     """``reference`` of one micro-batching (cached for the test session: plans sharing it share one run)."""
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     config = model_config(dict(moe_items))
     model = full_model(config, seed)
@@ -64,7 +64,7 @@ def engine_run(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], steps
     from hal.collectives import current_world
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology
-    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.models.shards import gather_full_grads
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 
@@ -96,7 +96,7 @@ def scaled_grads(rank: int, world: int, plan_raw: dict, moe: dict[str, Any], sca
     from hal.collectives import current_world
     from hal.parallel.config.plan import parse_plan
     from hal.parallel.config.topology import Topology
-    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.models.shards import gather_full_grads
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 

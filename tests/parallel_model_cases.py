@@ -27,8 +27,9 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(config: ModelConfig) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(loss, full grads, full params) of the single-process model."""
-    from hal.parallel.models.decoder import full_model, gather_full_grads, gather_full_params
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.shards import gather_full_grads, gather_full_params
+    from hal.parallel.models.stage import full_model
 
     model = full_model(config, SEED)
     ids, labels = data()
@@ -50,8 +51,9 @@ def compare(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[
 def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
     """tp=world over the whole model, for sp off/on and untied/tied embeddings."""
     from hal.collectives import world_communicator
-    from hal.parallel.models.decoder import build_stage, gather_full_grads, gather_full_params
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.shards import gather_full_grads, gather_full_params
+    from hal.parallel.models.stage import build_stage
 
     comm = world_communicator()
     ids, labels = data()
@@ -76,8 +78,9 @@ def tp_equivalence(rank: int, world: int) -> list[dict[str, Any]]:
 def pipeline_tied_two_ranks(rank: int, world: int) -> dict[str, Any]:
     """Two stages on two processes (tp=1 each), tied embeddings summed by sync_tied_embedding_grads."""
     from hal.collectives import world_communicator
-    from hal.parallel.models.decoder import build_stage, gather_full_grads, sync_tied_embedding_grads
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.shards import gather_full_grads
+    from hal.parallel.models.stage import build_stage, sync_tied_embedding_grads
 
     comm = world_communicator()
     config = small_config(tied=True)
@@ -111,8 +114,9 @@ def pipeline_mixed(rank: int, world: int) -> dict[str, Any]:
         sum runs over all four ranks (different TP degrees: full-vocab path).
     """
     from hal.collectives import world_communicator
-    from hal.parallel.models.decoder import build_stage, gather_full_grads, sync_tied_embedding_grads
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.shards import gather_full_grads
+    from hal.parallel.models.stage import build_stage, sync_tied_embedding_grads
 
     comm = world_communicator()
     groups = {r: comm.subgroup(r) for r in ((0, 1), (2, 3), (0, 2), (1, 3))}  # every rank creates every group

@@ -33,7 +33,7 @@ def replica_run(rank: int, world: int, raw: dict, steps: int, lr: float, seed: i
     from hal.collectives import current_world
     from hal.parallel.config.replicas import parse_replicated, validate_replicated
     from hal.parallel.loop.zero import Zero1AdamW
-    from hal.parallel.models.decoder import gather_full_grads, gather_full_params
+    from hal.parallel.models.shards import gather_full_grads, gather_full_params
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
     from hal.parallel.replicas.local_sgd import LocalSGD

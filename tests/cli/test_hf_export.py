@@ -11,7 +11,7 @@ import yaml
 
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.decoder import full_model
+from hal.parallel.models.stage import full_model
 from hal.parallel.state.checkpoint import read_meta, read_tensors, resolve
 from hal.parallel.state.hf_checks import check_weights
 from hal.parallel.state.hf_export import Source, export_hf, plan_shards, tokenizer_files

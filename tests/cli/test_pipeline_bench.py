@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_parameter_count_matches_the_built_model() -> None:
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     model = PRESETS["tiny"]
     built = sum(p.numel() for p in full_model(ModelConfig(**model), seed=0).parameters())

@@ -37,8 +37,8 @@ def test_saving_shrinks_to_one_input_per_layer() -> None:
 
 
 def test_no_grad_forward_skips_checkpointing() -> None:
-    from hal.parallel.models.decoder import build_stage
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import build_stage
 
     cfg = cases.config(16)
     ids, labels = cases.data(16)
@@ -49,7 +49,7 @@ def test_no_grad_forward_skips_checkpointing() -> None:
 
 
 def test_build_stage_default_is_off() -> None:
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
 
     cfg = cases.config(16)
     assert not build_stage(cfg, range(3), first=True, last=True, tp_comm=None, sp=False, seed=0).checkpoint

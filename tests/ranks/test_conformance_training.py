@@ -84,7 +84,7 @@ def test_curves_and_gradient_tables_are_reported(clean_run: dict[str, Outcome]) 
     assert clean_run["loss_curve/fp32"].metrics["mean_rel_dev"] == 0.0  # the CPU's ops are the reference's
     assert clean_run["loss_curve/bf16-mixed"].metrics["mean_rel_dev"] > 0  # autocast really ran in bf16
     grads = clean_run["grad_agreement/bf16-mixed"]
-    n_params = len(list(torch.nn.Module.parameters(__import__("hal.parallel.models.decoder", fromlist=["full_model"]).full_model(MODEL, 0))))
+    n_params = len(list(torch.nn.Module.parameters(__import__("hal.parallel.models.stage", fromlist=["full_model"]).full_model(MODEL, 0))))
     assert len(grads.data["params"]) == len(grads.data["rel_l2"]) == n_params
     assert grads.data["worst_param"] in grads.data["params"] and 0 < grads.metrics["rel_l2"] < suite.GRAD_BOUNDS["bf16-mixed"]
     pipe = clean_run["pipeline/2stage_tp2_to_dp2/world4"]

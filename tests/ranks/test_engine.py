@@ -191,7 +191,7 @@ def test_sends_overlap_compute(tmp_path) -> None:  # type: ignore[no-untyped-def
 
 def test_loss_fn_is_the_engines_to_choose() -> None:
     """The last stage returns logits; ``loss_fn`` turns each micro-batch's into its loss (default: the token mean)."""
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     from ..engine_cases import MODEL, batch, first_half_loss
 

@@ -67,8 +67,8 @@ def test_chunks_fit_the_logits_budget() -> None:
 
 def test_autocast_runs_the_head_in_its_dtype_and_keeps_the_loss_in_fp32() -> None:
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import build_stage
     from hal.parallel.models.fused_head import fused_head_cross_entropy
+    from hal.parallel.models.stage import build_stage
 
     config = ModelConfig(vocab_size=VOCAB, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, ffn_hidden_size=16, max_seq_len=4)
     stage = build_stage(config, range(1), first=True, last=True, tp_comm=None, sp=False, seed=0, fused_head=True)

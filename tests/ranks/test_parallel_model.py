@@ -6,8 +6,9 @@ from typing import Any
 import pytest
 import torch
 
-from hal.parallel.models.decoder import build_stage, full_model, gather_full_grads, gather_full_params, sync_tied_embedding_grads
 from hal.parallel.models.layers import ShardSpec, vocab_parallel_cross_entropy
+from hal.parallel.models.shards import gather_full_grads, gather_full_params
+from hal.parallel.models.stage import build_stage, full_model, sync_tied_embedding_grads
 
 from .. import parallel_model_cases as cases
 from ..dist_harness import ok_values as _ok

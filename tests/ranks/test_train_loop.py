@@ -58,7 +58,7 @@ def norm_body(rank: int, world: int, tied: bool, max_norm: float = 1e9) -> Any:
     norm = clip_global_norm(engine.module, max_norm, tp_rank=engine.coord.tp, dp_rank=engine.coord.dp, skip=skip)
     if max_norm == 1e9:
         return norm
-    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.models.shards import gather_full_grads
 
     return norm, {n: g.tolist() for n, g in gather_full_grads(engine.module).items()}
 

@@ -9,8 +9,8 @@ from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, parse_plan
 from hal.parallel.config.topology import Topology
-from hal.parallel.models.decoder import full_model
 from hal.parallel.models.loss import token_sum_cross_entropy
+from hal.parallel.models.stage import full_model
 from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
 
 from ..conftest import has_cuda

@@ -27,7 +27,7 @@ SHAPES = {  # the family a model of these keys is named and exported as
 
 
 def test_every_family_is_registered_once_under_its_model_type() -> None:
-    assert family_names() == ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+    assert family_names() == ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "gpt_neox")
     for name in family_names():
         family = get_family(name)
         assert isinstance(family, Family) and family.model_type == name and str(family) == name

@@ -11,7 +11,7 @@ import torch
 
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.decoder import rope_tables
+from hal.parallel.families.rotary import rope_tables
 
 # The published shapes of Llama-3.2-1B's config.json (the fields the mapping reads).
 LLAMA_32_1B: dict[str, Any] = {

@@ -11,7 +11,7 @@ import torch
 
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.models.decoder import full_model
+from hal.parallel.models.stage import full_model
 from hal.parallel.state.hf_checks import check_weights
 
 from .. import hf_cases as cases
@@ -92,8 +92,8 @@ def _rewrite(directory: Path, change: Callable[[dict[str, torch.Tensor]], object
 
 def test_an_unsupported_architecture_is_refused(llama: Path) -> None:
     config = json.loads((llama / "config.json").read_text())
-    (llama / "config.json").write_text(json.dumps({**config, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}))
-    _refused(llama, "model_type 'gpt_neox' is not one hal's decoder represents; supported: llama, mistral, qwen2, mixtral, qwen2_moe")
+    (llama / "config.json").write_text(json.dumps({**config, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    _refused(llama, "model_type 'gpt2' is not one hal's decoder represents; supported: llama, mistral, qwen2, mixtral, qwen2_moe")
 
 
 def test_a_truncated_shard_is_refused(sharded: Path) -> None:

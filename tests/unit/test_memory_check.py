@@ -20,7 +20,7 @@ def _plan(*stages: StagePlan, zero1: bool = False) -> ParallelPlan:
 
 
 def test_parameter_count_matches_the_built_model() -> None:
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     for tied in (False, True):
         model = ModelConfig(vocab_size=96, hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
@@ -41,7 +41,7 @@ def test_zero1_past_dp_8_and_expert_parallelism_shrink_a_ranks_share() -> None:
     """ZeRO-1 over 16 replicas keeps 8/16 bytes of AdamW state a parameter (not 0); routed experts split over ep,
     and under ZeRO-1 their state over the dp / ep replicas of each shard, as the built shards are."""
     from hal.parallel.config.memory import routed_expert_parameters
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     model = ModelConfig(hidden_size=64, num_layers=4)
     plain = rank_bytes(model, _plan(StagePlan("cpu", 16, 4, dp=16)), 0)

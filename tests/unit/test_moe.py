@@ -152,7 +152,7 @@ def test_an_aux_loss_attached_to_the_activations_gets_its_gradient_in_their_back
 def test_parameter_counts_are_the_built_models_and_flops_count_the_active_experts(moe: dict) -> None:
     from hal.parallel.config.flops import flops_per_token, model_parameters
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                          max_seq_len=8, **moe)
@@ -172,7 +172,7 @@ def test_activation_checkpointing_counts_each_forward_once_and_keeps_the_gradien
     tallied once, and the gradients are the plain stage's — compiled too (the tally is in the layer's graph,
     the recompute a graph of its own)."""
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
     from hal.parallel.pipeline.compile_stage import compile_layers, eager_first_forward
 
     config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,

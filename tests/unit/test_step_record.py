@@ -10,7 +10,7 @@ from hal.parallel.config.flops import flops_per_token, mfu, model_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan
 from hal.parallel.config.topology import Topology
-from hal.parallel.models.decoder import full_model
+from hal.parallel.models.stage import full_model
 from hal.parallel.observe.records import TIME_FIELDS, step_record
 
 TOPOLOGY = Topology.from_plan(ParallelPlan((StagePlan("cuda", 1, 1), StagePlan("cpu", 1, 1)), "1f1b", 2, 1))

@@ -102,8 +102,8 @@ def test_a_bias_gradient_is_deferred_with_its_weight_and_equals_autograds() -> N
 def test_a_qkv_bias_model_split_backward_equals_the_plain_one() -> None:
     """The decoder with Qwen2's qkv bias: every gradient, bias included, the same through the zero-bubble split."""
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                          max_seq_len=8, qkv_bias=True)
@@ -130,7 +130,7 @@ def test_a_checkpointed_stage_recomputes_the_split_linears_and_defers_their_weig
     ``splittable``, so it must build the split linears again (``decoder._Replayed``); else torch's checkpoint refuses
     the recomputed tensors, and the weight gradients are no longer deferred."""
     from hal.parallel.config.model import ModelConfig
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
 
     model = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                         max_seq_len=16)

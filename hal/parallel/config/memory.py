@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan
+from hal.parallel.families.registry import get_family
 
 WEIGHT_AND_GRADIENT_BYTES = 8  # fp32 weights + fp32 gradients, per parameter
 OPTIMIZER_BYTES = 8  # AdamW's two fp32 moments, per parameter
@@ -19,23 +20,25 @@ GIB = 2**30
 
 
 def layer_parameters(model: ModelConfig, index: int | None = None, *, active: bool = False) -> int:
-    """One decoder layer: q/o projections, k/v at the kv width (and their bias), the feed-forward and two norms.
-
-    The feed-forward is the dense SwiGLU MLP, or in an MoE layer the router, every expert (``active``: the
-    top-k experts a token runs through) and the shared expert. ``index``: that layer; None: the mean layer
-    of the model (rounded), what per-layer estimates of a uniform split use.
+    """One decoder layer's parameters, as the model's family counts them (``Family.layer_parameters``: for Llama's
+    blocks the q/o projections, k/v at the kv width and their bias, the feed-forward and two norms; in an MoE layer
+    the router, every expert — ``active``: the top-k experts a token runs through — and the shared expert).
+    ``index``: that layer; None: the mean layer of the model (rounded), what per-layer estimates of a uniform
+    split use.
     """
     if index is None:
         return round(sum(layer_parameters(model, i, active=active) for i in range(model.num_layers)) / model.num_layers)
-    hidden, kv_width = model.hidden_size, model.num_kv_heads * model.head_dim
-    bias = hidden + 2 * kv_width if model.qkv_bias else 0
-    attention = 2 * hidden * hidden + 2 * hidden * kv_width + 2 * hidden + bias
-    if not model.is_moe_layer(index):
-        return attention + 3 * hidden * model.ffn_hidden_size
-    experts = model.moe_top_k if active else model.moe_num_experts
-    expert = 3 * hidden * (model.moe_ffn_hidden_size or model.ffn_hidden_size)
-    shared = 3 * hidden * model.moe_shared_ffn_size + (hidden if model.moe_shared_gate else 0)
-    return attention + model.moe_num_experts * hidden + experts * expert + shared
+    return get_family(model.family).layer_parameters(model, index, active=active)
+
+
+def embedding_parameters(model: ModelConfig) -> int:
+    """The input embedding table (the untied head is as large)."""
+    return model.vocab_size * model.hidden_size
+
+
+def final_norm_parameters(model: ModelConfig) -> int:
+    """The norm after the last layer, as the model's family counts it."""
+    return get_family(model.family).norm_parameters(model)
 
 
 def routed_expert_parameters(model: ModelConfig, index: int) -> int:
@@ -48,11 +51,11 @@ def routed_expert_parameters(model: ModelConfig, index: int) -> int:
 def stage_parameters(model: ModelConfig, plan: ParallelPlan, index: int) -> int:
     """Parameters of stage ``index``: its layers, the embedding on the first, the norm and head on the last."""
     count = sum(layer_parameters(model, i) for i in plan.stage_layers(index))
-    embedding = model.vocab_size * model.hidden_size
+    embedding = embedding_parameters(model)
     if index == 0:
         count += embedding
     if index == plan.last_stage:
-        count += model.hidden_size + (0 if model.tie_embeddings and plan.last_stage == 0 else embedding)
+        count += final_norm_parameters(model) + (0 if model.tie_embeddings and plan.last_stage == 0 else embedding)
     return count
 
 

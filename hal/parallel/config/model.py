@@ -1,7 +1,8 @@
-"""The shape of the Llama-style decoder the engine trains: every size a plan is checked against."""
+"""The shape of the model the engine trains, in its family's blocks (``model.family``): every size a plan is
+checked against."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Mapping
 
 from hal.config import limits
@@ -18,11 +19,12 @@ from hal.config.schema import (
     section_specs,
 )
 from hal.errors import ConfigError
+from hal.parallel.families.registry import decoder_names, get_family
+from hal.parallel.families.spec import ROPE_SCALING_KEYS
 
 # An auxiliary loss weight beyond this swamps the language-model loss (papers use 0.001-0.1) and, far beyond it,
 # overflows fp32 into a NaN loss: a mistake to refuse, not a choice to train.
 MAX_LOSS_WEIGHT = 1000.0
-ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _rope_scaling(origin: str, key: str, value: Any) -> dict[str, float] | None:
@@ -47,6 +49,10 @@ def _rope_scaling(origin: str, key: str, value: Any) -> dict[str, float] | None:
 
 
 Scoring = Literal["softmax", "sigmoid"]
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")  # the MLP's activation (silu: SwiGLU's gate in Llama's blocks)
+# Keys added with the families whose blocks differ from Llama's: written only when not at their default, so the
+# job files, checkpoints and profile digests of every model without them stay exactly as before.
+FAMILY_KEYS = ("family", "head_size", "activation", "rotary_fraction", "parallel_residual")
 
 
 @dataclass(frozen=True)
@@ -106,10 +112,17 @@ class ModelConfig:
     moe_z_loss_weight: float = key(Number(positive=False, maximum=MAX_LOSS_WEIGHT), 0.0)  # router z-loss (ST-MoE)
     moe_every: int = key(PositiveInt(limits.LAYERS), 1)
     moe_first_dense: int = key(NonNegativeInt(limits.LAYERS), 0)
+    # The family whose blocks build the model (``parallel.families``: llama builds Llama, Mistral, Qwen2, Mixtral and
+    # Qwen2-MoE) and the keys only some families' blocks read; each family refuses what its blocks cannot represent.
+    family: str = key(Choice(decoder_names), "llama")
+    head_size: int = key(NonNegativeInt(limits.WIDTH), 0)  # each head's width; 0: hidden_size / num_heads (qwen3 sets it)
+    activation: str = key(Choice(ACTIVATIONS), "silu")  # gpt_neox's MLP: gelu (exact), gelu_tanh, relu or silu
+    rotary_fraction: float = key(Number(positive=True, maximum=1.0), 1.0)  # gpt_neox: the rotated share of a head
+    parallel_residual: bool = key(Flag(), False)  # gpt_neox: x + attn(ln1(x)) + mlp(ln2(x))
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     @property
     def is_moe(self) -> bool:
@@ -135,7 +148,9 @@ class ModelConfig:
                          z_loss_weight=self.moe_z_loss_weight)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every key, but ``FAMILY_KEYS`` only where they differ from their defaults (see there why)."""
+        defaults = {f.name: f.default for f in fields(self) if f.name in FAMILY_KEYS}
+        return {k: v for k, v in asdict(self).items() if k not in defaults or v != defaults[k]}
 
     @staticmethod
     def from_mapping(raw: Mapping[str, Any], origin: str = "config") -> ModelConfig:
@@ -157,8 +172,9 @@ class ModelConfig:
         return config
 
     def check(self, origin: str = "config") -> None:
-        """The sizes agree with one another (heads divide hidden, kv heads divide heads, an even head size)."""
-        if self.hidden_size % self.num_heads:
+        """The sizes agree with one another (heads divide hidden, kv heads divide heads, an even head size), and the
+        family's blocks represent the keys (``Family.check_model``)."""
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise ConfigError(f"{origin}: model.hidden_size {self.hidden_size} is not divisible by model.num_heads {self.num_heads}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"{origin}: model.num_heads {self.num_heads} is not divisible by model.num_kv_heads {self.num_kv_heads}")
@@ -176,6 +192,7 @@ class ModelConfig:
                                   f"{self.num_layers} layers); lower moe_first_dense or moe_every")
         elif self.moe_shared_ffn_size or self.moe_shared_gate:
             raise ConfigError(f"{origin}: model.moe_shared_ffn_size / moe_shared_gate need model.moe_num_experts > 0")
+        get_family(self.family).check_model(self, origin)
 
 
 def weights_source(raw: Any, origin: str = "config") -> str | None:

@@ -1,4 +1,5 @@
-"""hal's global parameter names ↔ Hugging Face's Llama / Mistral / Qwen2 / Mixtral / Qwen2-MoE tensor names, both ways.
+"""hal's global parameter names ↔ a family's Hugging Face tensor names (Llama, Mistral, Qwen2, Mixtral, Qwen2-MoE, Qwen3,
+GPT-NeoX), both ways.
 
 The names are the family's (``parallel.families``); this module lays them over hal's parameters. One table
 serves loading (``parallel.models.hf_weights``) and export (``parallel.state.hf_export``), so the two
@@ -28,7 +29,8 @@ def hf_names(name: str, family: Family) -> tuple[str, ...]:
         return family.top_names[name]
     match = _LAYER.fullmatch(name)
     if match and match.group(2) in family.layer_names:
-        return tuple(f"model.layers.{match.group(1)}.{part}" for part in family.layer_names[match.group(2)])
+        prefix = family.layer_prefix.format(i=match.group(1))
+        return tuple(prefix + part for part in family.layer_names[match.group(2)])
     raise ValueError(f"parameter {name!r} has no Hugging Face name")
 
 
@@ -48,7 +50,7 @@ def _moe_pieces(layer: str, part: str, meta: ParamMeta, family: Family) -> list[
     names = family.moe_names
     if names is None:
         raise ValueError(f"an MoE parameter (layers.{layer}.mlp.{part}) has no {family} name; {family} has no MoE block")
-    prefix, shape = f"model.layers.{layer}.", tuple(meta.full_shape)
+    prefix, shape = family.layer_prefix.format(i=layer), tuple(meta.full_shape)
     if part == "router.gate.weight":
         return [Piece(prefix + names.router, shape, 0, 0)]
     # Pieces lie along the FFN width (what TP splits): gate|up's rows, down's columns.

@@ -3,7 +3,7 @@
 Every parameter carries a ``ParamMeta``: its full (unsharded) shape, how it is split over the TP
 group (``ShardSpec``, or None when replicated) and how to initialise it. That one record lets the
 model initialise the full tensor from the seed and keep only this rank's shard (so every split
-starts from the same weights), and lets ``parallel.models.decoder.gather_full_grads`` put shards back
+starts from the same weights), and lets ``parallel.models.shards.gather_full_grads`` put shards back
 together. All math goes through ``hal.ops`` so vendor and Triton implementations plug in.
 
 Activations are (batch, seq, hidden); under sequence parallelism (SP) the residual stream is
@@ -11,6 +11,7 @@ split along seq over the TP ranks (see ``parallel.models.tp_comm``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -30,6 +31,12 @@ from hal.parallel.models.tp_comm import (
 )
 
 DEFAULT_STD = 0.02
+
+
+def out_std(num_layers: int) -> float:
+    """A residual branch's last linear's init std: scaled by 1/sqrt(2·layers) (GPT-2/Megatron) so depth doesn't grow
+    the stream."""
+    return DEFAULT_STD / math.sqrt(2 * num_layers)
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,7 @@ def expert_shard(param: torch.Tensor) -> bool:
 
 
 def _new_param(meta: ParamMeta, comm: TPComm) -> nn.Parameter:
-    """An uninitialised local parameter (the model fills it from the seed; see ``parallel.models.decoder``)."""
+    """An uninitialised local parameter (the model fills it from the seed; see ``parallel.models.stage``)."""
     shape = list(meta.full_shape)
     if meta.spec is not None:
         meta.spec.check(tp_size(comm), f"parameter of shape {tuple(shape)}")
@@ -140,21 +147,26 @@ class RowParallelLinear(nn.Module):
     """y = x Wᵀ with W's input columns split over TP: partial products are summed over the group.
 
     Input is the column-parallel slice (B, S, in/tp); output (B, S, out), or its seq shard
-    (B, S/tp, out) under SP (reduce-scatter instead of all-reduce).
+    (B, S/tp, out) under SP (reduce-scatter instead of all-reduce). ``bias`` (GPT-NeoX's): replicated, added once
+    after the sum; under SP each rank adds it to its seq shard, so its gradient is summed over TP (as a norm's).
     """
 
     def __init__(self, in_features: int, out_features: int, *, tp_comm: TPComm, sequence_parallel: bool = False,
-                 std: float = DEFAULT_STD) -> None:
+                 std: float = DEFAULT_STD, bias: bool = False) -> None:
         super().__init__()
         self.tp_comm = tp_comm
         self.sequence_parallel = sequence_parallel
         self.weight = _new_param(ParamMeta((out_features, in_features), ShardSpec(1, (in_features,)), std=std), tp_comm)
+        self.bias = _new_param(ParamMeta((out_features,), None, init="zeros", seq_parallel_grad=sequence_parallel),
+                               tp_comm) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = layer_linear(x, self.weight)
-        if self.sequence_parallel:
-            return reduce_scatter_to_seq_region(partial, self.tp_comm)
-        return reduce_from_tp_region(partial, self.tp_comm)
+        out = (reduce_scatter_to_seq_region(partial, self.tp_comm) if self.sequence_parallel
+               else reduce_from_tp_region(partial, self.tp_comm))
+        if self.bias is None:
+            return out
+        return out + (copy_to_tp_region(self.bias, self.tp_comm) if self.sequence_parallel else self.bias)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -214,6 +226,25 @@ class RMSNorm(nn.Module):
         return copy_to_tp_region(self.weight, self.tp_comm) if self.sequence_parallel else self.weight
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm with a replicated weight and bias; under SP both enter through ``copy_to_tp_region`` (their
+    gradients summed over TP), as ``RMSNorm``'s weight does."""
+
+    def __init__(self, hidden_size: int, *, eps: float, tp_comm: TPComm, sequence_parallel: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.tp_comm = tp_comm
+        self.sequence_parallel = sequence_parallel
+        self.weight = _new_param(ParamMeta((hidden_size,), None, init="ones", seq_parallel_grad=sequence_parallel), tp_comm)
+        self.bias = _new_param(ParamMeta((hidden_size,), None, init="zeros", seq_parallel_grad=sequence_parallel), tp_comm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            return ops.layer_norm(x, copy_to_tp_region(self.weight, self.tp_comm), copy_to_tp_region(self.bias, self.tp_comm),
+                                  self.eps)
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
 # --- vocab-parallel cross-entropy -----------------------------------------------------------------
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token loss of (N, V/tp) logit shards against global (N,) targets.
@@ -271,6 +302,6 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, com
 
 
 __all__ = [
-    "ColumnParallelLinear", "ParamMeta", "RMSNorm", "RowParallelLinear", "ShardSpec", "VocabParallelEmbedding",
-    "local_shard", "param_meta", "parallel_input", "vocab_parallel_cross_entropy",
+    "ColumnParallelLinear", "LayerNorm", "ParamMeta", "RMSNorm", "RowParallelLinear", "ShardSpec", "VocabParallelEmbedding",
+    "local_shard", "out_std", "param_meta", "parallel_input", "vocab_parallel_cross_entropy",
 ]

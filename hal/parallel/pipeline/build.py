@@ -14,9 +14,9 @@ import torch
 from hal.backend import Backend
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.models.decoder import Stage, build_stage
 from hal.parallel.models.fused_head import fused_head_cross_entropy
 from hal.parallel.models.loss import LossFn, token_sum_cross_entropy
+from hal.parallel.models.stage import Stage, build_stage
 from hal.parallel.pipeline.compile_stage import compile_layers
 from hal.parallel.pipeline.engine import PipelineEngine
 from hal.parallel.pipeline.mesh import Mesh

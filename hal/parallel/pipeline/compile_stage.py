@@ -17,8 +17,8 @@ import torch
 
 from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
-from hal.parallel.models.decoder import Stage
 from hal.parallel.models.moe import MoE, experts_outside_the_graph
+from hal.parallel.models.stage import Stage
 
 
 def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> None:
@@ -35,7 +35,7 @@ def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> N
     breaks: dict[int, str] = {}
     for index, layer in stage.layers.items():
         layer.compile(backend=backend, dynamic=dynamic)
-        if isinstance(layer.mlp, MoE):
+        if isinstance(getattr(layer, "mlp", None), MoE):
             block = layer.mlp
             block.compiled = True
             why = experts_outside_the_graph(block.ep_group.size if block.ep_group is not None else 1,

@@ -17,8 +17,8 @@ import torch
 
 from hal.errors import ConfigError
 from hal.parallel.config.topology import Coord, StageMesh, Topology
-from hal.parallel.models.decoder import gather_full
 from hal.parallel.models.layers import expert_shard, local_shard, param_meta
+from hal.parallel.models.shards import gather_full
 
 if TYPE_CHECKING:  # collectives (torch.distributed) is loaded only when groups are built
     from hal.collectives.communicator import Communicator

@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from hal.errors import ConfigError
-from hal.parallel.config.memory import OPTIMIZER_BYTES, WEIGHT_AND_GRADIENT_BYTES, layer_parameters, routed_expert_parameters
+from hal.parallel.config.memory import (
+    OPTIMIZER_BYTES,
+    WEIGHT_AND_GRADIENT_BYTES,
+    embedding_parameters,
+    final_norm_parameters,
+    layer_parameters,
+    routed_expert_parameters,
+)
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.config.plan import ParallelPlan, StagePlan, moe_stages, validate_plan
 from hal.parallel.planner.cluster import DeviceType
@@ -296,9 +303,9 @@ class Search:
         m = self.model
         count = layers * self._mean_layer_params
         if k == 0:
-            count += m.vocab_size * m.hidden_size
+            count += embedding_parameters(m)
         if k == S - 1:
-            count += m.hidden_size + (0 if m.tie_embeddings and S == 1 else m.vocab_size * m.hidden_size)
+            count += final_norm_parameters(m) + (0 if m.tie_embeddings and S == 1 else embedding_parameters(m))
         return count
 
     def _over_memory(self, stages: list[Grid], layers: list[int], mbs: int, M: int, recompute: list[bool], zero1: bool,

@@ -20,7 +20,7 @@ from hal.parallel.models.layers import param_meta
 
 def model_pieces(config: ModelConfig) -> dict[str, list[Piece]]:
     """{hal name: its Hugging Face pieces} for the whole model, from the model built on the meta device."""
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     with torch.device("meta"):
         module = full_model(config, 0)

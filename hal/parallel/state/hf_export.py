@@ -2,8 +2,9 @@
 
 What is written — what ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` reads:
 
-    config.json                              its family's model_type (``parallel.families``: llama, qwen2, mixtral, qwen2_moe), the sizes,
-                                             rope theta and Llama 3 scaling, tie_word_embeddings, torch_dtype
+    config.json                              its family's model_type (``parallel.families``: llama, qwen2, mixtral, qwen2_moe,
+                                             qwen3, gpt_neox), the sizes, rope theta and Llama 3 scaling,
+                                             tie_word_embeddings, torch_dtype
     model-00001-of-0000N.safetensors ...     the tensors under Hugging Face's names (``parallel.models.hf_names``),
                                              fused qkv / gate_up split back into q, k, v / gate, up
     model.safetensors.index.json             tensor name → shard, and the total size
@@ -80,22 +81,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Source:
 
 def hf_config(model: ModelConfig, dtype: torch.dtype) -> dict[str, Any]:
     """config.json for ``model`` in its family's keys (``families.registry.family_of``: Llama's, or Qwen2's when
-    the q, k, v projections have a bias; an MoE model as Mixtral, or Qwen2-MoE with the bias)."""
-    family = family_of(model)
-    scaling = None if model.rope_scaling is None else {"rope_type": "llama3", **model.rope_scaling}
-    if scaling is not None:
-        scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
-    config: dict[str, Any] = {
-        "architectures": [family.architecture], "model_type": family.model_type,
-        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
-        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.num_kv_heads, "hidden_act": "silu", "max_position_embeddings": model.max_seq_len,
-        "rms_norm_eps": model.norm_eps, "rope_theta": model.rope_theta, "rope_scaling": scaling,
-        "tie_word_embeddings": model.tie_embeddings, "attention_dropout": 0.0, "initializer_range": 0.02,
-        "use_cache": True, "torch_dtype": DTYPE_NAMES[dtype],
-    }
-    config.update(family.export_keys(model, FLAG))
-    return config
+    the q, k, v projections have a bias; an MoE model as Mixtral, or Qwen2-MoE with the bias; Qwen3's and
+    GPT-NeoX's for their blocks), written by the family (``Family.export_config``)."""
+    return family_of(model).export_config(model, DTYPE_NAMES[dtype], FLAG)
 
 
 def hf_tensors(source: Source) -> list[tuple[str, torch.Tensor]]:
