@@ -13,6 +13,7 @@ import pytest
 from hal.backends.cpu import CpuBackend
 from hal.cli.main import main
 from hal.parallel.config.plan import parse_plan
+from hal.parallel.config.replicas import ReplicatedPlan
 from hal.parallel.config.topology import Topology
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.observe.timeline import _shares, measured_costs, measured_document, plan_document, rank_record
@@ -209,7 +210,8 @@ def test_without_matplotlib_a_profiled_train_keeps_the_spans_and_says_why_no_pic
     plan = parse_plan(TWO)
     (tmp_path / "timeline.json").write_text(json.dumps(plan_document(plan)), encoding="utf-8")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    job = SimpleNamespace(run_dir=tmp_path, planned=None, plan=plan, replicas=None, timeline_files=lambda: ["timeline.json"])
+    job = SimpleNamespace(run_dir=tmp_path, planned=None, plan=plan, replicas=ReplicatedPlan.single(plan),
+                          timeline_files=lambda: ["timeline.json"])
     _draw_timeline(job)  # no exception: only the picture is missing
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "timeline.png not drawn: matplotlib is not installed" in err

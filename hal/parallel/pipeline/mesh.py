@@ -168,7 +168,7 @@ def make_groups(world: World, rank_sets: Sequence[Sequence[int]], *,
     """One communicator per rank set, in the given order, made by every rank of the world (torch creates groups
     collectively, member or not): this rank's, or None where it is not a member. Every group of a job is made here —
     the mesh's, and those the replicas add beside it (their bridge speakers, the overlap's stage groups) — so one
-    function holds the rule; a rank set given twice gets a second communicator of its own (its own stream)."""
+    function holds the rule; a rank set an earlier call made gets a second communicator (its own stream)."""
     from hal.collectives.communicator import Communicator
     from hal.collectives.process_groups import make_layout
 
