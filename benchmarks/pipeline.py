@@ -1,6 +1,6 @@
 """Pipeline throughput: hal's 1F1B engine against torch.distributed.pipelining's Schedule1F1B.
 
-The same model (a Llama-style decoder from ``parallel.models.decoder``, about 1.1B parameters by default:
+The same model (a Llama-style decoder from ``parallel.models.stage``, about 1.1B parameters by default:
 hidden 2048, 24 layers, 16 heads / 4 kv-heads, SwiGLU 5632, vocab 32000, sequence 2048, bf16
 weights) is split into P stages (equal, or ``--layers`` per stage), one GPU each. Both schedules run on the SAME stage modules
 (torch's ``PipelineStage`` wraps ours as they are: the last stage returns logits, and torch's

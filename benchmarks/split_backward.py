@@ -33,7 +33,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _stage(model: Any, layers: int, device: torch.device, dtype: torch.dtype, compiled: bool, compile_backend: str) -> Any:
-    from hal.parallel.models.decoder import build_stage
+    from hal.parallel.models.stage import build_stage
     from hal.parallel.pipeline.compile_stage import compile_layers
 
     stage = build_stage(model, range(layers), first=False, last=False, tp_comm=None, sp=False, seed=0,

@@ -71,8 +71,8 @@ def tokens(seed: int, step: int, model: ModelConfig, data: str = "corpus") -> to
 
 def single_device_run(model: ModelConfig, steps: int, seed: int, device: torch.device) -> dict[str, Any]:
     """The plain single-device run: losses per step and step-1 gradients (float64, host)."""
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     net = full_model(model, seed).to(device)
     net.configure_moe(1.0 / MICRO_BATCHES)  # MoE: each micro-batch's balancing loss, as the engine makes it
@@ -100,7 +100,7 @@ def run_rank(world: World, spec: dict[str, Any]) -> dict[str, Any]:
     """This rank's share of the plan through the engine: last-stage losses, full step-1 gradients (one TP rank)."""
     from hal.parallel.config.plan import parse_plan, validate_plan
     from hal.parallel.config.topology import Topology
-    from hal.parallel.models.decoder import gather_full_grads
+    from hal.parallel.models.shards import gather_full_grads
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_mesh
 

@@ -1,6 +1,6 @@
 """Small, exactly repeatable training runs of the reference model, on the backend or as the reference.
 
-The model is ``parallel.models.decoder.full_model`` (the Llama-style decoder the engine trains) at a toy size;
+The model is ``parallel.models.stage.full_model`` (the Llama-style decoder the engine trains) at a toy size;
 the data are byte windows of the shipped corpus (``parallel.data.batches.global_batch``), a pure function of
 (seed, step); the optimizer is AdamW. Weights depend only on (seed, parameter name), so every run
 starts identical whatever device or dtype it runs in.
@@ -134,8 +134,8 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool, skip_steps: frozenset[int],
            tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is unknown here; use one of {', '.join(PRECISIONS)}")
@@ -193,8 +193,8 @@ def gradient_at(settings: Settings, backend: Backend, device: torch.device, para
                 tamper: Callable[[torch.nn.Module], None] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """The loss and every parameter's gradient (float64 on the host, unscaled) of the model at ``params`` on the
     batch after the run's last step, in ``precision`` on ``device``: the state N steps of training reached."""
-    from hal.parallel.models.decoder import full_model
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
+    from hal.parallel.models.stage import full_model
 
     dtype = PRECISIONS[precision]
     model = full_model(settings.model, settings.seed).to(device=device, dtype=param_dtype)

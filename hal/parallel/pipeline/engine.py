@@ -42,10 +42,10 @@ import torch
 
 from hal.backend import Backend
 from hal.collectives import Communicator
-from hal.parallel.models.decoder import Stage, sync_tied_embedding_grads
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.models.linear import fp8_matmuls
 from hal.parallel.models.loss import LossFn
+from hal.parallel.models.stage import Stage, sync_tied_embedding_grads
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 from hal.parallel.observe.phase_timer import PhaseTimer
 from hal.parallel.pipeline.compile_stage import eager_first_forward

@@ -155,7 +155,7 @@ def _group_sets(topology: Topology, tied_embeddings: bool = False) -> list[tuple
                 sets += [("edp", m.index, t, dp[e::m.ep]) for e in range(m.ep)]
     sets += [("boundary", k, 0, topology.boundary_ranks(k)) for k in range(topology.num_stages - 1)]
     if tied_embeddings and topology.last_stage != 0:
-        # ``parallel.models.decoder.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
+        # ``parallel.models.stage.sync_tied_embedding_grads`` sums the two copies' gradients over this group,
         # whatever the first and last stages' tp/dp (each side must cover the vocabulary: it does).
         sets.append(("embedding", 0, 0, topology.stages[0].ranks + topology.stages[-1].ranks))
     if topology.has_wrap and topology.num_stages > 2:

@@ -23,7 +23,7 @@ from hal.parallel.config.flops import PEAK_KEY
 from hal.parallel.config.memory import layer_parameters
 from hal.parallel.config.model import ModelConfig
 from hal.parallel.loop.optim_schedule import decoupled_adamw
-from hal.parallel.models.decoder import build_stage
+from hal.parallel.models.stage import build_stage
 from hal.parallel.models.weight_grad import WeightGradStore, collecting, splittable
 from hal.parallel.planner.device_profile import MEASURED, DeviceProfile, LayerPoint, LinkProfile, PerToken
 from hal.parallel.replicas.sync import BUCKET_BYTES

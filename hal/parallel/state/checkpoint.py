@@ -12,7 +12,7 @@ A checkpoint does not depend on the plan, the TP/DP split or the devices that wr
         stage-1.pt           ... one file per pipeline stage of the plan that wrote it
         rng.pt               the host RNG state
 
-Parameters are stored unsharded under their global names (``parallel.models.decoder``: ``layers.3.mlp.down.weight``),
+Parameters are stored unsharded under their global names (``parallel.models.stage``: ``layers.3.mlp.down.weight``),
 AdamW's per-element state (``exp_avg``, ``exp_avg_sq``) in the same full shapes, all on the CPU.
 Inside a stage the rank's mesh gathers the shards (``Mesh.gather_full``: TP, then expert shards); dp replicas
 are identical, so one rank per stage (dp 0, tp 0) writes. Loading cuts each full tensor back to this run's shard
@@ -159,7 +159,7 @@ def verify_checksums(checkpoint: Path, meta: Mapping[str, Any], flag: str = "--r
 
 def _expected_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's full shape, from the model built on the meta device (no memory, no init)."""
-    from hal.parallel.models.decoder import full_model
+    from hal.parallel.models.stage import full_model
 
     with torch.device("meta"):
         module = full_model(model, 0)
