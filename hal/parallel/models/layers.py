@@ -197,14 +197,14 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_tp_region(partial, self.tp_comm)
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm with a replicated weight.
+class _ReplicatedNorm(nn.Module):
+    """A norm whose weight (and bias) every TP rank holds whole.
 
-    Under SP each TP rank normalises only its seq chunk, so its weight gradient is a partial sum:
-    the weight enters through ``copy_to_tp_region`` (identity forward, all-reduce of the gradient),
-    which sums it over TP as Megatron does. Doing it in autograd rather than after backward keeps
-    it right under gradient accumulation and any pipeline schedule, with nothing for the engine to
-    remember (cost: one all-reduce of ``hidden`` floats per norm per micro-batch).
+    Under SP each TP rank normalises only its seq chunk, so its parameters' gradients are partial sums: they
+    enter through ``copy_to_tp_region`` (identity forward, all-reduce of the gradient), which sums them over TP as
+    Megatron does. Doing it in autograd rather than after backward keeps it right under gradient accumulation and
+    any pipeline schedule, with nothing for the engine to remember (cost: one all-reduce of ``hidden`` floats per
+    parameter per norm per micro-batch).
     """
 
     def __init__(self, hidden_size: int, *, eps: float, tp_comm: TPComm, sequence_parallel: bool = False) -> None:
@@ -212,7 +212,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.tp_comm = tp_comm
         self.sequence_parallel = sequence_parallel
-        self.weight = _new_param(ParamMeta((hidden_size,), None, init="ones", seq_parallel_grad=sequence_parallel), tp_comm)
+        self.weight = self._replicated_param(hidden_size, "ones")
+
+    def _replicated_param(self, hidden_size: int, init: str) -> nn.Parameter:
+        meta = ParamMeta((hidden_size,), None, init=init, seq_parallel_grad=self.sequence_parallel)
+        return _new_param(meta, self.tp_comm)
+
+    def _summed_over_tp(self, param: torch.Tensor) -> torch.Tensor:
+        return copy_to_tp_region(param, self.tp_comm) if self.sequence_parallel else param
+
+
+class RMSNorm(_ReplicatedNorm):
+    """RMSNorm with a replicated weight (``_ReplicatedNorm``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self._weight(), self.eps)
@@ -223,29 +234,23 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, residual, self._weight(), self.eps)
 
     def _weight(self) -> torch.Tensor:
-        return copy_to_tp_region(self.weight, self.tp_comm) if self.sequence_parallel else self.weight
+        return self._summed_over_tp(self.weight)
 
 
-class LayerNorm(nn.Module):
-    """LayerNorm with a replicated weight and bias; under SP both enter through ``copy_to_tp_region`` (their
-    gradients summed over TP), as ``RMSNorm``'s weight does."""
+class LayerNorm(_ReplicatedNorm):
+    """LayerNorm with a replicated weight and bias (``_ReplicatedNorm``: under SP both gradients summed over TP)."""
 
     def __init__(self, hidden_size: int, *, eps: float, tp_comm: TPComm, sequence_parallel: bool = False) -> None:
-        super().__init__()
-        self.eps = eps
-        self.tp_comm = tp_comm
-        self.sequence_parallel = sequence_parallel
-        self.weight = _new_param(ParamMeta((hidden_size,), None, init="ones", seq_parallel_grad=sequence_parallel), tp_comm)
-        self.bias = _new_param(ParamMeta((hidden_size,), None, init="zeros", seq_parallel_grad=sequence_parallel), tp_comm)
+        super().__init__(hidden_size, eps=eps, tp_comm=tp_comm, sequence_parallel=sequence_parallel)
+        self.bias = self._replicated_param(hidden_size, "zeros")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            return ops.layer_norm(x, copy_to_tp_region(self.weight, self.tp_comm), copy_to_tp_region(self.bias, self.tp_comm),
-                                  self.eps)
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+        return ops.layer_norm(x, self._summed_over_tp(self.weight), self._summed_over_tp(self.bias), self.eps)
 
 
 # --- vocab-parallel cross-entropy -----------------------------------------------------------------
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Per-token loss of (N, V/tp) logit shards against global (N,) targets.
 
