@@ -17,6 +17,7 @@ import torch
 
 from hal.downgrades import Downgrade, record_downgrade
 from hal.errors import UnsupportedError
+from hal.parallel.models.graph_breaks import before_compiling
 from hal.parallel.models.moe import MoE, experts_outside_the_graph
 from hal.parallel.models.stage import Stage
 
@@ -32,6 +33,7 @@ def compile_layers(stage: Stage, backend: str, dynamic: bool | None = None) -> N
     recorded as a downgrade."""
     if not hasattr(torch.nn.Module, "compile"):
         raise UnsupportedError(f"torch {torch.__version__} has no nn.Module.compile; use torch >= 2.2 or compile: false")
+    before_compiling()  # the eager islands inside a layer are marked for Dynamo now, not at import
     breaks: dict[int, str] = {}
     for index, layer in stage.layers.items():
         layer.compile(backend=backend, dynamic=dynamic)
