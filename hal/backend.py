@@ -109,6 +109,12 @@ class Backend(abc.ABC):
     def verification(self) -> str:
         return self.hardware_verification or NOT_VERIFIED
 
+    @property
+    def standin(self) -> str | None:
+        """"stand-in: host-backed, not hardware" where this backend runs on a stand-in of its runtime
+        (``hal.standin``), else None: results made on it say so."""
+        return None
+
     @abc.abstractmethod
     def device_count(self) -> int:
         """Number of visible devices (0 when unavailable; never raises)."""

@@ -14,6 +14,7 @@ from hal.config import HalConfig
 from hal.downgrades import set_fallback_mode
 from hal.errors import BackendUnavailable, ConfigError
 from hal.precision import PrecisionPlan, resolve_precision
+from hal.standin import requested
 
 BUILTIN_PREFERENCE: tuple[str, ...] = tuple(name for name in BUILTIN_ORDER if name != "cpu")  # accelerators first
 
@@ -34,7 +35,11 @@ def choose_backend(name: str) -> tuple[Backend, str]:
             raise BackendUnavailable(f"backend '{name}' is not available: {status.reason}; choose another backend (see 'hal devices')")
         return backend, f"requested explicitly; {status.reason}"
     passed: list[str] = []
+    standins = requested()
     for candidate in auto_preference():
+        if candidate in standins:  # a stand-in runs only where it is named
+            passed.append(f"{candidate} (a stand-in: name it to use it)")
+            continue
         backend = get_backend(candidate)
         status = backend.availability()
         if status.available:

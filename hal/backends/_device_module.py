@@ -49,7 +49,9 @@ class DeviceModuleBackend(Backend):
             total = int(mod.get_device_properties(index).total_memory)
         except Exception:  # some vendor modules lack get_device_properties; catalog memory then applies
             total = None
-        return ProbedFacts(name=self.device_name(index), total_memory_bytes=total, how=f"probed via torch.{self.device_type}")
+        standin = f" ({self.standin})" if self.standin else ""
+        return ProbedFacts(name=self.device_name(index), total_memory_bytes=total,
+                           how=f"probed via torch.{self.device_type}{standin}")
 
     # --- discovery ----------------------------------------------------------------------------
     def availability(self) -> Availability:
@@ -80,7 +82,8 @@ class DeviceModuleBackend(Backend):
             return Availability(False, f"device probe on {self.device_type}:0 computed a wrong result")
         self._module = mod
         names = sorted({self._safe_name(mod, i) for i in range(count)})
-        return Availability(True, f"{count} device(s): {', '.join(names)}")
+        standin = f" ({self.standin})" if self.standin else ""
+        return Availability(True, f"{count} device(s): {', '.join(names)}{standin}")
 
     @staticmethod
     def _safe_name(mod: ModuleType, index: int) -> str:
@@ -88,6 +91,11 @@ class DeviceModuleBackend(Backend):
             return str(mod.get_device_name(index))
         except Exception:
             return f"device {index}"
+
+    @property
+    def standin(self) -> str | None:
+        """What the loaded runtime is when it is a stand-in over host memory (``backends.standins``), else None."""
+        return getattr(self._module, "standin", None) if self._module is not None else None
 
     def _mod(self) -> ModuleType:
         self.require_available()

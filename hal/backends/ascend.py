@@ -80,6 +80,9 @@ class AscendBackend(DeviceModuleBackend):
         *(CclGap("float64", op, "host", "HCCL reductions have no float64 (CANN HCCL API reference)")
           for op in ("all_reduce", "reduce", "reduce_scatter")),
         CclGap("bfloat16", "product", "host", "HCCL prod has no bfp16 on Atlas A2 (CANN HCCL API reference)"),
+        # HCCL's collective list (AllReduce, Broadcast, AllGather, ReduceScatter, Reduce, AlltoAll(V), Send/Recv,
+        # Scatter on newer CANN) has no Gather: through the host, as the stand-in HCCL made us find
+        CclGap(None, "gather", "host", "HCCL has no Gather (CANN HCCL API reference, collective list)"),
         CclGap("int16", "product", "host", "HCCL prod has no int16 (CANN HCCL API reference)"),
     )
     reduced_precision_matmul_format = "hf32"
@@ -107,7 +110,15 @@ class AscendBackend(DeviceModuleBackend):
         return answers
 
     def _load_module(self) -> ModuleType:
-        package, why = find_torch_npu()
+        from .standins import standin_package
+
+        try:  # HAL_STANDIN=ascend: the torch_npu stand-in, said everywhere
+            package = standin_package(self.name)
+        except UnsupportedError as exc:  # one vendor runtime a process: unavailable here, and why
+            raise RuntimeMissing(str(exc)) from None
+        why = ""
+        if package is None:
+            package, why = find_torch_npu()
         if package is None:
             raise RuntimeMissing(f"{why} ({_install_hint()})" if why == NOT_INSTALLED else why)
         return registered_device_module(package, "npu")  # torch_npu registers torch.npu on import

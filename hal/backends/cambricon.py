@@ -88,7 +88,12 @@ class CambriconBackend(DeviceModuleBackend):
     profiler_activity = "MLU"
 
     def _load_module(self) -> ModuleType:
-        package = _import_torch_mlu()
+        from .standins import standin_package
+
+        try:  # HAL_STANDIN=cambricon: the torch_mlu stand-in, said everywhere
+            package = standin_package(self.name) or _import_torch_mlu()
+        except UnsupportedError as exc:  # one vendor runtime a process: unavailable here, and why
+            raise RuntimeMissing(str(exc)) from None
         return registered_device_module(package, "mlu")
 
     def _probe_facts(self, index: int) -> ProbedFacts:

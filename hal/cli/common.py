@@ -39,6 +39,24 @@ class Parser(argparse.ArgumentParser):
         self.error(f"unrecognized {what}: {' '.join(extras)}{hint}")
 
 
+def add_standin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--standin VENDOR[,VENDOR]``: the vendors' host-backed stand-in runtimes (``hal.standin``)."""
+    parser.add_argument("--standin", metavar="VENDOR[,VENDOR]",
+                        help="run ascend / cambricon on host-backed stand-ins of torch_npu / torch_mlu (not hardware: "
+                             "a dry run before the real cluster; sets HAL_STANDIN for every process started)")
+
+
+def apply_standin(args: argparse.Namespace) -> None:
+    """``--standin`` as ``HAL_STANDIN`` in this process's environment, so its ranks and scripts inherit it."""
+    import os
+
+    from hal.standin import STANDIN_ENV, flag_value
+
+    value = getattr(args, "standin", None)
+    if value:
+        os.environ[STANDIN_ENV] = flag_value(value)
+
+
 def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 

@@ -15,6 +15,8 @@ from typing import Any
 from hal.conformance.suite_names import SUITES
 from hal.errors import HalError
 
+from .common import add_standin_argument
+
 NAME = "conformance"
 
 
@@ -53,6 +55,7 @@ def add_parser(sub: Any) -> None:
                    help="the rule the ops and precision cases are judged by: our table (hal, the default), "
                    "assert_close's defaults (torch) or the mixed-tolerance standard (cann: 99 %% of elements and a 32-ULP "
                    "cap); recorded in the report, which says where our default is looser (docs/conformance.md)")
+    add_standin_argument(r)
     r.set_defaults(func=cmd_run)
 
     c = inner.add_parser(

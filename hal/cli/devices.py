@@ -5,7 +5,9 @@ import argparse
 import json
 from typing import Any
 
-from .common import gib
+from hal.errors import HalError
+
+from .common import add_standin_argument, gib
 
 NAME = "devices"
 
@@ -13,6 +15,7 @@ NAME = "devices"
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(NAME, help="list every backend: available or not and why, devices, CCL, verification")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_standin_argument(p)
     p.set_defaults(func=run)
 
 
@@ -47,38 +50,67 @@ def _print_contract(contract: dict[str, Any]) -> None:
             print(f"  {'':<9} {item} would use {a['api']}")
 
 
+def backend_entry(name: str, backend: Any) -> dict[str, Any]:
+    """One backend's entry: availability and why, devices, CCL, verification, contract, stand-in or not."""
+    try:
+        status = backend.availability()
+        available, reason = status.available, status.reason
+        devices = _device_rows(backend) if available else []
+    except Exception as exc:  # a third-party backend's broken probe is reported, not raised
+        available, reason, devices = False, f"probe raised {type(exc).__name__}: {exc}", []
+    return {
+        "name": name,
+        "vendor": backend.vendor,
+        "device_type": backend.device_type,
+        "ccl": backend.ccl,
+        "process_group_backend": backend.process_group_backend(),
+        "visible_devices_env": backend.visible_devices_env,
+        "available": available,
+        "reason": reason,
+        "standin": backend.standin if available else None,
+        "device_count": len(devices),
+        "devices": devices,
+        "verified_on_hardware": backend.hardware_verification is not None,
+        "verification": backend.verification,
+        "contract": _contract(backend),
+    }
+
+
+def _entry_in_child(name: str, model: str | None) -> dict[str, Any]:
+    """``backend_entry`` of a stand-in probed in a child process under ``HAL_STANDIN`` naming it alone: each vendor
+    runtime owns PrivateUse1, so one process holds one (``hal.backends.standins``)."""
+    import os
+    import subprocess
+    import sys
+
+    from hal.standin import STANDIN_ENV
+
+    code = ("import json; from hal.backend_registry import get_backend; from hal.cli.devices import backend_entry; "
+            f"print(json.dumps(backend_entry({name!r}, get_backend({name!r})), default=str))")
+    env = {**os.environ, STANDIN_ENV: name if model is None else f"{name}:{model}"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        raise HalError(f"probing the {name} stand-in failed: {lines[-1]}")
+    entry: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return entry
+
+
 def devices_report() -> dict[str, Any]:
     """Every registered backend: availability and why, devices, CCL, hardware verification."""
     import torch
 
     from hal.backend_registry import all_backends, load_problems
     from hal.selection import choose_backend
+    from hal.standin import requested
 
+    standins = requested()
     entries = []
     for name, backend in all_backends().items():
-        try:
-            status = backend.availability()
-            available, reason = status.available, status.reason
-            devices = _device_rows(backend) if available else []
-        except Exception as exc:  # a third-party backend's broken probe is reported, not raised
-            available, reason, devices = False, f"probe raised {type(exc).__name__}: {exc}", []
-        entries.append(
-            {
-                "name": name,
-                "vendor": backend.vendor,
-                "device_type": backend.device_type,
-                "ccl": backend.ccl,
-                "process_group_backend": backend.process_group_backend(),
-                "visible_devices_env": backend.visible_devices_env,
-                "available": available,
-                "reason": reason,
-                "device_count": len(devices),
-                "devices": devices,
-                "verified_on_hardware": backend.hardware_verification is not None,
-                "verification": backend.verification,
-                "contract": _contract(backend),
-            }
-        )
+        if name in standins and len(standins) > 1:  # one vendor runtime a process: each stand-in probed in its own
+            entries.append(_entry_in_child(name, standins[name]))
+        else:
+            entries.append(backend_entry(name, backend))
     chosen, why = choose_backend("auto")
     return {
         "torch": torch.__version__,
@@ -92,7 +124,8 @@ def _print_devices(report: dict[str, Any]) -> None:
     print(f"hal devices (torch {report['torch']})")
     for b in report["backends"]:
         state = "available" if b["available"] else "unavailable"
-        print(f"\n{b['name']:<10} {state:<12} vendor {b['vendor']}, device type '{b['device_type']}', ccl {b['ccl']}")
+        standin = f" — {b['standin']}" if b.get("standin") else ""
+        print(f"\n{b['name']:<10} {state:<12} vendor {b['vendor']}, device type '{b['device_type']}', ccl {b['ccl']}{standin}")
         print(f"  {'why':<9} {b['reason']}")
         print(f"  {'verified':<9} {b['verification']}")
         _print_contract(b["contract"])

@@ -14,7 +14,7 @@ from hal.errors import HalError
 
 from . import bench, conformance, data, devices, export, launch, ops, plan, profile, run, train
 from . import config as config_cmd
-from .common import EXIT_USAGE, Parser
+from .common import EXIT_USAGE, Parser, apply_standin
 
 COMMANDS = (devices, config_cmd, ops, run, launch, bench, profile, plan, train, export, conformance, data)
 
@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, extras = parser.parse_known_args(argv)
         if extras:
             getattr(args, "parser", parser).unrecognized(extras)
+        apply_standin(args)
         return int(args.func(args) or 0)
     except HalError as exc:
         print(f"hal: error: {exc}", file=sys.stderr)

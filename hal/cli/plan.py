@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from hal import strict_json
 
-from .common import add_config_argument, config_path
+from .common import add_config_argument, add_standin_argument, config_path
 
 NAME = "plan"
 
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--use-all-types", action="store_true",
                    help="--search: every device type of the cluster holds at least one stage (default: a type that only "
                    "slows the plan down is left out)")
+    add_standin_argument(p)
     p.set_defaults(func=run)
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from hal.errors import HalError
 
+from .common import add_standin_argument
+
 NAME = "run"
 MAX_DEVICE_COUNT = 64  # more CUDA devices than any one host has
 
@@ -25,6 +27,7 @@ def add_parser(sub: Any) -> None:
                    "for scripts that insist on several")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    add_standin_argument(p)
     p.set_defaults(func=run)
 
 

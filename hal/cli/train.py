@@ -8,6 +8,8 @@ from typing import Any, Sequence
 
 from hal import strict_json
 
+from .common import add_standin_argument
+
 NAME = "train"
 
 
@@ -42,6 +44,7 @@ def add_parser(sub: Any) -> None:
                         "(refused when the ranks outnumber the cores); several nodes: torchrun --numa-binding")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
+    add_standin_argument(p)
     p.set_defaults(func=run)
 
 

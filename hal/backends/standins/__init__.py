@@ -1,0 +1,80 @@
+"""Stand-ins for the vendor runtimes hal has no hardware for: a torch_npu-shaped and a torch_mlu-shaped runtime
+whose ``npu`` / ``mlu`` devices keep their tensors in host memory (``host_device``, ``runtime``, ``torch_npu``,
+``torch_mlu``), and HCCL / CNCL stand-ins over gloo (``ccl``).
+
+Why: no tensor had ever lived on an ``npu`` or ``mlu`` device here; with the stand-ins every vendor path — device
+strings, factories, ``Module.to``, autocast, collectives on the device, checkpoints, the migration shim's
+rewrites, stage-to-stage transfers — runs on a laptop and in CI, and fails where the hardware's documented limits
+would make it fail. A user's use: dry-run an Ascend or Cambricon job before queueing on the real cluster.
+
+They are on only when asked (``hal.standin``: ``HAL_STANDIN``, set by ``--standin``); then the backend loads the
+stand-in in place of the vendor package (``standin_package``). One vendor runtime per process: each owns PyTorch's
+one PrivateUse1 device, so a process holds one of them (a plan with both runs them on different ranks).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from hal.errors import ConfigError, UnsupportedError
+from hal.standin import device_count, requested
+
+if TYPE_CHECKING:
+    from .runtime import Vendor
+
+_ACTIVE: tuple[str, ModuleType] | None = None  # (backend, its package) of this process
+
+
+def active() -> str | None:
+    """The backend whose stand-in this process runs, or None."""
+    return None if _ACTIVE is None else _ACTIVE[0]
+
+
+def standin_package(backend: str) -> ModuleType | None:
+    """The stand-in package for ``backend`` when ``HAL_STANDIN`` asks for it (installed on first use), else None.
+    UnsupportedError, one line, where it cannot be: another vendor runtime owns this process's PrivateUse1 device,
+    or this torch cannot write a device in Python."""
+    global _ACTIVE
+    wanted = requested()
+    if backend not in wanted:
+        return None
+    if _ACTIVE is not None:
+        if _ACTIVE[0] == backend:
+            return _ACTIVE[1]
+        raise UnsupportedError(f"one vendor runtime per process: the {_ACTIVE[0]} stand-in owns this process's "
+                               f"PrivateUse1 device, so {backend}'s cannot load here; run {backend} on other ranks")
+    import torch
+    from torch.utils import backend_registration
+
+    owner = torch._C._get_privateuse1_backend_name()
+    if owner != "privateuseone":
+        raise UnsupportedError(f"one vendor runtime per process: PrivateUse1 is already {owner!r} here, so the "
+                               f"{backend} stand-in cannot load; run {backend} on other ranks")
+    if not hasattr(backend_registration, "_setup_privateuseone_for_python_backend"):
+        raise UnsupportedError(f"the {backend} stand-in needs a torch that writes devices in Python (torch.utils."
+                               f"backend_registration._setup_privateuseone_for_python_backend); torch {torch.__version__} "
+                               "has none")
+    from .runtime import register
+
+    vendor = _vendor(backend)
+    try:
+        model = vendor.model(wanted[backend])
+    except KeyError:
+        raise ConfigError(f"HAL_STANDIN: {backend} has no stand-in model {wanted[backend]!r}; use one of "
+                          f"{', '.join(vendor.models)}") from None
+    package = register(vendor, model, device_count())
+    _ACTIVE = (backend, package)
+    return package
+
+
+def _vendor(backend: str) -> Vendor:
+    if backend == "ascend":
+        from .torch_npu import ASCEND
+
+        return ASCEND
+    from .torch_mlu import CAMBRICON
+
+    return CAMBRICON
+
+
+__all__ = ["active", "standin_package"]

@@ -1,0 +1,173 @@
+"""The Ascend and Cambricon stand-ins: ``npu`` / ``mlu`` devices over host memory and HCCL / CNCL over gloo.
+
+Every check runs in a child process: a stand-in renames PyTorch's one PrivateUse1 device, which lasts as long as the
+process, so the suite's own workers never hold one. The children train, save, load and communicate on the stand-in
+device and compare with the same code on the CPU; the device's documented limits are refused as the hardware would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child(code: str, standin: str = "ascend", timeout: float = 180, **env: str) -> dict:
+    """Run ``code`` under HAL_STANDIN=``standin`` in a fresh interpreter; the JSON it prints last."""
+    full = {**os.environ, "HAL_STANDIN": standin, "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
+                          timeout=timeout, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+TRAIN = """
+    import json, torch
+    from hal.backend_registry import get_backend
+
+    backend = get_backend("{backend}")
+    status = backend.availability()
+
+    def losses(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                    torch.nn.Linear(16, 4)).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        out = []
+        for step in range(4):
+            x, y = torch.randn(5, 8).to(device), torch.randint(0, 4, (5,)).to(device)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+            out.append(loss.item())
+        held = backend.memory_allocated(0) if device != "cpu" else 0  # the model, its grads and AdamW's state
+        return out, str(next(model.parameters()).device), held
+
+    cpu, _, _ = losses("cpu")
+    dev, where, held = losses("{device}")
+    print(json.dumps({{"available": status.available, "reason": status.reason, "cpu": cpu, "dev": dev, "where": where,
+                      "allocated": held, "after": backend.memory_allocated(0), "peak": backend.max_memory_allocated(0),
+                      "name": backend.device_name(0)}}))
+"""
+
+
+@pytest.mark.parametrize("backend,device", [("ascend", "npu"), ("cambricon", "mlu")])
+def test_a_model_trains_on_the_standin_device_as_on_the_cpu(backend: str, device: str) -> None:
+    got = child(TRAIN.format(backend=backend, device=device), standin=backend)
+    assert got["available"] and "stand-in: host-backed, not hardware" in got["reason"], got["reason"]
+    assert got["where"] == f"{device}:0" and got["dev"] == got["cpu"], got  # host kernels: the same bits
+    assert 0 < got["allocated"] <= got["peak"] and got["after"] < got["allocated"], got  # the stand-in's own bytes
+    assert got["name"] == {"ascend": "Ascend910B2", "cambricon": "MLU590"}[backend]
+
+
+def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() -> None:
+    got = child("""
+        import io, json, torch
+        from hal.backend_registry import get_backend
+
+        get_backend("ascend").require_available()
+        import torch_npu
+        x = torch.arange(6.0).reshape(2, 3).to("npu")
+        said = {}
+        for name, fn in {"fp64": lambda: x.double().sum(), "mixed": lambda: x + torch.ones(2, 3),
+                         "numpy": lambda: x.numpy()}.items():
+            try:
+                fn()
+                said[name] = None
+            except (RuntimeError, TypeError) as exc:
+                said[name] = str(exc)
+        buf = io.BytesIO(); torch.save({"x": x}, buf)
+        buf.seek(0); on_cpu = torch.load(buf, map_location="cpu")["x"]
+        buf.seek(0); back = torch.load(buf)["x"]
+        with torch.autocast("npu", dtype=torch.bfloat16):
+            mm = (x @ x.t()).dtype
+        print(json.dumps({**said, "scalar": (x + torch.tensor(1.0)).sum().item(), "cpu_load": str(on_cpu.device),
+                          "load": str(back.device), "equal": torch.equal(on_cpu, x.cpu()), "autocast": str(mm),
+                          "package": torch_npu.__version__, "hf32": torch_npu.npu.matmul.allow_hf32,
+                          "rms": str(torch_npu.npu_rms_norm(x, torch.ones(3, device="npu"))[0].device)}))
+    """)
+    assert "float64" in got["fp64"] and "not hardware" in got["fp64"], got["fp64"]
+    assert "same device" in got["mixed"] and "npu:0 and cpu" in got["mixed"], got["mixed"]
+    assert "to numpy" in got["numpy"], got["numpy"]
+    assert got["scalar"] == 21.0  # a 0-dim host tensor meets the device, as on CUDA
+    assert got["cpu_load"] == "cpu" and got["load"] == "npu:0" and got["equal"], got
+    assert got["autocast"] == "torch.bfloat16" and got["hf32"] is False and got["rms"] == "npu:0", got
+    assert got["package"].endswith("+standin")
+
+
+def test_one_vendor_runtime_per_process() -> None:
+    got = child("""
+        import json
+        from hal.backend_registry import get_backend
+        ascend, cambricon = get_backend("ascend"), get_backend("cambricon")
+        print(json.dumps({"ascend": ascend.availability().reason, "cambricon": cambricon.availability().available,
+                          "why": cambricon.availability().reason}))
+    """, standin="ascend,cambricon")
+    assert "stand-in" in got["ascend"] and got["cambricon"] is False, got
+    assert "one vendor runtime per process" in got["why"], got["why"]
+
+
+def test_an_mlu370_standin_has_no_tf32() -> None:
+    got = child("""
+        import json
+        from hal.backend_registry import get_backend
+        from hal.errors import HalError
+        b = get_backend("cambricon")
+        caps = b.capabilities(0)
+        try:
+            b.set_reduced_precision_matmul(True)
+            said = None
+        except HalError as exc:
+            said = str(exc)
+        print(json.dumps({"name": b.device_name(0), "tf32": caps.dtypes.get("tf32"), "said": said}))
+    """, standin="cambricon:MLU370-X8")
+    assert got["name"] == "MLU370-X8" and got["tf32"] == "absent" and got["said"], got
+
+
+def test_a_vendor_without_a_standin_is_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "hal", "devices", "--standin", "cuda"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "'cuda' has no stand-in" in done.stderr and "ascend" in done.stderr
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("backend,library", [("ascend", "hccl"), ("cambricon", "cncl")])
+def test_the_standin_library_moves_device_tensors_and_refuses_its_gaps(backend: str, library: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from ..dist_harness import ok_values, run_world
+
+    monkeypatch.setenv("HAL_STANDIN", backend)
+    world = 2
+    got = ok_values(run_world("tests.standin_cases", "ccl_run", world, backend=backend), world)
+    device = {"ascend": "npu", "cambricon": "mlu"}[backend]
+    for rank, r in got.items():
+        assert r["device"] == f"{device}:{rank}" and r["library"] == f"cpu:gloo,{device}:{library}", r
+        assert r["all_reduce"] == [3.0] * 4 and r["all_gather"] == [0.0] * 4 + [1.0] * 4, r
+        assert r["reduce_scatter"] == [2.0 * (2 * rank), 2.0 * (2 * rank + 1)], r
+        assert r["all_to_all"] == [0.0, 1.0] and r["p2p"] == [10.0 + (rank - 1) % world] * 3, r
+        assert "float64" in r["refused"]["float64"] and "not hardware" in r["refused"]["float64"], r["refused"]
+        if backend == "ascend":
+            assert "HCCL has no gather" in r["refused"]["gather"], r["refused"]
+        assert r["hal_all_reduce"] == [1.0] * 3 and r["hal_all_gather"] == [0.0, 0.0, 1.0, 1.0], r
+        assert r["hal_gather"] == ([[0.0, 0.0], [1.0, 1.0]] if rank == 0 else None), r  # hal routes around the gap
+
+
+def test_hal_devices_lists_both_standins_each_in_a_process_of_its_own() -> None:
+    done = subprocess.run([sys.executable, "-m", "hal", "devices", "--standin", "ascend,cambricon", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    entries = {b["name"]: b for b in report["backends"]}
+    for name, model in (("ascend", "Ascend910B2"), ("cambricon", "MLU590")):
+        entry = entries[name]
+        assert entry["available"] and entry["standin"] == "stand-in: host-backed, not hardware", entry["reason"]
+        assert entry["device_count"] == 8 and entry["devices"][0]["name"] == model, entry
+        assert entry["contract"]["streams_events"]["state"] == "supported", entry["contract"]
+        assert not entry["verified_on_hardware"]
+    assert report["auto"]["backend"] == "cpu" and "a stand-in: name it" in report["auto"]["reason"], report["auto"]
