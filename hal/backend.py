@@ -236,6 +236,11 @@ class Backend(abc.ABC):
         """Catalog facts for the device at ``index`` merged with a run-time probe."""
 
     # --- host cache, graphs, profiler, and the contract's answers ------------------------------------
+    def pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (a host tensor) where this device copies from it without blocking: page-locked for an
+        accelerator, itself on the host backend (no device to copy to)."""
+        return tensor if self.device_type == "cpu" else tensor.pin_memory()
+
     def host_memory_stats(self) -> dict[str, Any]:
         """Statistics of the pinned host-memory cache the device copies stage through (CUDA's keys:
         ``allocated_bytes.current`` ...). Raises UnsupportedError with the reason where there is none."""

@@ -92,6 +92,11 @@ class DeviceModuleBackend(Backend):
         except Exception:
             return f"device {index}"
 
+    def pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Page-locked host memory; a stand-in's device memory is host memory already, and PyTorch pins through the
+        vendor runtime's C++ allocator, which a device written in Python has not: its host tensor as it is."""
+        return tensor if self.standin else super().pinned(tensor)
+
     @property
     def standin(self) -> str | None:
         """What the loaded runtime is when it is a stand-in over host memory (``backends.standins``), else None."""

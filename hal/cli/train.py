@@ -139,6 +139,8 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
           f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s steady, {mfu}, "
           f"{summary['wall_s']:.1f} s wall")
+    if summary.get("standin"):
+        print(f"hal train: {', '.join(summary['standin']['backends'])} ran on {summary['standin']['note']}")
     for stage in summary.get("stages", []):
         where = f"replica {stage['replica']} " if "replica" in stage else ""
         print(f"hal train: {where}{_stage_line(stage)}")

@@ -186,7 +186,7 @@ class StagingPipeline:
     def _new_slot(self) -> torch.Tensor:
         buf = torch.empty(self.chunk_bytes, dtype=torch.uint8)
         # Page-locked memory lets device copies run asynchronously; the host backend has no device.
-        return buf if self.backend.device_type == "cpu" else buf.pin_memory()
+        return self.backend.pinned(buf)
 
     def _slot_view(self, lane: Lane, k: int) -> torch.Tensor:
         start, stop = lane.span(k, self._elems(lane))

@@ -15,14 +15,23 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import run_hal
+from ..plain_client import run_plain, shared
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def child(code: str, standin: str = "ascend", timeout: float = 180, **env: str) -> dict:
-    """Run ``code`` under HAL_STANDIN=``standin`` in a fresh interpreter; the JSON it prints last."""
-    full = {**os.environ, "HAL_STANDIN": standin, "OMP_NUM_THREADS": "1", **env}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
-                          timeout=timeout, cwd=REPO)
+    """Run ``code`` under HAL_STANDIN=``standin`` as ``python -c`` (forked from the plain server, which imported torch
+    and no hal; HAL_TEST_FORK=0: a fresh interpreter); the JSON it prints last."""
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "HAL_STANDIN": standin,
+            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
+    source = textwrap.dedent(code)
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        done = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=full, timeout=timeout,
+                              cwd=REPO)
+    else:
+        done = run_plain(shared(), ["-c", source], full, REPO, timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -50,19 +59,31 @@ TRAIN = """
 
     cpu, _, _ = losses("cpu")
     dev, where, held = losses("{device}")
+    from hal.errors import HalError
+    other = get_backend("{other}").availability()  # one vendor runtime per process
+    try:
+        backend.set_reduced_precision_matmul(True)
+        tf32 = None
+    except HalError as exc:
+        tf32 = str(exc)
     print(json.dumps({{"available": status.available, "reason": status.reason, "cpu": cpu, "dev": dev, "where": where,
                       "allocated": held, "after": backend.memory_allocated(0), "peak": backend.max_memory_allocated(0),
-                      "name": backend.device_name(0)}}))
+                      "name": backend.device_name(0), "other": [other.available, other.reason], "tf32": tf32,
+                      "tf32_native": backend.capabilities(0).dtypes.get("tf32")}}))
 """
 
 
-@pytest.mark.parametrize("backend,device", [("ascend", "npu"), ("cambricon", "mlu")])
-def test_a_model_trains_on_the_standin_device_as_on_the_cpu(backend: str, device: str) -> None:
-    got = child(TRAIN.format(backend=backend, device=device), standin=backend)
+@pytest.mark.parametrize("backend,device,model,other", [("ascend", "npu", "Ascend910B2", "cambricon"),
+                                                        ("cambricon", "mlu", "MLU370-X8", "ascend")])
+def test_a_model_trains_on_the_standin_device_as_on_the_cpu(backend: str, device: str, model: str, other: str) -> None:
+    got = child(TRAIN.format(backend=backend, device=device, other=other), standin=f"{backend}:{model},{other}")
     assert got["available"] and "stand-in: host-backed, not hardware" in got["reason"], got["reason"]
     assert got["where"] == f"{device}:0" and got["dev"] == got["cpu"], got  # host kernels: the same bits
     assert 0 < got["allocated"] <= got["peak"] and got["after"] < got["allocated"], got  # the stand-in's own bytes
-    assert got["name"] == {"ascend": "Ascend910B2", "cambricon": "MLU590"}[backend]
+    assert got["name"] == model, got
+    assert got["other"][0] is False and "one vendor runtime per process" in got["other"][1], got["other"]
+    if backend == "cambricon":  # an MLU370 has no TF32: the backend refuses to switch it on
+        assert got["tf32_native"] == "absent" and got["tf32"], got
 
 
 def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() -> None:
@@ -100,38 +121,8 @@ def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() 
     assert got["package"].endswith("+standin")
 
 
-def test_one_vendor_runtime_per_process() -> None:
-    got = child("""
-        import json
-        from hal.backend_registry import get_backend
-        ascend, cambricon = get_backend("ascend"), get_backend("cambricon")
-        print(json.dumps({"ascend": ascend.availability().reason, "cambricon": cambricon.availability().available,
-                          "why": cambricon.availability().reason}))
-    """, standin="ascend,cambricon")
-    assert "stand-in" in got["ascend"] and got["cambricon"] is False, got
-    assert "one vendor runtime per process" in got["why"], got["why"]
-
-
-def test_an_mlu370_standin_has_no_tf32() -> None:
-    got = child("""
-        import json
-        from hal.backend_registry import get_backend
-        from hal.errors import HalError
-        b = get_backend("cambricon")
-        caps = b.capabilities(0)
-        try:
-            b.set_reduced_precision_matmul(True)
-            said = None
-        except HalError as exc:
-            said = str(exc)
-        print(json.dumps({"name": b.device_name(0), "tf32": caps.dtypes.get("tf32"), "said": said}))
-    """, standin="cambricon:MLU370-X8")
-    assert got["name"] == "MLU370-X8" and got["tf32"] == "absent" and got["said"], got
-
-
 def test_a_vendor_without_a_standin_is_one_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "hal", "devices", "--standin", "cuda"], capture_output=True,
-                          text=True, cwd=REPO, timeout=120)
+    done = run_hal("devices", "--standin", "cuda")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "'cuda' has no stand-in" in done.stderr and "ascend" in done.stderr
 
@@ -147,7 +138,7 @@ def test_the_standin_library_moves_device_tensors_and_refuses_its_gaps(backend: 
     got = ok_values(run_world("tests.standin_cases", "ccl_run", world, backend=backend), world)
     device = {"ascend": "npu", "cambricon": "mlu"}[backend]
     for rank, r in got.items():
-        assert r["device"] == f"{device}:{rank}" and r["library"] == f"cpu:gloo,{device}:{library}", r
+        assert r["device"] == f"{device}:0" and r["library"] == f"cpu:gloo,{device}:{library}", r  # a rank: its one device
         assert r["all_reduce"] == [3.0] * 4 and r["all_gather"] == [0.0] * 4 + [1.0] * 4, r
         assert r["reduce_scatter"] == [2.0 * (2 * rank), 2.0 * (2 * rank + 1)], r
         assert r["all_to_all"] == [0.0, 1.0] and r["p2p"] == [10.0 + (rank - 1) % world] * 3, r
@@ -159,8 +150,7 @@ def test_the_standin_library_moves_device_tensors_and_refuses_its_gaps(backend: 
 
 
 def test_hal_devices_lists_both_standins_each_in_a_process_of_its_own() -> None:
-    done = subprocess.run([sys.executable, "-m", "hal", "devices", "--standin", "ascend,cambricon", "--json"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_hal("devices", "--standin", "ascend,cambricon", "--json", timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     entries = {b["name"]: b for b in report["backends"]}
@@ -171,3 +161,33 @@ def test_hal_devices_lists_both_standins_each_in_a_process_of_its_own() -> None:
         assert entry["contract"]["streams_events"]["state"] == "supported", entry["contract"]
         assert not entry["verified_on_hardware"]
     assert report["auto"]["backend"] == "cpu" and "a stand-in: name it" in report["auto"]["reason"], report["auto"]
+
+
+PIPELINE = """
+model: {{vocab_size: 64, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 64, max_seq_len: 16}}
+parallel:
+  micro_batches: 2
+  micro_batch_size: 2
+  stages:
+    - {{backend: cpu, devices: 1, layers: 1}}
+    - {{backend: {second}, devices: 1, layers: 1}}
+train: {{steps: 2, lr: 1.0e-2, seed: 3, data: synthetic}}
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_pipeline_with_a_standin_stage_trains_as_the_cpu_pipeline(tmp_path: Path) -> None:
+    """The heterogeneous proof on a vendor path: stage 1 on the ascend stand-in (its activations crossing the bridge
+    between the cpu and npu islands) gives the all-cpu run's losses, bit for bit."""
+    runs = {}
+    for second in ("cpu", "ascend"):
+        config = tmp_path / f"{second}.yaml"
+        config.write_text(PIPELINE.format(second=second))
+        done = run_hal("train", str(config), "--standin", "ascend", "--json", "--run-dir", str(tmp_path / second),
+                       timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[second] = json.loads(done.stdout)
+    assert runs["ascend"]["losses"] == runs["cpu"]["losses"], (runs["ascend"]["losses"], runs["cpu"]["losses"])
+    assert [s["backend"] for s in runs["ascend"]["stages"]] == ["cpu", "ascend"]
+    assert runs["ascend"]["standin"] == {"backends": ["ascend"], "note": "stand-in: host-backed, not hardware"}
+    assert "standin" not in runs["cpu"]  # no stage of it ran on a stand-in

@@ -13,6 +13,7 @@ one PrivateUse1 device, so a process holds one of them (a plan with both runs th
 """
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -62,7 +63,10 @@ def standin_package(backend: str) -> ModuleType | None:
     except KeyError:
         raise ConfigError(f"HAL_STANDIN: {backend} has no stand-in model {wanted[backend]!r}; use one of "
                           f"{', '.join(vendor.models)}") from None
-    package = register(vendor, model, device_count())
+    # A device written in Python has one autograd device thread: a rank (torchrun's LOCAL_RANK set) sees one device,
+    # its own npu:0 / mlu:0, as a rank does under its runtime's visible-devices variable; other processes see all.
+    count = 1 if "LOCAL_RANK" in os.environ else device_count()
+    package = register(vendor, model, count)
     _ACTIVE = (backend, package)
     return package
 

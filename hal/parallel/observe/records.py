@@ -187,8 +187,18 @@ def run_summary(job: Job, replicas: ReplicatedPlan, seq: int, steps: int, start:
         "first_step_s": records[0]["step_s"] if records else None, "log_file": str(job.log_file), "checkpoint": checkpoint,
         "stages": stages,
         **({"replicas": replica_summary(records)} if records and "replicas" in records[0] else {}),
+        **standin_summary(replicas),
         **({"order": orders[-1]} if orders else {}),
     }
+
+def standin_summary(replicas: ReplicatedPlan) -> dict[str, Any]:
+    """{"standin": {backends, note}} where stages ran on a vendor's host-backed stand-in (``hal.standin``), else {}:
+    such a run proves the paths, not the hardware, and its summary says so."""
+    from hal.standin import STANDIN_NOTE, requested
+
+    used = sorted({m.backend for m in all_stages(replicas)} & set(requested()))
+    return {"standin": {"backends": used, "note": STANDIN_NOTE}} if used else {}
+
 
 def replica_summary(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each replica over the steady steps (after the first): the rows in force at the end (and at the start, where a

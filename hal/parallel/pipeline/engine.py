@@ -236,7 +236,7 @@ class PipelineEngine:
         if tokens.device == self.device or not (self.first or self.last):
             return tokens
         if self.device.type != "cpu" and tokens.device.type == "cpu":
-            tokens = tokens.pin_memory()  # a non-blocking copy from pageable memory would still block
+            tokens = self.backend.pinned(tokens)  # a non-blocking copy from pageable memory would still block
         return tokens.to(self.device, non_blocking=True)
 
     # --- point to point -------------------------------------------------------------------------------
