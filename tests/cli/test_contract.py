@@ -26,7 +26,7 @@ CONTRACT_METHODS = {
     "mem_get_info", "total_memory", "empty_cache", "manual_seed", "manual_seed_all", "get_rng_state",
     "set_rng_state", "autocast", "grad_scaler", "set_reduced_precision_matmul",
     "reduced_precision_matmul_enabled", "set_deterministic", "capabilities", "process_group_backend",
-    "register_ops", "host_memory_stats", "empty_host_cache", "Graph", "graph", "profiler", "contract",
+    "register_ops", "pinned", "host_memory_stats", "empty_host_cache", "Graph", "graph", "profiler", "contract",
 }
 IDENTITY = ("name", "device_type", "vendor", "ccl", "visible_devices_env", "reduced_precision_matmul_format",
             "hardware_verification", "ccl_reduce_ops", "ccl_gaps")
