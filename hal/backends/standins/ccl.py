@@ -6,7 +6,7 @@ moving the device's tensors through gloo over their host memory.
 ``"cpu:gloo,npu:hccl"`` then sends the npu tensors of every collective here, through c10d's PrivateUse1 kernels.
 Each call unwraps the stand-in tensors to their host tensors and runs gloo's collective on them in place. What the
 real library lacks is refused here too, in its words, so ``collectives/`` must route around it as it would on the
-hardware: HCCL has no ``gather`` / ``scatter`` and no float64 reductions (CANN HCCL API reference); CNCL's float64
+hardware: HCCL has no ``gather`` and no float64 reductions (CANN HCCL API reference); CNCL's float64
 reductions are unconfirmed (no public dtype table), so the stand-in refuses them as ``backends/cambricon.py``
 routes them.
 """

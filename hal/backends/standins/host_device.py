@@ -209,8 +209,13 @@ def _factory(op: Any, *args: Any, **kwargs: Any) -> Any:
 # vendors' runtimes follow: matmuls and convolutions in the autocast dtype, reductions and norms in float32.
 LOWER_PRECISION = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "matmul", "conv1d", "conv2d", "conv3d",
                    "_scaled_dot_product_attention_math", "scaled_dot_product_attention", "prelu", "addmv", "mv")
-FLOAT32 = ("softmax", "log_softmax", "layer_norm", "group_norm", "nll_loss", "cross_entropy_loss", "mse_loss",
-           "exp", "log", "pow", "rsqrt", "norm", "cumsum", "sum", "prod", "binary_cross_entropy_with_logits")
+FLOAT32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+           "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "group_norm", "norm", "nuclear_norm",
+           "frobenius_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+           "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
+           "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
+           "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+           "softmax", "log_softmax", "cross_entropy_loss", "cumprod", "cumsum", "sum", "prod")
 
 
 def _autocast_kernel(op: Any, to_lower: bool) -> Callable[..., Any]:

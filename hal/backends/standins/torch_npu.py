@@ -103,7 +103,8 @@ ASCEND = Vendor(
     backend="ascend", package="torch_npu", device_type="npu",
     models={"Ascend910B2": Model("Ascend910B2", 64)},
     limits=Limits(frozenset({torch.float64}), "the NPU has no float64 compute (torch_npu; backends/ascend.py)"),
-    # HCCL's collective list has no Gather / Scatter, and its reductions no float64 (CANN HCCL API reference)
-    ccl="hccl", ccl_lacks=frozenset({"gather", "scatter"}), ccl_no_reduce=frozenset({torch.float64}), extend=_extend)
+    # HCCL's collective list has no Gather (Scatter came with newer CANN), and its reductions no float64 (CANN HCCL
+    # API reference)
+    ccl="hccl", ccl_lacks=frozenset({"gather"}), ccl_no_reduce=frozenset({torch.float64}), extend=_extend)
 
 __all__ = ["ASCEND", "npu_fusion_attention", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu"]
