@@ -2,10 +2,10 @@
 whose ``npu`` / ``mlu`` devices keep their tensors in host memory (``host_device``, ``runtime``, ``torch_npu``,
 ``torch_mlu``), and HCCL / CNCL stand-ins over gloo (``ccl``).
 
-Why: no tensor had ever lived on an ``npu`` or ``mlu`` device here; with the stand-ins every vendor path — device
-strings, factories, ``Module.to``, autocast, collectives on the device, checkpoints, the migration shim's
-rewrites, stage-to-stage transfers — runs on a laptop and in CI, and fails where the hardware's documented limits
-would make it fail. A user's use: dry-run an Ascend or Cambricon job before queueing on the real cluster.
+Why: no tensor had ever lived on an ``npu`` or ``mlu`` device here; with the stand-ins the vendor paths — device
+strings, factories, ``Module.to``, autocast, collectives on the device, checkpoints, stage-to-stage transfers —
+can run on a laptop and in CI (``tests/cli/test_standins.py`` names those that do), and fail where the hardware's
+documented limits would make them fail. A user's use: dry-run an Ascend or Cambricon job before queueing on the real cluster.
 
 They are on only when asked (``hal.standin``: ``HAL_STANDIN``, set by ``--standin``); then the backend loads the
 stand-in in place of the vendor package (``standin_package``). One vendor runtime per process: each owns PyTorch's
