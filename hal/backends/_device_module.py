@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import abc
 import os
+import weakref
 from types import ModuleType
-from typing import Any, ClassVar, ContextManager
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager
 
 import torch
 
@@ -19,9 +20,31 @@ from hal.backend import Availability, Backend
 from hal.capabilities import DeviceCapabilities, ProbedFacts, lookup, merge
 from hal.errors import BackendUnavailable, UnsupportedError
 
+if TYPE_CHECKING:
+    from .standins.elsewhere import Answers
+
 
 class RuntimeMissing(Exception):
     """Raised by ``_load_module`` with the human reason the vendor runtime cannot be used."""
+
+
+class RuntimeElsewhere(RuntimeMissing):
+    """Raised by ``_load_module`` where another vendor runtime owns this process's PrivateUse1 device: the runtime
+    asked for runs in other processes (one vendor runtime per process)."""
+
+
+_ANSWERED_ELSEWHERE: weakref.WeakSet[DeviceModuleBackend] = weakref.WeakSet()
+
+
+def _forget_elsewhere_answers() -> None:
+    """In a forked child (a rank forked from its launcher): a runtime the parent asked a child about may load here."""
+    for backend in list(_ANSWERED_ELSEWHERE):
+        backend._elsewhere, backend._availability = None, None
+    _ANSWERED_ELSEWHERE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_elsewhere_answers)
 
 
 class DeviceModuleBackend(Backend):
@@ -35,6 +58,7 @@ class DeviceModuleBackend(Backend):
     def __init__(self) -> None:
         self._availability: Availability | None = None
         self._module: ModuleType | None = None
+        self._elsewhere: tuple[Answers, str] | None = None  # a child's answers, and why the device is not here
 
     # --- what subclasses provide --------------------------------------------------------------
     @abc.abstractmethod
@@ -62,6 +86,8 @@ class DeviceModuleBackend(Backend):
     def _probe(self) -> Availability:
         try:
             mod = self._load_module()
+        except RuntimeElsewhere as exc:  # answered by a child that holds the runtime; the device stays over there
+            return self._probe_elsewhere(str(exc))
         except RuntimeMissing as exc:
             return Availability(False, str(exc))
         try:
@@ -85,6 +111,19 @@ class DeviceModuleBackend(Backend):
         standin = f" ({self.standin})" if self.standin else ""
         return Availability(True, f"{count} device(s): {', '.join(names)}{standin}")
 
+    def _probe_elsewhere(self, why: str) -> Availability:
+        """Availability, devices, capabilities and memory as a child process holding the runtime sees them
+        (``standins.elsewhere``): a launcher checks every stage before its ranks start; using the device here is
+        refused by ``_mod`` with ``why``."""
+        from .standins.elsewhere import probe
+
+        answers = probe(self.name)
+        if not answers.available:
+            return Availability(False, answers.reason)
+        self._elsewhere = (answers, why)
+        _ANSWERED_ELSEWHERE.add(self)
+        return Availability(True, f"{answers.reason}, probed in a child process ({why})")
+
     @staticmethod
     def _safe_name(mod: ModuleType, index: int) -> str:
         try:
@@ -100,14 +139,20 @@ class DeviceModuleBackend(Backend):
     @property
     def standin(self) -> str | None:
         """What the loaded runtime is when it is a stand-in over host memory (``backends.standins``), else None."""
+        if self._elsewhere is not None:
+            return self._elsewhere[0].standin
         return getattr(self._module, "standin", None) if self._module is not None else None
 
     def _mod(self) -> ModuleType:
         self.require_available()
+        if self._elsewhere is not None:
+            raise UnsupportedError(f"backend '{self.name}' cannot run in this process: {self._elsewhere[1]}")
         assert self._module is not None
         return self._module
 
     def device_count(self) -> int:
+        if self.is_available() and self._elsewhere is not None:
+            return self._elsewhere[0].count
         return int(self._module.device_count()) if self.is_available() and self._module else 0
 
     def set_device(self, index: int) -> None:
@@ -119,6 +164,8 @@ class DeviceModuleBackend(Backend):
 
     def device_name(self, index: int = 0) -> str:
         self._check_index(index)
+        if self._elsewhere is not None:
+            return self._elsewhere[0].names[index]
         return str(self._mod().get_device_name(index))
 
     def synchronize(self, index: int | None = None) -> None:
@@ -162,6 +209,8 @@ class DeviceModuleBackend(Backend):
         self._mod().reset_peak_memory_stats(index)
 
     def mem_get_info(self, index: int | None = None) -> tuple[int, int]:
+        if self.is_available() and self._elsewhere is not None:
+            return self._elsewhere[0].memory[index or 0]
         free, total = self._mod().mem_get_info(index)
         return int(free), int(total)
 
@@ -248,6 +297,8 @@ class DeviceModuleBackend(Backend):
     # --- capabilities --------------------------------------------------------------------------
     def capabilities(self, index: int = 0) -> DeviceCapabilities:
         self._check_index(index)
+        if self._elsewhere is not None:
+            return DeviceCapabilities.from_dict(self._elsewhere[0].capabilities[index])
         probe = self._probe_facts(index)
         return merge(self.name, lookup(self.name, probe.name), probe)
 

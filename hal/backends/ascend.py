@@ -24,7 +24,7 @@ from hal.backend import CclGap
 from hal.capabilities import DtypeSupport, ProbedFacts
 from hal.errors import UnsupportedError
 
-from ._device_module import DeviceModuleBackend, RuntimeMissing, registered_device_module
+from ._device_module import DeviceModuleBackend, RuntimeElsewhere, RuntimeMissing, registered_device_module
 
 PACKAGE = "torch_npu"
 NOT_INSTALLED = "torch_npu is not installed"
@@ -110,11 +110,13 @@ class AscendBackend(DeviceModuleBackend):
         return answers
 
     def _load_module(self) -> ModuleType:
-        from .standins import standin_package
+        from .standins import OwnedElsewhere, standin_package
 
         try:  # HAL_STANDIN=ascend: the torch_npu stand-in, said everywhere
             package = standin_package(self.name)
-        except UnsupportedError as exc:  # one vendor runtime a process: unavailable here, and why
+        except OwnedElsewhere as exc:  # one vendor runtime a process: another vendor's owns this one
+            raise RuntimeElsewhere(str(exc)) from None
+        except UnsupportedError as exc:  # this torch cannot write a device in Python: unavailable, and why
             raise RuntimeMissing(str(exc)) from None
         why = ""
         if package is None:

@@ -59,8 +59,10 @@ def run(args: argparse.Namespace) -> int:
                       init_from=args.init_from)
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
+    from hal.backends.standins import keep_free
     from hal.parallel.loop.job_runner import describe, prepare, read_summary, run_local, write_job
 
+    keep_free()  # the launcher loads no stand-in: its ranks (forked from it where they can be) load their own
     job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
                   init_from=args.init_from, cpu_binding=args.cpu_binding)
     print(f"hal train: {describe(job)}", file=sys.stderr)
@@ -231,10 +233,14 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     from .launch import print_report
 
     echo = on_screen(sys.stderr)
-    # A CPU-only job's ranks fork from one interpreter that imported torch and the trainer once (hal.launch.zygote):
-    # 4 ranks on 2 cores start in seconds, not 4 imports' worth. A device runtime is never forked.
-    cpu_only = all(env.get("HAL_BACKEND") == "cpu" for env in envs)
-    preload = ("torch", "torch._dynamo") if cpu_only else ()
+    # A job of CPU and stand-in ranks forks them from one interpreter that imported torch and the trainer once
+    # (hal.launch.zygote): 4 ranks on 2 cores start in seconds, not 4 imports' worth. A device runtime is never
+    # forked; a stand-in's is loaded after the fork, by its rank (this process kept PrivateUse1 free: keep_free).
+    from hal.backends.standins import kept_free
+    from hal.standin import requested
+
+    host = {"cpu", *requested()} if kept_free() else {"cpu"}
+    preload = ("torch", "torch._dynamo") if all(env.get("HAL_BACKEND") in host for env in envs) else ()
     try:
         report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=echo,  # type: ignore[arg-type]
                        fork_from=preload)

@@ -216,6 +216,8 @@ def npu_rotary_mul(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     The default "half" mode computes r1 * x + r2 * cat(-x2, x1) over the two halves of the last dim,
     which is the reference's x * cos + rotate_half(x) * sin with r1 = cos, r2 = sin.
     """
+    if x.dim() == 4 and cos.dim() < 4 and cos.shape == sin.shape:  # hal's (S, D) tables broadcast as 11SD (BNSD)
+        cos, sin = (t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)) for t in (cos, sin))
     why = _rotary_unsupported(x, cos, sin)
     if why:
         _to_reference("rotary_embedding", "npu_rotary_mul", x.dtype, why)

@@ -32,8 +32,12 @@ def arm(parent: int) -> bool:
 
 
 def guarded(command: Sequence[str]) -> list[str]:
-    """``command`` run through this module: the rank dies with this process (its launcher), even on SIGKILL."""
-    return [sys.executable, "-m", "hal.launch.guard", str(os.getpid()), "--", *command]
+    """``command`` run through this module: the rank dies with this process (its launcher), even on SIGKILL.
+
+    Started with ``-c``, not ``-m``: ``hal.launch`` imports this module, and runpy warns on stderr of every rank when
+    ``-m`` runs a module its package has already imported."""
+    return [sys.executable, "-c", "import sys; from hal.launch.guard import main; main(sys.argv[1:])", str(os.getpid()),
+            "--", *command]
 
 
 def main(argv: Sequence[str]) -> NoReturn:

@@ -307,3 +307,13 @@ def test_a_warning_every_rank_prints_is_echoed_once_with_its_source_line() -> No
     assert sorted(line for line in lines if line.endswith("trained")) == [f"rank {r} trained" for r in range(4)]
     assert lines.count("hal train: warning: on every rank") == 1
     assert lines.count("hal train: warning: rank 0 skipped a step") == 2  # a rank repeating its own warning: each time
+
+
+def test_the_guard_a_rank_starts_through_adds_nothing_to_its_stderr() -> None:
+    """Every rank the launcher starts execs through the guard; a warning of its own (runpy's, when ``-m`` ran a
+    module ``hal.launch`` had imported) landed on each rank's stderr, above the run's first line."""
+    from hal.launch.guard import guarded
+
+    done = subprocess.run(guarded([sys.executable, "-c", "print('ok')"]), capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")

@@ -60,7 +60,12 @@ TRAIN = """
     cpu, _, _ = losses("cpu")
     dev, where, held = losses("{device}")
     from hal.errors import HalError
-    other = get_backend("{other}").availability()  # one vendor runtime per process
+    other = get_backend("{other}").availability()  # one vendor runtime per process: answered by a child process
+    try:
+        get_backend("{other}").synchronize()
+        used = None
+    except HalError as exc:
+        used = str(exc)
     try:
         backend.set_reduced_precision_matmul(True)
         tf32 = None
@@ -68,7 +73,7 @@ TRAIN = """
         tf32 = str(exc)
     print(json.dumps({{"available": status.available, "reason": status.reason, "cpu": cpu, "dev": dev, "where": where,
                       "allocated": held, "after": backend.memory_allocated(0), "peak": backend.max_memory_allocated(0),
-                      "name": backend.device_name(0), "other": [other.available, other.reason], "tf32": tf32,
+                      "name": backend.device_name(0), "other": [other.available, other.reason, used], "tf32": tf32,
                       "tf32_native": backend.capabilities(0).dtypes.get("tf32")}}))
 """
 
@@ -81,7 +86,10 @@ def test_a_model_trains_on_the_standin_device_as_on_the_cpu(backend: str, device
     assert got["where"] == f"{device}:0" and got["dev"] == got["cpu"], got  # host kernels: the same bits
     assert 0 < got["allocated"] <= got["peak"] and got["after"] < got["allocated"], got  # the stand-in's own bytes
     assert got["name"] == model, got
-    assert got["other"][0] is False and "one vendor runtime per process" in got["other"][1], got["other"]
+    # the other vendor's stand-in: available as a child process holding its runtime sees it, unusable here
+    available, reason, used = got["other"]
+    assert available and "probed in a child process (one vendor runtime per process" in reason, reason
+    assert used and "cannot run in this process: one vendor runtime per process" in used and "\n" not in used, used
     if backend == "cambricon":  # an MLU370 has no TF32: the backend refuses to switch it on
         assert got["tf32_native"] == "absent" and got["tf32"], got
 
@@ -191,3 +199,49 @@ def test_a_pipeline_with_a_standin_stage_trains_as_the_cpu_pipeline(tmp_path: Pa
     assert [s["backend"] for s in runs["ascend"]["stages"]] == ["cpu", "ascend"]
     assert runs["ascend"]["standin"] == {"backends": ["ascend"], "note": "stand-in: host-backed, not hardware"}
     assert "standin" not in runs["cpu"]  # no stage of it ran on a stand-in
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "train.jsonl").read_text().splitlines() if '"loss"' in line]
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """examples/vendors_standin.yaml's model and data on one cpu rank: the run every layout must equal."""
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("one")
+    doc = yaml.safe_load((REPO / "examples" / "vendors_standin.yaml").read_text())
+    doc["parallel"]["stages"] = [{"backend": "cpu", "devices": 1, "layers": 4}]
+    (tmp / "one.yaml").write_text(yaml.safe_dump(doc))
+    done = run_hal("train", str(tmp / "one.yaml"), "--steps", "3", "--run-dir", str(tmp / "run"), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _losses(tmp / "run")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["example: cpu | ascend tp2 | cambricon", "cpu | ascend | cambricon dp2"])
+def test_three_device_types_in_one_pipeline_train_as_one_device(layout: str, one_device: list[float],
+                                                                 tmp_path: Path) -> None:
+    """The heterogeneous proof across three device types (issue 55, 4d): the shipped example, and the same model with
+    a dp2 stage on the cambricon stand-in, under ``--standin ascend,cambricon`` (the launcher asks a child process for
+    the second vendor's answers: one vendor runtime per process) give the one-cpu-rank losses (fp32, 1e-6)."""
+    import yaml
+
+    config = REPO / "examples" / "vendors_standin.yaml"
+    if "dp2" in layout:
+        doc = yaml.safe_load(config.read_text())
+        doc["parallel"]["stages"] = [{"backend": "cpu", "devices": 1, "layers": 1},
+                                     {"backend": "ascend", "devices": 1, "layers": 2},
+                                     {"backend": "cambricon", "devices": 2, "layers": 1, "dp": 2}]
+        config = tmp_path / "dp2.yaml"
+        config.write_text(yaml.safe_dump(doc))
+    done = run_hal("train", str(config), "--standin", "ascend,cambricon", "--steps", "3", "--json",
+                   "--run-dir", str(tmp_path / "run"), timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert [s["backend"] for s in summary["stages"]] == ["cpu", "ascend", "cambricon"]
+    assert summary["standin"] == {"backends": ["ascend", "cambricon"], "note": "stand-in: host-backed, not hardware"}
+    got = _losses(tmp_path / "run")
+    assert len(got) == len(one_device) == 3
+    assert got == pytest.approx(one_device, rel=1e-6, abs=0), (got, one_device)

@@ -713,6 +713,8 @@ def test_ascend_fused_ops_match_the_reference(fake_root: Path) -> None:
     check(rope, "npu_rotary_mul", torch.randn(6, 2, 4, 8), *cos_sin((6, 1, 1, 8)))  # SBND, S11D
     check(rope, "npu_rotary_mul", torch.randn(2, 4, 6, 8), *cos_sin((2, 4, 6, 8)))  # full
     check(rope, "npu_rotary_mul", torch.randn(2, 4, 6, 64).half(), *cos_sin((1, 1, 6, 64), torch.float16))
+    check(rope, "npu_rotary_mul", torch.randn(2, 4, 6, 8), *cos_sin((6, 8)))  # hal's (S, D) tables, as 11SD
+    check(rope, "npu_rotary_mul", torch.randn(2, 4, 6, 8), *cos_sin((1, 6, 8)))  # 3-D, as 11SD
 
     check("swiglu", "npu_swiglu", torch.randn(4, 10))
     check("swiglu", "npu_swiglu", torch.randn(6, 3), dim=0)

@@ -1,8 +1,8 @@
 """MoE layers in the pipeline engine: plans mixing MoE stages (dp, any schedule) with dense stages (tp, dp)
-train as the single-process model does — the first step's loss and every gradient within 1e-5 (fp32), 20
+train as the single-process model does — the first step's loss and every gradient within 1e-5 (fp32), 12
 AdamW steps within 1e-4 — and the balancing loss counts each micro-batch's tokens over its dp replicas.
 
-The first plan of each schedule (1F1B, zero-bubble) trains 20 steps; the other layouts (ep, tp, sp, shared
+The first plan of each schedule (1F1B, zero-bubble) trains 12 steps; the other layouts (ep, tp, sp, shared
 experts, top-1, sigmoid) train 5 — what a layout breaks shows from step 2 on — which keeps the suite inside
 its time on two cores."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..conftest import REPO, run_hal
 from ..dist_harness import run_world
 from ..moe_cases import model_config, reference
 
-STEPS, LR = 20, 3e-3
+STEPS, LR = 12, 3e-3
 VARIANT_STEPS = 5
 
 
@@ -72,7 +72,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 
-LONG_RUNS = {"dense tp2 -> moe dp2, 1f1b", "moe dp2 -> moe dp2, zero-bubble, every other layer"}  # 20 steps each
+LONG_RUNS = {"dense tp2 -> moe dp2, 1f1b", "moe dp2 -> moe dp2, zero-bubble, every other layer"}  # STEPS steps each
 assert LONG_RUNS <= set(CASES) and {CASES[n][0]["schedule"] for n in LONG_RUNS} == {c[0]["schedule"] for c in CASES.values()}
 
 

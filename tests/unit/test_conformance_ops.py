@@ -208,11 +208,11 @@ def test_same_seed_same_numbers() -> None:
     assert all(torch.equal(a[k], b[k]) for k in a) and not torch.equal(a["x"], c["x"])
 
 
-@pytest.mark.parametrize("seed", (0, 1, 2, 5, 7, 10, 15, 20))
+@pytest.mark.parametrize("seed", (0, 1, 5, 7, 10, 15))
 def test_verdicts_do_not_depend_on_the_seed(ctx: Context, seed: int) -> None:
     """Every seed that once failed — 7 (layer_norm on a 1x1 input, whose true gradient is 0), 1, 5, 10 and 15
-    (softmax and attention backward on large inputs, where the gradient cancels) — and three that never did
-    (each seed runs the whole ops suite: 4-7 s on two busy cores, so not all of 0-20 every run)."""
+    (softmax and attention backward on large inputs, where the gradient cancels) — and 0, which never did (each
+    seed runs the whole ops suite: 4-12 s on two busy cores, so not all of 0-20 every run)."""
     seeded = dataclasses.replace(ctx, seed=seed)
     bad = {n: r.outcome.reason for n, r in failing(run_suite(seeded)).items()}
     assert not bad, bad

@@ -21,6 +21,12 @@ GROUPS = [{"backend": "cpu", "device": "cpu-generic", "count": 2, "cores": 8},
           {"backend": "cuda", "device": "nvidia-h100-sxm", "count": 2, "node": 1}]
 
 
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, object]:
+    """``_written`` once for the tests that only read it (a search takes seconds on a busy core)."""
+    return _written(tmp_path_factory.mktemp("written"))
+
+
 def _written(tmp_path: Path) -> tuple[Path, dict, object]:
     """A plan written by write_plan from a search over a cpu + H100 cluster (every type used: two stages)."""
     cost = _cost(GROUPS, cpu_generic=_profile("cpu-generic", "cpu", f=1e-2, b=2e-2))
@@ -36,8 +42,8 @@ def _written(tmp_path: Path) -> tuple[Path, dict, object]:
     return out, yaml.safe_load(out.read_text()), result
 
 
-def test_a_written_plan_keeps_its_prediction_and_replays_it(tmp_path: Path) -> None:
-    out, data, result = _written(tmp_path)
+def test_a_written_plan_keeps_its_prediction_and_replays_it(written: tuple[Path, dict, object]) -> None:
+    out, data, result = written
     section = data["planned"]
     assert section["by"] == "hal plan --search" and section["profile"] == "profile p.json"
     assert section["step_s"] == pytest.approx(result.prediction.step_s)
@@ -51,8 +57,9 @@ def test_a_written_plan_keeps_its_prediction_and_replays_it(tmp_path: Path) -> N
     assert replay["step_s"] == pytest.approx(result.prediction.step_s)
 
 
-def test_an_edited_plan_keeps_its_section_but_no_longer_matches_it(tmp_path: Path) -> None:
-    out, data, _ = _written(tmp_path)
+def test_an_edited_plan_keeps_its_section_but_no_longer_matches_it(written: tuple[Path, dict, object],
+                                                                   tmp_path: Path) -> None:
+    data, out = copy.deepcopy(written[1]), tmp_path / "plan.yaml"
     data["parallel"]["fused_head"] = not data["parallel"]["fused_head"]
     out.write_text(yaml.safe_dump(data))
     run = load_run_config(out, check_backends=False)
@@ -85,8 +92,8 @@ def test_an_edited_plan_keeps_its_section_but_no_longer_matches_it(tmp_path: Pat
     (lambda s: {**s, "profile": "p" * 5000}, "planned.profile and planned.by: text of at most 1024"),
     (lambda s: {**s, "estimated": ["x" * 5000]}, "planned.estimated: a list"),
 ])
-def test_a_damaged_section_is_one_line_naming_the_key(tmp_path: Path, edit, says) -> None:
-    _, data, result = _written(tmp_path)
+def test_a_damaged_section_is_one_line_naming_the_key(written: tuple[Path, dict, object], edit, says) -> None:
+    _, data, result = written
     assert result.plan.num_stages == 2
     section = edit(copy.deepcopy(data["planned"]))
     with pytest.raises(ConfigError) as err:

@@ -26,6 +26,37 @@ if TYPE_CHECKING:
 _ACTIVE: tuple[str, ModuleType] | None = None  # (backend, its package) of this process
 
 
+_KEPT_FREE = False  # this process launches ranks: PrivateUse1 stays free for the stand-ins they load
+
+
+def keep_free() -> None:
+    """This process starts ranks and loads no stand-in itself: what it asks of one is answered by a child process
+    (``elsewhere``), and its ranks, forked from it with PrivateUse1 still free (``hal.launch.zygote``), each load
+    their own vendor's. Called by ``hal train`` before its checks."""
+    global _KEPT_FREE
+    _KEPT_FREE = True
+
+
+def _forked_child() -> None:
+    """A child forked from a launcher that kept PrivateUse1 free (a rank, through the zygote) loads its own."""
+    global _KEPT_FREE
+    _KEPT_FREE = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
+def kept_free() -> bool:
+    """Whether this process keeps PrivateUse1 free for its ranks (``keep_free``) and has loaded no stand-in."""
+    return _KEPT_FREE and _ACTIVE is None
+
+
+class OwnedElsewhere(UnsupportedError):
+    """This process's PrivateUse1 device is another vendor runtime's: the stand-in asked for runs in other processes
+    (its ranks; a launcher asks a child, ``elsewhere``)."""
+
+
 def active() -> str | None:
     """The backend whose stand-in this process runs, or None."""
     return None if _ACTIVE is None else _ACTIVE[0]
@@ -39,17 +70,20 @@ def standin_package(backend: str) -> ModuleType | None:
     wanted = requested()
     if backend not in wanted:
         return None
+    if _KEPT_FREE and _ACTIVE is None:
+        raise OwnedElsewhere("one vendor runtime per process: this process starts the ranks and keeps PrivateUse1 free "
+                             f"for them; the {backend} stand-in loads in its own ranks")
     if _ACTIVE is not None:
         if _ACTIVE[0] == backend:
             return _ACTIVE[1]
-        raise UnsupportedError(f"one vendor runtime per process: the {_ACTIVE[0]} stand-in owns this process's "
+        raise OwnedElsewhere(f"one vendor runtime per process: the {_ACTIVE[0]} stand-in owns this process's "
                                f"PrivateUse1 device, so {backend}'s cannot load here; run {backend} on other ranks")
     import torch
     from torch.utils import backend_registration
 
     owner = torch._C._get_privateuse1_backend_name()
     if owner != "privateuseone":
-        raise UnsupportedError(f"one vendor runtime per process: PrivateUse1 is already {owner!r} here, so the "
+        raise OwnedElsewhere(f"one vendor runtime per process: PrivateUse1 is already {owner!r} here, so the "
                                f"{backend} stand-in cannot load; run {backend} on other ranks")
     if not hasattr(backend_registration, "_setup_privateuseone_for_python_backend"):
         raise UnsupportedError(f"the {backend} stand-in needs a torch that writes devices in Python (torch.utils."
@@ -81,4 +115,4 @@ def _vendor(backend: str) -> Vendor:
     return CAMBRICON
 
 
-__all__ = ["active", "standin_package"]
+__all__ = ["OwnedElsewhere", "active", "keep_free", "kept_free", "standin_package"]

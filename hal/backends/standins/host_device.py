@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from hal.standin import STANDIN_NOTE
 
@@ -141,15 +140,41 @@ class HostTensor(torch.Tensor):
             with torch._C._DisableTorchDispatch():
                 return func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        index = _one_device(func, name, args, kwargs)
-        _check_dtypes(name, args, kwargs, func)
+        leaves = _leaves(args, kwargs)
+        index = _one_device(func, name, leaves, kwargs)
+        _check_dtypes(name, leaves, func)
         target = kwargs.get("device")
-        out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+        out = func(*_each(_unwrap, args), **{k: _one(_unwrap, v) for k, v in kwargs.items()})
         if name in ("_to_copy", "to") and target is not None and torch.device(target).type != state().device_type:
             return out  # to another device: the host result is that device's tensor (cpu)
-        given = {id(a.host): a for a in tree_flatten((args, kwargs))[0] if isinstance(a, HostTensor)}
-        return tree_map(lambda o: (given[id(o)] if id(o) in given else _wrap(o, index)) if isinstance(o, torch.Tensor) else o,
-                        out)
+        given = {id(a.host): a for a in leaves if isinstance(a, HostTensor)}
+        return _one(lambda o: (given[id(o)] if id(o) in given else _wrap(o, index)) if isinstance(o, torch.Tensor) else o,
+                    out)
+
+
+# An operator's arguments are values and lists of values (TensorList, int[], Tensor?[]), never deeper: these walk
+# them without the general pytree (the dispatch runs for every operator; pytree was most of its cost).
+def _leaves(args: Any, kwargs: dict[str, Any]) -> list[Any]:
+    leaves: list[Any] = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            leaves.extend(value)
+        else:
+            leaves.append(value)
+    return leaves
+
+
+def _one(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` on a value, or on each item of a list / tuple of values (the same container type back)."""
+    if isinstance(value, list):
+        return [fn(v) for v in value]
+    if isinstance(value, tuple) and not isinstance(value, torch.Size):
+        return tuple(fn(v) for v in value)
+    return fn(value)
+
+
+def _each(fn: Callable[[Any], Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(_one(fn, a) for a in args)
 
 
 def _unwrap(value: Any) -> Any:
@@ -164,15 +189,14 @@ def _wrap(value: torch.Tensor, index: int) -> torch.Tensor:
     return value if isinstance(value, HostTensor) else HostTensor(value, index)
 
 
-def _one_device(func: Any, name: str, args: Any, kwargs: Any) -> int:
+def _one_device(func: Any, name: str, leaves: list[Any], kwargs: Any) -> int:
     """The device index of the operator's stand-in tensors; RuntimeError, as CUDA words it, for two devices or a
     host tensor of more than 0 dims among them (copies excepted)."""
-    leaves = tree_flatten((args, kwargs))[0]
     mine = {t.device.index or 0 for t in leaves if isinstance(t, HostTensor)}
     wanted = kwargs.get("device")
-    if wanted is not None and torch.device(wanted).type == state().device_type:
-        mine.add(torch.device(wanted).index or 0)
     device_type = state().device_type
+    if wanted is not None and torch.device(wanted).type == device_type:
+        mine.add(torch.device(wanted).index or 0)
     if len(mine) > 1:
         a, b = sorted(mine)[:2]
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
@@ -186,12 +210,12 @@ def _one_device(func: Any, name: str, args: Any, kwargs: Any) -> int:
     return index
 
 
-def _check_dtypes(name: str, args: Any, kwargs: Any, func: Any) -> None:
+def _check_dtypes(name: str, leaves: list[Any], func: Any) -> None:
     """The device's missing compute dtypes: an operator that computes in one is refused, as the hardware does."""
     limits = state().limits
     if not limits.no_compute or name in _MOVEMENT:
         return
-    for t in tree_flatten((args, kwargs))[0]:
+    for t in leaves:
         if isinstance(t, HostTensor) and t.dtype in limits.no_compute:
             raise RuntimeError(f"{func} on {t.device} in {t.dtype}: {limits.why} ({STANDIN_NOTE}; the device would "
                                f"refuse it too)")
@@ -199,9 +223,9 @@ def _check_dtypes(name: str, args: Any, kwargs: Any, func: Any) -> None:
 
 def _factory(op: Any, *args: Any, **kwargs: Any) -> Any:
     """The PrivateUse1 fallback: an operator that names the device but holds none of its tensors (a factory)."""
-    index = _one_device(op, op.overloadpacket.__name__, args, kwargs)
-    out = op(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
-    return tree_map(lambda o: _wrap(o, index) if isinstance(o, torch.Tensor) else o, out)
+    index = _one_device(op, op.overloadpacket.__name__, _leaves(args, kwargs), kwargs)
+    out = op(*_each(_unwrap, args), **{k: _one(_unwrap, v) for k, v in kwargs.items()})
+    return _one(lambda o: _wrap(o, index) if isinstance(o, torch.Tensor) else o, out)
 
 
 # --- autocast on the device ---------------------------------------------------------------------------------
@@ -231,7 +255,7 @@ def _autocast_kernel(op: Any, to_lower: bool) -> Callable[..., Any]:
             return x
 
         with torch._C._ExcludeDispatchKeyGuard(key):
-            return op(*tree_map(cast, args), **tree_map(cast, kwargs))
+            return op(*_each(cast, args), **{k: _one(cast, v) for k, v in kwargs.items()})
 
     return kernel
 
