@@ -101,6 +101,17 @@ class AscendBackend(DeviceModuleBackend):
             raise UnsupportedError(self._why_not("profiler"))
         return profiler.profile(activities=[profiler.ProfilerActivity.CPU, profiler.ProfilerActivity.NPU], **kwargs)
 
+    def grad_scaler(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                    growth_interval: int = 2000, enabled: bool = True) -> Any:
+        """torch_npu's own scaler where the runtime has one (``torch_npu.npu.amp.GradScaler``: its reciprocal in
+        float32, https://gitcode.com/Ascend/op-plugin/blob/master/docs/context/torch_npu-npu-amp.md), else the
+        contract's float32-reciprocal one (the stand-in has no scaler of its own)."""
+        vendor = getattr(getattr(self._mod(), "amp", None), "GradScaler", None)
+        if vendor is None:
+            return super().grad_scaler(init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        return vendor(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                      growth_interval=growth_interval, enabled=enabled)
+
     def _contract_answers(self) -> dict[str, tuple[bool, str, str]]:
         answers = super()._contract_answers()
         loaded = self._module is not None

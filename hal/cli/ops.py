@@ -5,6 +5,8 @@ import argparse
 import json
 from typing import Any
 
+from .common import add_standin_argument
+
 NAME = "ops"
 
 
@@ -13,6 +15,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backend", help="backend to show (default: the configured or auto-selected one)")
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_standin_argument(p)
     p.set_defaults(func=run)
 
 

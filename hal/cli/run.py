@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if selection.backend.device_type == "cpu":
         count = (f", torch.cuda.device_count() {args.device_count}" if args.device_count else
                  ", torch.cuda.device_count() 1 (--device-count N for a script that needs N)")
-    print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}), "
+    standin = f" — {selection.backend.standin}" if selection.backend.standin else ""
+    print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}){standin}, "
           f"devices {list(selection.devices)}{count}, precision {selection.precision.describe()}", file=sys.stderr)
     code = run_script(selection.backend, str(script), list(args.script_args), device_count=args.device_count)
     from hal.rank_exit import exit_rank

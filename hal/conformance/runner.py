@@ -378,6 +378,7 @@ def _meta(ctx: Context, backend_reason: str, the_plan: Plan, started: datetime.d
         "device": {"type": ctx.device.type, "index": ctx.device.index, "name": backend.device_name(0)},
         "verification": backend.verification,
         "verified_on_hardware": backend.hardware_verification is not None,
+        "standin": backend.standin,  # "stand-in: host-backed, not hardware" on a vendor's stand-in, else None
         "capabilities": ctx.capabilities.to_dict(),
         "torch": torch.__version__, "python": platform.python_version(), "hal_version": hal_version,
         "host": platform.node(), "platform": platform.platform(),

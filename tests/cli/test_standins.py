@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from ..conftest import run_hal
 from ..plain_client import run_plain, shared
@@ -115,10 +116,21 @@ def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() 
         buf.seek(0); back = torch.load(buf)["x"]
         with torch.autocast("npu", dtype=torch.bfloat16):
             mm = (x @ x.t()).dtype
+        scaled = {}
+        for name, make in {"hal": lambda: get_backend("ascend").grad_scaler(),
+                           "torch": lambda: torch.amp.GradScaler("npu")}.items():
+            w = torch.ones(3, device="npu", requires_grad=True)
+            opt = torch.optim.SGD([w], lr=0.1)
+            scaler = make()
+            try:
+                scaler.scale((w * 2).sum()).backward(); scaler.step(opt); scaler.update()
+                scaled[name] = [type(scaler).__name__, w.detach().cpu().tolist()]
+            except RuntimeError as exc:
+                scaled[name] = str(exc)
         print(json.dumps({**said, "scalar": (x + torch.tensor(1.0)).sum().item(), "cpu_load": str(on_cpu.device),
                           "load": str(back.device), "equal": torch.equal(on_cpu, x.cpu()), "autocast": str(mm),
                           "package": torch_npu.__version__, "hf32": torch_npu.npu.matmul.allow_hf32,
-                          "rms": str(torch_npu.npu_rms_norm(x, torch.ones(3, device="npu"))[0].device)}))
+                          "rms": str(torch_npu.npu_rms_norm(x, torch.ones(3, device="npu"))[0].device), "scaled": scaled}))
     """)
     assert "float64" in got["fp64"] and "not hardware" in got["fp64"], got["fp64"]
     assert "same device" in got["mixed"] and "npu:0 and cpu" in got["mixed"], got["mixed"]
@@ -127,6 +139,9 @@ def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() 
     assert got["cpu_load"] == "cpu" and got["load"] == "npu:0" and got["equal"], got
     assert got["autocast"] == "torch.bfloat16" and got["hf32"] is False and got["rms"] == "npu:0", got
     assert got["package"].endswith("+standin")
+    # torch's scaler takes the scale's reciprocal in float64 on the device, which the NPU refuses; hal's in float32
+    assert "float64" in got["scaled"]["torch"], got["scaled"]
+    assert got["scaled"]["hal"][0] == "Fp32ReciprocalGradScaler" and got["scaled"]["hal"][1] == pytest.approx([0.8] * 3), got
 
 
 def test_a_vendor_without_a_standin_is_one_line() -> None:
@@ -245,3 +260,64 @@ def test_three_device_types_in_one_pipeline_train_as_one_device(layout: str, one
     got = _losses(tmp_path / "run")
     assert len(got) == len(one_device) == 3
     assert got == pytest.approx(one_device, rel=1e-6, abs=0), (got, one_device)
+
+
+MOE = {"vocab_size": 256, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 64,
+       "max_seq_len": 32, "moe_num_experts": 4, "moe_top_k": 2,
+       "moe_aux_loss_weight": 0.0}  # the balancing loss is over each dp group: a layout changes it, not the model
+
+
+def _stand_in_run(tmp_path: Path, name: str, parallel: dict, *flags: str, **train: object) -> dict:
+    """``hal train`` of the MoE model under ``parallel`` (4 steps of the byte corpus); the summary."""
+    import yaml
+
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({"precision": "fp32", "model": MOE, "parallel": parallel,
+                                      "train": {"steps": 4, "lr": 3e-3, "seed": 0, "data": "corpus", **train}}))
+    done = run_hal("train", str(config), "--json", "--run-dir", str(tmp_path / name), *flags, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.multiprocess
+def test_replicas_on_an_ascend_and_a_cambricon_island_resume_anywhere_and_export(tmp_path: Path) -> None:
+    """Issue 55, 4e-4g: an MoE model with its experts split (dp2 ep2) in a replica on the ascend stand-in and one on
+    the cambricon stand-in, synced over the bridge between the islands, trains as one cpu rank does; the checkpoint
+    the npu and mlu ranks wrote resumes under a cpu-only and an mlu plan, and its Hugging Face export gives
+    transformers the model's logits."""
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.models.stage import full_model
+    from hal.parallel.state.checkpoint import read_meta, read_tensors, resolve
+
+    from ..hf_cases import hf_logits, ids
+
+    one = {"micro_batches": 4, "micro_batch_size": 2, "stages": [{"backend": "cpu", "devices": 1, "layers": 2}]}
+    twin = _stand_in_run(tmp_path, "one", one)["losses"]
+    replicas = {"replicas": [
+        {"rows": 4, "micro_batch_size": 2, "stages": [{"backend": "ascend", "devices": 2, "layers": 2, "dp": 2, "ep": 2}]},
+        {"rows": 4, "micro_batch_size": 2, "stages": [{"backend": "cambricon", "devices": 2, "layers": 2, "dp": 2, "ep": 2}]}]}
+    islands = _stand_in_run(tmp_path, "islands", replicas, "--standin", "ascend,cambricon", checkpoint_every=2)
+    assert islands["losses"] == pytest.approx(twin, rel=1e-6, abs=0), (islands["losses"], twin)
+    assert islands["standin"]["backends"] == ["ascend", "cambricon"]
+    checkpoint = tmp_path / "islands" / "checkpoints" / "step-000002"
+    meta = read_meta(checkpoint)
+    assert meta["standin"] == "stand-in: host-backed, not hardware", meta.get("standin")
+
+    on_cpu = _stand_in_run(tmp_path, "on_cpu", one, "--resume", str(checkpoint))
+    assert on_cpu["losses"] == pytest.approx(twin[2:], rel=1e-6, abs=0), (on_cpu["losses"], twin)
+    mlu = {**one, "stages": [{"backend": "cambricon", "devices": 1, "layers": 2}]}
+    on_mlu = _stand_in_run(tmp_path, "on_mlu", mlu, "--resume", str(checkpoint), "--standin", "cambricon")
+    assert on_mlu["losses"] == pytest.approx(twin[2:], rel=1e-6, abs=0), (on_mlu["losses"], twin)
+
+    out = tmp_path / "hf"
+    done = run_hal("export", str(checkpoint), "--to", "hf", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model_type"] == "mixtral"
+    params, _ = read_tensors(resolve(checkpoint), meta)
+    ours = full_model(ModelConfig(**meta["model"]), 0)
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            p.copy_(params[name])
+        tokens = ids() % MOE["vocab_size"]
+        err = float((ours(tokens) - hf_logits(out, tokens)).abs().max())
+    assert err <= 1e-5, f"max |logit difference| {err:.3g}"

@@ -45,7 +45,7 @@ def main():
 
     print("RESULT " + json.dumps({
         "losses": losses,
-        "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+        "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
         "logits_dtype": str(logits.dtype),
     }), flush=True)
 

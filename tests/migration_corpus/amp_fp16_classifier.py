@@ -62,7 +62,7 @@ def main():
         scaler.update()
         losses.append(loss.item())
 
-    checksum = sum(p.detach().double().sum().item() for p in model.parameters())
+    checksum = sum(p.detach().cpu().double().sum().item() for p in model.parameters())
     print("RESULT " + json.dumps({
         "losses": losses,
         "checksum": checksum,

@@ -72,7 +72,7 @@ def main():
 
     print("RESULT " + json.dumps({
         "losses": losses,
-        "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+        "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
         "out_dtype": str(out.dtype),
     }), flush=True)
 

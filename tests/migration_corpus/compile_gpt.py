@@ -99,7 +99,7 @@ def main():
         "explain_graph_breaks": explanation.graph_break_count,
         "explain_graphs": explanation.graph_count,
         "losses": losses,
-        "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+        "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
         "info": {"break_reasons": sorted({reason.splitlines()[0] for reason in counters["graph_break"]})[:5]},
     }), flush=True)
 

@@ -99,7 +99,7 @@ def main():
         losses.append(loss.item())
     print("RESULT " + json.dumps({
         "losses": losses,
-        "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+        "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
         "forward_inputs": sorted(set(f"{name}:{dtype}:autocast={on}" for name, dtype, on in SEEN)),
     }), flush=True)
 

@@ -64,6 +64,6 @@ for data in rand_loader:
 
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "info": {"wrapped": wrapped},
 }), flush=True)

@@ -71,7 +71,7 @@ def demo_basic(rank, world_size, port, use_cpu, steps):
 
     all_losses = [None] * world_size
     dist.all_gather_object(all_losses, losses)
-    checksum = sum(p.detach().double().sum().item() for p in model.parameters())
+    checksum = sum(p.detach().cpu().double().sum().item() for p in model.parameters())
     if rank == 0:
         print("RESULT " + json.dumps({"losses": all_losses, "checksum": checksum}), flush=True)
     cleanup()

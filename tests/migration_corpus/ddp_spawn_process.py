@@ -47,7 +47,7 @@ def worker(rank, world_size, init_file, use_cpu, steps, results):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    checksum = sum(p.detach().double().sum().item() for p in model.module.parameters())
+    checksum = sum(p.detach().cpu().double().sum().item() for p in model.module.parameters())
     results.put((rank, losses, checksum))
     dist.barrier()
     dist.destroy_process_group()

@@ -77,7 +77,7 @@ def main():
             dist.all_reduce(reported, op=dist.ReduceOp.AVG)
         losses.append(reported.item())
 
-    checksum = torch.tensor([sum(p.detach().double().sum().item() for p in model.parameters())], device=device)
+    checksum = torch.tensor([sum(p.detach().cpu().double().sum().item() for p in model.parameters())], device=device)
     sums = [torch.zeros_like(checksum) for _ in range(world_size)]
     dist.all_gather(sums, checksum)
     if rank == 0:

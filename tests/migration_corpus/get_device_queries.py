@@ -55,6 +55,6 @@ for _ in range(3):
 weight_ordinal = model[0].weight.get_device() if not args.cpu else 0
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "ordinals": ordinals + [weight_ordinal],
 }), flush=True)

@@ -94,5 +94,5 @@ for batch, i in enumerate(range(0, 4 * args.bptt, args.bptt)):
 print("RESULT " + json.dumps({
     "losses": losses,
     "ppl": math.exp(losses[-1]),
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
 }), flush=True)

@@ -47,6 +47,6 @@ for images, labels in loader:
 
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "info": {"batches_pinned": pinned},
 }), flush=True)

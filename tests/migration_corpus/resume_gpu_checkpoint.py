@@ -57,7 +57,7 @@ for _ in range(3):
 
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "start_step": checkpoint["step"],
     "info": {"saved_with": checkpoint["torch_version"], "saved_on": checkpoint["device_name"]},
 }), flush=True)

@@ -72,7 +72,7 @@ set_seed(args.seed)
 fresh = torch.rand(3, device=device).tolist()
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "replays_match": replays_match,
     "reseeded_draw": fresh,
 }), flush=True)

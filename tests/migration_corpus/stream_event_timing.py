@@ -80,7 +80,7 @@ while input is not None:
 
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "timed_steps_positive": all(t > 0 for t in times_ms) if not args.cpu else True,
     "info": {"step_ms": times_ms},
 }), flush=True)

@@ -53,6 +53,6 @@ elapsed = time.perf_counter() - start
 print(f"{args.iters * batch.shape[0] / elapsed:.1f} samples/s", flush=True)
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "info": {"seconds": elapsed},
 }), flush=True)

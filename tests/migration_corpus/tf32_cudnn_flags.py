@@ -46,6 +46,6 @@ for _ in range(3):
 
 print("RESULT " + json.dumps({
     "losses": losses,
-    "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),
+    "checksum": sum(p.detach().cpu().double().sum().item() for p in model.parameters()),
     "matmul_tf32_reads_back": torch.backends.cuda.matmul.allow_tf32 if not args.cpu else False,
 }), flush=True)

@@ -219,3 +219,25 @@ def test_one_rule_says_where_compiled_experts_leave_the_graph() -> None:
     assert "exchange" in experts_outside_the_graph(2, "cuda", matmul=torch.bfloat16)
     assert "loop on cpu" in experts_outside_the_graph(1, "cpu")
     assert "loop on cuda" in experts_outside_the_graph(1, "cuda", grouped=False)
+
+
+def test_a_stage_moved_by_swapping_tensors_keeps_its_parameters_meta() -> None:
+    """``Module.to`` swaps whole parameter objects (their ``__dict__`` with them) for tensor subclasses — the vendor
+    stand-ins' devices — or under torch.__future__'s swap flag; the experts' and shards' ``hal_meta`` must survive,
+    or expert shards are summed over dp as if every rank held the same experts (found on the ascend stand-in)."""
+    from hal.parallel.config.model import ModelConfig
+    from hal.parallel.models.layers import param_meta
+    from hal.parallel.models.stage import build_stage
+
+    config = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
+                         max_seq_len=8, moe_num_experts=4, moe_top_k=2, moe_ffn_hidden_size=16, moe_first_dense=1)
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        stage = build_stage(config, range(0, 2), first=True, last=True, tp_comm=None, sp=False, seed=0,
+                            dtype=torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+    metas = {n: param_meta(p) for n, p in stage.named_parameters()}
+    assert all(p.dtype == torch.float64 for p in stage.parameters())
+    assert metas["layers.1.mlp.experts.gate_up"] is not None and metas["layers.1.mlp.experts.down"] is not None, metas

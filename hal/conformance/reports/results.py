@@ -1,7 +1,8 @@
 """The results document (results.json) and the ways every report reads it.
 
 results.json (``"kind": "hal-conformance-run"``, ``"schema": 1``) holds the metadata (backend,
-backend_reason, device {type, index, name}, verification, verified_on_hardware, capabilities, torch,
+backend_reason, device {type, index, name}, verification, verified_on_hardware, standin (the stand-in's note, or
+null), capabilities, torch,
 python, hal_version, host, platform, started, wall_seconds, seed, max_world_size, suites, patterns,
 collected), ``verdict`` (pass | fail), ``counts`` ({by_suite: {suite: {pass, fail, error, skip,
 unsupported, total, seconds}}, total: {...}}) and ``cases``: one object per case with id, suite, name,
@@ -187,7 +188,8 @@ def device_label(doc: dict[str, Any]) -> str:
 
 
 def title(doc: dict[str, Any]) -> str:
-    return f"{doc.get('backend')} on {device_label(doc)}"
+    standin = f" — {doc['standin']}" if doc.get("standin") else ""
+    return f"{doc.get('backend')} on {device_label(doc)}{standin}"
 
 
 def verdict_line(doc: dict[str, Any]) -> str:
@@ -213,6 +215,7 @@ def metadata_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("backend", f"{doc.get('backend')} ({doc.get('backend_reason') or 'requested'})"),
         ("device", device_label(doc)),
         ("hardware verification", str(doc.get("verification"))),
+        *([("stand-in", str(doc["standin"]))] if doc.get("standin") else []),
         ("torch / python", f"{doc.get('torch')} / {doc.get('python')}"),
         ("hetero-hal", str(doc.get("hal_version"))),
         ("host", f"{doc.get('host')} ({doc.get('platform')})"),

@@ -49,7 +49,7 @@ from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.progress import Progress, SlowStepNotice
-from hal.parallel.observe.records import StepNotes, merge_moe_tallies, run_record, run_summary
+from hal.parallel.observe.records import StepNotes, merge_moe_tallies, run_record, run_summary, standin_summary
 
 if TYPE_CHECKING:
     from hal.backend import Backend
@@ -333,6 +333,9 @@ def _checkpoint_meta(r: RankRun, next_step: int) -> dict[str, Any]:
             "init_from": None if r.job.init_from is None else str(r.job.init_from)}
     if r.scaler is not None:
         meta["loss_scale"] = r.scaler.state_dict()
+    standin = standin_summary(r.job.replicas).get("standin")
+    if standin is not None:  # written by ranks on a vendor's stand-in: the checkpoint says so
+        meta["standin"], meta["standin_backends"] = standin["note"], standin["backends"]
     return {**meta, **plans}
 
 

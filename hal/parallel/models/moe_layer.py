@@ -37,7 +37,8 @@ class MoEFeedForward(MoE):
         super().__init__(config.hidden_size, config.moe_config(), out_std=out_std(config.num_layers), ep_group=ep_comm,
                          tp_comm=tp_comm, sequence_parallel=sp)
         self.aux_scale = 1.0
-        self._tally: torch.Tensor | None = None  # (E + 3,): pairs per expert, aux sum, z sum, forwards
+        self._counts: torch.Tensor | None = None  # (E + 1,) int64: pairs per expert, forwards
+        self._sums: torch.Tensor | None = None  # (2,) float32: aux loss sum, z loss sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         out, stats = super().forward(x)
@@ -50,22 +51,23 @@ class MoEFeedForward(MoE):
     @torch.no_grad()
     def _count(self, stats: Any) -> None:
         """Add one forward's routing to the tally — once: not again in a checkpointed layer's recompute, and on one TP
-        rank (all route the same tokens). One (E + 3,) float64 row on the device (pairs per expert, aux loss, z loss,
-        forwards), so a compiled layer keeps it in its graph."""
+        rank (all route the same tokens). Counts in int64 and the two loss sums in float32, on the device (no float64:
+        an NPU or MLU has none, which the stand-ins found), so a compiled layer keeps them in its graph."""
         if REPLAYING.active or tp_rank(self.tp_comm) != 0:
             return
-        row = torch.cat([stats.load.to(torch.float64), stats.aux_loss.detach().double().reshape(1),
-                         stats.z_loss.detach().double().reshape(1), stats.load.new_ones(1, dtype=torch.float64)])
-        self._tally = row if self._tally is None else self._tally + row
+        counts = torch.cat([stats.load.to(torch.int64), stats.load.new_ones(1, dtype=torch.int64)])
+        sums = torch.stack([stats.aux_loss.detach().float().reshape(()), stats.z_loss.detach().float().reshape(())])
+        self._counts = counts if self._counts is None else self._counts + counts
+        self._sums = sums if self._sums is None else self._sums + sums
 
     def take_tally(self) -> dict[str, Any] | None:
-        """What the forwards since the last call routed (host values; one read), then start again."""
-        if self._tally is None:
+        """What the forwards since the last call routed (host values; one read each), then start again."""
+        if self._counts is None or self._sums is None:
             return None
-        row = self._tally.cpu().tolist()
-        self._tally = None
-        load, (aux, z, n) = row[:-3], row[-3:]
-        count = max(n, 1.0)
+        counts, (aux, z) = self._counts.cpu().tolist(), self._sums.cpu().tolist()
+        self._counts = self._sums = None
+        load, n = counts[:-1], counts[-1]
+        count = max(n, 1)
         return {"load": [int(v) for v in load], "aux_loss": aux / count, "z_loss": z / count,
                 "exchange": self.exchange}  # under ep: the path the last forward took (symmetric | all_to_all)
 

@@ -235,7 +235,22 @@ def build_stage(config: ModelConfig, layer_range: range | tuple[range, ...], *, 
         from hal.parallel.models.hf_weights import load_stage
 
         load_stage(stage, init_from, tp_comm)
-    return stage.to(device=device, dtype=dtype) if device is not None or dtype is not None else stage
+    return moved(stage, device, dtype) if device is not None or dtype is not None else stage
+
+
+def moved(module: torch.nn.Module, device: torch.device | str | None, dtype: torch.dtype | None) -> torch.nn.Module:
+    """``module.to(device, dtype)`` with each parameter's ``hal_meta`` (its shard spec, an expert's marker) kept.
+
+    Why: where the moved tensors are a tensor subclass (a device written in Python: the vendor stand-ins) or
+    ``torch.__future__.set_swap_module_params_on_conversion(True)`` is on, ``Module.to`` swaps each parameter's
+    whole object state with the new tensor's — its ``__dict__`` too — and the meta was gone: expert shards then
+    took part in the dense gradient sum as if every rank held the same experts (the stand-ins found it)."""
+    metas = {name: meta for name, p in module.named_parameters() if (meta := getattr(p, "hal_meta", None)) is not None}
+    module = module.to(device=device, dtype=dtype)
+    for name, p in module.named_parameters():
+        if name in metas and getattr(p, "hal_meta", None) is None:
+            p.hal_meta = metas[name]  # type: ignore[attr-defined]
+    return module
 
 
 def full_model(config: ModelConfig, seed: int, init_from: str | os.PathLike[str] | None = None) -> Stage:
