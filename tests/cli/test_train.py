@@ -369,23 +369,28 @@ def test_print_multinode_of_replicas_puts_a_replica_a_node_and_its_lines_train(t
 
     from hal.parallel.loop.job_runner import free_port
 
-    config = _config(tmp_path, "replicas", parallel=REPLICAS, steps=2)
+    # a rank a replica: each torchrun agent and rank is a fresh interpreter, the test's cost
+    one_each = {**REPLICAS, "replicas": [{**r, "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}
+                                         for r in REPLICAS["replicas"]]}
+    config = _config(tmp_path, "replicas", parallel=one_each, steps=2)
     shared = tmp_path / "shared"
     result = run_hal("train", str(config), "--print-multinode", "2", "--run-dir", str(shared))
     assert result.returncode == 0, result.stderr
-    assert "# node 0: ranks 0-1 (cpu; replica 0)" in result.stdout and "# node 1: ranks 2-3 (cpu; replica 1)" in result.stdout
+    assert "# node 0: rank 0 (cpu; replica 0)" in result.stdout and "# node 1: rank 1 (cpu; replica 1)" in result.stdout
     nodes = [line for line in result.stdout.splitlines() if "torchrun" in line]
-    assert len(nodes) == 2 and all("--nproc-per-node=2" in line for line in nodes)
+    assert len(nodes) == 2 and all("--nproc-per-node=1" in line for line in nodes)
     script = result.stdout.replace("NODE0_HOST", "127.0.0.1").replace("--master-port=29500", f"--master-port={free_port()}")
     script = "\n".join(line + " &" if "torchrun" in line else line for line in script.splitlines()) + "\nwait\n"
-    env = {**os.environ, **ISLANDS, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    islands = {"HAL_ISLANDS": "0,1"}  # each replica its own island
+    env = {**os.environ, **islands, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(REPO)}
     ran = subprocess.run(["bash", "-c", "set -e\n" + script.replace("\nwait\n", "\nwait -n && wait -n\n")],
                          capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     losses = [record["loss"] for record in _log(shared / "train.jsonl")]
-    one_node = _train_islands(str(config), "--run-dir", str(tmp_path / "one_node"))
-    assert losses == one_node["losses"]
+    one_node = run_hal("train", str(config), "--run-dir", str(tmp_path / "one_node"), "--json", env=islands, timeout=TIMEOUT)
+    assert one_node.returncode == 0, one_node.stderr
+    assert losses == json.loads(one_node.stdout)["losses"]
 
 
 def test_split_nodes_keeps_stages_then_tp_groups_whole() -> None:

@@ -4,8 +4,9 @@ Each launch starts one process per rank (spawn, file:// rendezvous in tmp_path) 
 check inside it: the same call on a bridged world communicator (islands declared) and on a flat
 communicator over the same processes (one island, the plain gloo path), compared bitwise. Values
 are integer-valued so float sums are exact whatever the addition order. Launches are few because
-each costs a torch import per rank; results come back through a queue, and every process is
-joined or killed before the test returns.
+each costs a rank a process (forked from the tests' server, which imported torch and hal once; HAL_TEST_FORK=0:
+spawned interpreters); results come back through a queue, and every process is joined or killed before the test
+returns.
 """
 from __future__ import annotations
 
@@ -28,9 +29,7 @@ LAUNCH_TIMEOUT_S = 90
 def _launch(tmp_path: Path, islands: list[int], timeout_s: float = LAUNCH_TIMEOUT_S,
             channels: list[str] | None = None) -> dict[int, dict[str, Any]]:
     """Run ``_worker`` on every rank; return each rank's report. Leaves no process behind."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results: Any = ctx.Queue()
     store = tmp_path / "store"
     channels = channels or [""] * len(islands)  # HAL_BRIDGE_CHANNELS per rank ("": the default)
@@ -62,6 +61,17 @@ def _launch(tmp_path: Path, islands: list[int], timeout_s: float = LAUNCH_TIMEOU
     errors = {r: rep["error"] for r, rep in reports.items() if "error" in rep}
     assert not errors, "\n".join(f"rank {r}:\n{e}" for r, e in errors.items())
     return reports
+
+
+def _context() -> Any:
+    """Where the ranks come from: the fork server (``tests.conftest.fork_server``), or fresh interpreters."""
+    if os.environ.get("HAL_TEST_FORK", "1") == "0":
+        import torch.multiprocessing as mp
+
+        return mp.get_context("spawn")
+    from ..conftest import fork_server
+
+    return fork_server()
 
 
 def _assert_clean(reports: dict[int, dict[str, Any]]) -> None:
@@ -110,9 +120,7 @@ def test_stripes_are_equal_one_per_channel_at_most_and_at_least_a_mebibyte() -> 
 
 def _launch_expecting_errors(tmp_path: Path, islands: list[int], channels: list[str]) -> dict[int, str]:
     """Like ``_launch`` but every rank is expected to fail; returns each rank's error text."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results: Any = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, islands, str(tmp_path / "store"), results, channels[r]), daemon=True)
              for r in range(len(islands))]
