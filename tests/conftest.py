@@ -12,6 +12,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Every process the tests start shares two cores with the others: an OpenMP thread done with its work sleeps at once
+# instead of spinning for the core another process waits on. Set before torch is first imported here (the OpenMP
+# runtime reads it at load); every rank, command and script inherits it. Results do not depend on it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _interpret_triton_without_a_gpu() -> None:
     """Without an NVIDIA GPU, Triton's interpreter, set before any test module can import triton: Triton picks
