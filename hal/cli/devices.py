@@ -5,8 +5,6 @@ import argparse
 import json
 from typing import Any
 
-from hal.errors import HalError
-
 from .common import add_standin_argument, gib
 
 NAME = "devices"
@@ -76,24 +74,19 @@ def backend_entry(name: str, backend: Any) -> dict[str, Any]:
     }
 
 
-def _entry_in_child(name: str, model: str | None) -> dict[str, Any]:
-    """``backend_entry`` of a stand-in probed in a child process under ``HAL_STANDIN`` naming it alone: each vendor
-    runtime owns PrivateUse1, so one process holds one (``hal.backends.standins``)."""
-    import os
-    import subprocess
-    import sys
+def _entry_in_child(name: str) -> dict[str, Any]:
+    """``backend_entry`` of a stand-in probed in a child process holding its runtime alone: each vendor runtime owns
+    PrivateUse1, so one process holds one (``hal.backends.standins``)."""
+    from hal.backends.standins.elsewhere import in_child
 
-    from hal.standin import STANDIN_ENV
+    return in_child(name, "hal.cli.devices:standin_entry")
 
-    code = ("import json; from hal.backend_registry import get_backend; from hal.cli.devices import backend_entry; "
-            f"print(json.dumps(backend_entry({name!r}, get_backend({name!r})), default=str))")
-    env = {**os.environ, STANDIN_ENV: name if model is None else f"{name}:{model}"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or ["no output"]
-        raise HalError(f"probing the {name} stand-in failed: {lines[-1]}")
-    entry: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return entry
+
+def standin_entry(name: str) -> dict[str, Any]:
+    """``backend_entry`` of ``name`` in this process (what ``_entry_in_child`` runs in the child)."""
+    from hal.backend_registry import get_backend
+
+    return backend_entry(name, get_backend(name))
 
 
 def devices_report() -> dict[str, Any]:
@@ -108,7 +101,7 @@ def devices_report() -> dict[str, Any]:
     entries = []
     for name, backend in all_backends().items():
         if name in standins and len(standins) > 1:  # one vendor runtime a process: each stand-in probed in its own
-            entries.append(_entry_in_child(name, standins[name]))
+            entries.append(_entry_in_child(name))
         else:
             entries.append(backend_entry(name, backend))
     chosen, why = choose_backend("auto")

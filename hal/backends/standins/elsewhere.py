@@ -53,11 +53,25 @@ def probe(name: str) -> Answers:
     """Backend ``name``'s answers from a child process whose ``HAL_STANDIN`` names its stand-in alone: a fork of this
     process where that is safe (one thread, PrivateUse1 still free: a fork, not an interpreter importing torch), else
     a fresh interpreter."""
-    model = requested().get(name)
-    value = name if model is None else f"{name}:{model}"
-    data = _forked(name, value) if _can_fork() else _spawned(name, value)
+    data = in_child(name, "hal.backends.standins.elsewhere:answers_of")
     return Answers(bool(data["available"]), str(data["reason"]), data["standin"], tuple(data["names"]),
                    tuple(data["capabilities"]), tuple((int(f), int(t)) for f, t in data["memory"]))
+
+
+def in_child(name: str, target: str) -> dict[str, Any]:
+    """``target(name)`` (``"module:function"``, returning JSON-able data) in a child process whose ``HAL_STANDIN``
+    names backend ``name``'s stand-in alone: a fork of this process where that is safe (one thread, PrivateUse1 still
+    free), else a fresh interpreter."""
+    model = requested().get(name)
+    value = name if model is None else f"{name}:{model}"
+    return _forked(name, value, target) if _can_fork() else _spawned(name, value, target)
+
+
+def _call(target: str, name: str) -> Any:
+    import importlib
+
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)(name)
 
 
 def _can_fork() -> bool:
@@ -71,8 +85,8 @@ def _can_fork() -> bool:
         return False
 
 
-def _forked(name: str, value: str) -> dict[str, Any]:
-    """``answers_of(name)`` in a forked child under ``HAL_STANDIN=value``, its JSON read back through a pipe."""
+def _forked(name: str, value: str, target: str) -> dict[str, Any]:
+    """``target(name)`` in a forked child under ``HAL_STANDIN=value``, its JSON read back through a pipe."""
     from . import __name__ as package
 
     read_end, write_end = os.pipe()
@@ -83,7 +97,7 @@ def _forked(name: str, value: str) -> dict[str, Any]:
             os.close(read_end)
             os.environ[STANDIN_ENV] = value
             sys.modules[package]._KEPT_FREE = False  # type: ignore[attr-defined]
-            text = json.dumps(answers_of(name))
+            text = json.dumps(_call(target, name), default=str)
             code = 0
         except BaseException as exc:  # reported to the parent, one line
             text = json.dumps({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
@@ -100,10 +114,11 @@ def _forked(name: str, value: str) -> dict[str, Any]:
     return data
 
 
-def _spawned(name: str, value: str) -> dict[str, Any]:
-    """``answers_of(name)`` in a fresh interpreter under ``HAL_STANDIN=value``."""
+def _spawned(name: str, value: str, target: str) -> dict[str, Any]:
+    """``target(name)`` in a fresh interpreter under ``HAL_STANDIN=value``."""
     env = {**os.environ, STANDIN_ENV: value}
-    code = f"import json; from hal.backends.standins.elsewhere import answers_of; print(json.dumps(answers_of({name!r})))"
+    code = (f"import json; from hal.backends.standins.elsewhere import _call; "
+            f"print(json.dumps(_call({target!r}, {name!r}), default=str))")
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -115,4 +130,4 @@ def _spawned(name: str, value: str) -> dict[str, Any]:
     return data
 
 
-__all__ = ["Answers", "answers_of", "probe"]
+__all__ = ["Answers", "answers_of", "in_child", "probe"]
