@@ -210,13 +210,13 @@ class Backend(abc.ABC):
         enabled: bool = True,
     ) -> Any:
         """A dynamic loss scaler for this device type: ``torch.amp.GradScaler``, or on a device without float64 compute
-        one that takes the scale's reciprocal in float32 (``hal.precision.grad_scaler``; torch's takes it in float64
+        one that takes the scale's reciprocal in float32 (``hal.loss_scaler``; torch's takes it in float64
         on the device)."""
         from hal.capabilities import DtypeSupport
 
         scaler: type[torch.amp.GradScaler] = torch.amp.GradScaler
         if self.device_type != "cpu" and self.capabilities().support("fp64") is DtypeSupport.ABSENT:
-            from hal.precision.grad_scaler import Fp32ReciprocalGradScaler
+            from hal.loss_scaler import Fp32ReciprocalGradScaler
 
             scaler = Fp32ReciprocalGradScaler
         return scaler(

@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parent.parent
 # instead of spinning for the core another process waits on. Set before torch is first imported here (the OpenMP
 # runtime reads it at load); every rank, command and script inherits it. Results do not depend on it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# and one compute thread a process unless a test says otherwise: the workers and the ranks they start already
+# outnumber the cores, so a second thread only waits its turn (hal train would give a lone rank both)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _interpret_triton_without_a_gpu() -> None:
