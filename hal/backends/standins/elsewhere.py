@@ -86,9 +86,8 @@ def _can_fork() -> bool:
 
 
 def _forked(name: str, value: str, target: str) -> dict[str, Any]:
-    """``target(name)`` in a forked child under ``HAL_STANDIN=value``, its JSON read back through a pipe."""
-    from . import __name__ as package
-
+    """``target(name)`` in a forked child under ``HAL_STANDIN=value``, its JSON read back through a pipe (the child
+    may load the stand-in: ``standins``' fork hook lifts ``keep_free`` there)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: load the stand-in here, answer, leave without running the parent's exit handlers
@@ -96,7 +95,6 @@ def _forked(name: str, value: str, target: str) -> dict[str, Any]:
         try:
             os.close(read_end)
             os.environ[STANDIN_ENV] = value
-            sys.modules[package]._KEPT_FREE = False  # type: ignore[attr-defined]
             text = json.dumps(_call(target, name), default=str)
             code = 0
         except BaseException as exc:  # reported to the parent, one line
