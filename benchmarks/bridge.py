@@ -289,7 +289,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     opts = _parse_args(argv)
     world_size = 1 + opts["cpu_ranks"]
-    reports = launch_ranks(_rank_body, world_size, opts, opts["timeout_s"])
+    reports = launch_ranks(_rank_body, world_size, opts, opts["timeout_s"], "cpu" if opts["cpu_only"] else None)
     problems = failures(reports, world_size, opts["timeout_s"])
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     model["moe_num_experts"] = max(model["moe_num_experts"], args.world_size)
     model["max_seq_len"] = max(model["max_seq_len"], args.seq)
     opts = {**vars(args), "model": model}
-    reports = launch_ranks(_rank_main, args.world_size, opts, args.timeout)
+    reports = launch_ranks(_rank_main, args.world_size, opts, args.timeout, opts["backend"])
     problems = failures(reports, args.world_size, args.timeout)
     if problems:
         print("\n".join(problems), file=sys.stderr)

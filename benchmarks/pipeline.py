@@ -590,7 +590,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     opts = _parse_args(argv)
-    reports = launch_ranks(_rank_main, opts["stages"], opts, opts["timeout_s"])
+    reports = launch_ranks(_rank_main, opts["stages"], opts, opts["timeout_s"], opts["backend"])
     problems = failures(reports, opts["stages"], opts["timeout_s"])
     if problems:
         print("\n".join(problems), file=sys.stderr)

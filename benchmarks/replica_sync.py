@@ -114,7 +114,7 @@ def main() -> int:
     opts = {"ranks_per_replica": args.ranks_per_replica, "hidden": args.hidden, "layers": args.layers,
             "iters": args.iters, "channels": args.channels, "cpu_only": args.cpu_only, "wires": wires}
     world = 2 * args.ranks_per_replica
-    reports = launch_ranks(_rank_body, world, opts, args.timeout)
+    reports = launch_ranks(_rank_body, world, opts, args.timeout, "cpu" if opts["cpu_only"] else None)
     problems = failures(reports, world, args.timeout)
     if problems:
         print("\n".join(problems), file=sys.stderr)

@@ -31,13 +31,18 @@ def _rank(target: str, opts: dict[str, Any]) -> dict[str, Any]:
     return resolve(target, "rank function")(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), store, opts)
 
 
-def launch_ranks(rank_main: RankMain, world_size: int, opts: dict[str, Any], timeout_s: float) -> dict[int, dict[str, Any]]:
-    """Run ``world_size`` ranks; {rank: report}, or {rank: {"error": its fate}} for each rank that did not end ok."""
+def launch_ranks(rank_main: RankMain, world_size: int, opts: dict[str, Any], timeout_s: float,
+                 backend: str | None = None) -> dict[int, dict[str, Any]]:
+    """Run ``world_size`` ranks; {rank: report}, or {rank: {"error": its fate}} for each rank that did not end ok.
+
+    ``backend``: every rank's backend where they share one (cpu ranks then fork from one interpreter that imported
+    torch, as hal train's do, instead of each starting its own)."""
     from hal.launch import LaunchFailed, run_function
 
     try:
         run = run_function("benchmarks.spawn:_rank", world_size, {"target": _name(rank_main), "opts": opts},
-                           deadline_s=timeout_s, what="benchmark", echo_stderr=sys.stderr)
+                           deadline_s=timeout_s, what="benchmark", echo_stderr=sys.stderr,
+                           env={"HAL_BACKEND": backend} if backend else None)
     except LaunchFailed as exc:
         return {f.rank: {"error": line} for f, line in exc.report.entries()} or {0: {"error": str(exc)}}
     return dict(enumerate(run.values))

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="train-vs-engine-") as run_dir:
         opts = {"config": a.config, "steps": a.steps, "rounds": a.rounds, "warmup": a.warmup, "port": free_port(),
                 "run_dir": os.path.join(run_dir, "run")}
-        reports = launch_ranks(_rank_main, job.world_size, opts, a.timeout)
+        backends = {t.backend_of(r) for t in job.topologies() for r in t.ranks}
+        reports = launch_ranks(_rank_main, job.world_size, opts, a.timeout, backends.pop() if len(backends) == 1 else None)
     failed = failures(reports, job.world_size, a.timeout)
     if failed:
         print("\n".join(failed), file=sys.stderr)

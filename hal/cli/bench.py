@@ -83,7 +83,8 @@ def run_bench(plan: Any) -> dict[str, Any]:
 
     try:
         run = run_function(f"{__name__}:rank_main", plan.world_size, {"plan": plan}, deadline_s=None,
-                           what="bench collectives", stdout="inherit", echo_stderr=sys.stderr)
+                           what="bench collectives", stdout="inherit", echo_stderr=sys.stderr,
+                           env={"HAL_BACKEND": plan.backend})  # cpu ranks fork from one interpreter that imported torch
     except LaunchFailed as exc:
         raise BenchFailed(str(exc)) from None
     return run.values[0]

@@ -38,6 +38,9 @@ from hal.parallel.planner.device_profile import DeviceProfile
 
 STEPS = 5  # timed steps (the median is kept) a calibration run, after one warm-up step
 LAYERS, MICRO_BATCHES_PER_STAGE = 4, 4  # a stage's layers; micro-batches = 4 × stages: busy ranks, as in real plans
+# the ranks' backend, said to the launcher: cpu ranks fork from one interpreter that imported torch (as hal train's
+# do) instead of each starting its own
+CPU_RANKS = {"HAL_BACKEND": "cpu"}
 
 
 def calibration_plan(backend: str, stages: int, rows: int, tp: int = 1, layers: int = LAYERS,
@@ -194,7 +197,8 @@ def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cor
     run = launch(f"{__name__}:calibration_rank", ranks,
                  {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps,
                   "shapes": [list(x) for x in full_shapes]},
-                 deadline_s=300, what=f"hal profile: calibration pipelines of {ranks} cpu ranks", echo_stderr=sys.stderr)
+                 deadline_s=300, what=f"hal profile: calibration pipelines of {ranks} cpu ranks", echo_stderr=sys.stderr,
+                 env=CPU_RANKS)
     played = [play(device, ranks, shape, seq, p2p_s=boundary(shape[2])) for shape in full_shapes]
     measured = [max(run.values[r][i]["schedule_s"] for r in range(ranks)) - p.p2p_s for i, p in enumerate(played)]
     occ = [occupancy(p, ranks) for p in played]
@@ -206,7 +210,8 @@ def calibrate_node(device: DeviceProfile, model: ModelConfig, *, ranks: int, cor
         standard = full_shapes[0]
         run = launch(f"{__name__}:calibration_rank", half,
                      {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps},
-                     deadline_s=300, what=f"hal profile: calibration pipeline of {half} cpu ranks", echo_stderr=sys.stderr)
+                     deadline_s=300, what=f"hal profile: calibration pipeline of {half} cpu ranks", echo_stderr=sys.stderr,
+                     env=CPU_RANKS)
         p = play(device, half, standard, seq, p2p_s=boundary(rows))
         half_wait = 0.0 if half * threads <= cores else wait  # ranks that fit the cores hand off without waiting
         target = max(run.values[r]["schedule_s"] for r in range(half)) - p.p2p_s
@@ -260,7 +265,7 @@ def calibrate_tp(device: DeviceProfile, model: ModelConfig, *, ranks: int, cores
     run = launch(f"{__name__}:calibration_rank", stages * tp,
                  {"model": model.to_dict(), "rows": rows, "seq": seq, "threads": threads, "steps": steps, "tp": tp, "shapes": shapes},
                  deadline_s=300, what=f"hal profile: calibration pipelines of {stages} tp-{tp} stage(s), sp off and on",
-                 echo_stderr=sys.stderr)
+                 echo_stderr=sys.stderr, env=CPU_RANKS)
     occupancy = play(device, stages, node_shapes(rows)[0], seq, tp).busy * stages * tp * threads / cores
     waits = [tp_wait_s(device, [run.values[r][i] for r in range(stages * tp)], stages, tp, rows, seq, occupancy, bool(sp),
                        boundary(rows))
@@ -315,7 +320,8 @@ def calibrate_host(device: DeviceProfile, cluster: Any, kind: Any, model: ModelC
     run = launch(f"{__name__}:calibration_rank", HOST_STAGES,
                  {"model": model.to_dict(), "rows": HOST_ROWS, "seq": seq, "threads": None, "steps": steps,
                   "backend_name": kind.backend, "precision": precision, "fallback": fallback, "trainer_step": True},
-                 deadline_s=300, what=f"hal profile: calibration pipeline of {HOST_STAGES} {kind.backend} ranks", echo_stderr=sys.stderr)
+                 deadline_s=300, what=f"hal profile: calibration pipeline of {HOST_STAGES} {kind.backend} ranks", echo_stderr=sys.stderr,
+                 env={"HAL_BACKEND": kind.backend})
     # hal train's step time: each step's slowest rank (the last stage waits for its loss), the median over steps
     per_step = [max(t) for t in zip(*(run.values[r]["steps_s"] for r in range(HOST_STAGES)))]
     measured = statistics.median(per_step)

@@ -362,7 +362,8 @@ def measure_tp_layers(backend_name: str, model: ModelConfig, *, seq: int, rows: 
     run = launch(f"{__name__}:tp_layer_rank", TP_DEGREE,
                  {"backend_name": backend_name, "model": model.to_dict(), "seq": seq, "rows": list(rows),
                   "precision": precision, "repeats": repeats, "fallback": fallback, "compile_backend": compile_backend},
-                 deadline_s=300, what=f"hal profile: one layer at tp {TP_DEGREE} on {backend_name}", echo_stderr=sys.stderr)
+                 deadline_s=300, what=f"hal profile: one layer at tp {TP_DEGREE} on {backend_name}", echo_stderr=sys.stderr,
+                 env={"HAL_BACKEND": backend_name})
     return tuple(LayerPoint(**p) for p in run.values[0])
 
 
@@ -573,7 +574,7 @@ def measure_node_links(backend: str, ranks: int, launch: Callable[..., Any], ite
     pairs = max(2, ranks - ranks % 2)
     run = launch(f"{__name__}:node_links_rank", pairs, {"backend": backend, "iters": iters, "loaded_iters": loaded_iters},
                  deadline_s=240, what=f"hal profile: links and dp-sync collectives on {pairs} {backend} ranks",
-                 echo_stderr=sys.stderr)
+                 echo_stderr=sys.stderr, env={"HAL_BACKEND": backend})
     got = run.values[0]
     loaded = ({op: (float(a), float(b)) for op, (a, b) in got["loaded"].items()} if ranks >= 2 else None)
     return _link_profile(backend, False, got["island"], iters), _link_profile(backend, True, got["bridge"], iters), loaded
@@ -586,7 +587,8 @@ def measure_link(backend: str, bridged: bool, launch: Callable[..., Any], iters:
     import sys
 
     run = launch(f"{__name__}:link_rank", 2, {"backend": backend, "bridged": bridged, "iters": iters},
-                       deadline_s=120, what=f"hal profile: {'bridge' if bridged else 'island'} link", echo_stderr=sys.stderr)
+                       deadline_s=120, what=f"hal profile: {'bridge' if bridged else 'island'} link", echo_stderr=sys.stderr,
+                 env={"HAL_BACKEND": backend})
     return _link_profile(backend, bridged, run.values[0], iters)
 
 
