@@ -144,6 +144,63 @@ def test_the_device_refuses_what_the_hardware_refuses_and_keeps_what_it_keeps() 
     assert got["scaled"]["hal"][0] == "Fp32ReciprocalGradScaler" and got["scaled"]["hal"][1] == pytest.approx([0.8] * 3), got
 
 
+def test_checkpoints_pinned_memory_streams_and_recurrent_layers_work_on_the_device() -> None:
+    """What the migration corpus found: torch.load(map_location=<the device>) crashed torch (a device written in Python
+    has no storages), pin_memory() needs a C++ runtime's allocator, record_stream took no stand-in stream, in-place
+    shape changes (GRU's transpose_, ATen's arange into an out= tensor) left the wrapper's shape behind, and the fused
+    recurrent cells had no kernel to run."""
+    got = child("""
+        import io, json, torch
+        from hal.backend_registry import get_backend
+
+        get_backend("ascend").require_available()
+        x = torch.arange(6.0).reshape(2, 3).to("npu")
+        buf = io.BytesIO(); torch.save({"x": x, "nested": [x * 2]}, buf)
+        tags = []
+        buf.seek(0); torch.load(buf, map_location=lambda s, loc: tags.append(loc) or s)
+        loads = {}
+        for name, where in {"none": None, "str": "npu", "index": "npu:0", "device": torch.device("npu", 0),
+                            "dict": {"npu:0": "npu:0"}, "lambda": lambda s, loc: s.npu(0), "cpu": "cpu"}.items():
+            buf.seek(0)
+            out = torch.load(buf, map_location=where)
+            loads[name] = [str(out["x"].device), str(out["nested"][0].device), out["nested"][0].cpu().tolist()]
+        try:
+            torch.ones(2).untyped_storage().npu()
+            outside = None
+        except RuntimeError as exc:
+            outside = str(exc)
+        host = torch.ones(4)
+        pinned = host.pin_memory()
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2, pin_memory=True)
+        batches = [b[0].is_pinned() for b in loader]
+        y = pinned.to("npu", non_blocking=True)
+        y.record_stream(torch.npu.current_stream())
+        z = torch.randn(4, 3).to("npu"); z.t_()
+        grown = torch.empty(0, device="npu"); torch.add(torch.ones(3, device="npu"), 1, out=grown)
+        def rnn(kind, device):
+            torch.manual_seed(0)
+            layer = getattr(torch.nn, kind)(6, 5, batch_first=True).to(device)
+            inp = torch.randn(3, 4, 6).to(device).requires_grad_()
+            out, _ = layer(inp)
+            (out * out).sum().backward()
+            return [list(out.shape), out.detach().cpu(), inp.grad.cpu(), layer.weight_hh_l0.grad.cpu()]
+        close = {}
+        for kind in ("GRU", "LSTM"):
+            a, b = rnn(kind, "cpu"), rnn(kind, "npu")
+            close[kind] = [a[0] == b[0]] + [torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in zip(a[1:], b[1:])]
+        print(json.dumps({"tags": tags, "loads": loads, "outside": outside, "pinned": [pinned.is_pinned(), host.is_pinned()],
+                          "batches": batches, "copied": [str(y.device), y.sum().item()], "t_": [list(z.shape), list(z.cpu().shape)],
+                          "rnn": close, "arange": list(torch.arange(4, device="npu").shape), "out": grown.cpu().tolist()}))
+    """)
+    assert got["tags"] == ["npu:0", "npu:0"], got  # the file holds what the hardware writes: storages tagged npu:0
+    for name, (x, nested, values) in got["loads"].items():
+        assert (x, nested) == (("cpu", "cpu") if name == "cpu" else ("npu:0", "npu:0")) and values == [[0, 2, 4], [6, 8, 10]], (name, got)
+    assert "has no storages" in got["outside"] and "\n" not in got["outside"], got["outside"]
+    assert got["pinned"] == [True, False] and got["batches"] == [True, True] and got["copied"] == ["npu:0", 4.0], got
+    assert got["t_"] == [[3, 4], [3, 4]] and got["arange"] == [4] and got["out"] == [2.0] * 3, got  # metadata kept in step
+    assert got["rnn"] == {"GRU": [True] * 4, "LSTM": [True] * 4}, got["rnn"]
+
+
 def test_a_vendor_without_a_standin_is_one_line() -> None:
     done = run_hal("devices", "--standin", "cuda")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

@@ -18,7 +18,9 @@ Everything it produces says "stand-in: host-backed, not hardware".
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import threading
 import time
 import weakref
@@ -27,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from hal.backends.standins import pinned, rnn_cells, storages
 from hal.standin import STANDIN_NOTE
 
 # Operators that move data between devices or only describe it: a host tensor may meet the device here, and a
@@ -127,11 +130,12 @@ class HostTensor(torch.Tensor):
         return self.host.numpy(force=True)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        """Saved as torch saves a PrivateUse1 tensor without storage: host data and the device, restored through
-        ``map_location`` (``torch._utils._rebuild_device_tensor_from_cpu_tensor``)."""
-        data = self.host.detach().clone()
-        return torch._utils._rebuild_device_tensor_from_cpu_tensor, (data, self.dtype, str(self.device),
-                                                                     self.requires_grad)
+        """Saved as torch saves a tensor of the real device: its storage tagged with the device ("npu:0"), so the
+        file is the one the hardware would write (``storages`` restores it through the stand-in's ``torch.load``)."""
+        host = self.host.detach()
+        storages.saving(host, str(self.device), self)
+        return torch._utils._rebuild_tensor_v2, (host._typed_storage(), host.storage_offset(), tuple(host.size()),
+                                                 host.stride(), self.requires_grad, collections.OrderedDict())
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -140,16 +144,37 @@ class HostTensor(torch.Tensor):
             with torch._C._DisableTorchDispatch():
                 return func(*args, **kwargs)
         name = func.overloadpacket.__name__
+        if name == "record_stream":  # host memory lives while a tensor holds it: no stream to wait for
+            return None
         leaves = _leaves(args, kwargs)
         index = _one_device(func, name, leaves, kwargs)
         _check_dtypes(name, leaves, func)
         target = kwargs.get("device")
-        out = func(*_each(_unwrap, args), **{k: _one(_unwrap, v) for k, v in kwargs.items()})
+        kernel = rnn_cells.HOST_KERNELS.get(name, func)  # operators only a device library implements
+        out = kernel(*_each(_unwrap, args), **{k: _one(_unwrap, v) for k, v in kwargs.items()})
         if name in ("_to_copy", "to") and target is not None and torch.device(target).type != state().device_type:
             return out  # to another device: the host result is that device's tensor (cpu)
         given = {id(a.host): a for a in leaves if isinstance(a, HostTensor)}
+        if name.endswith("_") or "out" in kwargs:  # in place: the host tensor's shape may have changed (transpose_)
+            for wrapper in given.values():
+                _sync_metadata(wrapper, name)
         return _one(lambda o: (given[id(o)] if id(o) in given else _wrap(o, index)) if isinstance(o, torch.Tensor) else o,
                     out)
+
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _sync_metadata(wrapper: HostTensor, name: str) -> None:
+    """Give ``wrapper`` its host tensor's sizes, strides and offset after an operator changed them in place
+    (``transpose_``, an ``out=`` resized, as ATen's own ``arange`` does): a wrapper's metadata is its own, set when it
+    was made. Through ``set_``'s Meta kernel, which sets them on a storage without data (growing its byte count)."""
+    host = wrapper.host
+    if wrapper.shape == host.shape and wrapper.stride() == host.stride() and wrapper.storage_offset() == host.storage_offset():
+        return
+    with torch._C._DisableTorchDispatch():
+        torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+            _META, wrapper, wrapper.untyped_storage(), host.storage_offset(), host.size(), host.stride())
 
 
 # An operator's arguments are values and lists of values (TensorList, int[], Tensor?[]), never deeper: these walk
@@ -286,15 +311,24 @@ def install(device: DeviceState, module: Any) -> None:
                 op = getattr(packet, overload)
                 casts.impl(op, _autocast_kernel(op, lower), "AutocastPrivateUse1")
     _LIBRARIES.extend((everything, casts))
+    storages.install(device.device_type)
+    pinned.install()
 
 
 # --- streams and events: orderings without a device queue -----------------------------------------------------
-class Stream:
+PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, the device type a torch.Stream of the stand-in device carries
+_STREAM_IDS = itertools.count()
+
+
+class Stream(torch.Stream):
     """A stand-in stream: work runs when it is called, so every stream is already in order (``synchronize`` and
-    ``wait_stream`` return at once)."""
+    ``wait_stream`` return at once). A ``torch.Stream`` of the device, as the real runtime's streams are, so operators
+    that take one (``Tensor.record_stream``) accept it."""
+
+    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
+        return super().__new__(cls, stream_id=next(_STREAM_IDS), device_index=_index(device), device_type=PRIVATEUSE1)
 
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        self.device = torch.device(state().device_type, _index(device))
         self.priority = priority
 
     def synchronize(self) -> None:
