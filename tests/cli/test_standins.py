@@ -201,6 +201,36 @@ def test_checkpoints_pinned_memory_streams_and_recurrent_layers_work_on_the_devi
     assert got["rnn"] == {"GRU": [True] * 4, "LSTM": [True] * 4}, got["rnn"]
 
 
+# a few cases of every suite (the whole run — 1,529 cases on the ascend stand-in, 1,325 on the cambricon one — takes
+# about 4 minutes each: by hand). The collectives job runs on the ascend stand-in here (its world-2 job is most of
+# the test's time); CNCL's stand-in carries the collectives of the three-device and replica journeys above.
+CONFORMANCE_SELECTION = ["contract::*", "ops::rms_norm/*/float32/normal/*", "precision::reduced_precision/*",
+                         "training::loss_curve/fp32", "onnx::Softmax/test_softmax_example"]
+COLLECTIVES_SELECTION = ["collectives::all_reduce/sum/float32/*world2", "collectives::gather/float32/world2"]
+
+
+@pytest.mark.parametrize("backend", ["ascend", "cambricon"])
+def test_conformance_runs_every_suite_on_the_standin_and_its_report_says_so(backend: str, tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    selection = CONFORMANCE_SELECTION + (COLLECTIVES_SELECTION if backend == "ascend" else [])
+    done = run_hal("conformance", "run", "--backend", backend, "--standin", backend, "--world-size", "2",
+                   "-k", ",".join(selection), "--report", str(report), "--json", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["standin"] == "stand-in: host-backed, not hardware" and results["verified_on_hardware"] is False
+    suites = {case["id"].split("::")[0] for case in results["cases"]}
+    assert suites == {"contract", "ops", "precision", "training", "onnx"} | ({"collectives"} if backend == "ascend" else set())
+    for case in results["cases"]:  # passed, or not run with the reason said
+        assert case["status"] == "pass" or (case["status"] in ("unsupported", "skip") and case.get("reason")), case
+    unsupported = {case["id"]: case["reason"] for case in results["cases"] if case["status"] == "unsupported"}
+    if backend == "ascend":  # HCCL has no gather (hal routes it through the host); HF32 rounding cannot show on the host
+        assert "HCCL has no Gather" in unsupported["collectives::gather/float32/world2"], unsupported
+        assert "runs on a stand-in" in unsupported["precision::reduced_precision/hf32/switch"], unsupported
+    assert any(c["id"].startswith("ops::rms_norm/npu_rms_norm") for c in results["cases"]) == (backend == "ascend")
+    assert "stand-in: host-backed, not hardware" in (report / "report.html").read_text(encoding="utf-8")
+    assert "stand-in" in (report / "summary.md").read_text(encoding="utf-8")
+
+
 def test_a_vendor_without_a_standin_is_one_line() -> None:
     done = run_hal("devices", "--standin", "cuda")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

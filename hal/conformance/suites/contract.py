@@ -209,6 +209,9 @@ def _profiler(ctx: Context) -> Outcome:
                "seconds": time.perf_counter() - started}
     if not host_mm:
         return _fail("events", "the profiler recorded no aten::mm for a matmul", **metrics)
+    if ctx.device.type != "cpu" and not on_device and backend.standin:  # the host ran the matmul: no device kernel
+        return unsupported(f"{ctx.backend_name} runs on a stand-in ({backend.standin}): aten::mm recorded, but its "
+                           "operators are the host's, so no device kernel can show; not verified on hardware")
     if ctx.device.type != "cpu" and not on_device:
         return _fail("device_events", "the profiler recorded no device kernel for a matmul on the device", **metrics)
     where = f"{len(on_device)} device event(s)" if on_device else "host events only (the device is the host)"
