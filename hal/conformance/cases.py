@@ -55,6 +55,11 @@ class Outcome:
         }
 
 
+# ``Context.options`` key under which the runner hands the suites the ids of the cases it will run (``-k``): cases
+# that share one job (the collectives' world-N job) run only the selected part of it
+SELECTED_OPTION = "selected_case_ids"
+
+
 @dataclass
 class Context:
     """What every case runs against: the backend under test and the machine's limits."""

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 
 import torch
 
-from hal.conformance.cases import FAILING, Case, Context, Outcome
+from hal.conformance.cases import FAILING, SELECTED_OPTION, Case, Context, Outcome
 from hal.conformance.suite_names import SUITES
 from hal.conformance.verdicts.profiles import looser_than
 from hal.errors import ConfigError, HalError
@@ -395,6 +395,8 @@ def execute(ctx: Context, the_plan: Plan, *, backend_reason: str = "", progress:
     """Run the plan's cases in order (problems recorded first) and return the result with metadata."""
     started = datetime.datetime.now(datetime.timezone.utc).astimezone()
     t0 = time.perf_counter()
+    # the selection, for suites whose cases share a job (collectives): the job then runs only what is selected
+    ctx = dataclasses.replace(ctx, options={**ctx.options, SELECTED_OPTION: frozenset(c.id for c in the_plan.cases)})
     results: list[CaseResult] = list(the_plan.problems)
     bar = Progress(len(the_plan.cases), stream) if progress else None
     try:

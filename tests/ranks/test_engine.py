@@ -120,7 +120,7 @@ TIMED[ZB_TIMED] = ({"forward": [[3.0], [1.0], [1.0]], "backward_input": [[3.0], 
 LAYERS = {ZBV_COMPILED: 6, IZB_TIMED: 6, ZBV_TIMED: 6, DPV_UNEVEN: 6, DPV_BRIDGED: 6, IL_UNEVEN: 6, IL_THREE: 6, IL_TIED: 6,
           IL_BRIDGED: 6, IZB_UNEVEN: 6, IZB_THREE: 6, ZBV_UNEVEN: 6, ZBV_THREE: 6, ZBV_BRIDGED: 6}
 TIED_PLANS = {ZBV_COMPILED, TIED, FUSED_TIED, ZB_TIED, IL_TIED, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN, IZB_TIMED}
-STEPS, LR = 12, 3e-3
+STEPS, LR = 8, 3e-3  # AdamW steps of the long runs (one plan per schedule): drift shows within them
 VARIANT_STEPS = 3
 LONG_RUNS = {"a: 2 stages 3/1, tp2 -> dp2, 1f1b", "c: 3 stages dp1/dp2/dp1, gpipe", "zb a: 2 stages 3/1, tp2 -> dp2, zero-bubble",
              IL_UNEVEN, IZB_UNEVEN, ZBV_UNEVEN, DPV_UNEVEN}  # one plan per schedule: STEPS steps

@@ -216,3 +216,25 @@ def test_progress_redraws_one_line_on_a_terminal(ctx: Context) -> None:
     lines = text.split("\n")
     assert len(lines) == 2 and lines[0].endswith(  # the error stays on screen; the progress line does not
         "error ops::gelu/reference/float32/raises/forward: RuntimeError: planted failure inside the case")
+
+
+def test_a_selection_runs_only_its_part_of_the_shared_world_job() -> None:
+    """``-k`` of two collectives cases: the world-2 job is handed those checks and no bandwidth sweep (it ran every
+    check and the sweep, which on a stand-in took most of a selected run's time); a busbw case brings the sweep back."""
+    from hal.backend_registry import get_backend
+    from hal.conformance.cases import SELECTED_OPTION, Context
+    from hal.conformance.suites.collective_checks import plan_checks
+    from hal.conformance.suites.collectives import _Job
+
+    backend = get_backend("cpu")
+    checks = [c for c in plan_checks(["float32"]) if c.op in ("all_reduce", "gather")][:3]
+    assert len(checks) == 3
+    ctx = Context(backend, backend.device(0), backend.capabilities(0), max_world_size=2)
+    job = _Job(ctx, 2, checks)
+    assert [c["name"] for c in job._selected(ctx)["checks"]] == [c.name for c in checks]  # no selection said: all
+    chosen = {f"collectives::{checks[1].name}/world2", f"collectives::{checks[2].name}/world4"}
+    spec = job._selected(Context(backend, backend.device(0), backend.capabilities(0), options={SELECTED_OPTION: chosen}))
+    assert [c["name"] for c in spec["checks"]] == [checks[1].name] and spec["bench_sizes"] == []
+    chosen.add("collectives::busbw/all_reduce/float32/world2")
+    spec = job._selected(Context(backend, backend.device(0), backend.capabilities(0), options={SELECTED_OPTION: chosen}))
+    assert spec["bench_sizes"] == job.spec["bench_sizes"] != []

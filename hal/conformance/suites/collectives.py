@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from hal.conformance.cases import Case, Context, Outcome, skip
+from hal.conformance.cases import SELECTED_OPTION, Case, Context, Outcome, skip
 from hal.conformance.jobs.launch import JobFailed, JobResult, run_job
 from hal.conformance.suites.collective_checks import (
     ACCUMULATION_WORDS,
@@ -99,10 +99,23 @@ class _Job:
         with self._lock:
             if self._result is None and self._error is None:
                 try:
-                    self._result = run_job(ctx.launch, "collectives", self.spec, self.world_size, ctx.backend.name, timeout_s=self.timeout_s)
+                    self._result = run_job(ctx.launch, "collectives", self._selected(ctx), self.world_size, ctx.backend.name,
+                                           timeout_s=self.timeout_s)
                 except JobFailed as exc:
                     self._error = str(exc)
             return self._result, self._error
+
+
+    def _selected(self, ctx: Context) -> dict[str, Any]:
+        """The job's spec cut to the cases this run selected (``-k``): only their checks, and the bandwidth sweep only
+        when a busbw case of this world is among them. Every check when the run says nothing of its selection."""
+        chosen = ctx.options.get(SELECTED_OPTION)
+        if chosen is None:
+            return self.spec
+        world = f"/world{self.world_size}"
+        checks = [c for c in self.spec["checks"] if f"{SUITE}::{c['name']}{world}" in chosen]
+        busbw = any(i.startswith(f"{SUITE}::busbw/") and i.endswith(world) for i in chosen)
+        return {**self.spec, "checks": checks, "bench_sizes": self.spec["bench_sizes"] if busbw else []}
 
 
 def _check_case(job: _Job, check: Check) -> Callable[[Context], Outcome]:
