@@ -231,6 +231,23 @@ def test_conformance_runs_every_suite_on_the_standin_and_its_report_says_so(back
     assert "stand-in" in (report / "summary.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_the_readme_migration_example_runs_on_npu_tensors_as_on_the_cpu(amp: bool) -> None:
+    """4c: `hal run --backend ascend --standin ascend examples/cuda_train.py`: the CUDA-written script on the npu
+    stand-in, its losses those of the cpu target (fp32: the same bits; with --amp, fp16 autocast and its loss scaler
+    on each device: within 1e-6 relative)."""
+    flags = ["--steps", "4", *(["--amp"] if amp else [])]
+    on_npu = run_hal("run", "--backend", "ascend", "--standin", "ascend", "examples/cuda_train.py", *flags)
+    assert on_npu.returncode == 0, on_npu.stderr[-3000:]
+    on_cpu = run_hal("run", "--backend", "cpu", "examples/cuda_train.py", *flags)
+    assert on_cpu.returncode == 0, on_cpu.stderr[-3000:]
+    losses = lambda out: [json.loads(line)["loss"] for line in out.splitlines() if line.startswith('{"step"')]  # noqa: E731
+    npu, cpu = losses(on_npu.stdout), losses(on_cpu.stdout)
+    assert len(npu) == len(cpu) == 4, (on_npu.stdout, on_cpu.stdout)
+    assert npu == cpu if not amp else npu == pytest.approx(cpu, rel=1e-6), (npu, cpu)
+    assert "hal run: backend ascend" in on_npu.stderr and "stand-in: host-backed, not hardware" in on_npu.stderr
+
+
 def test_a_vendor_without_a_standin_is_one_line() -> None:
     done = run_hal("devices", "--standin", "cuda")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
