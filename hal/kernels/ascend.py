@@ -52,7 +52,7 @@ def requires_torch_npu(attr: str) -> Callable[[], str | None]:
     """A registry ``requires`` check: None when torch_npu has ``attr``; never imports an absent package."""
 
     def check() -> str | None:
-        package, why = find_torch_npu()
+        package, why = _runtime()
         if package is None:
             return why
         if not callable(getattr(package, attr, None)):
@@ -60,6 +60,19 @@ def requires_torch_npu(attr: str) -> Callable[[], str | None]:
         return None
 
     return check
+
+
+def _runtime() -> tuple[ModuleType | None, str]:
+    """torch_npu, or its stand-in where one is asked for (``HAL_STANDIN``: the fused ops are the stand-in's), or
+    (None, why)."""
+    from hal.backends.standins import standin_package
+    from hal.errors import UnsupportedError
+
+    try:
+        package = standin_package(AscendBackend.name)
+    except UnsupportedError as exc:  # another vendor runtime owns this process's device, or torch cannot host one
+        return None, str(exc)
+    return (package, "") if package is not None else find_torch_npu()
 
 
 def _torch_npu() -> ModuleType:

@@ -248,6 +248,20 @@ def test_the_readme_migration_example_runs_on_npu_tensors_as_on_the_cpu(amp: boo
     assert "hal run: backend ascend" in on_npu.stderr and "stand-in: host-backed, not hardware" in on_npu.stderr
 
 
+def test_hal_ops_on_the_ascend_standin_picks_torch_npus_fused_ops() -> None:
+    """4h: the registry's torch_npu checks find the stand-in (they looked only for the installed package: every fused
+    op showed as a fallback, "torch_npu is not installed"); float64 stays the reference, as an NPU has none."""
+    done = run_hal("ops", "--backend", "ascend", "--standin", "ascend", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ops = json.loads(done.stdout)["ops"]
+    for op, impl in {"rms_norm": "npu_rms_norm", "swiglu": "npu_swiglu", "rotary_embedding": "npu_rotary_mul",
+                     "scaled_dot_product_attention": "npu_fusion_attention"}.items():
+        assert [ops[op][d]["impl"] for d in ("float32", "bfloat16", "float16")] == [impl] * 3, (op, ops[op])
+        assert ops[op]["float64"]["impl"] == "reference", (op, ops[op])
+    plain = json.loads(run_hal("ops", "--backend", "ascend", "--json").stdout)["ops"]  # no stand-in asked: said why
+    assert plain["rms_norm"]["float32"]["impl"] == "reference" and plain["rms_norm"]["float32"]["fallback_from"], plain
+
+
 def test_a_vendor_without_a_standin_is_one_line() -> None:
     done = run_hal("devices", "--standin", "cuda")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
