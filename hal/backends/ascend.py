@@ -50,6 +50,16 @@ def find_torch_npu() -> tuple[ModuleType | None, str]:
         return None, f"torch_npu failed to import: {_first_line(exc)}"
 
 
+def find_runtime() -> tuple[ModuleType | None, str]:
+    """The torch_npu this process uses: its stand-in where ``HAL_STANDIN`` asks for one (raising as
+    ``standins.standin_package`` does: another vendor runtime owns this process's device, or this torch cannot host
+    one), else the installed package, or (None, why)."""
+    from .standins import standin_package
+
+    package = standin_package(AscendBackend.name)
+    return (package, "") if package is not None else find_torch_npu()
+
+
 def _npu_profiler() -> ModuleType | None:
     """torch_npu.profiler where it imports and has the NPU activity; None otherwise."""
     try:
@@ -121,17 +131,14 @@ class AscendBackend(DeviceModuleBackend):
         return answers
 
     def _load_module(self) -> ModuleType:
-        from .standins import OwnedElsewhere, standin_package
+        from .standins import OwnedElsewhere
 
         try:  # HAL_STANDIN=ascend: the torch_npu stand-in, said everywhere
-            package = standin_package(self.name)
+            package, why = find_runtime()
         except OwnedElsewhere as exc:  # one vendor runtime a process: another vendor's owns this one
             raise RuntimeElsewhere(str(exc)) from None
         except UnsupportedError as exc:  # this torch cannot write a device in Python: unavailable, and why
             raise RuntimeMissing(str(exc)) from None
-        why = ""
-        if package is None:
-            package, why = find_torch_npu()
         if package is None:
             raise RuntimeMissing(f"{why} ({_install_hint()})" if why == NOT_INSTALLED else why)
         return registered_device_module(package, "npu")  # torch_npu registers torch.npu on import

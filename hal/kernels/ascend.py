@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from hal.backends.ascend import PACKAGE, AscendBackend, find_torch_npu
+from hal.backends.ascend import PACKAGE, AscendBackend, find_runtime
 from hal.downgrades import Downgrade, record_downgrade
+from hal.errors import UnsupportedError
 from hal.ops import registry as ops_registry
 
 # The references each fused op runs instead where it cannot serve an input (the downgrade is recorded).
@@ -63,16 +64,11 @@ def requires_torch_npu(attr: str) -> Callable[[], str | None]:
 
 
 def _runtime() -> tuple[ModuleType | None, str]:
-    """torch_npu, or its stand-in where one is asked for (``HAL_STANDIN``: the fused ops are the stand-in's), or
-    (None, why)."""
-    from hal.backends.standins import standin_package
-    from hal.errors import UnsupportedError
-
+    """torch_npu or its stand-in (``find_runtime``), or (None, why) — a ``requires`` check answers, never raises."""
     try:
-        package = standin_package(AscendBackend.name)
+        return find_runtime()
     except UnsupportedError as exc:  # another vendor runtime owns this process's device, or torch cannot host one
         return None, str(exc)
-    return (package, "") if package is not None else find_torch_npu()
 
 
 def _torch_npu() -> ModuleType:

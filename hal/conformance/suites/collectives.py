@@ -39,7 +39,7 @@ from hal.conformance.suites.collective_checks import (
 )
 
 SUITE = "collectives"
-CPU_BUSBW_SIZES = (1 << 10, 1 << 14, 1 << 18)  # host memory, and a stand-in's (host-backed: its bandwidth is the host's)
+CPU_BUSBW_SIZES = (1 << 10, 1 << 14, 1 << 18)  # host memory (``_host_memory``)
 ACCEL_BUSBW_SIZES = (1 << 20, 1 << 23, 1 << 26, 1 << 28)
 DEFAULT_TIMEOUT_S = 300.0
 _CAPABILITY_KEYS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
@@ -69,10 +69,15 @@ def dtypes(ctx: Context) -> list[str]:
     return [name for name, dt in DTYPES.items() if not dt.is_floating_point or ctx.dtype_supported(dt)]
 
 
+def _host_memory(ctx: Context) -> bool:
+    """Whether the device's memory is the host's: the cpu, or a host-backed stand-in (its bandwidth is the host's)."""
+    return ctx.device.type == "cpu" or ctx.backend.standin is not None
+
+
 def busbw_sizes(ctx: Context) -> list[int]:
     raw = ctx.options.get("busbw_sizes")
     if raw is None:
-        return list(CPU_BUSBW_SIZES if ctx.device.type == "cpu" or ctx.backend.standin else ACCEL_BUSBW_SIZES)
+        return list(CPU_BUSBW_SIZES if _host_memory(ctx) else ACCEL_BUSBW_SIZES)
     if isinstance(raw, str):
         from hal.collectives.bench import parse_sizes
 
@@ -88,7 +93,7 @@ class _Job:
         self.spec: dict[str, Any] = {
             "checks": [c.to_dict() for c in checks], "seed": ctx.seed,
             "communicator_factory": ctx.options.get("communicator_factory"),
-            "bench_sizes": busbw_sizes(ctx), "bench_rounds": 1 if ctx.device.type == "cpu" or ctx.backend.standin else 3,
+            "bench_sizes": busbw_sizes(ctx), "bench_rounds": 1 if _host_memory(ctx) else 3,
         }
         self.timeout_s = float(ctx.options.get("collectives_timeout_s", DEFAULT_TIMEOUT_S))
         self._lock = threading.Lock()
