@@ -1,6 +1,7 @@
 """A rank for ``hal launch`` tests: join the world with no arguments, all-reduce the rank, report.
 
-Prints one JSON line: rank, world size, backend, device, LOCAL_RANK and the sum of all ranks.
+Prints one JSON line: rank, world size, backend, device, LOCAL_RANK, the sum of all ranks, and how the
+rank's interpreter started (``sys.orig_argv``: a forked rank has its zygote's).
 ``--fail-rank R`` makes rank R exit with status 3 before joining (the others wait in the
 rendezvous until the launcher stops them); ``--sleep S`` sleeps after printing ``ready`` (for the
 Ctrl-C test). ``--marker M`` is only there to find these processes by command line.
@@ -45,7 +46,7 @@ def main() -> int:
     comm.all_reduce(value)
     _say({
         "rank": world.rank, "world": world.size, "backend": world.backend.name, "device": str(world.device),
-        "local_rank": int(os.environ["LOCAL_RANK"]), "result": value.item(),
+        "local_rank": int(os.environ["LOCAL_RANK"]), "result": value.item(), "started_as": sys.orig_argv[1:4],
     })
     shutdown()
     return 0

@@ -261,11 +261,28 @@ def collect(ctx: Context, suites: Sequence[str]) -> tuple[list[Case], list[CaseR
     return cases, problems, list(dict.fromkeys(labels))
 
 
+def _suites_named_by(patterns: Sequence[str]) -> set[str] | None:
+    """The built-in suites ``-k`` can select from when every pattern starts with one by name (``collectives::...``):
+    the others are not collected (their cases cost seconds to build: the ops suite loads the kernels, onnx reads
+    its tests). None: a pattern may match any suite."""
+    named: set[str] = set()
+    for pattern in patterns:
+        suite, sep, _ = pattern.partition("::")
+        if not sep or suite not in SUITES:
+            return None
+        named.add(suite)
+    return named or None
+
+
 def plan(ctx: Context, suites: str | Sequence[str] | None = None, patterns: str | Sequence[str] | None = None) -> Plan:
     """Collect the chosen suites and apply ``-k``; bad input raises a one-line HalError."""
     names = parse_suites(suites)
     pats = parse_patterns(patterns)
-    cases, problems, labels = collect(ctx, names)
+    named = _suites_named_by(pats)
+    skipped = [n for n in names if named is not None and n in SUITES and n not in named]
+    cases, problems, labels = collect(ctx, [n for n in names if n not in skipped])
+    if skipped:  # a suite -k cannot select still has its row (of zeros), in the order asked for
+        labels = sorted({*labels, *skipped}, key=lambda s: names.index(s) if s in names else len(names) + labels.index(s))
     try:
         chosen = select(cases, pats)
     except ConfigError as exc:

@@ -22,6 +22,13 @@ from .names import result_path
 from .ranks import LaunchFailed, LaunchReport, Output, spawn_ranks
 
 
+def _host_backends(env: Mapping[str, str]) -> set[str]:
+    """The backends a rank with ``env`` runs on this host: the CPU and the stand-ins its HAL_STANDIN asks for."""
+    from hal.standin import requested
+
+    return {"cpu", *requested(env)}
+
+
 @dataclass(frozen=True)
 class FunctionRun:
     """Every rank's returned value (rank order), and the launcher's report of the run."""
@@ -66,10 +73,11 @@ def run_function(
         port = free_port()
         envs = [rank_env(r, world_size, port, base=base, extra=per_rank_env(r) if per_rank_env else None) for r in range(world_size)]
         commands = [[sys.executable, "-m", "hal.launch.entry", target, kwargs_file, tmp]] * world_size
-        # Every rank on the CPU: fork them from one interpreter that imported torch and the target once
-        # (hal.launch.zygote); a device runtime is never forked.
-        cpu_only = all(e.get("HAL_BACKEND") == "cpu" for e in envs)
-        preload = ("torch", target.partition(":")[0]) if cpu_only else ()
+        # Every rank on the host (the CPU, or a stand-in its HAL_STANDIN asks for): fork them from one interpreter
+        # that imported torch and the target once (hal.launch.zygote); a stand-in's runtime is loaded after the
+        # fork, by its rank; a device runtime is never forked.
+        on_host = all(e.get("HAL_BACKEND") in _host_backends(e) for e in envs)
+        preload = ("torch", target.partition(":")[0]) if on_host else ()
         report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr,
                              term_grace_s=term_grace_s, fork_from=preload)
         prefix = f"{what}: " if what else ""

@@ -50,9 +50,13 @@ def available() -> bool:
 
 
 def module_command(command: Sequence[str]) -> tuple[str, list[str]] | None:
-    """``(module, args)`` for ``[this python, -m, module, args...]``; None for any other command."""
-    if len(command) >= 3 and command[0] == sys.executable and command[1] == "-m":
-        return command[2], list(command[3:])
+    """``(module, args)`` for ``[this python, [-u,] -m, module, args...]``; None for any other command. (``-u`` asks
+    for unbuffered output; a forked rank's stdout and stderr are line-buffered, so its lines arrive as written.)"""
+    rest = list(command[1:])
+    if rest[:1] == ["-u"]:
+        rest = rest[1:]
+    if command[:1] == [sys.executable] and len(rest) >= 2 and rest[0] == "-m":
+        return rest[1], rest[2:]
     return None
 
 
@@ -151,6 +155,8 @@ def can_fork_here(preload: Sequence[str]) -> bool:
     heavy = [m for m in preload if m.split(".")[0] == "torch"]
     if not heavy or any(m not in sys.modules for m in heavy):
         return False
+    if sys.modules["torch"]._C._get_privateuse1_backend_name() != "privateuseone":
+        return False  # this process holds a device runtime (a plug-in's, a stand-in's): never forked
     try:
         return len(os.listdir("/proc/self/task")) == 1
     except OSError:

@@ -52,6 +52,15 @@ def test_two_cpu_ranks_all_reduce_their_ranks() -> None:
         assert r["world"] == 2 and r["result"] == 1.0 and r["backend"] == "cpu" and r["device"] == "cpu"
         assert r["local_rank"] == r["rank"]
     assert "torchrun --standalone --nproc-per-node=2 -m hal.migration tests/launch_probe.py" in result.stderr
+    # CPU ranks fork from one interpreter that imported torch once (hal.launch.zygote), not python -u -m hal.migration
+    assert all(r["started_as"] != ["-u", "-m", "hal.migration"] for r in records), records
+
+
+def test_hal_rank_start_exec_starts_every_rank_as_a_fresh_interpreter() -> None:
+    result = run_hal("launch", "--nproc", "2", "--backend", "cpu", PROBE, env={"HAL_RANK_START": "exec"})
+    assert result.returncode == 0, result.stderr
+    records = _records(result.stdout)
+    assert [r["started_as"] for r in records] == [["-u", "-m", "hal.migration"]] * 2, records
 
 
 def test_a_failing_rank_fails_the_launch_and_leaves_no_process() -> None:

@@ -31,8 +31,8 @@ lines that the twin did not print are failures (the shim must keep a working run
 
 Every process runs with OMP_NUM_THREADS=1 (the thread count cannot change a reduction order, and
 many processes share two cores). Each run is forked from ``tests/plain_python.py``'s server, which imported
-torch once and nothing of hal (``HAL_TEST_FORK=0``: fresh interpreters); torchrun's and hal launch's ranks are
-fresh interpreters either way. A script's migrated run and its twin start together, and two
+torch once and nothing of hal (``HAL_TEST_FORK=0``: fresh interpreters); hal launch's ranks fork from its own
+zygote, torchrun's are fresh interpreters. A script's migrated run and its twin start together, and two
 scripts run at a time, heaviest first, in a pool that the module's first corpus test starts for
 all selected scripts; each test then waits for its own script's runs.
 """

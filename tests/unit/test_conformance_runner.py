@@ -238,3 +238,17 @@ def test_a_selection_runs_only_its_part_of_the_shared_world_job() -> None:
     chosen.add("collectives::busbw/all_reduce/float32/world2")
     spec = job._selected(Context(backend, backend.device(0), backend.capabilities(0), options={SELECTED_OPTION: chosen}))
     assert spec["bench_sizes"] == job.spec["bench_sizes"] != []
+
+
+def test_a_selection_naming_its_suites_collects_only_those(ctx: Context) -> None:
+    """``-k contract::*`` builds no other suite's cases (the ops suite's cost seconds: it loads the kernels); the
+    suites it skipped keep their place in the plan; a pattern that may match any suite collects every one."""
+    every = runner.plan(ctx, "precision,contract")
+    contract = [c for c in every.cases if c.suite == "contract"]
+    named = runner.plan(ctx, "precision,contract", "contract::*")
+    assert [c.id for c in named.cases] == [c.id for c in contract] and named.collected == len(contract) < every.collected
+    assert named.suites == ["precision", "contract"]
+    both = runner.plan(ctx, "precision,contract", "contract::*,precision::*")
+    assert both.collected == every.collected
+    anywhere = runner.plan(ctx, "precision,contract", "*::*")  # a glob over the suite's name: every suite collected
+    assert anywhere.collected == every.collected
