@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 
 import torch
 
+from hal.config.limits import SEED, check_local_ranks
 from hal.conformance.cases import FAILING, SELECTED_OPTION, Case, Context, Outcome
 from hal.conformance.suite_names import SUITES
 from hal.conformance.verdicts.profiles import looser_than
@@ -123,11 +124,15 @@ def build_context(backend: str | None = None, *, world_size: int | None = None, 
     from hal.config import load_config
     from hal.selection import choose_backend
 
-    config = load_config(None, overrides={"backend": backend})
-    chosen, reason = choose_backend(config.backend)
+    if not 0 <= seed <= SEED.maximum:
+        raise ConfigError(f"--seed {seed}: give a whole number from 0 to {SEED.maximum} ({SEED.why})")
     if world_size is not None and world_size < 1:
         raise ConfigError(f"--world-size {world_size}: give a positive number of ranks")
+    config = load_config(None, overrides={"backend": backend})
+    chosen, reason = choose_backend(config.backend)
     if chosen.device_type == "cpu":
+        if world_size is not None:
+            check_local_ranks(world_size, "--world-size")  # every rank a process of this host
         slots = world_size or CPU_WORLD_SIZE
     else:
         count = chosen.device_count()

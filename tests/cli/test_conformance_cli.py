@@ -67,6 +67,9 @@ def _bad_inputs() -> list[tuple[list[str], str]]:
         (["--suite", PLANTED, "-k", "nothing_matches_this"], "matches none of the 9 case(s)"),
         (["--suite", PLANTED, "-k", "softmax,,gelu"], "empty pattern"),
         (["--suite", PLANTED, "--world-size", "0"], "--world-size 0"),
+        (["--suite", PLANTED, "--world-size", "100000"], "--world-size 100000 is above the limit"),  # was accepted
+        (["--suite", PLANTED, "--seed", str(2**70)], "give a whole number from 0 to"),  # was a ValueError traceback
+        (["--suite", PLANTED, "--seed", "-1"], "give a whole number from 0 to"),
         (["--suite", PLANTED, "--report", "{blocker}/sub"], "cannot write there"),
         (["--suite", "tests.no_such_module"], "cannot be loaded: no such module"),
     ]
