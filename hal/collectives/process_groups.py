@@ -105,6 +105,13 @@ def device_for_rank(backend: Backend) -> torch.device:
     return backend.device(index)
 
 
+def islands_from_env(world_size: int) -> list[int] | None:
+    """``HAL_ISLANDS``: the island of each of ``world_size`` ranks (None: unset, islands by backend). Raises
+    ConfigError (one line) for a value that is not one island number a rank: a launcher checks it before any start."""
+    text = os.environ.get(ISLANDS_ENV)
+    return _parse_islands(text, world_size) if text else None
+
+
 def _parse_islands(text: str, world_size: int) -> list[int]:
     try:
         ids = [int(part) for part in text.split(",") if part.strip()]
@@ -204,8 +211,8 @@ def init_distributed(
     names, channel_values = zip(*(v.split("\t") for v in _gather_strings(f"{backend.name}\t{channels}", world_size)))
     _agree_on_channels(list(channel_values))
     declared = list(islands) if islands is not None else None
-    if declared is None and os.environ.get(ISLANDS_ENV):
-        declared = _parse_islands(os.environ[ISLANDS_ENV], world_size)
+    if declared is None:
+        declared = islands_from_env(world_size)
     if declared is not None and len(declared) != world_size:
         raise ConfigError(f"islands names {len(declared)} ranks but the world has {world_size}; give one island per rank")
     keys = tuple(f"island {d}" for d in declared) if declared is not None else tuple(names)

@@ -215,6 +215,18 @@ def test_resume_into_dualpipev_says_how_each_stage_runs_its_pairs(half_run: dict
     assert "layers 0+3 pairs in turn (tensor parallelism)" in said and "layers 1+2 pairs at once" in said, said
 
 
+@pytest.mark.parametrize("islands, says", [("0,x", "use comma-separated island numbers"),
+                                            ("0,1", "names 2 ranks but the world has 4")])
+def test_a_bad_hal_islands_is_one_line_before_any_rank_starts(islands: str, says: str, tmp_path: Path) -> None:
+    """Issue 56, 7: every rank failed on it after the start (no ``hal: error:`` line, a run directory left)."""
+    run_dir = tmp_path / "run"
+    result = run_hal("train", str(MAIN_JOB), "--steps", "1", "--run-dir", str(run_dir), env={"HAL_ISLANDS": islands})
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hal: error: HAL_ISLANDS={islands!r}") and says in lines[0], lines
+    assert not run_dir.exists()
+
+
 def test_a_failing_rank_stops_every_rank(half_run: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """A checkpoint file damaged after the launcher's checks: the ranks that read it fail, the rest are stopped."""
     from hal.cli.train import spawn_ranks

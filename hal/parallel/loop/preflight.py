@@ -120,6 +120,13 @@ def _environment(p: Preflight) -> None:
     stacks_after_s_from_env()
 
 
+def _islands(p: Preflight) -> None:
+    """HAL_ISLANDS against the plan's world (the ranks read it; a bad one failed every rank after the start)."""
+    from hal.collectives.process_groups import islands_from_env
+
+    islands_from_env(p.loaded.world_size)
+
+
 def _local_ranks(p: Preflight) -> None:
     if p.request.local:  # a local run: every rank is a process on this host
         check_local_ranks(p.loaded.world_size, f"{p.loaded.origin}: the plan's world size")
@@ -333,6 +340,7 @@ CHECKS: tuple[Check, ...] = (
     Check("steps", _steps),
     Check("config", _config),
     Check("environment", _environment),
+    Check("islands", _islands),
     Check("local ranks", _local_ranks),
     Check("cpu binding", _cpu_binding),
     Check("backend", _backend),
@@ -349,7 +357,7 @@ CHECKS: tuple[Check, ...] = (
     Check("paths", _paths),
 )
 TRAIN = tuple(c.name for c in CHECKS)  # hal train: everything
-PLAN = ("config", "environment", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
+PLAN = ("config", "environment", "islands", "local ranks", "backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory",
         "corpus", "weights", "paths")  # hal plan: all but the flags only hal train has
 LOADED = ("backend", "precision", "moe compile", "loop", "tensorboard", "token file", "memory")  # over a loaded run
 CONFIG = ("config", "environment", "backend", "loop")  # hal config: what the file says, on whatever host will run it
