@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from hal import strict_json
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"hal train: {mismatch_note(args.config)}", file=sys.stderr)
     write_job(job)
-    status = run_local(job, spawn_ranks)
+    status = run_local(job, lambda commands, envs: spawn_ranks(commands, envs, job.checkpoint_dir))
     if status == 0:
         _print_summary(read_summary(job), args.json)
         if job.profile:
@@ -82,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
 def _draw_timeline(job: Any) -> None:
     """RUN_DIR/timeline.png from the timeline.json the writer rank left (a replicated run: one a replica), with the
     planner's prediction added where the config keeps one for this plan; without matplotlib, one line why."""
-    from pathlib import Path
-
     from hal.parallel.observe.timeline import check_document, planned_timeline
     from hal.parallel.observe.timeline_plot import missing, write_png
     from hal.run_dirs import write_text_atomic
@@ -218,7 +217,7 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
     return lines
 
 
-def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]]) -> int:
+def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], checkpoints: Path | None = None) -> int:
     """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed.
 
     A rank's stderr is a pipe to here, so the ranks write plain lines; where this process's stderr is a
@@ -252,6 +251,10 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     if replica_of and report.causes and not report.interrupted:
         first = report.causes[0]
         ranks = sorted(r for r, k in replica_of.items() if k == replica_of.get(first.rank))
+        from hal.parallel.state.checkpoint import latest_written
+
+        latest = latest_written(checkpoints)
+        stands = f"the last checkpoint written stands ({latest})" if latest else "no checkpoint had been written"
         print(f"hal train: replica {replica_of.get(first.rank)} (ranks {ranks[0]}-{ranks[-1]}) failed first, at its rank "
-              f"{first.rank}; every replica was stopped, and the last checkpoint written stands", file=sys.stderr)
+              f"{first.rank}; every replica was stopped, and {stands}", file=sys.stderr)
     return status

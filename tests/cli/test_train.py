@@ -685,18 +685,25 @@ def test_hal_plan_draws_each_replicas_timeline(tmp_path: Path) -> None:
     assert plan_document(second.plan, second.first_rank)["stages"][0]["ranks"] == [2, 3]  # its own ranks, drawn so
 
 
-def test_a_dying_replica_is_named_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("written", [False, True])
+def test_a_dying_replica_is_named_in_one_line(written: bool, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """hal train's spawner, four real processes as two replicas of two ranks: rank 2 (replica 1) exits 3, the others
-    are stopped; the report names the replica once, and the run's status is the rank's."""
+    are stopped; the report names the replica once, the checkpoint that stands (issue 56, 7: it claimed one where none
+    was written), and the run's status is the rank's."""
     import sys
 
     from hal.cli.train import spawn_ranks
     from hal.parallel.loop.job_runner import REPLICA_ENV
 
+    checkpoints = tmp_path / "checkpoints"
+    if written:
+        (checkpoints / "step-000004").mkdir(parents=True)
+        (checkpoints / "step-000004" / "meta.json").write_text("{}")
+        (checkpoints / "latest").write_text("step-000004\n")
     body = "import os, sys, time\nif os.environ['RANK'] == '2':\n    sys.exit(3)\ntime.sleep(60)\n"
     envs = [{"RANK": str(r), "WORLD_SIZE": "4", REPLICA_ENV: str(r // 2)} for r in range(4)]
-    assert spawn_ranks([[sys.executable, "-c", body]] * 4, envs) == 3
+    assert spawn_ranks([[sys.executable, "-c", body]] * 4, envs, checkpoints) == 3
     err = capfd.readouterr().err
     named = [line for line in err.splitlines() if "replica" in line]
-    assert named == ["hal train: replica 1 (ranks 2-3) failed first, at its rank 2; every replica was stopped, and the "
-                     "last checkpoint written stands"], err
+    stands = f"the last checkpoint written stands ({checkpoints / 'step-000004'})" if written else "no checkpoint had been written"
+    assert named == ["hal train: replica 1 (ranks 2-3) failed first, at its rank 2; every replica was stopped, and " + stands], err

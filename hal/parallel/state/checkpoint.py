@@ -81,6 +81,15 @@ def resolve(path: str | os.PathLike[str], flag: str = "--resume") -> Path:
     raise ConfigError(f"{flag} {path}: not a checkpoint (no {META}) and no '{LATEST}' file; pass a step-N directory or a checkpoint_dir")
 
 
+def latest_written(root: Path | None) -> Path | None:
+    """The checkpoint ``root``'s ``latest`` file names, or None where no checkpoint was completed there."""
+    marker = root / LATEST if root is not None else None
+    if marker is None or not marker.is_file():
+        return None
+    step = root / marker.read_text(encoding="utf-8").strip()  # type: ignore[operator]
+    return step if (step / META).is_file() else None
+
+
 def read_meta(checkpoint: Path, flag: str = "--resume") -> dict[str, Any]:
     """meta.json, its structure checked: one ConfigError line naming the bad field, never a traceback."""
     try:
