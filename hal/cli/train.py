@@ -72,12 +72,23 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"hal train: {mismatch_note(args.config)}", file=sys.stderr)
     write_job(job)
-    status = run_local(job, lambda commands, envs: spawn_ranks(commands, envs, job.checkpoint_dir))
+    _tidy_checkpoints(job.checkpoint_dir)  # what an earlier run's stop left mid-write
+    try:
+        status = run_local(job, lambda commands, envs: spawn_ranks(commands, envs, job.checkpoint_dir))
+    finally:
+        _tidy_checkpoints(job.checkpoint_dir)  # a write this run's stop (a failure, a signal) cut short
     if status == 0:
         _print_summary(read_summary(job), args.json)
         if job.profile:
             _draw_timeline(job)
     return status
+
+
+def _tidy_checkpoints(checkpoints: Path | None) -> None:
+    from hal.parallel.state.checkpoint import tidy
+
+    for line in tidy(checkpoints):
+        print(f"hal train: {line}", file=sys.stderr)
 
 
 def _draw_timeline(job: Any) -> None:

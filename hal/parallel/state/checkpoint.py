@@ -81,6 +81,31 @@ def resolve(path: str | os.PathLike[str], flag: str = "--resume") -> Path:
     raise ConfigError(f"{flag} {path}: not a checkpoint (no {META}) and no '{LATEST}' file; pass a step-N directory or a checkpoint_dir")
 
 
+def tidy(root: Path | None) -> list[str]:
+    """Undo what a stop in the middle of a write left in the checkpoint folder ``root``; one line per thing done.
+
+    A ``.tmp-step-N`` folder is a write cut short (removed: the last complete checkpoint stands). A ``.old-step-N`` is
+    the previous copy of a step being replaced: put back where the new one never arrived, else removed."""
+    if root is None or not root.is_dir():
+        return []
+    done = []
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir():
+            continue
+        if entry.name.startswith(".tmp-"):
+            shutil.rmtree(entry, ignore_errors=True)
+            done.append(f"removed {entry}, a checkpoint write that was cut short")
+        elif entry.name.startswith(".old-"):
+            final = root / entry.name.removeprefix(".old-")
+            if final.exists():
+                shutil.rmtree(entry, ignore_errors=True)
+                done.append(f"removed {entry}, the copy {final.name} replaced")
+            else:
+                entry.rename(final)
+                done.append(f"put {final} back: its replacement was cut short")
+    return done
+
+
 def latest_written(root: Path | None) -> Path | None:
     """The checkpoint ``root``'s ``latest`` file names, or None where no checkpoint was completed there."""
     marker = root / LATEST if root is not None else None
