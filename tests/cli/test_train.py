@@ -392,11 +392,13 @@ def test_print_multinode_of_replicas_puts_a_replica_a_node_and_its_lines_train(t
     nodes = [line for line in result.stdout.splitlines() if "torchrun" in line]
     assert len(nodes) == 2 and all("--nproc-per-node=1" in line for line in nodes)
     script = result.stdout.replace("NODE0_HOST", "127.0.0.1").replace("--master-port=29500", f"--master-port={free_port()}")
-    script = "\n".join(line + " &" if "torchrun" in line else line for line in script.splitlines()) + "\nwait\n"
+    # each node in the background; then each one's own status (``wait -n`` answered 127 when both had already ended)
+    script = "\n".join(line + ' &\npids="$pids $!"' if "torchrun" in line else line for line in script.splitlines())
+    script += "\nfor pid in $pids; do wait $pid; done\n"
     islands = {"HAL_ISLANDS": "0,1"}  # each replica its own island
     env = {**os.environ, **islands, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "PYTHONPATH": str(REPO)}
-    ran = subprocess.run(["bash", "-c", "set -e\n" + script.replace("\nwait\n", "\nwait -n && wait -n\n")],
+    ran = subprocess.run(["bash", "-c", "set -e\n" + script],
                          capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     losses = [record["loss"] for record in _log(shared / "train.jsonl")]
