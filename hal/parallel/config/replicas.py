@@ -278,6 +278,9 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
         which = "compress" if sync.compress != "none" else "every" if sync.every != 1 else "overlap"
         raise ConfigError(f"{origin}: parallel.replica_sync sets {which} "
                           "but there is one replica: nothing crosses islands; drop replica_sync or add a replica")
+    if sync.outer_momentum >= 1:  # 1.5 was accepted: the loss climbed to ~9e5 in 60 steps and the run exited 0
+        raise ConfigError(f"{origin}: parallel.replica_sync.outer_momentum is {sync.outer_momentum:g}; a momentum of 1 or "
+                          "more never decays, so the outer steps grow without bound: give one below 1 (e.g. 0.9)")
     if sync.every == 1 and (sync.outer_lr != 1.0 or sync.outer_momentum != 0.0):
         raise ConfigError(f"{origin}: parallel.replica_sync.outer_lr / outer_momentum apply to local SGD (every > 1), "
                           "but every is 1 (gradients meet every step); set every: 8 or drop them")
