@@ -34,6 +34,12 @@ def requested(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
     return out
 
 
+def host_backends(env: Mapping[str, str] | None = None) -> set[str]:
+    """The backends whose ranks run in host memory under ``env``: the CPU and the stand-ins it asks for (their ranks
+    may be forked from a zygote; a device runtime never is)."""
+    return {"cpu", *requested(env)}
+
+
 def device_count(env: Mapping[str, str] | None = None) -> int:
     """Devices each stand-in shows (``HAL_STANDIN_COUNT``, 8 by default, as an 8-card node)."""
     text = (os.environ if env is None else env).get(COUNT_ENV, str(DEFAULT_COUNT)).strip()

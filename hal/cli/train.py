@@ -247,9 +247,9 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
     # (hal.launch.zygote): 4 ranks on 2 cores start in seconds, not 4 imports' worth. A device runtime is never
     # forked; a stand-in's is loaded after the fork, by its rank (this process kept PrivateUse1 free: keep_free).
     from hal.backends.standins import kept_free
-    from hal.standin import requested
+    from hal.standin import host_backends
 
-    host = {"cpu", *requested()} if kept_free() else {"cpu"}
+    host = host_backends() if kept_free() else {"cpu"}
     preload = ("torch", "torch._dynamo") if all(env.get("HAL_BACKEND") in host for env in envs) else ()
     try:
         report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=echo,  # type: ignore[arg-type]

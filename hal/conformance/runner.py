@@ -26,7 +26,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Callable, Collection, Iterable, Sequence, TextIO
 
 import torch
 
@@ -223,15 +223,18 @@ def _problem(suite: str, exc: BaseException, what: str) -> CaseResult:
                       description=f"collecting the {label} suite", traceback=traceback.format_exc())
 
 
-def collect(ctx: Context, suites: Sequence[str]) -> tuple[list[Case], list[CaseResult], list[str]]:
+def collect(ctx: Context, suites: Sequence[str], skip: Collection[str] = ()) -> tuple[list[Case], list[CaseResult], list[str]]:
     """Every case of ``suites`` (module imported lazily), a problem result per suite that failed, and the
-    suite labels in order (a module path's label is the suite its cases declare)."""
+    suite labels in order (a module path's label is the suite its cases declare). A suite in ``skip`` keeps its
+    label and builds no case."""
     cases: list[Case] = []
     problems: list[CaseResult] = []
     labels: list[str] = []
     seen: set[str] = set()
     for suite in suites:
         labels.append(_suite_label(suite))
+        if suite in skip:
+            continue
         path = _module_path(suite)
         try:
             module = importlib.import_module(path)
@@ -284,10 +287,8 @@ def plan(ctx: Context, suites: str | Sequence[str] | None = None, patterns: str 
     names = parse_suites(suites)
     pats = parse_patterns(patterns)
     named = _suites_named_by(pats)
-    skipped = [n for n in names if named is not None and n in SUITES and n not in named]
-    cases, problems, labels = collect(ctx, [n for n in names if n not in skipped])
-    if skipped:  # a suite -k cannot select still has its row (of zeros), in the order asked for
-        labels = sorted({*labels, *skipped}, key=lambda s: names.index(s) if s in names else len(names) + labels.index(s))
+    unselectable = [n for n in names if named is not None and n in SUITES and n not in named]  # still a row (of zeros)
+    cases, problems, labels = collect(ctx, names, skip=unselectable)
     try:
         chosen = select(cases, pats)
     except ConfigError as exc:

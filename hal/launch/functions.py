@@ -16,17 +16,11 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Mapping
 
 from hal.config.limits import check_local_ranks
+from hal.standin import host_backends
 
 from .env import INIT_METHOD_ENV, free_port, import_path, rank_env
 from .names import result_path
 from .ranks import LaunchFailed, LaunchReport, Output, spawn_ranks
-
-
-def _host_backends(env: Mapping[str, str]) -> set[str]:
-    """The backends a rank with ``env`` runs on this host: the CPU and the stand-ins its HAL_STANDIN asks for."""
-    from hal.standin import requested
-
-    return {"cpu", *requested(env)}
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,7 @@ def run_function(
         # Every rank on the host (the CPU, or a stand-in its HAL_STANDIN asks for): fork them from one interpreter
         # that imported torch and the target once (hal.launch.zygote); a stand-in's runtime is loaded after the
         # fork, by its rank; a device runtime is never forked.
-        on_host = all(e.get("HAL_BACKEND") in _host_backends(e) for e in envs)
+        on_host = all(e.get("HAL_BACKEND") in host_backends(e) for e in envs)
         preload = ("torch", target.partition(":")[0]) if on_host else ()
         report = spawn_ranks(commands, envs, deadline_s=deadline_s, stdout=stdout, echo_stderr=echo_stderr,
                              term_grace_s=term_grace_s, fork_from=preload)

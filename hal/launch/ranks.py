@@ -258,8 +258,7 @@ def _zygote(modules: Sequence[str], commands: Sequence[Sequence[str]], envs: Seq
     try:
         mains = [zygote.module_command(c)[0] for c in commands]  # type: ignore[index]
         preload = list(dict.fromkeys([*modules, *mains]))  # the ranks' own modules too, each once
-        first_args = zygote.module_command(commands[0])[1]  # type: ignore[index]
-        return zygote.Zygote(preload, envs[0], cwd, shown=[mains[0], *first_args])
+        return zygote.Zygote(preload, envs[0], cwd, shown=[mains[0], *zygote.module_command(commands[0])[1]])  # type: ignore[index]
     except OSError as exc:
         sys.stderr.write(f"hal: warning: every rank starts as a fresh interpreter ({exc}); set {zygote.DISABLE_ENV}=exec "
                          "to make that the default\n")

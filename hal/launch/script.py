@@ -36,7 +36,7 @@ from typing import IO, Mapping, Sequence
 from hal.backend import Backend
 from hal.config.limits import check_local_ranks
 from hal.errors import ConfigError, HalError
-from hal.standin import requested
+from hal.standin import host_backends
 
 from . import torchrun
 from .env import free_port, rank_env
@@ -133,6 +133,6 @@ def run_launch(plan: LaunchPlan, *, echo_stderr: IO[str] | None = None) -> Launc
     # or a stand-in HAL_STANDIN asks for) fork from one interpreter that imported torch once (hal.launch.zygote);
     # a device runtime is never forked.
     command = [sys.executable, "-u", "-m", MIGRATION_MODULE, plan.script, *plan.script_args]
-    on_host = plan.backend.name == "cpu" or plan.backend.name in requested(base)
+    on_host = plan.backend.name in host_backends(base)
     return spawn_ranks([command] * plan.nproc, envs, echo_stderr=echo_stderr if echo_stderr is not None else sys.stderr,
                        fork_from=("torch",) if on_host else ())

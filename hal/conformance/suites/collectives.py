@@ -110,7 +110,6 @@ class _Job:
                     self._error = str(exc)
             return self._result, self._error
 
-
     def _selected(self, ctx: Context) -> dict[str, Any]:
         """The job's spec cut to the cases this run selected (``-k``): only their checks, and the bandwidth sweep only
         when a busbw case of this world is among them. Every check when the run says nothing of its selection."""

@@ -54,6 +54,8 @@ from hal.run_dirs import write_text_atomic
 FORMAT = "hetero-hal-checkpoint/1"
 META = "meta.json"
 LATEST = "latest"
+WRITING = ".tmp-"  # a step being written: renamed to step-N when complete
+REPLACED = ".old-"  # the previous copy of a step being replaced, until the new one is in place
 # nothing else, so a name can never leave the directory (replica-R-stage-K.pt: a local-SGD replica's inner optimizer)
 FILE_NAME = re.compile(r"(replica-\d{1,2}-)?stage-\d{1,4}\.pt|rng\.pt|fp8-residuals-rank-\d{1,6}\.pt")
 CHUNK = 8 * 2**20
@@ -92,11 +94,11 @@ def tidy(root: Path | None) -> list[str]:
     for entry in sorted(root.iterdir()):
         if not entry.is_dir():
             continue
-        if entry.name.startswith(".tmp-"):
+        if entry.name.startswith(WRITING):
             shutil.rmtree(entry, ignore_errors=True)
             done.append(f"removed {entry}, a checkpoint write that was cut short")
-        elif entry.name.startswith(".old-"):
-            final = root / entry.name.removeprefix(".old-")
+        elif entry.name.startswith(REPLACED):
+            final = root / entry.name.removeprefix(REPLACED)
             if final.exists():
                 shutil.rmtree(entry, ignore_errors=True)
                 done.append(f"removed {entry}, the copy {final.name} replaced")
@@ -108,10 +110,9 @@ def tidy(root: Path | None) -> list[str]:
 
 def latest_written(root: Path | None) -> Path | None:
     """The checkpoint ``root``'s ``latest`` file names, or None where no checkpoint was completed there."""
-    marker = root / LATEST if root is not None else None
-    if marker is None or not marker.is_file():
+    if root is None or not (root / LATEST).is_file():
         return None
-    step = root / marker.read_text(encoding="utf-8").strip()  # type: ignore[operator]
+    step = root / (root / LATEST).read_text(encoding="utf-8").strip()
     return step if (step / META).is_file() else None
 
 
@@ -337,7 +338,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
     """
     root = Path(root)
     coord = engine.coord
-    tmp = root / f".tmp-{step_dirname(step)}"
+    tmp = root / f"{WRITING}{step_dirname(step)}"
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -380,7 +381,7 @@ def save_checkpoint(root: str | os.PathLike[str], step: int, engine: Any, optimi
 
 def _commit(tmp: Path, final: Path, root: Path) -> None:
     """Make ``tmp`` the checkpoint ``final`` (replacing an older one of that name) and point ``latest`` at it."""
-    old = root / f".old-{final.name}"
+    old = root / f"{REPLACED}{final.name}"
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
