@@ -277,6 +277,26 @@ def child_processes(row: Patch, session: Session, original: Any) -> Any:
     return replace_callable(original, session, impl)
 
 
+# --- process groups ------------------------------------------------------------------------------
+def kept_process_groups(row: Patch, session: Session, original: Any) -> Any:
+    """``destroy_process_group`` destroys the groups, and the scope keeps their objects until it ends.
+
+    Why: a ``DistributedDataParallel`` model holds its group too. When the script's last reference to the model goes
+    (its ``main`` returns) after the group was destroyed, the group's destructor runs from the model's, holding the
+    interpreter lock, and waits for gloo's worker thread — which may still be dropping the last collective's tensors
+    and waits for that lock (pytorch/pytorch#56297; seen as a DDP rank hanging after its result). Kept here, the group
+    outlives the model; the scope's end drops it through its own binding, which releases the lock first."""
+
+    def impl(group: Any = None) -> Any:
+        from torch.distributed import distributed_c10d
+
+        world = getattr(getattr(distributed_c10d, "_world", None), "pg_map", {})
+        session.kept.extend(list(world) if group is None else [group])
+        return original(group)
+
+    return replace_callable(original, session, impl)
+
+
 ADAPTERS: dict[str, Callable[[Patch, Session, Any], Any]] = {
     "legacy_tensor_type": legacy_tensor_type,
     "tensor_type": tensor_type,
@@ -290,4 +310,5 @@ ADAPTERS: dict[str, Callable[[Patch, Session, Any], Any]] = {
     "data_parallel": data_parallel,
     "data_parallel_function": data_parallel_function,
     "child_processes": child_processes,
+    "kept_process_groups": kept_process_groups,
 }

@@ -183,6 +183,8 @@ _EXPLICIT: tuple[Patch, ...] = (
     # --- distributed --------------------------------------------------------------------------
     Patch("distributed.init_process_group", Kind.CCL_NAME, "backend.process_group_backend()", "0|backend="),
     Patch("distributed.new_group", Kind.CCL_NAME, "backend.process_group_backend()", "2|backend="),
+    _adapter("distributed.destroy_process_group", "kept_process_groups",
+             "destroyed, their objects kept until the script ends (a DDP model dropped later cannot hang its rank)"),
     _dev("distributed.device_mesh.init_device_mesh", "0|device_type="),
     _dev("distributed.init_device_mesh", "0|device_type="),
     _dev("distributed.device_mesh.DeviceMesh", "0|device_type="),

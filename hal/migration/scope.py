@@ -270,7 +270,10 @@ class _Migration(contextlib.AbstractContextManager):
                 if _hook is not None and _hook in sys.meta_path:
                     sys.meta_path.remove(_hook)
                 _hook = None
-                session.restore()
+                try:
+                    session.restore()
+                finally:
+                    session.kept.clear()
         return False
 
 

@@ -206,6 +206,7 @@ class Session:
         self._warned: set[str] = set()
         self._ordinals: set[int] = set()
         self._local = threading.local()
+        self.kept: list[Any] = []  # objects the script dropped that must outlive it (``kept_process_groups``)
 
     # --- warnings and re-entrancy ---------------------------------------------------------------
     def warn_once(self, key: str, message: str) -> None:

@@ -3,7 +3,7 @@ warns once at the caller's line saying what happens instead, or refuses in one l
 from __future__ import annotations
 
 import warnings
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -238,3 +238,33 @@ def test_the_lifted_import_hook_leaves_with_the_outermost_scope(cpu: CpuBackend)
     assert torch.device("cuda").type == "cpu"
     inner.__exit__(None, None, None)
     assert hooks() == before and torch.device("cuda").type == "cuda"
+
+
+
+def _destroyed_group(tmp_path: object, name: str) -> Any:
+    """A one-rank world, its group destroyed: a weak reference to the group's object."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if dist.is_nccl_available() else "gloo", init_method=f"file://{tmp_path}/{name}",
+                            rank=0, world_size=1)
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    gc.collect()
+    return group
+
+
+def test_a_destroyed_group_lives_until_the_scope_ends(cpu: CpuBackend, tmp_path: object) -> None:
+    """The DDP tutorial's ending (destroy the group, then return from main) hung a gloo rank now and then: the group's
+    last reference was the DDP model's, so its destructor ran from the model's, holding the interpreter lock that
+    gloo's worker thread was waiting for (pytorch/pytorch#56297). In the scope the destroyed group's object lives
+    until the scope ends, so no model the script drops holds its last reference."""
+    import torch.distributed as dist
+
+    assert _destroyed_group(tmp_path, "plain")() is None  # torch's own: gone with the destroy
+    with migrate(cpu):
+        group = _destroyed_group(tmp_path, "scoped")
+        assert group() is not None and not dist.is_initialized()
+    assert group() is None  # the scope's end let it go
