@@ -47,6 +47,7 @@ def main() -> int:
     _say({
         "rank": world.rank, "world": world.size, "backend": world.backend.name, "device": str(world.device),
         "local_rank": int(os.environ["LOCAL_RANK"]), "result": value.item(), "started_as": sys.orig_argv[1:4],
+        "name": open("/proc/self/comm", encoding="utf-8").read().strip() if os.path.exists("/proc/self/comm") else None,
     })
     shutdown()
     return 0

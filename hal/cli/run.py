@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,22 @@ def run(args: argparse.Namespace) -> int:
     _check_device_count(args.device_count, selection.backend.device_type)
     selection.activate()
     from hal.migration import run_script  # after validation: the shim is only loaded to run something
+    from hal.migration.runner import COUNT_ENV, launched_device_count
 
-    count = ""
+    count, device_count = "", args.device_count
     if selection.backend.device_type == "cpu":
-        count = (f", torch.cuda.device_count() {args.device_count}" if args.device_count else
-                 ", torch.cuda.device_count() 1 (--device-count N for a script that needs N)")
+        if device_count is None:  # a rank torchrun started (--no-python hal run): a device a local rank, as hal launch
+            device_count = launched_device_count("cpu")
+            why = f"{COUNT_ENV}" if COUNT_ENV in os.environ else "torchrun's LOCAL_WORLD_SIZE: a device a local rank"
+            count = (f", torch.cuda.device_count() {device_count} ({why})" if device_count else
+                     ", torch.cuda.device_count() 1 (--device-count N for a script that needs N)")
+        else:
+            count = f", torch.cuda.device_count() {device_count}"
     standin = f" — {selection.backend.standin}" if selection.backend.standin else ""
     print(f"hal run: backend {selection.backend.name} ({selection.reason.split(';')[0]}){standin}, "
           f"devices {list(selection.devices)}{count}, precision {selection.precision.describe()}", file=sys.stderr)
-    code = run_script(selection.backend, str(script), list(args.script_args), device_count=args.device_count)
-    from hal.rank_exit import exit_rank
+    code = run_script(selection.backend, str(script), list(args.script_args), device_count=device_count)
+    from hal.rank.exit import exit_rank
 
     exit_rank(code)  # the script's process groups torn down before the interpreter's finalization could
 

@@ -74,13 +74,21 @@ def run(args: argparse.Namespace) -> int:
     write_job(job)
     _tidy_checkpoints(job.checkpoint_dir)  # what an earlier run's stop left mid-write
     try:
-        status = run_local(job, lambda commands, envs: spawn_ranks(commands, envs, job.checkpoint_dir))
+        status = run_local(job, lambda commands, envs: spawn_ranks(commands, envs, job.checkpoint_dir, Path(job.run_dir)))
     finally:
         _tidy_checkpoints(job.checkpoint_dir)  # a write this run's stop (a failure, a signal) cut short
     if status == 0:
-        _print_summary(read_summary(job), args.json)
+        summary = read_summary(job)
+        _print_summary(summary, args.json)
         if job.profile:
             _draw_timeline(job)
+        if summary.get("diverged"):  # trained to the end, but not into anything usable: said, and its own status
+            from hal.parallel.observe.records import DIVERGED_STATUS
+
+            print(f"hal train: warning: the run diverged: {summary['diverged']['reason']}; its checkpoints hold what it "
+                  f"trained (resume from one before step {summary['diverged']['step']}, with a smaller learning rate or "
+                  f"outer step); exit status {DIVERGED_STATUS}", file=sys.stderr)
+            return DIVERGED_STATUS
     return status
 
 
@@ -151,6 +159,11 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
     print(f"hal train: steps {summary['first_step']}-{summary['last_step']} of {summary['steps']}: loss "
           f"{_loss(summary['first_loss'])} -> {_loss(summary['final_loss'])}, {rate:.0f} tok/s steady, {mfu}, "
           f"{summary['wall_s']:.1f} s wall")
+    evals = summary.get("evals") or []
+    if evals:
+        best = min(evals, key=lambda e: float("inf") if e["loss"] is None else e["loss"])
+        print(f"hal train: eval loss {_loss(evals[0]['loss'])} (step {evals[0]['step']}) -> {_loss(evals[-1]['loss'])} "
+              f"(step {evals[-1]['step']}), best {_loss(best['loss'])} at step {best['step']}, {len(evals)} evaluation(s)")
     if summary.get("standin"):
         print(f"hal train: {', '.join(summary['standin']['backends'])} ran on {summary['standin']['note']}")
     for stage in summary.get("stages", []):
@@ -228,8 +241,26 @@ def multinode_lines(job: Any, nodes: int) -> list[str]:
     return lines
 
 
-def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], checkpoints: Path | None = None) -> int:
-    """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed.
+RANKS_FILE = "ranks.json"
+
+
+def record_ranks(path: Path, ranks: Sequence[int], pids: Sequence[int]) -> None:
+    """``{"host", "ranks": [{"rank", "pid", "name"}]}``: which process is which rank, to ``py-spy dump`` a hung one or
+    stop one in a drill; written once every rank has started (atomically), removed when they have ended."""
+    import socket
+
+    from hal.rank.name import rank_name
+    from hal.run_dirs import write_text_atomic
+
+    doc = {"host": socket.gethostname(),
+           "ranks": [{"rank": r, "pid": pid, "name": rank_name(r)} for r, pid in sorted(zip(ranks, pids))]}
+    write_text_atomic(path, json.dumps(doc, indent=1) + "\n")
+
+
+def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], checkpoints: Path | None = None,
+                run_dir: Path | None = None) -> int:
+    """hal train's spawner: hal.launch's local ranks, ranks' stderr shown live, the failure report printed; while the
+    ranks live, ``RUN_DIR/ranks.json`` says which process is which rank (``record_ranks``).
 
     A rank's stderr is a pipe to here, so the ranks write plain lines; where this process's stderr is a
     terminal, their progress lines are redrawn in place on one line (``parallel.observe.progress.InPlace``),
@@ -251,10 +282,14 @@ def spawn_ranks(commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]
 
     host = host_backends() if kept_free() else {"cpu"}
     preload = ("torch", "torch._dynamo") if all(env.get("HAL_BACKEND") in host for env in envs) else ()
+    ranks = [int(env.get("RANK", i)) for i, env in enumerate(envs)]
+    record = None if run_dir is None else run_dir / RANKS_FILE
     try:
         report = spawn(commands, [{**os.environ, **env} for env in envs], echo_stderr=echo,  # type: ignore[arg-type]
-                       fork_from=preload)
+                       fork_from=preload, started=None if record is None else lambda pids: record_ranks(record, ranks, pids))
     finally:
+        if record is not None:
+            record.unlink(missing_ok=True)  # the ranks are gone: the record would name other processes
         if isinstance(echo, InPlace):
             echo.close()
     status = print_report(report, "hal train")

@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from hal.rank.name import take_name
+
+    take_name()  # what ps and top show: hal-rank-N
     code = 1
     try:
         code = main(sys.argv[1:])

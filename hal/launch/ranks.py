@@ -22,10 +22,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal, Mapping, Sequence
+from typing import IO, Any, Callable, Literal, Mapping, Sequence
 
 from hal.errors import HalError
 from hal.launch.guard import guarded
+from hal.rank.name import PROCESS_NAME_ENV, rank_name
 
 Fate = Literal["ok", "exit", "signal", "stopped", "timed out"]
 Output = Literal["inherit", "devnull", "merge"]  # a rank's stdout: ours, dropped, or into its stderr tail
@@ -366,6 +367,7 @@ def spawn_ranks(
     cwd: str | None = None,
     handle_signals: bool = True,
     fork_from: Sequence[str] = (),
+    started: Callable[[list[int]], None] | None = None,
 ) -> LaunchReport:
     """Run ``commands[r]`` with environment ``envs[r]`` (complete, not merged) for every rank r; wait for all.
 
@@ -378,10 +380,14 @@ def spawn_ranks(
     import once (with the
     commands' own) in a zygote (``hal.launch.zygote``) that forks every rank, where each command is ``python -m MODULE ...`` and the host
     allows it; otherwise, or if the zygote cannot start (said on stderr), every rank is a fresh interpreter.
+    Every rank is named ``hal-rank-R`` (``HAL_PROCESS_NAME``, R its ``RANK``; what ``ps`` and ``top`` show) unless its
+    environment names it; ``started``: called with the ranks' pids, in rank order, once every rank has started.
     """
     if len(commands) != len(envs) or not commands:
         raise ValueError(f"{len(commands)} command(s) for {len(envs)} environment(s); give one of each per rank (1 or more)")
-    started = time.monotonic()
+    envs = [{**env, PROCESS_NAME_ENV: env.get(PROCESS_NAME_ENV) or rank_name(int(env.get("RANK", i)))}
+            for i, env in enumerate(envs)]
+    began = time.monotonic()
     echo = _Echo(echo_stderr)
     watch = _Watch()
     stop_at = 0.0
@@ -404,13 +410,15 @@ def spawn_ranks(
             if zygote is not None:
                 zygote.close()  # every rank is forked (and ours): the zygote's work is done
                 zygote = None
+            if started is not None:
+                started([p.pid for p in watch.procs])
             while True:
                 watch.poll()
                 if not watch.running():
                     break
                 now = time.monotonic()
                 if watch.stopping is None:
-                    late = deadline_s is not None and now - started > deadline_s
+                    late = deadline_s is not None and now - began > deadline_s
                     if late or signals.received or (watch.failed() and not watch.waiting_for_a_cause(now)):
                         watch.stopping = "timed out" if late and not watch.failed() and not signals.received else "stopped"
                         stop_at = now
@@ -430,5 +438,5 @@ def spawn_ranks(
             for tail in watch.tails:
                 tail.join()
     return LaunchReport(
-        watch.fates(), time.monotonic() - started, deadline_s, watch.stopping == "timed out", signals.received,
+        watch.fates(), time.monotonic() - began, deadline_s, watch.stopping == "timed out", signals.received,
     )

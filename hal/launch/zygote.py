@@ -30,6 +30,7 @@ import traceback
 from typing import Any, Mapping, NoReturn, Sequence
 
 from hal.launch.guard import guarded
+from hal.rank.name import take_name
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -253,6 +254,7 @@ def _become_rank(request: dict, fds: list[int], sock: socket.socket) -> NoReturn
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        take_name()  # the rank's own name (hal-rank-N), not the zygote's, in ps and top
         os.chdir(request["cwd"])
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)

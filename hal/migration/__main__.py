@@ -4,7 +4,7 @@ Runs SCRIPT as ``__main__`` under the migration to the backend named by ``HAL_BA
 ``hal launch`` exports to every rank), quietly: no banner per rank. On a backend whose device
 type is already ``cuda`` nothing is patched and the script runs as ``python SCRIPT`` would. On the cpu target a
 script asking for the CUDA device count is told the node's rank count (``launched_device_count``). The rank then
-leaves through ``hal.rank_exit.exit_rank`` (process groups torn down first, then ``os._exit``).
+leaves through ``hal.rank.exit.exit_rank`` (process groups torn down first, then ``os._exit``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 def main(argv: list[str]) -> int:
     from hal.backend_registry import get_backend
     from hal.errors import HalError
-    from hal.migration.runner import run_script
+    from hal.migration.runner import launched_device_count, run_script
 
     if not argv:
         print("usage: python -m hal.migration SCRIPT [ARGS...]  (backend from HAL_BACKEND, default cpu)", file=sys.stderr)
@@ -28,28 +28,8 @@ def main(argv: list[str]) -> int:
         return 2
 
 
-COUNT_ENV = "HAL_DEVICE_COUNT"  # the CUDA device count a rank tells its script (cpu target)
-
-
-def launched_device_count(device_type: str) -> int | None:
-    """On the cpu target, the CUDA devices a launched rank's script is told exist: ``HAL_DEVICE_COUNT``, else the
-    node's rank count (torchrun's ``LOCAL_WORLD_SIZE``) — a DDP script under ``hal launch --nproc N`` expects a
-    device a local rank, and ``cuda:LOCAL_RANK`` is then the host, as every device is. None: the backend's own."""
-    from hal.errors import ConfigError
-
-    if device_type != "cpu":
-        return None
-    given = os.environ.get(COUNT_ENV)
-    if given is not None:
-        if not given.isdigit() or not 1 <= int(given) <= 64:
-            raise ConfigError(f"{COUNT_ENV}={given!r} is not a device count from 1 to 64; set a whole number")
-        return int(given)
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(local) if local.isdigit() and int(local) > 1 else None
-
-
 def _run_then_exit(argv: list[str]) -> None:
-    """``main``, then the rank leaves through ``hal.rank_exit.exit_rank``: its process groups torn down
+    """``main``, then the rank leaves through ``hal.rank.exit.exit_rank``: its process groups torn down
     before the interpreter's finalization could (which aborts or hangs now and then), its exit status its own."""
     import traceback
 
@@ -63,10 +43,13 @@ def _run_then_exit(argv: list[str]) -> None:
     except BaseException:  # what the interpreter would print, then the same safe exit
         traceback.print_exc()
         code = 1
-    from hal.rank_exit import exit_rank
+    from hal.rank.exit import exit_rank
 
     exit_rank(code)
 
 
 if __name__ == "__main__":
+    from hal.rank.name import take_name
+
+    take_name()  # what ps and top show: hal-rank-N
     _run_then_exit(sys.argv[1:])

@@ -8,7 +8,7 @@ import traceback
 from typing import Any
 
 from hal.backend import Backend
-from hal.errors import HalError
+from hal.errors import ConfigError, HalError
 from hal.migration.scope import migrate
 
 
@@ -56,3 +56,21 @@ def _exit_code(code: Any) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+COUNT_ENV = "HAL_DEVICE_COUNT"  # the CUDA device count a rank tells its script (cpu target)
+
+
+def launched_device_count(device_type: str) -> int | None:
+    """On the cpu target, the CUDA devices a launched rank's script is told exist: ``HAL_DEVICE_COUNT``, else the
+    node's rank count (torchrun's ``LOCAL_WORLD_SIZE``) — a DDP script under ``hal launch --nproc N`` expects a
+    device a local rank, and ``cuda:LOCAL_RANK`` is then the host, as every device is. None: the backend's own."""
+    if device_type != "cpu":
+        return None
+    given = os.environ.get(COUNT_ENV)
+    if given is not None:
+        if not given.isdigit() or not 1 <= int(given) <= 64:
+            raise ConfigError(f"{COUNT_ENV}={given!r} is not a device count from 1 to 64; set a whole number")
+        return int(given)
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() and int(local) > 1 else None

@@ -105,7 +105,36 @@ def _residual(ckpt: Path, values: torch.Tensor | None = None) -> dict[str, Any]:
     return {name: torch.zeros(tensor.numel()) if values is None else values}
 
 
+def _outer_momentum(change: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[dict[str, Any]], None]:
+    """Local SGD's outer momentum beside the weights (as a replicated local-SGD run keeps it), one entry changed."""
+    def edit(blob: dict[str, Any]) -> None:
+        blob["outer_momentum"] = {name: torch.zeros_like(t) for name, t in blob["params"].items()}
+        name = next(iter(blob["outer_momentum"]))
+        blob["outer_momentum"][name] = change(blob["outer_momentum"][name])
+    return edit
+
+
+def _int_parameter(blob: dict[str, Any]) -> None:
+    name, tensor = next(iter(blob["params"].items()))
+    blob["params"][name] = tensor.to(torch.int64)
+
+
+def _int_moment(blob: dict[str, Any]) -> None:
+    state = next(iter(blob["optimizer"].values()))
+    state["exp_avg_sq"] = state["exp_avg_sq"].to(torch.int32)
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "outer momentum holding NaN": (lambda c: _edit_stage(c, _outer_momentum(lambda t: t.fill_(float("nan")))),
+                                   "the outer momentum of embed.weight holds NaN or inf; the checkpoint is damaged"),
+    "outer momentum of the wrong shape": (lambda c: _edit_stage(c, _outer_momentum(lambda t: t[:1])),
+                                          "the outer momentum of embed.weight has shape (1, "),
+    "outer momentum of integers": (lambda c: _edit_stage(c, _outer_momentum(lambda t: t.to(torch.int64))),
+                                   "the outer momentum of embed.weight is torch.int64, not floating point"),
+    "outer momentum not a dict": (lambda c: _edit_stage(c, lambda b: {**b, "outer_momentum": [1]}),
+                                  "its local SGD outer momentum is not a dict of tensors"),
+    "an integer parameter": (lambda c: _edit_stage(c, _int_parameter), "parameter embed.weight is torch.int64, not floating"),
+    "an integer AdamW moment": (lambda c: _edit_stage(c, _int_moment), "exp_avg_sq is torch.int32, not floating point"),
     "fp8 residuals of the wrong size": (lambda c: _add_residuals(c, {"replica": 0, "residuals": _residual(c, torch.zeros(3))}),
                                         "float32 values; the checkpoint is damaged"),
     "fp8 residuals holding NaN": (lambda c: _add_residuals(c, {"replica": 0, "residuals": {

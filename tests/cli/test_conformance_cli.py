@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -260,3 +261,52 @@ def test_compare_grades_every_common_case_and_draws_the_level_matrix(tmp_path: P
     assert levels["counts"]["fail"] > 0 and levels["counts"]["L1"] > 0
     page = (tmp_path / "c" / "compare.html").read_text()
     assert "ops::softmax" in page and ">fail<" in page and "<script" not in page
+
+
+def _with(doc: dict, change: Any) -> dict:
+    changed = json.loads(json.dumps(doc))
+    change(changed)
+    return changed
+
+
+ODD_FILES = {
+    "a device given as a string": (lambda d: d.update(device="cuda:0"), "\"device\" = 'cuda:0' is not an object"),
+    "a 400-digit metric": (lambda d: d["cases"][0].setdefault("metrics", {}).update(max_abs=10 ** 400),
+                           "metrics.max_abs is a 401-digit integer, beyond any float"),
+    "a 400-digit tolerance": (lambda d: d["cases"][0].update(tolerance={"atol": -(10 ** 400)}),
+                              "tolerance.atol is a 401-digit integer"),
+    "counts as a list": (lambda d: d.update(counts=[1]), "\"counts\" is not {by_suite"),
+    "a 400-digit count": (lambda d: d["counts"]["total"].update(fail=10 ** 400), "counts fail is a 401-digit integer"),
+    "wall_seconds past a float": (lambda d: d.update(wall_seconds=10 ** 400), "wall_seconds is a 401-digit integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_FILES))
+def test_compare_reads_odd_but_loadable_files_as_one_line(case: str, runs: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Every field a report reads is checked as the file loads: a malformed one is one line and exit 2 (these were
+    tracebacks: a "device" of "cuda:0", a metric written as a 400-digit integer)."""
+    from hal.cli import main
+
+    change, needle = ODD_FILES[case]
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(_with(json.loads(runs["a"].read_text()), change)))
+    for args in ([str(runs["a"]), str(odd)], [str(odd), str(runs["a"])]):
+        code = main(["conformance", "compare", *args])
+        captured = capsys.readouterr()
+        _one_line_error(subprocess.CompletedProcess(args, code, captured.out, captured.err), needle)
+
+
+def test_compare_refuses_a_results_file_too_large_to_be_one_before_reading_it(runs: dict[str, Path], tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A 200 MiB results.json once peaked at 1.7 GiB (480 MiB: a MemoryError traceback): memory is bounded by a size
+    limit said in one line, checked before a byte is read (the file here is sparse: it takes no disk)."""
+    from hal.cli import main
+    from hal.conformance.reports.results import MAX_RESULTS_BYTES
+
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as fh:
+        fh.truncate(MAX_RESULTS_BYTES + 1)
+    code = main(["conformance", "compare", str(runs["a"]), str(huge)])
+    captured = capsys.readouterr()
+    _one_line_error(subprocess.CompletedProcess([], code, captured.out, captured.err), "above the 32 MiB a results file holds")

@@ -54,6 +54,7 @@ def test_two_cpu_ranks_all_reduce_their_ranks() -> None:
     assert "torchrun --standalone --nproc-per-node=2 -m hal.migration tests/launch_probe.py" in result.stderr
     # CPU ranks fork from one interpreter that imported torch once (hal.launch.zygote), not python -u -m hal.migration
     assert all(r["started_as"] != ["-u", "-m", "hal.migration"] for r in records), records
+    assert [r["name"] for r in records] == ["hal-rank-0", "hal-rank-1"]  # what ps and top show: not the zygote's name
 
 
 def test_hal_rank_start_exec_starts_every_rank_as_a_fresh_interpreter() -> None:
@@ -61,6 +62,7 @@ def test_hal_rank_start_exec_starts_every_rank_as_a_fresh_interpreter() -> None:
     assert result.returncode == 0, result.stderr
     records = _records(result.stdout)
     assert [r["started_as"] for r in records] == [["-u", "-m", "hal.migration"]] * 2, records
+    assert sorted(r["name"] for r in records) == ["hal-rank-0", "hal-rank-1"]
 
 
 def test_a_failing_rank_fails_the_launch_and_leaves_no_process() -> None:

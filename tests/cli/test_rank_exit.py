@@ -1,10 +1,13 @@
-"""A rank of hal launch / hal run leaves through hal.rank_exit: groups torn down before atexit, its own exit status,
+"""A rank of hal launch / hal run leaves through hal.rank.exit: groups torn down before atexit, its own exit status,
 and a teardown that hangs bounded by the watchdog."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from ..conftest import run_hal
+import pytest
+
+from ..conftest import REPO, run_hal
 
 PROBE = """
 import atexit, sys, torch, torch.distributed as dist
@@ -66,3 +69,26 @@ def test_a_launched_script_that_asks_is_told_a_device_a_local_rank(tmp_path: Pat
     alone = run_hal("run", "--backend", "cpu", str(script), timeout=120)
     assert alone.returncode == 1 and "this script needs 2 GPUs" in alone.stderr
     assert "torch.cuda.device_count() 1 (--device-count N for a script that needs N)" in alone.stderr.splitlines()[0]
+
+
+def test_a_script_torchrun_starts_through_hal_run_is_told_a_device_a_local_rank(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node 2 --no-python hal run script.py``: each rank's script is told 2 devices, as under
+    hal launch (it was told 1: the count came from how the ranks were started, not from the local world size)."""
+    import shutil
+    import subprocess
+    import sys
+
+    hal = shutil.which("hal", path=str(Path(sys.executable).parent))
+    if hal is None:
+        pytest.skip("the hal command is not installed beside this python (pip install -e . installs it)")
+    script = tmp_path / "count.py"
+    script.write_text(COUNT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HAL_BACKEND", None)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--no-python", hal, "run", "--backend", "cpu", str(script)],
+                          capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(done.stdout.splitlines()) == ["rank 0 sees 2 devices", "rank 1 sees 2 devices"], done.stdout
+    assert "torch.cuda.device_count() 2 (torchrun's LOCAL_WORLD_SIZE: a device a local rank)" in done.stderr
+

@@ -73,6 +73,9 @@ def test_prepare_then_train_the_tiny_example(tmp_path: Path) -> None:
     assert [r["step"] for r in evaluated] == [25, 50]
     assert all(math.isfinite(r["eval_loss"]) and r["eval_ppl"] == pytest.approx(math.exp(r["eval_loss"])) for r in evaluated)
     assert evaluated[1]["eval_loss"] < evaluated[0]["eval_loss"]
+    summary = json.loads(result.stdout)  # the evaluations reach the summary too (they were in the log only)
+    assert summary["evals"] == [{"step": r["step"], "loss": r["eval_loss"]} for r in evaluated]
+    assert summary["diverged"] is None
     # warm-up over the first 20 steps, then cosine decay
     lrs = [r["lr"] for r in records]
     assert lrs[19] == pytest.approx(config["train"]["lr"]) and lrs[0] < lrs[19] and lrs[-1] < lrs[20]

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from ..conftest import REPO, run_hal
 MAIN_JOB = "examples/hetero_cpu.yaml"
 PLAN_D = {"schedule": "1f1b", "micro_batches": 2, "micro_batch_size": 4,  # same 8 rows per step as plan (a)
           "stages": [{"backend": "cpu", "devices": 4, "layers": 4, "tp": 2, "dp": 2}]}
+ONE_DEVICE = {"schedule": "1f1b", "micro_batches": 4, "micro_batch_size": 2,  # the same 8 rows a step on one rank
+              "stages": [{"backend": "cpu", "devices": 1, "layers": 4}]}
 TIMEOUT = 240
 
 
@@ -337,12 +340,18 @@ def test_resume_with_another_model_is_refused(half_run: dict[str, Any]) -> None:
 
 def test_a_diverged_run_still_logs_json(tmp_path: Path) -> None:
     """An lr that blows the weights up gives a NaN loss: the log and the summary (what --json prints) say null, not NaN,
-    and the summary line says the run diverged."""
+    the summary line says the run diverged, and so do a warning line, summary.json and the exit status: 3, not 0 (it
+    once ended 0 with a normal-looking summary, whatever drove the loss off)."""
     def refuse(constant: str) -> None:
         raise ValueError(f"not JSON: {constant}")
     config = _config(tmp_path, "diverge", steps=3, lr=1e30, warmup_steps=0)
     result = run_hal("train", str(config), "--run-dir", str(tmp_path / "run"), timeout=TIMEOUT)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr
+    said = [line for line in result.stderr.splitlines() if "the run diverged" in line]
+    assert len(said) == 1 and said[0].startswith("hal train: warning: the run diverged: the loss at step ") \
+        and said[0].endswith("exit status 3"), result.stderr
+    diverged = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))["diverged"]
+    assert 1 <= diverged["step"] <= 3 and diverged["reason"] in said[0]
     assert "loss nan" in result.stderr  # the progress line says it, and so does the summary line
     assert "-> not finite (diverged)," in result.stdout, result.stdout
     # not a terminal: one plain line per step, nothing redrawn
@@ -489,6 +498,11 @@ def test_the_summary_shows_mfu_where_a_peak_is_known_and_why_not_elsewhere(capsy
     lines = capsys.readouterr().out.splitlines()
     assert ", MFU 12.3%, " in lines[0]
     assert lines[1] == "hal train: stage 0 cuda tp2, layers 0-2: computing 80% of the step, peak memory 3.00 GiB (allocator peak)"
+    # the evaluations, where the run had some: first, last and best (they were in the log only)
+    _print_summary({**summary, "evals": [{"step": 10, "loss": 3.5}, {"step": 20, "loss": 3.25}, {"step": 30, "loss": 3.3}]},
+                   as_json=False)
+    evals = [line for line in capsys.readouterr().out.splitlines() if "eval loss" in line]
+    assert evals == ["hal train: eval loss 3.5000 (step 10) -> 3.3000 (step 30), best 3.2500 at step 20, 3 evaluation(s)"]
     # the reasons: a device without a catalog peak (named), no step; a stage whose phases were not measured
     cpu = {"compute_s": 0.1, "peak_tflops": None, "backend": "cpu"}
     records = [{"step_s": 1.0, "tokens": 10, "stages": [cpu]}, {"step_s": 0.5, "tokens": 10, "stages": [cpu]}]
@@ -544,6 +558,18 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
     into_replicas = _train_islands(str(config), "--resume", str(half_run["checkpoints"]),
                                    "--run-dir", str(root / "replicas_from_plan"))
     _assert_close(into_replicas["losses"], full[3:], 1e-5)
+    # Into local SGD from either (no replica kept its own inner state, no outer momentum was kept): every replica
+    # starts from the one optimizer state, each gap said, and the two sources — the same training — stay the same.
+    local = _config(root, "local_from", steps=6, parallel={**REPLICAS, "replica_sync": {"every": 3, "outer_momentum": 0.5}})
+    runs = [run_hal("train", str(local), "--resume", str(source), "--json", "--run-dir", str(root / f"local_from_{name}"),
+                    env=ISLANDS, timeout=TIMEOUT)
+            for name, source in (("replicas", root / "replicas_half" / "checkpoints"), ("plan", half_run["checkpoints"]))]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+        assert sum("replica(s) [1] resume from replica 0's inner optimizer state" in line
+                   and "(it was not a local SGD run)" in line for line in run.stderr.splitlines()) == 1, run.stderr
+        assert sum("momentum starts at zero" in line for line in run.stderr.splitlines()) == 1, run.stderr
+    _assert_close(json.loads(runs[0].stdout)["losses"], json.loads(runs[1].stdout)["losses"], 1e-5)
 
 
 REPLICA_BAD = {
@@ -599,6 +625,18 @@ def test_local_sgd_resumes_at_its_anchor_with_its_outer_momentum(tmp_path: Path)
     resumed = _train_islands(str(config), "--resume", str(tmp_path / "half" / "checkpoints"), "--run-dir",
                              str(tmp_path / "resumed"))
     _assert_close(resumed["losses"], full["losses"][2:], 1e-6)
+    # Resumed where replicas sync every step, the run is the one device's from the same checkpoint: one optimizer state
+    # (replica 0's) for every replica, and a line says the local SGD state is not used. (Each replica once took its
+    # own: the replicas drifted apart, step 4's loss 5.545201 against 5.546916, and nothing said so.)
+    checkpoint = str(tmp_path / "half" / "checkpoints")
+    one = _train(str(_config(tmp_path, "one", parallel=ONE_DEVICE, steps=4)), "--resume", checkpoint,
+                 "--run-dir", str(tmp_path / "one"))
+    every = run_hal("train", str(_config(tmp_path, "every", parallel=REPLICAS, steps=4)), "--resume", checkpoint, "--json",
+                    "--run-dir", str(tmp_path / "every"), env=ISLANDS, timeout=TIMEOUT)
+    assert every.returncode == 0, every.stderr
+    _assert_close(json.loads(every.stdout)["losses"], one["losses"], 1e-6)
+    said = [line for line in every.stderr.splitlines() if "local SGD state" in line]
+    assert len(said) == 1 and "not used: this run syncs every step" in said[0], every.stderr
 
 
 def test_profile_draws_each_replicas_timeline(tmp_path: Path) -> None:
@@ -709,3 +747,50 @@ def test_a_dying_replica_is_named_in_one_line(written: bool, tmp_path: Path, cap
     named = [line for line in err.splitlines() if "replica" in line]
     stands = f"the last checkpoint written stands ({checkpoints / 'step-000004'})" if written else "no checkpoint had been written"
     assert named == ["hal train: replica 1 (ranks 2-3) failed first, at its rank 2; every replica was stopped, and " + stands], err
+
+
+def test_divergence_is_found_wherever_the_loss_leaves_the_finite_or_explodes() -> None:
+    from hal.parallel.observe.records import divergence
+
+    assert divergence([5.5, 5.1, 4.8], 256, 1) is None
+    assert divergence([5.5, None, 4.8], 256, 11)["step"] == 12  # the log writes a non-finite loss as None
+    assert divergence([5.5, float("inf")], 256, 1)["reason"] == "the loss at step 2 was not finite"
+    exploded = divergence([5.5, 9.0, 20.0, 9e5], 256, 1)
+    assert exploded["step"] == 3 and "exploded past 16.64" in exploded["reason"]  # 3 x max(ln 256 = 5.55, 5.5)
+    assert divergence([30.0, 60.0], 256, 1) is None  # a high first loss sets the bound: 90
+
+
+def test_while_the_ranks_live_the_run_directory_says_which_process_is_which_rank(tmp_path: Path) -> None:
+    """RUN_DIR/ranks.json names each rank's pid (and the host) while the ranks run, each process named hal-rank-R in
+    ps and top (forked ranks once all showed their zygote's command line); the record goes when they end (here: when
+    hal train is stopped, once every rank was seen)."""
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("HAL_BACKEND", None)
+    proc = subprocess.Popen([sys.executable, "-m", "hal", "train", str(_config(tmp_path, "named", steps=400)), "--run-dir",
+                             str(run_dir)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, str] = {}
+    try:
+        record = run_dir / "ranks.json"
+        while proc.poll() is None and len(seen) < 4:
+            if record.is_file():
+                doc = json.loads(record.read_text(encoding="utf-8"))
+                assert doc["host"] and [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+                for r in doc["ranks"]:
+                    try:
+                        seen[r["rank"]] = Path(f"/proc/{r['pid']}/comm").read_text(encoding="utf-8").strip()
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert seen == {r: f"hal-rank-{r}" for r in range(4)}, seen
+    assert not (run_dir / "ranks.json").exists()

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ KIND = "hal-conformance-run"
 SCHEMA_VERSION = 1
 STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skip", "unsupported")
 ERROR_METRICS: tuple[str, ...] = ("tol_ratio", "rel_l2", "max_rel", "max_abs", "ulp")  # headline order
+# A run of every suite writes about 2 MiB; parsed, a document takes ~8x its size in memory. A results file above this is
+# not one hal wrote, and reading it whole would hold its memory hostage.
+MAX_RESULTS_BYTES = 32 << 20
 
 
 # --- JSON ------------------------------------------------------------------------------------------------
@@ -63,11 +67,16 @@ def as_float(value: Any) -> float | None:
     """A number from results.json (including "inf"/"-inf"/"nan"); None for anything else."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return float(value) if abs(value) <= _LARGEST_FLOAT else None
     if isinstance(value, str) and value in ("inf", "-inf", "nan"):
         return float(value)
     return None
+
+
+_LARGEST_FLOAT = int(sys.float_info.max)
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -83,6 +92,7 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
     if not isinstance(schema, int) or schema < 1 or schema > SCHEMA_VERSION:
         raise ConfigError(f"{origin}: results schema {schema!r} is not one this hal reads (1..{SCHEMA_VERSION}); "
                           "upgrade hetero-hal")
+    _check_metadata(doc, origin)
     cases = doc.get("cases")
     if not isinstance(cases, list) or any(not isinstance(c, dict) or not isinstance(c.get("id"), str)
                                           or c.get("status") not in STATUSES for c in cases):
@@ -97,6 +107,9 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
             continue
         if not isinstance(metrics, dict):
             raise ConfigError(f"{origin}: case {case['id']!r}: \"metrics\" is not an object; the file is damaged")
+        for field in ("metrics", "tolerance"):
+            for name, value in (case.get(field) or {}).items() if isinstance(case.get(field), dict) else ():
+                _check_number(value, f"{origin}: case {case['id']!r}: {field}.{name}")
         for name in ERROR_METRICS:
             value = metrics.get(name)
             number = as_float(value)
@@ -106,11 +119,46 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
     return doc
 
 
+def _check_number(value: Any, where: str) -> None:
+    """A whole number a float cannot hold (JSON allows 400 digits) is not a measurement: one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _LARGEST_FLOAT:
+        raise ConfigError(f"{where} is a {len(str(abs(value)))}-digit integer, beyond any float; the file is damaged")
+
+
+def _check_metadata(doc: dict[str, Any], origin: str) -> None:
+    """The run's fields every report reads — device, counts, wall_seconds — have the shapes hal writes: one line each."""
+    device = doc.get("device")
+    if device is not None and not (isinstance(device, dict) and all(
+            isinstance(device.get(k), (str, type(None))) for k in ("type", "name"))
+            and (device.get("index") is None or (isinstance(device.get("index"), int)
+                                                 and not isinstance(device.get("index"), bool)))):
+        raise ConfigError(f"{origin}: \"device\" = {str(device)[:60]!r} is not an object {{type, index, name}}; "
+                          "the file is damaged")
+    counts = doc.get("counts")
+    rows = [counts.get("total"), *(counts.get("by_suite") or {}).values()] if isinstance(counts, dict) else []
+    if counts is not None and not (isinstance(counts, dict) and isinstance(counts.get("by_suite") or {}, dict)
+                                   and all(isinstance(r, (dict, type(None))) for r in rows)):
+        raise ConfigError(f"{origin}: \"counts\" is not {{by_suite: {{suite: counts}}, total: counts}}; the file is damaged")
+    for row in rows:
+        for name, value in (row or {}).items():
+            _check_number(value, f"{origin}: counts {name}")
+    for key in ("wall_seconds", "seed", "max_world_size"):
+        _check_number(doc.get(key), f"{origin}: {key}")
+
+
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check a results.json; unreadable or invalid files raise a one-line ConfigError."""
+    """Read and check a results.json; unreadable, oversized or invalid files raise a one-line ConfigError. Memory is
+    bounded by ``MAX_RESULTS_BYTES`` whatever the file."""
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read forever, a directory fails
         raise ConfigError(f"{path}: not a regular file (a directory, pipe or device); give the results.json of "
                           "'hal conformance run'")
+    try:
+        size = Path(path).stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if size > MAX_RESULTS_BYTES:
+        raise ConfigError(f"{path}: {size / 2**20:.0f} MiB is above the {MAX_RESULTS_BYTES >> 20} MiB a results file "
+                          "holds (a run of every suite writes about 2 MiB); give the results.json of 'hal conformance run'")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -124,6 +172,9 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
                           "'hal conformance run'") from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to be a results file; give the results.json of "
+                          "'hal conformance run'") from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise ConfigError(f"{path}: not a results file ({str(exc).splitlines()[0][:120]}); give the results.json of "
                           "'hal conformance run'") from None
     return validate(doc, str(path))
 

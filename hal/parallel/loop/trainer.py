@@ -156,7 +156,7 @@ def setup(job: Job) -> RankRun:
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
     if job.resume is not None:
-        meta = load_checkpoint(job.resume, trained, optimizer, replicas.index)
+        meta = load_checkpoint(job.resume, trained, optimizer, replicas.optimizer_source())
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
@@ -476,4 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from hal.rank.name import take_name
+
+    take_name()  # what ps and top show: hal-rank-N
     sys.exit(main())

@@ -158,6 +158,27 @@ def steady_rate(records: list[dict[str, Any]]) -> float | None:
     seconds = sum(rec["step_s"] for rec in steady)
     return sum(rec["tokens"] for rec in steady) / seconds if seconds > 0 else None
 
+EXPLODED = 3.0  # a loss above this many times the larger of ln(vocab) (a uniform guess) and the run's first: diverged
+DIVERGED_STATUS = 3  # hal train's exit status for a run that completed with a diverged loss
+
+
+def divergence(losses: list[float | None], vocab_size: int, first_step: int) -> dict[str, Any] | None:
+    """Where the run's loss diverged — the first step whose loss was not finite (the log writes None) or exploded past
+    ``EXPLODED`` times the larger of ln(vocab) and the run's first loss — as ``{"step", "loss", "reason"}``; None
+    where it did not. A cross-entropy far above a uniform guess's means the weights were driven off, whatever did it
+    (a learning rate, an outer momentum, a precision, a bad batch)."""
+    first = next((v for v in losses if v is not None and math.isfinite(v)), None)
+    bound = EXPLODED * max(math.log(vocab_size), first if first is not None else 0.0)
+    for offset, value in enumerate(losses):
+        step = first_step + offset
+        if value is None or not math.isfinite(value):
+            return {"step": step, "loss": None, "reason": f"the loss at step {step} was not finite"}
+        if value > bound:
+            return {"step": step, "loss": value, "reason": f"the loss at step {step} ({value:.4g}) exploded past {bound:.4g} "
+                    f"({EXPLODED:g} x the larger of ln(vocab) and the run's first loss)"}
+    return None
+
+
 def run_summary(job: Job, replicas: ReplicatedPlan, seq: int, steps: int, start: int, records: list[dict[str, Any]],
                 wall_s: float, checkpoint: str | None) -> dict[str, Any]:
     """``summary.json``: the run's losses, speed, MFU and each stage's share of the step, over the writer's records.
@@ -179,7 +200,10 @@ def run_summary(job: Job, replicas: ReplicatedPlan, seq: int, steps: int, start:
         "config": job.config, "precision": job.precision, "world_size": job.world_size, "steps": steps, "resumed_from_step": start,
         "first_step": records[0]["step"] if records else None, "last_step": records[-1]["step"] if records else None,
         "losses": [rec["loss"] for rec in records], "first_loss": records[0]["loss"] if records else None,
-        "final_loss": records[-1]["loss"] if records else None, "tokens": tokens, "wall_s": wall_s,
+        "final_loss": records[-1]["loss"] if records else None,
+        "diverged": divergence([rec["loss"] for rec in records], job.model.vocab_size, records[0]["step"]) if records else None,
+        "evals": [{"step": rec["step"], "loss": rec["eval_loss"]} for rec in records if "eval_loss" in rec],
+        "tokens": tokens, "wall_s": wall_s,
         "tokens_per_s": rate, "tokens_per_s_wall": tokens / wall_s if wall_s > 0 else None,
         "mfu": value, "mfu_note": None if value is not None else mfu_note(records, stages, job.precision),
         "peak_tflops": peak,

@@ -126,20 +126,44 @@ class ReplicaSet:
                 self.overlap = BackwardOverlap(self.exchange, engine, topologies, sync.overlap)
         return dp_grad_sum(mesh, engine.module, self.plan.zero1, self.exchanges, self.overlap)
 
+    def optimizer_source(self) -> int:
+        """The replica whose optimizer state this rank resumes from: under local SGD its own replica's (each steps its
+        inner optimizer on its own gradients); otherwise replica 0's — replicas that sync every step hold one state,
+        whatever a local SGD checkpoint kept for each."""
+        return self.index if self.local_sgd is not None else 0
+
     def resume(self, checkpoint: Any, meta: dict[str, Any]) -> None:
         """After the weights were loaded: local SGD anchors there with the saved outer momentum, and the fp8 wire takes
-        its residuals back (or a line says why not)."""
-        from hal.parallel.state.checkpoint import read_outer_momentum, read_wire_residuals
+        its residuals back; whatever of the checkpoint's replica state this run's sync mode does not use is said."""
+        from hal.parallel.state.checkpoint import inner_replicas, read_outer_momentum, read_wire_residuals
 
-        if self.local_sgd is not None:
-            velocity = read_outer_momentum(checkpoint, meta) if self.local_sgd.momentum else None
-            if self.local_sgd.momentum and velocity is None:
-                self._tell("the checkpoint holds no local SGD outer momentum (it was not a local SGD run): the momentum "
-                           "starts at zero")
-            self.local_sgd.resume(velocity)
+        own = inner_replicas(meta)
+        velocity = read_outer_momentum(checkpoint, meta)
+        if self.local_sgd is None:
+            if own or velocity is not None:
+                self._tell("the checkpoint's local SGD state (each replica's own inner optimizer state, the outer "
+                           "momentum) is not used: this run " + ("syncs every step" if self.exchanges else "is one replica")
+                           + ", so every replica resumes from replica 0's optimizer state")
+        else:
+            self._tell_local_sgd_gaps(own, velocity is not None)
+            self.local_sgd.resume(velocity if self.local_sgd.momentum else None)
         kept = read_wire_residuals(checkpoint, meta)
         if kept:
             self._resume_wire(kept)
+
+    def _tell_local_sgd_gaps(self, own: list[int], kept_momentum: bool) -> None:
+        """What a local SGD run resumes without: replicas whose own inner state the checkpoint lacks, the momentum."""
+        assert self.local_sgd is not None
+        lacking = [i for i in range(1, len(self.replicas.replicas)) if i not in own]
+        if lacking:
+            why = "it was not a local SGD run" if not own else f"its run's replicas were 0-{max(own)}"
+            self._tell(f"replica(s) {lacking} resume from replica 0's inner optimizer state: the checkpoint keeps none of "
+                       f"their own ({why})")
+        if self.local_sgd.momentum and not kept_momentum:
+            self._tell("the checkpoint holds no local SGD outer momentum (it was not a local SGD run with momentum): the "
+                       "momentum starts at zero")
+        if kept_momentum and not self.local_sgd.momentum:
+            self._tell("the checkpoint's local SGD outer momentum is not used: replica_sync.outer_momentum is 0")
 
     def _resume_wire(self, kept: dict[int, dict[str, torch.Tensor]]) -> None:
         """The fp8 wire's residuals from the checkpoint into this speaker (matched by parameter name), or a line saying

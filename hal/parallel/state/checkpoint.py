@@ -224,12 +224,16 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
         for pname, tensor in blob.get("params", {}).items():
             if pname not in expected:
                 raise ConfigError(f"{where}: parameter {pname!r} is not in this model; the checkpoint is from another model")
-            if not torch.is_tensor(tensor) or tuple(tensor.shape) != expected[pname]:
-                got = tuple(tensor.shape) if torch.is_tensor(tensor) else type(tensor).__name__
-                raise ConfigError(f"{where}: parameter {pname} has shape {got}, this model needs {expected[pname]}")
-            if not bool(torch.isfinite(tensor).all()):
-                raise ConfigError(f"{where}: parameter {pname} holds NaN or inf; resume from an earlier checkpoint")
+            _verify_full_tensor(tensor, f"{where}: parameter {pname}", expected[pname], "resume from an earlier checkpoint")
             seen.add(pname)
+        momentum = blob.get("outer_momentum", {})
+        if not isinstance(momentum, dict):
+            raise ConfigError(f"{where}: its local SGD outer momentum is not a dict of tensors; the checkpoint is damaged")
+        for pname, tensor in momentum.items():
+            if pname not in expected:
+                raise ConfigError(f"{where}: outer momentum for {pname!r}, a parameter not in this model; the checkpoint "
+                                  "is damaged or from another model")
+            _verify_full_tensor(tensor, f"{where}: the outer momentum of {pname}", expected[pname], "the checkpoint is damaged")
         for pname, state in blob["optimizer"].items():
             if not isinstance(state, dict) or not all(torch.is_tensor(v) or isinstance(v, (int, float)) for v in state.values()):
                 raise ConfigError(f"{where}: optimizer state of {pname!r} is malformed; the checkpoint is damaged")
@@ -243,10 +247,24 @@ def verify_tensors(checkpoint: Path, meta: Mapping[str, Any], model: ModelConfig
                 if _per_element(value) and tuple(value.shape) != expected[pname]:
                     raise ConfigError(f"{where}: optimizer state {pname}.{key} has shape {tuple(value.shape)}, its "
                                       f"parameter {expected[pname]}; the checkpoint is damaged")
+                if torch.is_tensor(value) and not (value.is_floating_point() or (value.dim() == 0 and not value.is_complex())):
+                    raise ConfigError(f"{where}: optimizer state {pname}.{key} is {value.dtype}, not floating point; the "
+                                      "checkpoint is damaged")
     missing = sorted(set(expected) - seen)
     if missing:
         raise ConfigError(f"{flag} {checkpoint}: parameter {missing[0]} (and {len(missing) - 1} more) is missing; "
                           "the checkpoint is damaged or from another model")
+
+
+def _verify_full_tensor(tensor: Any, what: str, shape: tuple[int, ...], fix: str) -> None:
+    """A full tensor of a parameter's shape, floating point and finite — or one line naming ``what`` is wrong."""
+    if not torch.is_tensor(tensor) or tuple(tensor.shape) != shape:
+        got = tuple(tensor.shape) if torch.is_tensor(tensor) else type(tensor).__name__
+        raise ConfigError(f"{what} has shape {got}, this model needs {shape}; the checkpoint is damaged or from another model")
+    if not tensor.is_floating_point():
+        raise ConfigError(f"{what} is {tensor.dtype}, not floating point; the checkpoint is damaged")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ConfigError(f"{what} holds NaN or inf; {fix}")
 
 
 def _verify_wire_file(blob: Any, where: str, expected: Mapping[str, tuple[int, ...]]) -> None:
@@ -487,11 +505,17 @@ def inner_file_name(replica: int, stage: int) -> str:
     return f"replica-{replica}-stage-{stage}.pt"
 
 
+def inner_replicas(meta: Mapping[str, Any]) -> list[int]:
+    """The replicas whose own inner optimizer state a (local SGD) checkpoint keeps beside replica 0's stage files."""
+    return sorted({int(name.split("-")[1]) for name in meta["files"] if name.startswith("replica-")})
+
+
 def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any, replica: int = 0) -> dict[str, Any]:
     """Load ``checkpoint`` into this rank's stage and optimizer; returns its meta. Collective under ZeRO-1.
 
-    ``replica``: this rank's replica; where the checkpoint keeps that replica's own inner optimizer state (a local-SGD
-    run), the optimizer takes it instead of replica 0's."""
+    ``replica``: the replica whose optimizer state this rank takes (``ReplicaSet.optimizer_source``: its own under local
+    SGD, else 0); where the checkpoint keeps that replica's own inner state, the optimizer takes it instead of replica
+    0's."""
     meta = read_meta(checkpoint)
     params, state = read_tensors(checkpoint, meta)
     if replica > 0:
@@ -507,7 +531,7 @@ def load_checkpoint(checkpoint: Path, engine: Any, optimizer: Any, replica: int 
     return meta
 
 
-__all__ = ["FORMAT", "check_compatible", "file_checksum", "inner_file_name", "load_checkpoint", "read_meta", "read_outer_momentum",
+__all__ = ["FORMAT", "check_compatible", "file_checksum", "inner_file_name", "inner_replicas", "load_checkpoint", "read_meta", "read_outer_momentum",
            "read_tensors", "read_wire_residuals",
            "resolve", "save_checkpoint",
            "step_dirname", "verify_checksums", "verify_tensors"]
