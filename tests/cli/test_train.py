@@ -578,6 +578,8 @@ REPLICA_BAD = {
     "rows auto leaving too few rows": ({**REPLICAS, "global_batch": 7, "replicas": [
         {**REPLICAS["replicas"][0], "rows": "auto"}, {**REPLICAS["replicas"][1], "rows": 6}]}, [],
         "leaves 1 rows for the auto replicas [0]"),
+    "auto shares no split of whole micro-batches meets": ({**REPLICAS, "global_batch": 5, "replicas": [
+        {**r, "rows": "auto"} for r in REPLICAS["replicas"]]}, [], "use global_batch 4 or 6"),
     "steps off the local SGD meetings": ({**REPLICAS, "replica_sync": {"every": 4}}, ["--steps", "6"],
                                          "--steps 6 is not a multiple of parallel.replica_sync.every 4"),
     "a replica's own model": ({**REPLICAS, "replicas": [{**REPLICAS["replicas"][0], "model": {}}, REPLICAS["replicas"][1]]},

@@ -5,12 +5,17 @@ import pytest
 
 from hal.errors import ConfigError
 from hal.parallel.config.model import ModelConfig
-from hal.parallel.config.replicas import ReplicatedPlan, auto_rows, parse_replicated, validate_replicated
+from hal.parallel.config.replicas import ReplicatedPlan, RowSteps, auto_rows, parse_replicated, validate_replicated
 from hal.parallel.config.topology import Topology
 from hal.parallel.replicas.sync import Holding, plan_buckets
 
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, ffn_hidden_size=64,
                     max_seq_len=8)
+TWO_STAGES = [{"backend": "cpu", "devices": 1, "layers": 2}, {"backend": "cpu", "devices": 1, "layers": 2}]
+INTERLEAVED = {"rows": "auto", "micro_batch_size": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2,  # 4, 8, ... rows
+               "stages": TWO_STAGES}
+DUALPIPEV = {"rows": "auto", "micro_batch_size": 2, "schedule": "dualpipev", "virtual_stages": 2,  # 8, 10, ... rows
+             "stages": TWO_STAGES}
 TP2 = {"rows": 12, "micro_batch_size": 4, "stages": [{"backend": "cpu", "devices": 2, "layers": 4, "tp": 2}]}
 DP2 = {"rows": 4, "micro_batch_size": 2, "stages": [{"backend": "cpu", "devices": 2, "layers": 4, "dp": 2}]}
 
@@ -37,6 +42,16 @@ BAD = {
     "compression with one replica": ({"replicas": [TP2], "replica_sync": {"compress": "bf16"}}, "there is one replica"),
     "auto without a global batch": ({"replicas": [{**TP2, "rows": "auto"}, DP2]}, "global_batch is not given"),
     "a plan key beside the replicas": ({"replicas": [TP2], "schedule": "gpipe"}, "unknown key 'parallel.schedule'"),
+    "auto shares of 5 rows in micro-batches of 2": (
+        {"replicas": [{**DP2, "rows": "auto"}, {**DP2, "rows": "auto"}], "global_batch": 5},
+        "leaves 5 rows for the auto replicas, which no split into whole micro-batches their schedules run adds up to "
+        "(replica 0: 2, 4, ... rows, replica 1: 2, 4, ... rows); use global_batch 4 or 6"),
+    "an interleaved auto replica left 6 rows": ({"replicas": [INTERLEAVED, {**DP2, "rows": 2}], "global_batch": 8},
+                                                "(replica 0: 4, 8, ... rows); use global_batch 6 or 10"),
+    "a DualPipeV auto replica left too few rows": (
+        {"replicas": [DUALPIPEV, {**DP2, "rows": "auto"}], "global_batch": 8},
+        "leaves 8 rows for the auto replicas, fewer than the fewest whole micro-batches their schedules run (replica 0: "
+        "8, replica 1: 2); use global_batch 10 or more"),
     "outer settings without local SGD": ({"replicas": [TP2, DP2], "replica_sync": {"outer_lr": 0.5}}, "every is 1"),
     "no replicas": ({"replicas": []}, "non-empty list of replicas"),
     "an outer momentum that never decays": ({"replicas": [TP2, DP2], "replica_sync": {"every": 4, "outer_momentum": 1.5}},
@@ -67,14 +82,33 @@ def test_a_replica_the_model_refuses_is_named_and_the_world_must_match() -> None
         validate_replicated(parse_replicated({"replicas": [TP2, DP2]}), MODEL, world_size=3, check_backends=False)
 
 
+G2, G4 = RowSteps(2, 2), RowSteps(4, 4)  # any whole number of micro-batches of 2 (of 4) rows
+
+
 def test_auto_rows_follow_speed_in_whole_micro_batches() -> None:
-    assert auto_rows([3.0, 1.0], 16, [4, 2], [None, None]) == [12, 4]
-    assert auto_rows([1.0, 1.0, 1.0], 12, [2, 2, 2], [None, 4, None]) == [4, 4, 4]
-    assert auto_rows([100.0, 1.0], 8, [2, 2], [None, None]) == [6, 2]  # every replica keeps one micro-batch
-    rows = auto_rows([2.0, 1.0], 30, [4, 2], [None, None])
+    assert auto_rows([3.0, 1.0], 16, [G4, G2], [None, None]) == [12, 4]
+    assert auto_rows([1.0, 1.0, 1.0], 12, [G2, None, G2], [None, 4, None]) == [4, 4, 4]
+    assert auto_rows([100.0, 1.0], 8, [G2, G2], [None, None]) == [6, 2]  # every replica keeps one micro-batch
+    rows = auto_rows([2.0, 1.0], 30, [G4, G2], [None, None])
     assert sum(rows) == 30 and rows[0] % 4 == 0 and rows[1] % 2 == 0 and rows[0] > rows[1]
     with pytest.raises(ValueError):
-        auto_rows([1.0, 1.0], 3, [2, 2], [None, None])
+        auto_rows([1.0, 1.0], 3, [G2, G2], [None, None])
+
+
+def test_auto_rows_give_each_schedule_a_count_it_runs() -> None:
+    """An interleaved replica takes multiples of its stages' micro-batches, a DualPipeV one at least twice its stages:
+    the shares by speed honour both and still add up (they once ignored it: every rank ended in a traceback)."""
+    from hal.parallel.config.replicas import row_steps
+
+    rep = parse_replicated({"replicas": [INTERLEAVED, DUALPIPEV, {**DP2, "rows": "auto"}], "global_batch": 30})
+    steps = [row_steps(r.plan, 30) for r in rep.replicas]
+    assert steps == [RowSteps(4, 4), RowSteps(8, 2), RowSteps(2, 2)]
+    for speeds in ([1.0, 1.0, 1.0], [10.0, 1.0, 1.0], [1.0, 10.0, 1.0], [1.0, 1.0, 10.0], [3.0, 1.0, 0.1]):
+        rows = auto_rows(speeds, 30, steps, [None, None, None])
+        assert sum(rows) == 30 and rows[0] % 4 == 0 and rows[1] >= 8 and rows[1] % 2 == 0 and rows[2] % 2 == 0, rows
+        resolved = rep.with_rows(rows)
+        assert all(r.plan.schedule.problem(r.plan.num_stages, r.plan.micro_batches) is None for r in resolved.replicas)
+    assert auto_rows([10.0, 1.0, 1.0], 30, steps, [None, None, None])[0] == 20  # the fast one gets the most
 
 
 def _holding(replica: int, stage: int, rank: int, names: list[str], tied: tuple[str, ...] = ()) -> Holding:

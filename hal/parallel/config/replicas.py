@@ -274,6 +274,7 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
         if total - known < least:
             raise ConfigError(f"{origin}: parallel.global_batch {total} leaves {total - known} rows for the auto replicas "
                               f"{auto}, fewer than their micro_batch_size total {least}; raise global_batch")
+        check_auto_shares(replicas, total, origin)  # whole micro-batches each schedule runs, adding up: or one line
     if len(replicas) == 1 and (sync.compress != "none" or sync.every != 1 or sync.overlap == "on"):
         which = "compress" if sync.compress != "none" else "every" if sync.every != 1 else "overlap"
         raise ConfigError(f"{origin}: parallel.replica_sync sets {which} "
@@ -339,29 +340,97 @@ def _check_shared_devices(rep: ReplicatedPlan, origin: str) -> None:
                               "lower their devices or move a replica to another backend")
 
 
-def auto_rows(speeds: Sequence[float], global_batch: int, granularity: Sequence[int],
-              fixed: Sequence[int | None]) -> list[int]:
-    """Rows per replica in proportion to ``speeds`` (rows per second each can train), each a multiple of its
-    ``granularity`` (micro_batch_size) and at least one of them; replicas with ``fixed`` rows keep them.
+@dataclass(frozen=True)
+class RowSteps:
+    """The rows a replica's plan can take in a step: ``first``, ``first + step``, ... — whole micro-batches that its
+    schedule runs (a DualPipeV plan needs 2 x its stages, an interleaved one a multiple of them)."""
 
-    Largest-remainder rounding on the granules, so the rows add up to ``global_batch`` exactly (the caller checked
-    that a solution exists: the free rows cover one granule of each auto replica, and granules divide them).
-    """
+    first: int
+    step: int
+
+
+def row_steps(plan: ParallelPlan, most: int) -> RowSteps:
+    """``plan``'s row counts as first + k x step, from its schedule's own rule (read over the counts up to ``most``
+    rows, and past them until two are found; ``first`` may exceed ``most``). A schedule whose micro-batch counts are not
+    such a progression gets a ValueError (give such a replica fixed rows)."""
+    mbs = plan.micro_batch_size
+    scan = max(most // mbs, 1)
+    counts = [m for m in range(1, scan + 1) if plan.schedule.problem(plan.num_stages, m) is None]
+    extra = scan
+    while len(counts) < 2 and extra < scan + 64 * max(plan.num_stages, 1):
+        extra += 1
+        if plan.schedule.problem(plan.num_stages, extra) is None:
+            counts.append(extra)
+    if len(counts) < 2:
+        raise ValueError(f"schedule {plan.schedule.name} runs no count of micro-batches up to {extra}")
+    step = counts[1] - counts[0]
+    if counts != list(range(counts[0], counts[-1] + 1, step)) or (counts[-1] < scan and scan - counts[-1] >= step):
+        raise ValueError(f"schedule {plan.schedule.name}'s micro-batch counts {counts[:6]}... are not every k-th one")
+    return RowSteps(counts[0] * mbs, step * mbs)
+
+
+def reachable_sums(steps: Sequence[RowSteps], most: int) -> int:
+    """A bit mask of the totals up to ``most`` that rows of these replicas (each one of its row counts) add up to."""
+    mask = (1 << (most + 1)) - 1
+    reach = 1
+    for s in steps:
+        reach = (reach << s.first) & mask
+        shift = s.step
+        while shift <= most and reach:  # any number of further steps: 1, 2, 4, ... of them doubles the reach
+            reach |= (reach << shift) & mask
+            shift <<= 1
+    return reach
+
+
+def auto_rows(speeds: Sequence[float], global_batch: int, steps: Sequence[RowSteps | None],
+              fixed: Sequence[int | None]) -> list[int]:
+    """Rows per replica in proportion to ``speeds`` (rows per second each can train), each one of its ``steps`` (whole
+    micro-batches its schedule runs); replicas with ``fixed`` rows keep them.
+
+    Largest-remainder rounding on each replica's steps, taking a step only where the rest can still be placed, so the
+    rows add up to ``global_batch`` exactly (the config's check, ``check_auto_shares``, proved a split exists)."""
     free = global_batch - sum(f for f in fixed if f is not None)
     auto = [i for i, f in enumerate(fixed) if f is None]
-    rows = [f if f is not None else granularity[i] for i, f in enumerate(fixed)]
-    left = free - sum(granularity[i] for i in auto)
-    if left < 0 or any(s <= 0 or not math.isfinite(s) for s in (speeds[i] for i in auto)):
+    own = {i: steps[i] for i in auto}
+    if any(s is None for s in own.values()) or any(s <= 0 or not math.isfinite(s) for s in (speeds[i] for i in auto)):
         raise ValueError(f"cannot share {free} rows over replicas {auto} at speeds {list(speeds)}")
+    rows = [f if f is not None else own[i].first for i, f in enumerate(fixed)]  # type: ignore[union-attr]
+    left = free - sum(rows[i] for i in auto)
+    reach = reachable_sums([RowSteps(0, own[i].step) for i in auto], max(left, 0))  # type: ignore[union-attr]
+    if left < 0 or not reach >> left & 1:
+        raise ValueError(f"{free} rows cannot be placed in the auto replicas' counts {[own[i] for i in auto]}")
     total_speed = sum(speeds[i] for i in auto)
-    want = {i: free * speeds[i] / total_speed - granularity[i] for i in auto}  # beyond the one granule each has
+    want = {i: free * speeds[i] / total_speed for i in auto}
     while left > 0:
-        fits = [i for i in auto if granularity[i] <= left]
-        if not fits:
-            break
-        i = max(fits, key=lambda j: (want[j] - (rows[j] - granularity[j])) / granularity[j])
-        rows[i] += granularity[i]
-        left -= granularity[i]
-    if left:
-        raise ValueError(f"{left} rows cannot be placed in multiples of {[granularity[i] for i in auto]}")
+        fits = [i for i in auto if own[i].step <= left and reach >> (left - own[i].step) & 1]  # type: ignore[union-attr]
+        i = max(fits, key=lambda j: (want[j] - rows[j]) / own[j].step)  # type: ignore[union-attr]
+        rows[i] += own[i].step  # type: ignore[union-attr]
+        left -= own[i].step  # type: ignore[union-attr]
     return rows
+
+
+def check_auto_shares(replicas: Sequence[Replica], total: int, origin: str) -> None:
+    """The auto replicas can split what the fixed ones leave of ``total`` into counts their schedules run — or one line
+    naming a global batch that works."""
+    auto = [i for i, r in enumerate(replicas) if r.rows is None]
+    free = total - sum(r.rows for r in replicas if r.rows is not None)
+    try:
+        steps = [row_steps(replicas[i].plan, free) for i in auto]
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: rows: auto cannot share rows with this plan ({exc}); give its replica fixed rows") from None
+    least = sum(s.first for s in steps)
+    if least > free:  # the smallest share of each auto replica (its schedule's fewest micro-batches) does not fit
+        counts = ", ".join(f"replica {i}: {s.first}" for i, s in zip(auto, steps))
+        raise ConfigError(f"{origin}: parallel.global_batch {total} leaves {free} rows for the auto replicas, fewer than "
+                          f"the fewest whole micro-batches their schedules run ({counts}); use global_batch "
+                          f"{total - free + least} or more")
+    reach = reachable_sums(steps, free + sum(s.first + s.step for s in steps))
+    if reach >> free & 1:
+        return
+    near = [t for t in range(free + 1, reach.bit_length()) if reach >> t & 1][:1] + \
+        [t for t in range(free - 1, 0, -1) if reach >> t & 1][:1]
+    fixed = total - free
+    options = " or ".join(str(fixed + t) for t in sorted(near))
+    counts = ", ".join(f"replica {i}: {s.first}, {s.first + s.step}, ... rows" for i, s in zip(auto, steps))
+    raise ConfigError(f"{origin}: parallel.global_batch {total} leaves {free} rows for the auto replicas, which no split "
+                      f"into whole micro-batches their schedules run adds up to ({counts}); use global_batch {options}")

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from hal.errors import ConfigError
 from hal.parallel.config.flops import model_parameters
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.config.replicas import Replica, ReplicaSync, ReplicatedPlan, auto_rows
+from hal.parallel.config.replicas import Replica, ReplicaSync, ReplicatedPlan, RowSteps, auto_rows
 from hal.parallel.planner.cluster import Cluster, DeviceType
 from hal.parallel.planner.cost import CostModel, Placement, ring_all_reduce_s, transfer_s
 from hal.parallel.planner.search import Result, Search
@@ -341,7 +341,7 @@ class ReplicaSearch:
         g = self.granule()
         if self.rows_total < g * len(kinds):
             return None
-        rows = auto_rows(speeds, self.rows_total, [g] * len(kinds), [None] * len(kinds))
+        rows = auto_rows(speeds, self.rows_total, [RowSteps(g, g)] * len(kinds), [None] * len(kinds))
         best = self._candidate(kinds, rows)
         for _ in range(REFINE_ROUNDS):
             if best is None:

@@ -3,7 +3,8 @@
 Every replica with ``rows: auto`` times a few forward/backward steps of its own plan on random tokens (gradients
 dropped, weights untouched; the first step is a warm-up), and reports rows per second; every rank gathers the
 figures (one small gather over the world) and computes the same shares (``parallel.config.replicas.auto_rows``:
-whole micro-batches, at least one each, adding up to the global batch). A replica with fixed rows keeps them.
+whole micro-batches each replica's schedule runs, adding up to the global batch; the config's check proved a split
+exists). A replica with fixed rows keeps them.
 
 During the run (``rebalanced_rows``), the auto replicas' shares follow their measured step times: every
 ``replica_sync.rebalance_every`` steps, within bounds, each change said on screen and in the log. With every-step sync the
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.config.replicas import ReplicatedPlan, auto_rows
+from hal.parallel.config.replicas import ReplicatedPlan, auto_rows, row_steps
 
 CALIBRATION_STEPS = 3  # timed steps after one warm-up
 
@@ -57,7 +58,9 @@ def resolve_shares(replicas: ReplicatedPlan, replica: int, measure: Callable[[],
         if entry is not None and entry[1] is not None:
             speeds[entry[0]] = float(entry[1])
     fixed = [r.rows for r in replicas.replicas]
-    rows = auto_rows(speeds, replicas.global_batch, [r.plan.micro_batch_size for r in replicas.replicas], fixed)
+    free = replicas.global_batch - sum(f for f in fixed if f is not None)
+    steps = [row_steps(r.plan, free) if r.rows is None else None for r in replicas.replicas]
+    rows = auto_rows(speeds, replicas.global_batch, steps, fixed)
     if say is not None:
         parts = [f"replica {i}: {n} rows" + (f" ({speeds[i]:.1f} rows/s measured)" if fixed[i] is None else " (fixed)")
                  for i, n in enumerate(rows)]
