@@ -27,6 +27,8 @@ def add_parser(sub: Any) -> None:
         "see --print-multinode.",
     )
     p.add_argument("config", help="YAML config with model:, parallel: and train: sections")
+    p.add_argument("--backend", metavar="X", help="run every stage on backend X, whatever the config names (its devices, "
+                   "grids and layers kept): the model migrated by one flag")
     p.add_argument("--steps", type=int, help="train until this many steps are done in total (default: train.steps)")
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (a step-N directory, or a checkpoint_dir: its latest) — "
                                                    "any plan with the same model")
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         if args.print_multinode < 1:
             raise ConfigError(f"--print-multinode {args.print_multinode} is not a node count; give 1 or more")
         job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False,
-                      init_from=args.init_from)
+                      init_from=args.init_from, backend=args.backend)
         print("\n".join(multinode_lines(job, args.print_multinode)))
         return 0
     from hal.backends.standins import keep_free
@@ -65,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
     keep_free()  # the launcher loads no stand-in: its ranks (forked from it where they can be) load their own
     job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, profile=args.profile,
-                  init_from=args.init_from, cpu_binding=args.cpu_binding)
+                  init_from=args.init_from, cpu_binding=args.cpu_binding, backend=args.backend)
     print(f"hal train: {describe(job)}", file=sys.stderr)
+    if args.backend:
+        print(f"hal train: --backend {args.backend}: every stage runs on {job.replicas.replicas[0].plan.stages[0].backend}, "
+              "whatever the config names (devices, grids and layers as it gives them)", file=sys.stderr)
     if job.planned is not None and not job.planned.matches:
         from hal.parallel.config.planned import mismatch_note
 

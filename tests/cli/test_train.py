@@ -796,3 +796,24 @@ def test_while_the_ranks_live_the_run_directory_says_which_process_is_which_rank
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert seen == {r: f"hal-rank-{r}" for r in range(4)}, seen
     assert not (run_dir / "ranks.json").exists()
+
+
+def test_backend_flag_moves_every_stage_as_the_readme_says(tmp_path: Path) -> None:
+    """The README: a backend in YAML or with --backend. A config written for CUDA (top-level and stages) trains here
+    with --backend cpu, said in one line; asking for a backend this host lacks is one line before anything starts."""
+    raw = yaml.safe_load(_config(tmp_path, "cuda", parallel={
+        **ONE_DEVICE, "stages": [{"backend": "cuda", "devices": 1, "layers": 4}]}, steps=1).read_text(encoding="utf-8"))
+    raw["backend"] = "cuda"
+    config = tmp_path / "cuda.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    moved = run_hal("train", str(config), "--backend", "cpu", "--run-dir", str(tmp_path / "moved"), "--json", timeout=TIMEOUT)
+    assert moved.returncode == 0, moved.stderr
+    assert "hal train: --backend cpu: every stage runs on cpu, whatever the config names" in moved.stderr
+    assert json.loads(moved.stdout)["stages"][0]["backend"] == "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        refused = run_hal("train", str(config), "--run-dir", str(tmp_path / "refused"))
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and "backend 'cuda' is not available" in lines[0], refused.stderr
+        assert not (tmp_path / "refused").exists()

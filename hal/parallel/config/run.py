@@ -8,7 +8,7 @@ model), and ``train:`` declared below. Every problem is one ``ConfigError`` line
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping
 
 from hal.config import HalConfig, limits
@@ -119,6 +119,19 @@ def check_same_model(directory: str | os.PathLike[str], model: ModelConfig, wher
                               "use model: {hf: DIR, weights: true} or make the model section match")
 
 
+def every_stage_on(parallel: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    """The ``parallel:`` section with every stage (of the plan, or of each replica) on ``backend``."""
+    def plan(body: Any) -> Any:
+        if not isinstance(body, Mapping) or not isinstance(body.get("stages"), list):
+            return body  # the section's own checks name what is wrong with it
+        return {**body, "stages": [{**s, "backend": backend} if isinstance(s, Mapping) else s for s in body["stages"]]}
+
+    out = plan(dict(parallel))
+    if isinstance(out.get("replicas"), list):
+        out["replicas"] = [plan(r) for r in out["replicas"]]
+    return out
+
+
 def load_run_config(
     path: str | os.PathLike[str],
     *,
@@ -127,8 +140,12 @@ def load_run_config(
     single_host: bool = True,
     env: Mapping[str, str] | None = None,
     init_from: str | None = None,
+    backend: str | None = None,
 ) -> RunConfig:
     """Read ``path`` (hal keys + model/parallel/train) and validate it; one ConfigError line otherwise.
+
+    ``backend`` (``hal train --backend X``): every stage of every replica runs on X, whatever the file names — the
+    model migrated by one flag; the stages keep their devices, grids and layers.
 
     ``init_from`` (``hal train --init-from DIR``) means ``model: {hf: DIR, weights: true}``: DIR's
     config.json must describe the section's model. The weight files are checked by ``hal train``.
@@ -136,9 +153,16 @@ def load_run_config(
     from hal.config import load_config
 
     origin = str(path)
-    config = load_config(path, env=env)
+    config = load_config(path, env=env, overrides={"backend": backend} if backend else None)
+    if backend == "auto":  # the best backend available here, as hal run and hal launch pick it
+        from hal.selection import choose_backend
+
+        backend = choose_backend("auto")[0].name
+        config = replace(config, backend=backend)
     if config.parallel is None:
         raise ConfigError(f"{origin}: no 'parallel' section; add one with a list of stages (see examples/hetero_cpu.yaml)")
+    if backend:
+        config = replace(config, parallel=every_stage_on(config.parallel, backend))
     model = ModelConfig.from_mapping(config.model or {}, origin)
     weights = weights_source(config.model, origin)
     if init_from is not None:

@@ -46,7 +46,7 @@ RankSpawner = Callable[[Sequence[Sequence[str]], Sequence[dict[str, str]]], int]
 
 def prepare(config: str, *, steps: int | None = None, resume: str | None = None, run_dir: str | None = None,
             check_backends: bool = True, profile: bool = False, init_from: str | None = None,
-            cpu_binding: str = "none") -> Job:
+            cpu_binding: str = "none", backend: str | None = None) -> Job:
     """Validate the whole run (``preflight.TRAIN``); one ConfigError line for the first problem.
 
     ``check_backends`` False (``--print-multinode``): this host is not where the ranks run, so
@@ -54,9 +54,10 @@ def prepare(config: str, *, steps: int | None = None, resume: str | None = None,
     (``--init-from DIR``, or the config's ``model: {hf: DIR, weights: true}``): the Hugging Face
     checkpoint's files are checked here against the model; a resumed run loads its checkpoint instead.
     ``cpu_binding`` ("cores"): each local rank is pinned to cores of its own; refused where the ranks outnumber them.
+    ``backend`` (``--backend X``): every stage runs on X, whatever the file names.
     """
     request = Request(config, steps=steps, resume=resume, run_dir=run_dir, init_from=init_from, cpu_binding=cpu_binding,
-                      profile=profile, local=check_backends)
+                      profile=profile, local=check_backends, backend=backend)
     return job(preflight(request, TRAIN))
 
 

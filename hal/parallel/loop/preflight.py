@@ -43,6 +43,7 @@ class Request:
     profile: bool = False  # --profile
     local: bool = True  # the ranks run on this host (False: --print-multinode; backends are the nodes')
     writes: bool = True  # a run directory will be made (hal train); False: nothing is written (hal plan)
+    backend: str | None = None  # --backend: every stage on this backend, whatever the file names
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ def _config(p: Preflight) -> None:
     """The file's hal keys and model / parallel / train sections (``config.run``), and the plan against the world."""
     from hal.parallel.config.run import load_run_config
 
-    p.run = load_run_config(p.request.config, check_backends=p.request.local, init_from=p.request.init_from)
+    p.run = load_run_config(p.request.config, check_backends=p.request.local, init_from=p.request.init_from,
+                            backend=p.request.backend)
     _resolve_stages(p)
 
 
