@@ -4,7 +4,7 @@
 One ``hal profile`` of this host (4 ranks of ``--backend``; on the cpu the links, the bridge and the node's
 calibration pipelines too), then for each plan ``hal plan --config F --profile P --json`` (every replica its own
 island: ``HAL_ISLANDS``, so the sync crosses the bridge) and a short ``hal train --json`` (its steady tokens/s).
-The plans: (a) examples/replicas_cpu.yaml's tp2 on 6 rows beside dp2 on 2; (b) the same with ``rows: auto``;
+The plans: (a) tp2 on 6 rows beside dp2 on 2; (b) the same with ``rows: auto``;
 (c) three replicas, dp2 on 4 rows beside two one-rank replicas; (d) a 2-stage pipeline replica beside a dp2 one;
 (e) (a) with bf16 on the wire. Printed: each plan's predicted and measured step, the error, the shares predicted
 and run; last the median |error|.

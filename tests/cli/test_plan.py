@@ -347,12 +347,12 @@ def test_hal_plan_with_a_profile_prices_the_configs_own_plan_and_replicas(tmp_pa
                     env={"HAL_ISLANDS": "0,0,1,1"})
     assert apart.returncode == 0, apart.stderr
     a, b = json.loads(together.stdout)["predicted"], json.loads(apart.stdout)["predicted"]
-    assert a["rows"] == b["rows"] == [6, 2] and len(a["replicas"]) == 2
+    assert a["rows"] == b["rows"] == [2, 6] and len(a["replicas"]) == 2
     assert a["step_s"] == pytest.approx(a["compute_s"] + a["sync_s"])
     assert b["sync_s"] > 10 * a["sync_s"]  # 10 MB/s across the bridge, against the island's own link
     assert b["compute_s"] == pytest.approx(a["compute_s"])
     text = run_hal("plan", "--config", str(example), "--profile", str(profile), "--cluster", str(cluster))
-    assert text.returncode == 0 and "predicted (cost model): step" in text.stdout and "replica 1: 2 rows" in text.stdout
+    assert text.returncode == 0 and "predicted (cost model): step" in text.stdout and "replica 1: 6 rows" in text.stdout
     single = tmp_path / "single.yaml"  # the example's model as one plan: its own predicted step, no sync
     raw = yaml.safe_load(example.read_text(encoding="utf-8"))
     raw["parallel"] = {"micro_batch_size": 2, "micro_batches": 4, "stages": [{"backend": "cpu", "devices": 2, "layers": 4,

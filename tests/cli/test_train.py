@@ -540,7 +540,7 @@ def _train_islands(*args: str) -> dict[str, Any]:
 
 
 def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(half_run: dict[str, Any]) -> None:
-    """examples/replicas_cpu.yaml (tp2 on 6 rows beside dp2 on 2, two islands) trains the main job's 8 rows a step as
+    """examples/replicas_cpu.yaml (tp2 on 2 rows beside dp2 on 6, two islands) trains the main job's 8 rows a step as
     its one plan does; its checkpoint resumes into that plan, and that plan's checkpoint into the replicas."""
     root, full = half_run["root"], half_run["full"]["losses"]
     config = _config(root, "replicas", steps=6, parallel={**REPLICAS, "replica_sync": {"overlap": "on"}})
@@ -548,7 +548,7 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
     _assert_close(first["losses"], full[:3], 1e-5)
     assert first["world_size"] == 4  # every replica's ranks, not replica 0's
     log = _log(root / "replicas_half" / "train.jsonl")
-    assert [r["rows"] for r in log[0]["replicas"]] == [6, 2] and [s["replica"] for s in log[0]["stages"]] == [0, 1]
+    assert [r["rows"] for r in log[0]["replicas"]] == [2, 6] and [s["replica"] for s in log[0]["stages"]] == [0, 1]
     # overlap: on — the dp2 replica's exchange begins during its backward; the tp2 replica's waits for it (tp > 1)
     assert [r["buckets_during_backward"] for r in log[-1]["replicas"]] == [None, 1]
     assert all(r["cross_replica_bytes"] > 0 and r["tokens_per_s"] > 0 for r in log[-1]["replicas"])
@@ -573,7 +573,7 @@ def test_replicas_train_as_the_plan_of_all_rows_and_checkpoints_go_both_ways(hal
 
 
 REPLICA_BAD = {
-    "shares that do not add up": ({**REPLICAS, "global_batch": 9}, [], "add up to 8 (6 + 2)"),
+    "shares that do not add up": ({**REPLICAS, "global_batch": 9}, [], "add up to 8 (2 + 6)"),
     "an H of 0": ({**REPLICAS, "replica_sync": {"every": 0}}, [], "replica_sync.every' must be a positive integer"),
     "rows auto leaving too few rows": ({**REPLICAS, "global_batch": 7, "replicas": [
         {**REPLICAS["replicas"][0], "rows": "auto"}, {**REPLICAS["replicas"][1], "rows": 6}]}, [],
@@ -718,7 +718,7 @@ def test_hal_plan_draws_each_replicas_timeline(tmp_path: Path) -> None:
     png = tmp_path / "replicas.png"
     result = run_hal("plan", "--config", str(REPO / "examples" / "replicas_cpu.yaml"), "--timeline", str(png))
     assert result.returncode == 0, result.stderr
-    assert "replica 0: 6 rows, ranks 0-1" in result.stdout and "predicted timelines of the replicas" in result.stderr
+    assert "replica 0: 2 rows, ranks 0-1" in result.stdout and "predicted timelines of the replicas" in result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     from hal.parallel.config.run import load_run_config
     from hal.parallel.observe.timeline import plan_document
