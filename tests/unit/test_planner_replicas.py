@@ -68,6 +68,21 @@ def test_the_sync_is_the_model_over_the_bridge_halved_by_bf16_divided_by_h_and_s
     assert fp32.seconds == pytest.approx(model_parameters(MODEL) * 4 / 1e9, rel=1e-3)
 
 
+def test_a_long_replica_search_says_where_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each one-replica search is a stage search of its own (seconds each on a large cluster): the what-if cluster
+    printed nothing for ~58 s after its one 'replicas:' line. Now a line at most every PROGRESS_EVERY_S says how many
+    were searched and which runs now (here every one: the bound set to 0)."""
+    from hal.parallel.planner import replica_search
+
+    monkeypatch.setattr(replica_search, "PROGRESS_EVERY_S", 0.0)
+    said: list[str] = []
+    search = ReplicaSearch(_cost(bridge_gbps=10.0), BASE, progress=said.append)
+    search.run(top=1)
+    lines = [line for line in said if " replica plan(s) searched, now " in line]
+    assert len(lines) == search.searched >= 2, said
+    assert lines[0].startswith("replicas: 0 replica plan(s) searched, now ") and lines[0].endswith(" s")
+
+
 def test_the_search_prefers_the_faster_family_and_says_why() -> None:
     fast_bridge = _cost(bridge_gbps=1e4)
     report = Search(fast_bridge, BASE).run(top=2)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -46,6 +47,7 @@ REFINE_ROUNDS = 8  # granule moves tried from the proportional shares
 CONFIRM = 20  # candidates each one-type search re-predicts with the simulator
 WIRE_BYTES = {"none": 4, "bf16": 2, "fp8": 1 + 4 / FP8_BLOCK}  # a gradient value on the bridge (fp8: its block's scale)
 MAX_TYPES = 4  # device types combined into replicas (every split of every subset of two or more)
+PROGRESS_EVERY_S = 2.0  # at most one progress line this often
 
 
 Group = DeviceType | tuple[DeviceType, ...]  # one replica's device type, or the types of a mixed replica's pipeline
@@ -287,6 +289,9 @@ class ReplicaSearch:
         self._best: dict[tuple[str, int], Result | None] = {}
         self.notes: list[str] = []  # what the search left out, said beside its plans
         self.tried: list[tuple[str, ...]] = []  # every split searched: each replica's types joined by '+'
+        self.searched = 0  # one-replica searches run (each a stage search of its own: seconds on a large cluster)
+        self._began = time.monotonic()
+        self._said_at = self._began
 
     def alone(self, kind: DeviceType | tuple[DeviceType, ...], rows: int) -> Result | None:
         """The best plan of ``kind`` by itself for ``rows`` rows a step (None: none fits or splits). A group of several
@@ -302,6 +307,12 @@ class ReplicaSearch:
         return self._best[key]
 
     def _search(self, group: tuple[DeviceType, ...], rows: int) -> Result | None:
+        now = time.monotonic()
+        if now - self._said_at >= PROGRESS_EVERY_S:  # a long search shows it is alive, and where it is
+            self._said_at = now
+            self.say(f"replicas: {self.searched} replica plan(s) searched, now {' + '.join(f'{k.count}× {k.device}' for k in group)} "
+                     f"on {rows} rows, {now - self._began:.0f} s")
+        self.searched += 1
         cluster = Cluster(group, self.cost.cluster.links, self.cost.cluster.origin)
         one = CostModel(cluster, self.cost.profile, self.cost.model, self.cost.seq)
         base = replace(self.base, micro_batches=rows, micro_batch_size=1)
