@@ -40,6 +40,17 @@ def _cache_bytecode_outside_the_tree() -> None:
 _cache_bytecode_outside_the_tree()
 
 
+def _a_cache_of_our_own() -> None:
+    """What hal caches (``hal plan --calibrate``'s profiles) goes to a directory of the suite's: a cached profile of the
+    user's would change what hal plan prints, and the suite must not write to the user's cache."""
+    import tempfile
+
+    os.environ["HAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="hetero-hal-test-cache-")
+
+
+_a_cache_of_our_own()
+
+
 def _interpret_triton_without_a_gpu() -> None:
     """Without an NVIDIA GPU, Triton's interpreter, set before any test module can import triton: Triton picks
     compile or interpret at its first import, and a module collected early may import it indirectly

@@ -38,6 +38,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", metavar="P", help="a profile from hal profile: with --search, the plans are priced with it "
                    "(default: measure the devices present now, quick; estimate the others); without, the config's own "
                    "plan (or replicas and their sync) is")
+    p.add_argument("--calibrate", action="store_true",
+                   help="time this host's devices for the config (a quick profile, seconds) and price its plan with them; "
+                   "the profile is cached, and later hal plan runs of such a config use it (without one, each stage's "
+                   "time is a guess from its layers)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="--search: how many plans to show (default 5)")
     p.add_argument("--write", metavar="PLAN.yaml", help="--search: write the config with the best plan (hal train runs it)")
     p.add_argument("--family", choices=("best", "stages", "replicas"), default="best",
@@ -130,14 +134,21 @@ def format_plan(report: dict[str, Any]) -> str:
         lines.append(f"boundary {b['from_stage']}->{b['to_stage']}: ranks {_span(b['ranks'])}, {src} -> {dst} ({path})")
     sched = report.get("schedule")
     if sched:
-        lines += ["", f"schedule {sched['name']} (predicted; {sched['assumes']}): idle share overall "
-                      f"{sched['bubble_overall']:.3f}"]
+        measured = (report.get("predicted") or {}).get("prediction")
+        lines += ["", f"schedule {sched['name']}: idle share overall {sched['bubble_overall']:.3f} — a GUESS, not a "
+                      f"measurement ({sched['assumes']}; the devices, head and boundaries left out)"]
+        if measured is None:
+            lines.append(f"  priced with measured times: hal plan --config {report.get('config', 'F')} --calibrate (a "
+                         "quick calibration of this host, cached) or --profile P")
         held = "micro-batches in flight" if sched.get("virtual_stages", 1) == 1 else "chunk activations held"
         from hal.parallel.schedules.pairs import in_brief
 
         pairs = sched.get("pairs")  # dualpipev: how each stage runs its pairs, as hal train will
-        rows = [["stage", "idle share", held, *(["pairs (forward and backward at once)"] if pairs else [])]]
-        rows += [[str(k), f"{b:.3f}", str(n), *([in_brief(pairs[k]) if pairs[k] else "-"] if pairs else [])]
+        cost = measured["bubble"] if measured is not None and len(measured.get("bubble", [])) == len(sched["bubble"]) else None
+        rows = [["stage", "idle share (guess)", *(["idle share (cost model)"] if cost else []), held,
+                 *(["pairs (forward and backward at once)"] if pairs else [])]]
+        rows += [[str(k), f"{b:.3f}", *([f"{cost[k]:.3f}"] if cost else []), str(n),
+                  *([in_brief(pairs[k]) if pairs[k] else "-"] if pairs else [])]
                  for k, (b, n) in enumerate(zip(sched["bubble"], sched["in_flight"]))]
         lines += _table(rows)
     return "\n".join(lines)
@@ -193,9 +204,13 @@ def run_search(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the config and print its topology; a problem raises one ConfigError line (exit 2)."""
+    from hal.errors import ConfigError
+
+    if args.calibrate and (args.search or args.profile):
+        why = "--search measures the devices present itself" if args.search else "--profile already gives the times"
+        raise ConfigError(f"--calibrate prices the config's own plan with this host's times; {why}: drop one")
     if args.search:
         return run_search(args)
-    from hal.errors import ConfigError
 
     if args.family != "best":
         raise ConfigError(f"--family {args.family} goes with --search --write; add them or drop --family")
@@ -211,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
         _check_timeline(args.timeline)
     # hal train's checks but those of flags only it has: what passes here passes there, before anything starts
     run = preflight(Request(config_path(args), writes=False), PLAN).loaded
-    predicted = _predicted(run, args) if args.profile else None
+    host = _host_profile(run, args)
+    predicted = _predicted(run, args, host) if args.profile or host else None
     if run.replicas.several:
         return _print_replicas(run, args, predicted)
     report = plan_report(run) | ({"predicted": predicted} if predicted else {})
@@ -232,13 +248,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _predicted(run: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """The cost model's prediction for the config's own plan or replicas (``--profile`` without ``--search``)."""
+def _host_profile(run: Any, args: argparse.Namespace) -> str | None:
+    """This host's cached profile of the config (``--calibrate`` makes it now), where no --profile is given; None
+    where there is none: the plan's schedule is then a guess from the layers, said beside its numbers."""
+    if args.profile:
+        return None
+    from hal.parallel.planner import host_profile
+
+    if args.calibrate:
+        path = host_profile.calibrate(run, progress=lambda m: print(f"hal plan: {m}", file=sys.stderr))
+        print(f"hal plan: this host calibrated for the config, cached at {path} (later hal plan runs of such a config "
+              "use it)", file=sys.stderr)
+        return str(path)
+    found = host_profile.cached(run)
+    return None if found is None else str(found)
+
+
+def _predicted(run: Any, args: argparse.Namespace, host: str | None = None) -> dict[str, Any]:
+    """The cost model's prediction for the config's own plan or replicas (``--profile``, or this host's calibrated
+    profile ``host``, without ``--search``)."""
     import os
 
+    from hal.parallel.planner.host_profile import made_on
     from hal.parallel.planner.run_search import predict_config
 
-    return predict_config(run, args.cluster, args.profile, islands_apart=bool(os.environ.get("HAL_ISLANDS")))
+    predicted = predict_config(run, args.cluster, args.profile or host, islands_apart=bool(os.environ.get("HAL_ISLANDS")))
+    if host:
+        from pathlib import Path
+
+        predicted["notes"][0] = (f"priced with this host's calibrated profile ({host}, made {made_on(Path(host))}; "
+                                 "hal plan --calibrate remakes it)")
+    return predicted
 
 
 def _order_line(order: dict[str, Any]) -> str:

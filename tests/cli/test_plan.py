@@ -296,6 +296,37 @@ def test_example_config_is_accepted() -> None:
     assert [s["layers"] for s in report["topology"]["stages"]] == [[0], [1, 2, 3]]
 
 
+def test_the_schedules_guess_says_so_and_this_hosts_calibrated_profile_prices_it(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main example's idle shares were shown as a prediction from a guess (stage time proportional to its layers:
+    stage 0 69 % idle, measured about 28 %). Now the guess says it is one and how to price with measured times; with
+    this host's calibrated profile in the cache (``hal plan --calibrate`` makes it), hal plan uses it by itself and
+    shows the cost model's idle share beside the guess. (A --profile of the main example's four ranks on the probed
+    two-core host also crashed the pricing: an IndexError.)"""
+    from hal.parallel.planner.host_profile import CACHE_ENV, profile_path
+
+    config = REPO / "examples" / "hetero_cpu.yaml"
+    cache = {CACHE_ENV: str(tmp_path / "cache")}
+    guess = run_hal("plan", "--config", str(config), env=cache)
+    assert guess.returncode == 0, guess.stderr
+    assert "idle share overall 0.385 — a GUESS, not a measurement" in guess.stdout
+    assert "--calibrate (a quick calibration of this host, cached)" in guess.stdout
+    assert "idle share (cost model)" not in guess.stdout
+    monkeypatch.setenv(CACHE_ENV, cache[CACHE_ENV])
+    kept = profile_path(load_run_config(config, check_backends=False))
+    kept.parent.mkdir(parents=True)
+    _synthetic_profile(kept, config)  # as --calibrate leaves it (its numbers: synthetic, not this host's)
+    priced = run_hal("plan", "--config", str(config), env=cache)
+    assert priced.returncode == 0, priced.stderr
+    table = priced.stdout.splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("stage  idle share (guess)"))
+    assert "idle share (cost model)" in table[header] and table[header + 1].startswith("0      0.692")
+    assert f"note: priced with this host's calibrated profile ({kept}, made " in priced.stdout
+    assert "the plan's 4 cpu ranks share this host's 2 cores" in priced.stdout or os.cpu_count() != 2
+    both = run_hal("plan", "--config", str(config), "--calibrate", "--profile", str(kept), env=cache)
+    assert both.returncode == 2 and "--profile already gives the times: drop one" in both.stderr
+
+
 def test_plan_needs_a_config() -> None:
     result = run_hal("plan")
     assert result.returncode == 2 and "give a config file" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
+from hal.errors import ConfigError
 from hal.parallel.config.plan import ParallelPlan
 from hal.parallel.config.planned import planned_section, profile_label
 from hal.parallel.config.run import RunConfig
@@ -267,6 +268,33 @@ def as_json(report: SearchReport, cost: CostModel) -> dict[str, Any]:
     return {**report_dict(report, cost), "preferred": preferred(report)}
 
 
+def holding_the_plans(cluster: Cluster, plans: Sequence[ParallelPlan]) -> tuple[Cluster, list[str]]:
+    """The cluster with room for the config's own plans, placed as ``Placement.pack`` places them, and what was
+    widened: a probed host's cpu takes every cpu rank the plans ask for (they share its cores, as hal train runs them);
+    any other type short of devices is one line (it crashed the pricing: an IndexError in the cost model)."""
+    from hal.parallel.planner.replica_search import stage_kinds
+
+    needed: dict[str, int] = {}
+    for plan in plans:
+        used: dict[str, int] = {}
+        for stage, kind in zip(plan.stages, stage_kinds(cluster, plan)):
+            used[kind.device] = used.get(kind.device, 0) + stage.devices
+        for device, n in used.items():
+            needed[device] = max(needed.get(device, 0), n)
+    types, notes = [], []
+    for kind in cluster.types:
+        want = needed.get(kind.device, 0)
+        if want <= kind.count:
+            types.append(kind)
+        elif kind.is_cpu and cluster.probed and len(kind.nodes) == 1:
+            types.append(replace(kind, nodes=((kind.nodes[0][0], want),)))
+            notes.append(f"the plan's {want} cpu ranks share this host's {kind.cores or kind.count} cores, as hal train runs them")
+        else:
+            raise ConfigError(f"the config's plan puts {want} ranks on {kind.device} but the cluster ({cluster.origin}) has "
+                              f"{kind.count}; give --cluster with enough of them")
+    return replace(cluster, types=tuple(types)), notes
+
+
 def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, *,
                    islands_apart: bool = False) -> dict[str, Any]:
     """``hal plan --profile P`` without ``--search``: what the cost model predicts for the config's own plan — one plan,
@@ -277,8 +305,10 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
     from hal.parallel.planner.replica_search import predict_replicas, stage_kinds
 
     cluster, profile, cost = planning_inputs(run, cluster_file, profile_file)
-    notes = [f"priced with {profile_file} on {cluster.origin}"]
     plans = run.replicas.plans()
+    cluster, shared = holding_the_plans(cluster, plans)
+    cost = CostModel(cluster, profile, run.model, cost.seq)
+    notes = [f"priced with {profile_file} on {cluster.origin}", *shared]
     unfused = unfused_head_note(plans, profile)
     if unfused:
         notes.append(unfused)
