@@ -9,7 +9,6 @@ import io
 import json
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -764,38 +763,34 @@ def test_divergence_is_found_wherever_the_loss_leaves_the_finite_or_explodes() -
 
 def test_while_the_ranks_live_the_run_directory_says_which_process_is_which_rank(tmp_path: Path) -> None:
     """RUN_DIR/ranks.json names each rank's pid (and the host) while the ranks run, each process named hal-rank-R in
-    ps and top (forked ranks once all showed their zygote's command line); the record goes when they end (here: when
-    hal train is stopped, once every rank was seen)."""
-    import subprocess
-    import sys
+    ps and top (forked ranks once all showed their zygote's command line); the record goes when they end."""
+    import threading
     import time
 
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("HAL_BACKEND", None)
-    proc = subprocess.Popen([sys.executable, "-m", "hal", "train", str(_config(tmp_path, "named", steps=400)), "--run-dir",
-                             str(run_dir)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    two = {**ONE_DEVICE, "stages": [{"backend": "cpu", "devices": 2, "layers": 4, "dp": 2}]}  # two ranks: the cheapest pair
+    done: list[Any] = []
+    runner = threading.Thread(target=lambda: done.append(run_hal(
+        "train", str(_config(tmp_path, "named", parallel=two, steps=30)), "--run-dir", str(run_dir), timeout=TIMEOUT)))
+    runner.start()
     seen: dict[int, str] = {}
-    try:
-        record = run_dir / "ranks.json"
-        while proc.poll() is None and len(seen) < 4:
-            if record.is_file():
-                doc = json.loads(record.read_text(encoding="utf-8"))
-                assert doc["host"] and [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
-                for r in doc["ranks"]:
-                    try:
-                        seen[r["rank"]] = Path(f"/proc/{r['pid']}/comm").read_text(encoding="utf-8").strip()
-                    except OSError:
-                        pass
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert seen == {r: f"hal-rank-{r}" for r in range(4)}, seen
-    assert not (run_dir / "ranks.json").exists()
+    record = run_dir / "ranks.json"
+    while runner.is_alive() and len(seen) < 2:
+        try:
+            doc = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            time.sleep(0.02)
+            continue
+        assert doc["host"] and [r["rank"] for r in doc["ranks"]] == [0, 1]
+        for r in doc["ranks"]:
+            try:
+                seen[r["rank"]] = Path(f"/proc/{r['pid']}/comm").read_text(encoding="utf-8").strip()
+            except OSError:
+                pass
+    runner.join()
+    assert done and done[0].returncode == 0, done[0].stderr if done else "no run"
+    assert seen == {r: f"hal-rank-{r}" for r in range(2)}, seen
+    assert not record.exists()
 
 
 def test_backend_flag_moves_every_stage_as_the_readme_says(tmp_path: Path) -> None:

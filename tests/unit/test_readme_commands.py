@@ -35,3 +35,21 @@ def test_the_check_catches_a_ci_script_that_drifted() -> None:
     install, _test = readme_commands(readme)
     drifted = (REPO / ".ci" / "run").read_text(encoding="utf-8").replace(" --index-url https://download.pytorch.org/whl/cpu", "")
     assert commands_ci_lacks(readme, drifted) == [install]
+
+
+GLOSSARY_TERMS = ("1F1B", "tp (tensor parallel)", "dp (data parallel)", "sp (sequence parallel)", "ep (expert parallel)",
+                  "island", "ZeRO-1", "local SGD", "MFU", "L0–L2", "stand-in", "replica", "bubble")
+
+
+def test_the_glossary_defines_the_words_the_readme_uses_before_explaining_them() -> None:
+    """A newcomer met 1F1B, sp/ep, islands, ZeRO-1, local SGD, MFU and L0-L2 before any definition: each has a row in
+    docs/glossary.md, whose links all resolve, and the README links the glossary at the first of them (1F1B)."""
+    glossary = (REPO / "docs" / "glossary.md").read_text(encoding="utf-8")
+    rows = [line for line in glossary.splitlines() if line.startswith("| ") and not line.startswith("| Word")]
+    for term in GLOSSARY_TERMS:
+        assert any(term in row.split("|")[1] for row in rows), term
+    for target in re.findall(r"\]\(([^)#]+)", glossary):
+        assert (REPO / "docs" / target).is_file(), target
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    first = readme.index("1F1B")
+    assert "docs/glossary.md" in readme[first:first + 200]

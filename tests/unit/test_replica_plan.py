@@ -52,6 +52,8 @@ BAD = {
         {"replicas": [DUALPIPEV, {**DP2, "rows": "auto"}], "global_batch": 8},
         "leaves 8 rows for the auto replicas, fewer than the fewest whole micro-batches their schedules run (replica 0: "
         "8, replica 1: 2); use global_batch 10 or more"),
+    "an outer step of 2 or more": ({"replicas": [TP2, DP2], "replica_sync": {"every": 4, "outer_lr": 2.5}},
+                                   "outer_lr is 2.5; an outer step of 2 or more overshoots"),
     "outer settings without local SGD": ({"replicas": [TP2, DP2], "replica_sync": {"outer_lr": 0.5}}, "every is 1"),
     "no replicas": ({"replicas": []}, "non-empty list of replicas"),
     "an outer momentum that never decays": ({"replicas": [TP2, DP2], "replica_sync": {"every": 4, "outer_momentum": 1.5}},

@@ -282,6 +282,10 @@ def parse_replicated(raw: Mapping[str, Any], origin: str = "config") -> Replicat
     if sync.outer_momentum >= 1:  # 1.5 was accepted: the loss climbed to ~9e5 in 60 steps and the run exited 0
         raise ConfigError(f"{origin}: parallel.replica_sync.outer_momentum is {sync.outer_momentum:g}; a momentum of 1 or "
                           "more never decays, so the outer steps grow without bound: give one below 1 (e.g. 0.9)")
+    if sync.outer_lr >= 2:  # p = anchor - lr x (the replicas' mean change): at 2 it lands as far past as it started
+        raise ConfigError(f"{origin}: parallel.replica_sync.outer_lr is {sync.outer_lr:g}; an outer step of 2 or more "
+                          "overshoots the replicas' mean change by as much as it moved, so the meetings never settle: "
+                          "give one below 2 (DiLoCo uses 0.7)")
     if sync.every == 1 and (sync.outer_lr != 1.0 or sync.outer_momentum != 0.0):
         raise ConfigError(f"{origin}: parallel.replica_sync.outer_lr / outer_momentum apply to local SGD (every > 1), "
                           "but every is 1 (gradients meet every step); set every: 8 or drop them")
