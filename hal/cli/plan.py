@@ -268,17 +268,15 @@ def _predicted(run: Any, args: argparse.Namespace, host: str | None = None) -> d
     """The cost model's prediction for the config's own plan or replicas (``--profile``, or this host's calibrated
     profile ``host``, without ``--search``)."""
     import os
+    from pathlib import Path
 
     from hal.parallel.planner.host_profile import made_on
     from hal.parallel.planner.run_search import predict_config
 
-    predicted = predict_config(run, args.cluster, args.profile or host, islands_apart=bool(os.environ.get("HAL_ISLANDS")))
-    if host:
-        from pathlib import Path
-
-        predicted["notes"][0] = (f"priced with this host's calibrated profile ({host}, made {made_on(Path(host))}; "
-                                 "hal plan --calibrate remakes it)")
-    return predicted
+    label = (f"this host's calibrated profile ({host}, made {made_on(Path(host))}; hal plan --calibrate remakes it)"
+             if host else None)
+    return predict_config(run, args.cluster, args.profile or host, islands_apart=bool(os.environ.get("HAL_ISLANDS")),
+                          priced_with=label)
 
 
 def _order_line(order: dict[str, Any]) -> str:

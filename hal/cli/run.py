@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if selection.backend.device_type == "cpu":
         if device_count is None:  # a rank torchrun started (--no-python hal run): a device a local rank, as hal launch
             device_count = launched_device_count("cpu")
-            why = f"{COUNT_ENV}" if COUNT_ENV in os.environ else "torchrun's LOCAL_WORLD_SIZE: a device a local rank"
+            why = COUNT_ENV if COUNT_ENV in os.environ else "torchrun's LOCAL_WORLD_SIZE: a device a local rank"
             count = (f", torch.cuda.device_count() {device_count} ({why})" if device_count else
                      ", torch.cuda.device_count() 1 (--device-count N for a script that needs N)")
         else:

@@ -276,6 +276,7 @@ ODD_FILES = {
     "a 400-digit tolerance": (lambda d: d["cases"][0].update(tolerance={"atol": -(10 ** 400)}),
                               "tolerance.atol is a 401-digit integer"),
     "counts as a list": (lambda d: d.update(counts=[1]), "\"counts\" is not {by_suite"),
+    "counts by suite as a list": (lambda d: d["counts"].update(by_suite=[1]), "\"counts\" is not {by_suite"),
     "a 400-digit count": (lambda d: d["counts"]["total"].update(fail=10 ** 400), "counts fail is a 401-digit integer"),
     "wall_seconds past a float": (lambda d: d.update(wall_seconds=10 ** 400), "wall_seconds is a 401-digit integer"),
 }

@@ -63,6 +63,9 @@ def json_safe(obj: Any) -> Any:
     return str(obj)
 
 
+_LARGEST_FLOAT = int(sys.float_info.max)  # a JSON integer above this has no float
+
+
 def as_float(value: Any) -> float | None:
     """A number from results.json (including "inf"/"-inf"/"nan"); None for anything else."""
     if isinstance(value, bool):
@@ -74,9 +77,6 @@ def as_float(value: Any) -> float | None:
     if isinstance(value, str) and value in ("inf", "-inf", "nan"):
         return float(value)
     return None
-
-
-_LARGEST_FLOAT = int(sys.float_info.max)
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -102,14 +102,14 @@ def validate(doc: Any, origin: str) -> dict[str, Any]:
         if case["id"] in seen:  # compare and the reports key cases by id: a second one would silently replace the first
             raise ConfigError(f"{origin}: case {case['id']!r} appears twice; the file is damaged")
         seen.add(case["id"])
+        for field in ("metrics", "tolerance"):
+            for name, value in (case.get(field) or {}).items() if isinstance(case.get(field), dict) else ():
+                _check_number(value, f"{origin}: case {case['id']!r}: {field}.{name}")
         metrics = case.get("metrics")
         if metrics is None:
             continue
         if not isinstance(metrics, dict):
             raise ConfigError(f"{origin}: case {case['id']!r}: \"metrics\" is not an object; the file is damaged")
-        for field in ("metrics", "tolerance"):
-            for name, value in (case.get(field) or {}).items() if isinstance(case.get(field), dict) else ():
-                _check_number(value, f"{origin}: case {case['id']!r}: {field}.{name}")
         for name in ERROR_METRICS:
             value = metrics.get(name)
             number = as_float(value)
@@ -128,16 +128,16 @@ def _check_number(value: Any, where: str) -> None:
 def _check_metadata(doc: dict[str, Any], origin: str) -> None:
     """The run's fields every report reads — device, counts, wall_seconds — have the shapes hal writes: one line each."""
     device = doc.get("device")
-    if device is not None and not (isinstance(device, dict) and all(
-            isinstance(device.get(k), (str, type(None))) for k in ("type", "name"))
-            and (device.get("index") is None or (isinstance(device.get("index"), int)
-                                                 and not isinstance(device.get("index"), bool)))):
-        raise ConfigError(f"{origin}: \"device\" = {str(device)[:60]!r} is not an object {{type, index, name}}; "
-                          "the file is damaged")
+    if device is not None:
+        index = device.get("index") if isinstance(device, dict) else None
+        if not (isinstance(device, dict) and all(isinstance(device.get(k), (str, type(None))) for k in ("type", "name"))
+                and (index is None or (isinstance(index, int) and not isinstance(index, bool)))):
+            raise ConfigError(f"{origin}: \"device\" = {str(device)[:60]!r} is not an object {{type, index, name}}; "
+                              "the file is damaged")
     counts = doc.get("counts")
-    rows = [counts.get("total"), *(counts.get("by_suite") or {}).values()] if isinstance(counts, dict) else []
-    if counts is not None and not (isinstance(counts, dict) and isinstance(counts.get("by_suite") or {}, dict)
-                                   and all(isinstance(r, (dict, type(None))) for r in rows)):
+    by_suite = counts.get("by_suite") or {} if isinstance(counts, dict) else {}
+    rows = [counts.get("total"), *by_suite.values()] if isinstance(counts, dict) and isinstance(by_suite, dict) else []
+    if counts is not None and not (rows and all(isinstance(r, (dict, type(None))) for r in rows)):
         raise ConfigError(f"{origin}: \"counts\" is not {{by_suite: {{suite: counts}}, total: counts}}; the file is damaged")
     for row in rows:
         for name, value in (row or {}).items():

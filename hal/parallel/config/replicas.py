@@ -413,6 +413,15 @@ def auto_rows(speeds: Sequence[float], global_batch: int, steps: Sequence[RowSte
     return rows
 
 
+def shares_by_speed(replicas: ReplicatedPlan, speeds: Sequence[float]) -> list[int]:
+    """Every replica's rows: the fixed ones kept, the auto ones from ``speeds`` (``auto_rows``, in the counts each
+    schedule runs)."""
+    fixed = [r.rows for r in replicas.replicas]
+    free = replicas.global_batch - sum(f for f in fixed if f is not None)
+    steps = [row_steps(r.plan, free) if f is None else None for r, f in zip(replicas.replicas, fixed)]
+    return auto_rows(speeds, replicas.global_batch, steps, fixed)
+
+
 def check_auto_shares(replicas: Sequence[Replica], total: int, origin: str) -> None:
     """The auto replicas can split what the fixed ones leave of ``total`` into counts their schedules run — or one line
     naming a global batch that works."""

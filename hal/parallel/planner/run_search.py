@@ -296,11 +296,12 @@ def holding_the_plans(cluster: Cluster, plans: Sequence[ParallelPlan]) -> tuple[
 
 
 def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, *,
-                   islands_apart: bool = False) -> dict[str, Any]:
+                   islands_apart: bool = False, priced_with: str | None = None) -> dict[str, Any]:
     """``hal plan --profile P`` without ``--search``: what the cost model predicts for the config's own plan — one plan,
     or its replicas and their sync (``rows: auto`` shared by the predicted speeds, as the search shares them).
-    ``islands_apart``: every replica its own island (``HAL_ISLANDS`` set): the sync crosses the bridge."""
-    from hal.parallel.config.replicas import auto_rows, row_steps
+    ``islands_apart``: every replica its own island (``HAL_ISLANDS`` set): the sync crosses the bridge.
+    ``priced_with``: how the notes name the profile (default: its path)."""
+    from hal.parallel.config.replicas import shares_by_speed
     from hal.parallel.planner.cost import Placement
     from hal.parallel.planner.replica_search import predict_replicas, stage_kinds
 
@@ -308,7 +309,7 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
     plans = run.replicas.plans()
     cluster, shared = holding_the_plans(cluster, plans)
     cost = CostModel(cluster, profile, run.model, cost.seq)
-    notes = [f"priced with {profile_file} on {cluster.origin}", *shared]
+    notes = [f"priced with {priced_with or profile_file} on {cluster.origin}", *shared]
     unfused = unfused_head_note(plans, profile)
     if unfused:
         notes.append(unfused)
@@ -327,9 +328,7 @@ def predict_config(run: RunConfig, cluster_file: str | None, profile_file: str, 
         for r in rep.replicas:
             whole = replace(r.plan, micro_batches=max(1, rep.global_batch // r.plan.micro_batch_size))
             speeds.append(whole.global_batch_size / cost.predict(whole, Placement.pack(whole, stage_kinds(cluster, whole))).step_s)
-        free = rep.global_batch - sum(r.rows or 0 for r in rep.replicas)
-        rows = auto_rows(speeds, rep.global_batch, [row_steps(r.plan, free) if r.rows is None else None
-                                                    for r in rep.replicas], [r.rows for r in rep.replicas])
+        rows = shares_by_speed(rep, speeds)
         rep = rep.with_rows(rows)
         notes.append(f"rows: auto shared by predicted speed: {' + '.join(map(str, rows))} (hal train measures them at start)")
     candidate = predict_replicas([cost] * len(rep.replicas), [r.plan for r in rep.replicas],

@@ -137,19 +137,21 @@ class ReplicaSet:
         its residuals back; whatever of the checkpoint's replica state this run's sync mode does not use is said."""
         from hal.parallel.state.checkpoint import inner_replicas, read_outer_momentum, read_wire_residuals
 
-        own = inner_replicas(meta)
-        velocity = read_outer_momentum(checkpoint, meta)
+        own = inner_replicas(meta)  # a local SGD checkpoint (it alone keeps replicas' own states, and a momentum)
         if self.local_sgd is None:
-            if own or velocity is not None:
+            if own:
                 self._tell("the checkpoint's local SGD state (each replica's own inner optimizer state, the outer "
                            "momentum) is not used: this run " + ("syncs every step" if self.exchanges else "is one replica")
                            + ", so every replica resumes from replica 0's optimizer state")
-        else:
-            self._tell_local_sgd_gaps(own, velocity is not None)
-            self.local_sgd.resume(velocity if self.local_sgd.momentum else None)
-        kept = read_wire_residuals(checkpoint, meta)
-        if kept:
-            self._resume_wire(kept)
+        else:  # the stage files are read for the momentum only where this run has one
+            velocity = read_outer_momentum(checkpoint, meta) if self.local_sgd.momentum else None
+            sync = (meta.get("replicas") or {}).get("replica_sync") or {}
+            kept = velocity is not None if self.local_sgd.momentum else bool(own and sync.get("outer_momentum"))
+            self._tell_local_sgd_gaps(own, kept)
+            self.local_sgd.resume(velocity)
+        residuals = read_wire_residuals(checkpoint, meta)
+        if residuals:
+            self._resume_wire(residuals)
 
     def _tell_local_sgd_gaps(self, own: list[int], kept_momentum: bool) -> None:
         """What a local SGD run resumes without: replicas whose own inner state the checkpoint lacks, the momentum."""

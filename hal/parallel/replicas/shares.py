@@ -2,7 +2,7 @@
 
 Every replica with ``rows: auto`` times a few forward/backward steps of its own plan on random tokens (gradients
 dropped, weights untouched; the first step is a warm-up), and reports rows per second; every rank gathers the
-figures (one small gather over the world) and computes the same shares (``parallel.config.replicas.auto_rows``:
+figures (one small gather over the world) and computes the same shares (``parallel.config.replicas.shares_by_speed``:
 whole micro-batches each replica's schedule runs, adding up to the global batch; the config's check proved a split
 exists). A replica with fixed rows keeps them.
 
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hal.parallel.config.plan import ParallelPlan
-from hal.parallel.config.replicas import ReplicatedPlan, auto_rows, row_steps
+from hal.parallel.config.replicas import ReplicatedPlan, shares_by_speed
 
 CALIBRATION_STEPS = 3  # timed steps after one warm-up
 
@@ -57,13 +57,10 @@ def resolve_shares(replicas: ReplicatedPlan, replica: int, measure: Callable[[],
     for entry in everyone:
         if entry is not None and entry[1] is not None:
             speeds[entry[0]] = float(entry[1])
-    fixed = [r.rows for r in replicas.replicas]
-    free = replicas.global_batch - sum(f for f in fixed if f is not None)
-    steps = [row_steps(r.plan, free) if r.rows is None else None for r in replicas.replicas]
-    rows = auto_rows(speeds, replicas.global_batch, steps, fixed)
+    rows = shares_by_speed(replicas, speeds)
     if say is not None:
-        parts = [f"replica {i}: {n} rows" + (f" ({speeds[i]:.1f} rows/s measured)" if fixed[i] is None else " (fixed)")
-                 for i, n in enumerate(rows)]
+        parts = [f"replica {i}: {n} rows" + (f" ({speeds[i]:.1f} rows/s measured)" if r.rows is None else " (fixed)")
+                 for i, (n, r) in enumerate(zip(rows, replicas.replicas))]
         say(f"replica shares by measured speed ({CALIBRATION_STEPS} calibration steps each): " + "; ".join(parts))
     return replicas.with_rows(rows)
 
