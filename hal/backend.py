@@ -267,6 +267,21 @@ class Backend(abc.ABC):
         """Context manager capturing the device work queued inside it into ``graph`` (replay: ``graph.replay()``)."""
         raise UnsupportedError(self._why_not("graph_capture"))
 
+    def runtime_versions(self) -> dict[str, str]:
+        """The versions of what computes here beside torch (the CUDA runtime and driver, torch_npu and CANN, ...):
+        recorded in every conformance result, so a report says what exactly was qualified. Empty on the host."""
+        return {}
+
+    def device_uuid(self, index: int = 0) -> str | None:
+        """The device's own identity (a GPU's UUID) where the runtime tells it; None elsewhere."""
+        return None
+
+    def host_transfer_bytes(self) -> int | None:
+        """Bytes this runtime has copied from its device to host memory so far, where it counts them; None where it
+        does not (the host itself; runtimes without a counter). The operator survey reads it around each op: an op
+        that copies its inputs to the host ran there (``hal.conformance.survey.host_watch``)."""
+        return None
+
     def profiler(self, **kwargs: Any) -> ContextManager[Any]:
         """A profiler recording host and device activity (``torch.profiler.profile`` with this device's
         activity, or the vendor's own profiler); ``kwargs`` go to it. Default: host activity only."""

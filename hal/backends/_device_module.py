@@ -136,6 +136,12 @@ class DeviceModuleBackend(Backend):
         vendor runtime's C++ allocator, which a device written in Python has not: its host tensor as it is."""
         return tensor if self.standin else super().pinned(tensor)
 
+    def host_transfer_bytes(self) -> int | None:
+        """The stand-in counts its device-to-host copies; a vendor runtime has no such counter (None): there the
+        survey relies on the runtime's own fallback warning."""
+        count = getattr(self._module, "host_transfer_bytes", None) if self._module is not None else None
+        return int(count()) if callable(count) else None
+
     @property
     def standin(self) -> str | None:
         """What the loaded runtime is when it is a stand-in over host memory (``backends.standins``), else None."""

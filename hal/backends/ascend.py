@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -129,6 +130,22 @@ class AscendBackend(DeviceModuleBackend):
                                "torch_npu.profiler.profile with ProfilerActivity.CPU + NPU",
                                "torch_npu.profiler (with ProfilerActivity.NPU) is missing from this torch_npu")
         return answers
+
+    def runtime_versions(self) -> dict[str, str]:
+        """torch_npu's version, and CANN's and the driver's where it reports them (``torch_npu.npu.utils.get_cann_version``, CANN 8.1.RC1 on)."""
+        package = sys.modules.get("torch_npu")
+        versions = {"torch_npu": str(getattr(package, "__version__", "unknown"))} if package is not None else {}
+        get = getattr(getattr(getattr(package, "npu", None), "utils", None), "get_cann_version", None)
+        for key, module in (("cann", "CANN"), ("driver", "DRIVER")):
+            try:
+                found = get(module=module) if callable(get) else ""
+            except Exception:  # noqa: BLE001 - an older CANN answers nothing; the report then lacks the field
+                found = ""
+            if found:
+                versions[key] = str(found)
+        if self.standin:
+            versions["standin"] = str(self.standin)
+        return versions
 
     def _load_module(self) -> ModuleType:
         from .standins import OwnedElsewhere

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -86,6 +87,14 @@ class CambriconBackend(DeviceModuleBackend):
     # torch.cuda.CUDAGraph with torch.mlu.MLUGraph); torch_mlu adds ProfilerActivity.MLU to torch.profiler.
     graph_names = ("MLUGraph", "graph")
     profiler_activity = "MLU"
+
+    def runtime_versions(self) -> dict[str, str]:
+        """torch_mlu's version."""
+        package = sys.modules.get("torch_mlu")
+        versions = {"torch_mlu": str(getattr(package, "__version__", "unknown"))} if package is not None else {}
+        if self.standin:
+            versions["standin"] = str(self.standin)
+        return versions
 
     def _load_module(self) -> ModuleType:
         from .standins import OwnedElsewhere, standin_package

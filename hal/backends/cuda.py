@@ -36,6 +36,21 @@ class CudaBackend(DeviceModuleBackend):
         "hal conformance (1 GPU) passed; NVIDIA H200 x2 and x4: hal conformance with NCCL passed"
     )
 
+    def runtime_versions(self) -> dict[str, str]:
+        versions = {"cuda": str(torch.version.cuda)} if torch.version.cuda else {}
+        if torch.version.hip:
+            versions["hip"] = str(torch.version.hip)
+        try:
+            raw = int(torch._C._cuda_getDriverVersion())  # e.g. 12080: the CUDA version the driver supports
+            versions["driver_cuda"] = f"{raw // 1000}.{raw % 1000 // 10}"
+        except Exception:  # noqa: BLE001 - no driver here; the other fields still say what was built
+            pass
+        return versions
+
+    def device_uuid(self, index: int = 0) -> str | None:
+        uuid = getattr(self._mod().get_device_properties(index), "uuid", None)
+        return str(uuid) if uuid is not None else None
+
     def prepare_autograd(self, index: int) -> None:
         """One tiny elementwise backward on ``cuda:index``, once a process and device.
 

@@ -15,6 +15,7 @@ from typing import Any
 from hal.conformance.suite_names import SUITES
 from hal.errors import HalError
 
+from . import survey
 from .common import add_standin_argument
 
 NAME = "conformance"
@@ -24,11 +25,12 @@ def add_parser(sub: Any) -> None:
     """Add ``conformance`` (with ``run`` and ``compare``) to hal's sub-command parsers."""
     p = sub.add_parser(
         NAME,
-        help="check a backend's numbers against an fp64 CPU reference (run), or two runs against each other (compare)",
+        help="check a backend's numbers against an fp64 CPU reference (run), survey torch's op database on it (survey), "
+        "compare two runs or surveys (compare), check a results.json against its digest (verify)",
         description="Conformance suites: ops, precision, collectives, training and onnx, each case judged against a "
         "float64 CPU reference; reports as JSON, Markdown and one self-contained HTML page.",
     )
-    inner = p.add_subparsers(dest="conformance", metavar="{run,compare}", parser_class=type(p))
+    inner = p.add_subparsers(dest="conformance", metavar="{run,survey,compare,verify}", parser_class=type(p))
     inner.required = True
 
     r = inner.add_parser(
@@ -76,6 +78,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--all", action="store_true", help="list every common case, not only the worse ones")
     c.add_argument("--overwrite", action="store_true", help="replace a comparison already in --report DIR")
     c.set_defaults(func=cmd_compare)
+    survey.add_parsers(inner)
 
 
 def _list(the_plan: Any, as_json: bool) -> int:
@@ -101,7 +104,9 @@ def _list(the_plan: Any, as_json: bool) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hal.conformance import runner
+    from hal.conformance.reports.provenance import seal
     from hal.conformance.reports.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
+    from hal.conformance.reports.results import json_safe
     from hal.launch import run_function
 
     seed = runner.DEFAULT_SEED if args.seed is None else args.seed
@@ -120,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not existed and not any(directory.iterdir()):
             directory.rmdir()
         raise
-    doc = result.to_dict()
+    doc = seal(json_safe(result.to_dict()))  # the digest verify recomputes; the same document on stdout and on disk
     try:
         paths = write_reports(doc, directory)
     except OSError as exc:  # e.g. the disk filled up during the run: say so after the summary, exit 2
@@ -137,6 +142,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from hal.conformance.reports.compare import compare_files, format_text
+    from hal.conformance.reports.results import read_document
+    from hal.conformance.survey import compare as survey_compare
+    from hal.conformance.survey.document import check
+
+    a, b = read_document(args.a), read_document(args.b)
+    if survey_compare.is_survey(a) or survey_compare.is_survey(b):
+        cmp_s = survey_compare.compare(check(a, args.a), check(b, args.b))
+        print(json.dumps(cmp_s.to_dict(), indent=2) if args.json else survey_compare.format_text(cmp_s), end="" if not args.json else "\n")
+        return cmp_s.exit_code
 
     cmp, written = compare_files(args.a, args.b, factor=args.factor, floor=args.floor, report_dir=args.report,
                                  overwrite=args.overwrite)

@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterable, Sequence, TextIO
@@ -32,7 +33,9 @@ import torch
 
 from hal.config.limits import SEED, check_local_ranks
 from hal.conformance.cases import FAILING, SELECTED_OPTION, Case, Context, Outcome
+from hal.conformance.reports.provenance import provenance
 from hal.conformance.suite_names import SUITES
+from hal.conformance.verdicts.host_watch import FALLBACK_WARNING
 from hal.conformance.verdicts.profiles import looser_than
 from hal.errors import ConfigError, HalError
 
@@ -329,8 +332,15 @@ def run_case(ctx: Context, case: Case) -> CaseResult:
     tb: str | None = None
     start = time.perf_counter()
     try:
-        outcome = case.run(ctx)
-        ctx.backend.synchronize()
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always")
+            outcome = case.run(ctx)
+            ctx.backend.synchronize()
+        for w in heard:  # replayed as they would have been shown; the runtime's host fallback also noted on the case
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        fell_back = sorted({m.group(1) for w in heard if (m := FALLBACK_WARNING.search(str(w.message)))})
+        if fell_back and isinstance(outcome, Outcome):
+            outcome = dataclasses.replace(outcome, data={**(outcome.data or {}), "host_fallback": fell_back})
         if not isinstance(outcome, Outcome):
             raise TypeError(f"the case returned {type(outcome).__name__}, not an Outcome")
         if outcome.status not in STATUSES:
@@ -435,6 +445,8 @@ def execute(ctx: Context, the_plan: Plan, *, backend_reason: str = "", progress:
             bar.close()
     meta = _meta(ctx, backend_reason, the_plan, started)
     meta["wall_seconds"] = round(time.perf_counter() - t0, 3)
+    fell_back = sum(1 for r in results if (r.outcome.data or {}).get("host_fallback"))
+    meta["provenance"] = provenance(ctx.backend, fell_back=fell_back)
     return RunResult(meta, results)
 
 

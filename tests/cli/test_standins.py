@@ -148,7 +148,8 @@ def test_checkpoints_pinned_memory_streams_and_recurrent_layers_work_on_the_devi
     """What the migration corpus found: torch.load(map_location=<the device>) crashed torch (a device written in Python
     has no storages), pin_memory() needs a C++ runtime's allocator, record_stream took no stand-in stream, in-place
     shape changes (GRU's transpose_, ATen's arange into an out= tensor) left the wrapper's shape behind, and the fused
-    recurrent cells had no kernel to run."""
+    recurrent cells had no kernel to run. What the operator survey found: torch.tensor(data, device=npu) hit torch's
+    own assert (its C++ constructor excludes the Python key)."""
     got = child("""
         import io, json, torch
         from hal.backend_registry import get_backend
@@ -188,7 +189,11 @@ def test_checkpoints_pinned_memory_streams_and_recurrent_layers_work_on_the_devi
         for kind in ("GRU", "LSTM"):
             a, b = rnn(kind, "cpu"), rnn(kind, "npu")
             close[kind] = [a[0] == b[0]] + [torch.allclose(p, q, rtol=1e-5, atol=1e-6) for p, q in zip(a[1:], b[1:])]
-        print(json.dumps({"tags": tags, "loads": loads, "outside": outside, "pinned": [pinned.is_pinned(), host.is_pinned()],
+        built = torch.tensor([[1.5, 2.5]], device="npu", requires_grad=True)  # found by the operator survey
+        made = [str(built.device), built.requires_grad, built.is_leaf, built.cpu().tolist(),
+                torch.tensor([], dtype=torch.uint8, device="npu").dtype == torch.uint8,
+                torch.as_tensor([3, 4], device="npu").cpu().tolist(), str(torch.tensor(1.0).device)]
+        print(json.dumps({"made": made, "tags": tags, "loads": loads, "outside": outside, "pinned": [pinned.is_pinned(), host.is_pinned()],
                           "batches": batches, "copied": [str(y.device), y.sum().item()], "t_": [list(z.shape), list(z.cpu().shape)],
                           "rnn": close, "arange": list(torch.arange(4, device="npu").shape), "out": grown.cpu().tolist()}))
     """)
@@ -199,6 +204,7 @@ def test_checkpoints_pinned_memory_streams_and_recurrent_layers_work_on_the_devi
     assert got["pinned"] == [True, False] and got["batches"] == [True, True] and got["copied"] == ["npu:0", 4.0], got
     assert got["t_"] == [[3, 4], [3, 4]] and got["arange"] == [4] and got["out"] == [2.0] * 3, got  # metadata kept in step
     assert got["rnn"] == {"GRU": [True] * 4, "LSTM": [True] * 4}, got["rnn"]
+    assert got["made"] == ["npu:0", True, True, [[1.5, 2.5]], True, [3, 4], "cpu"], got["made"]
 
 
 # a few cases of every suite (the whole run — 1,529 cases on the ascend stand-in, 1,325 on the cambricon one — takes

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from hal.backends.standins import pinned, rnn_cells, storages
+from hal.backends.standins import constructors, pinned, rnn_cells, storages
 from hal.standin import STANDIN_NOTE
 
 # Operators that move data between devices or only describe it: a host tensor may meet the device here, and a
@@ -37,6 +37,13 @@ from hal.standin import STANDIN_NOTE
 _MOVEMENT = {"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "to", "empty", "empty_strided",
              "empty_like", "detach", "alias", "view", "_unsafe_view", "as_strided", "clone", "lift_fresh",
              "_local_scalar_dense", "set_", "resize_", "zero_", "fill_", "equal"}
+
+
+# Kernels a vendor library registers for its device, by operator name, called with the device tensors (a kernel may
+# call the same operator on the device: that call reaches the host's). Empty here; tests plant faulty kernels in it
+# (a slightly wrong answer, a silent trip to the host) to prove the operator survey catches them.
+DEVICE_KERNELS: dict[str, Callable[..., Any]] = {}
+_IN_DEVICE_KERNEL: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class DeviceState:
     peak: list[int] = field(default_factory=list)
     live: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # storage ptr -> (device, bytes, wrappers)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    to_host_bytes: int = 0  # bytes copied from the device to host memory so far (a host fallback's trace)
 
     def __post_init__(self) -> None:
         self.allocated = [0] * self.count
@@ -140,10 +148,16 @@ class HostTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in DEVICE_KERNELS and name not in _IN_DEVICE_KERNEL:
+            _IN_DEVICE_KERNEL.add(name)
+            try:
+                return DEVICE_KERNELS[name](*args, **kwargs)
+            finally:
+                _IN_DEVICE_KERNEL.discard(name)
         if func.namespace == "c10d":  # collectives: to the group's library for this device (ccl.py), tensors whole
             with torch._C._DisableTorchDispatch():
                 return func(*args, **kwargs)
-        name = func.overloadpacket.__name__
         if name == "record_stream":  # host memory lives while a tensor holds it: no stream to wait for
             return None
         leaves = _leaves(args, kwargs)
@@ -153,7 +167,10 @@ class HostTensor(torch.Tensor):
         kernel = rnn_cells.HOST_KERNELS.get(name, func)  # operators only a device library implements
         out = kernel(*_each(_unwrap, args), **{k: _one(_unwrap, v) for k, v in kwargs.items()})
         if name in ("_to_copy", "to") and target is not None and torch.device(target).type != state().device_type:
+            state().to_host_bytes += out.numel() * out.element_size()
             return out  # to another device: the host result is that device's tensor (cpu)
+        if name == "copy_" and not isinstance(args[0], HostTensor):  # into a host tensor, from the device
+            state().to_host_bytes += args[0].numel() * args[0].element_size()
         given = {id(a.host): a for a in leaves if isinstance(a, HostTensor)}
         if name.endswith("_") or "out" in kwargs:  # in place: the host tensor's shape may have changed (transpose_)
             for wrapper in given.values():
@@ -313,6 +330,7 @@ def install(device: DeviceState, module: Any) -> None:
     _LIBRARIES.extend((everything, casts))
     storages.install(device.device_type)
     pinned.install()
+    constructors.install(device.device_type)
 
 
 # --- streams and events: orderings without a device queue -----------------------------------------------------

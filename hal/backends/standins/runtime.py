@@ -59,6 +59,7 @@ def device_module(vendor: Vendor, model: Model) -> types.ModuleType:
     dev.__doc__ = f"torch.{vendor.device_type} of the {vendor.package} stand-in ({STANDIN_NOTE})"
     dev.standin = STANDIN_NOTE  # what the backend says of it (``DeviceModuleBackend.standin``)
     state = host_device.state
+    dev.host_transfer_bytes = lambda: state().to_host_bytes  # what DeviceModuleBackend.host_transfer_bytes reads
 
     def check(index: Any) -> int:
         chosen = host_device._index(index)

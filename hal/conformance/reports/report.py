@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hal.conformance.reports.html_report import render
+from hal.conformance.reports.provenance import seal
 
 # The document's names stay importable from here (``report.load_results``, ``report.json_safe``, ...).
 from hal.conformance.reports.results import (  # noqa: F401
@@ -150,6 +151,7 @@ def check_report_dir(path: str | os.PathLike[str], *, refuse_existing: Sequence[
 def write_reports(doc: dict[str, Any], directory: str | os.PathLike[str]) -> list[Path]:
     """results.json, summary.md and report.html in ``directory``; everything is rendered before any file is written."""
     directory = check_report_dir(directory)
+    doc = doc if "digest" in doc else seal(json_safe(doc))  # bound to its content: ``hal conformance verify``
     texts = {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render(doc)}
     paths = []
     for name in REPORT_FILES:

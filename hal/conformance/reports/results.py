@@ -147,36 +147,36 @@ def _check_metadata(doc: dict[str, Any], origin: str) -> None:
 
 
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check a results.json; unreadable, oversized or invalid files raise a one-line ConfigError. Memory is
-    bounded by ``MAX_RESULTS_BYTES`` whatever the file."""
+    """Read and check a results.json of 'hal conformance run'; unreadable, oversized or invalid files raise a one-line
+    ConfigError. Memory is bounded by ``MAX_RESULTS_BYTES`` whatever the file."""
+    return validate(read_document(path), str(path))
+
+
+def read_document(path: str | os.PathLike[str], what: str = "the results.json of 'hal conformance run'") -> Any:
+    """The JSON in ``path``, read within ``MAX_RESULTS_BYTES``; a one-line ConfigError ending "give WHAT" otherwise."""
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read forever, a directory fails
-        raise ConfigError(f"{path}: not a regular file (a directory, pipe or device); give the results.json of "
-                          "'hal conformance run'")
+        raise ConfigError(f"{path}: not a regular file (a directory, pipe or device); give {what}")
     try:
         size = Path(path).stat().st_size
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if size > MAX_RESULTS_BYTES:
         raise ConfigError(f"{path}: {size / 2**20:.0f} MiB is above the {MAX_RESULTS_BYTES >> 20} MiB a results file "
-                          "holds (a run of every suite writes about 2 MiB); give the results.json of 'hal conformance run'")
+                          f"holds (a run of every suite writes about 2 MiB); give {what}")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; give the results.json of 'hal conformance run'") from None
+        raise ConfigError(f"{path}: not UTF-8 text; give {what}") from None
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); give the results.json of "
-                          "'hal conformance run'") from None
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); give {what}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to be a results file; give the results.json of "
-                          "'hal conformance run'") from None
+        raise ConfigError(f"{path}: JSON nested too deeply to be a results file; give {what}") from None
     except ValueError as exc:  # e.g. an integer past Python's digit limit
-        raise ConfigError(f"{path}: not a results file ({str(exc).splitlines()[0][:120]}); give the results.json of "
-                          "'hal conformance run'") from None
-    return validate(doc, str(path))
+        raise ConfigError(f"{path}: not a results file ({str(exc).splitlines()[0][:120]}); give {what}") from None
 
 
 # --- reading cases -------------------------------------------------------------------------------------------
@@ -275,7 +275,27 @@ def metadata_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("seed / world size", f"{doc.get('seed')} / {doc.get('max_world_size')}"),
         ("verdict profile", verdict_profile_text(doc)),
         ("selection", f"{selection} ({len(doc.get('cases') or [])} of {doc.get('collected')} case(s) run)"),
+        *provenance_rows(doc),
     ]
+
+
+def provenance_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run was bound to (``reports/provenance.py``): revision, runtime versions, device identity, host
+    fallbacks, and the digest ``hal conformance verify`` recomputes. Empty for runs written before 2026-12-08."""
+    prov = doc.get("provenance")
+    if not isinstance(prov, dict):
+        return []
+    rev = prov.get("revision") or {}
+    dirty = " (with uncommitted changes)" if rev.get("dirty") else ""
+    commit = f"{str(rev.get('commit'))[:12]}{dirty}" if rev.get("commit") else "not a git checkout"
+    device = prov.get("device") or {}
+    runtime = ", ".join(f"{k} {v}" for k, v in (prov.get("runtime") or {}).items()) or "none beside torch"
+    versions = prov.get("versions") or {}
+    return [("revision", f"{commit}; hetero-hal {rev.get('hal_version')}"),
+            ("runtime", f"{runtime}; triton {versions.get('triton')}"),
+            ("device identity", f"{device.get('count')} x {device.get('name')}; uuid {device.get('uuid')}"),
+            ("host fallbacks", f"{prov.get('host_fallbacks')} case(s) the runtime said ran on the CPU"),
+            ("digest", str(doc.get("digest", "not recorded")))]
 
 
 def case_row(c: dict[str, Any]) -> list[str]:
