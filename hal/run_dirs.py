@@ -7,6 +7,18 @@ import time
 import uuid
 from pathlib import Path
 
+CACHE_ENV = "HAL_CACHE_DIR"  # where hal keeps what it may remake (default: $XDG_CACHE_HOME/hetero-hal)
+
+
+def cache_dir() -> Path:
+    """Where hal keeps what it may remake (host profiles, parity reference bands): ``HAL_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/hetero-hal``."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hetero-hal"
+
 
 def new_run_dir(name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>``, with a -2, -3 ... suffix if that exists already (not created)."""

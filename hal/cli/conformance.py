@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
         description="Conformance suites: ops, precision, collectives, training and onnx, each case judged against a "
         "float64 CPU reference; reports as JSON, Markdown and one self-contained HTML page.",
     )
-    inner = p.add_subparsers(dest="conformance", metavar="{run,survey,compare,verify}", parser_class=type(p))
+    inner = p.add_subparsers(dest="conformance", metavar="{run,survey,parity,compare,verify}", parser_class=type(p))
     inner.required = True
 
     r = inner.add_parser(

@@ -13,6 +13,7 @@ from typing import Any
 
 from hal.errors import ConfigError
 
+from . import parity
 from .common import add_standin_argument
 
 
@@ -44,6 +45,8 @@ def add_parsers(inner: Any) -> None:
     s.add_argument("--list", action="store_true", help="list the cohort's (op, dtype) pairs and its digest; run nothing")
     add_standin_argument(s)
     s.set_defaults(func=cmd_survey)
+
+    parity.add_parser(inner)
 
     v = inner.add_parser(
         "verify",

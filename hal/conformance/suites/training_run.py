@@ -37,6 +37,7 @@ class Settings:
     batch: int = 4
     seed: int = 0
     data: str = "corpus"
+    data_seed: int | None = None  # the data order's seed (None: ``seed``); parity varies ``seed`` with the data fixed
 
     @property
     def seq(self) -> int:
@@ -49,6 +50,8 @@ class RunResult:
     grads: dict[str, torch.Tensor]  # step-1 gradients (before any update), float64 on the host
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # final parameters, as trained (host)
     skipped: tuple[int, ...] = ()  # steps (0-based) whose update the loss scaler skipped (inf/NaN gradients)
+    grad_norms: list[float] = field(default_factory=list)  # every step's total gradient norm (unscaled)
+    snapshots: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # step -> parameters before its update
 
 
 def batch(settings: Settings, step: int) -> torch.Tensor:
@@ -56,7 +59,8 @@ def batch(settings: Settings, step: int) -> torch.Tensor:
     from hal.parallel.data.batches import global_batch
 
     m = settings.model
-    return global_batch(settings.data, settings.seed, step, 1, settings.batch, settings.seq, m.vocab_size)[0]
+    seed = settings.seed if settings.data_seed is None else settings.data_seed
+    return global_batch(settings.data, seed, step, 1, settings.batch, settings.seq, m.vocab_size)[0]
 
 
 @contextlib.contextmanager
@@ -118,7 +122,8 @@ def host_threads(count: int | None) -> Iterator[None]:
 def train(settings: Settings, backend: Backend, device: torch.device, *, precision: str = "fp32",
           param_dtype: torch.dtype = torch.float32, steps: int | None = None, keep_params: bool = False,
           threads: int | None = 1, skip_steps: Collection[int] = (),
-          tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
+          tamper: Callable[[torch.nn.Module], None] | None = None, keep_at: Collection[int] = (),
+          on_step: Callable[[int], None] | None = None) -> RunResult:
     """``steps`` AdamW steps on ``device``; losses per step, step-1 gradients (unscaled) and optionally final weights.
 
     ``precision``: fp32 (plain, reduced-precision matmul off), bf16-mixed (autocast bf16) or
@@ -126,14 +131,18 @@ def train(settings: Settings, backend: Backend, device: torch.device, *, precisi
     ``threads``: host intra-op threads for the run (``host_threads``; None keeps the process's).
     ``skip_steps``: steps whose optimizer update is left out, as a loss scaler leaves out an overflowing one.
     ``tamper``: called with the model before training (tests plant a broken layer with it).
+    ``keep_at``: steps whose parameters (before that step's update) are kept in ``snapshots``.
+    ``on_step``: called after every step with its index (progress).
     """
     with host_threads(threads):
-        return _train(settings, backend, device, precision, param_dtype, steps, keep_params, frozenset(skip_steps), tamper)
+        return _train(settings, backend, device, precision, param_dtype, steps, keep_params, frozenset(skip_steps), tamper,
+                      frozenset(keep_at), on_step)
 
 
 def _train(settings: Settings, backend: Backend, device: torch.device, precision: str, param_dtype: torch.dtype,
            steps: int | None, keep_params: bool, skip_steps: frozenset[int],
-           tamper: Callable[[torch.nn.Module], None] | None = None) -> RunResult:
+           tamper: Callable[[torch.nn.Module], None] | None = None, keep_at: frozenset[int] = frozenset(),
+           on_step: Callable[[int], None] | None = None) -> RunResult:
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.stage import full_model
 
@@ -149,9 +158,13 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
     losses: list[float] = []
     skipped: list[int] = []
     grads: dict[str, torch.Tensor] = {}
+    norms: list[float] = []
+    snapshots: dict[int, dict[str, torch.Tensor]] = {}
     context = plain_fp32_matmul(backend) if dtype is None else contextlib.nullcontext()
     with context:
         for step in range(settings.steps if steps is None else steps):
+            if step in keep_at:
+                snapshots[step] = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
             tokens = batch(settings, step).to(device)
             opt.zero_grad(set_to_none=True)
             with backend.autocast(dtype) if dtype is not None else contextlib.nullcontext():
@@ -160,6 +173,8 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
             scaler.unscale_(opt)
             if step == 0:
                 grads = {n: p.grad.detach().to("cpu", torch.float64) for n, p in model.named_parameters() if p.grad is not None}
+            norms.append(float(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(p.grad.detach().float()) for p in model.parameters() if p.grad is not None]))))
             if step not in skip_steps:
                 scale = scaler.get_scale() if scaler.is_enabled() else None
                 scaler.step(opt)
@@ -167,8 +182,10 @@ def _train(settings: Settings, backend: Backend, device: torch.device, precision
                 if scale is not None and scaler.get_scale() < scale:  # the scaler backed off: this update was skipped
                     skipped.append(step)
             losses.append(float(loss.detach().float().cpu()))
+            if on_step is not None:
+                on_step(step)
     params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()} if keep_params else {}
-    return RunResult(losses, grads, params, tuple(skipped))
+    return RunResult(losses, grads, params, tuple(skipped), norms, snapshots)
 
 
 def reference_curve(settings: Settings, skip_steps: Collection[int] = ()) -> list[float]:
@@ -190,9 +207,11 @@ def reference_grads(settings: Settings) -> dict[str, torch.Tensor]:
 
 def gradient_at(settings: Settings, backend: Backend, device: torch.device, params: dict[str, torch.Tensor], *,
                 precision: str = "fp32", param_dtype: torch.dtype = torch.float32,
-                tamper: Callable[[torch.nn.Module], None] | None = None) -> tuple[float, dict[str, torch.Tensor]]:
-    """The loss and every parameter's gradient (float64 on the host, unscaled) of the model at ``params`` on the
-    batch after the run's last step, in ``precision`` on ``device``: the state N steps of training reached."""
+                tamper: Callable[[torch.nn.Module], None] | None = None,
+                step: int | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss and every parameter's gradient (float64 on the host, unscaled) of the model at ``params`` on step
+    ``step``'s batch (default: the batch after the run's last step), in ``precision`` on ``device``: the state N steps
+    of training reached."""
     from hal.parallel.models.layers import vocab_parallel_cross_entropy
     from hal.parallel.models.stage import full_model
 
@@ -203,7 +222,7 @@ def gradient_at(settings: Settings, backend: Backend, device: torch.device, para
             p.copy_(params[name].to(device=device, dtype=param_dtype))
     if tamper is not None:
         tamper(model)
-    tokens = batch(settings, settings.steps).to(device)
+    tokens = batch(settings, settings.steps if step is None else step).to(device)
     context = plain_fp32_matmul(backend) if dtype is None else contextlib.nullcontext()
     with context, host_threads(1):
         with backend.autocast(dtype) if dtype is not None else contextlib.nullcontext():
@@ -213,12 +232,13 @@ def gradient_at(settings: Settings, backend: Backend, device: torch.device, para
     return float(loss.detach().double().cpu()), grads
 
 
-def reference_gradient_at(settings: Settings, params: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
+def reference_gradient_at(settings: Settings, params: dict[str, torch.Tensor],
+                          step: int | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """``gradient_at`` in float64 on the CPU with the reference operators: what the backend's should be."""
     from hal.backend_registry import get_backend
 
     with reference_ops_only():
-        return gradient_at(settings, get_backend("cpu"), torch.device("cpu"), params, param_dtype=torch.float64)
+        return gradient_at(settings, get_backend("cpu"), torch.device("cpu"), params, param_dtype=torch.float64, step=step)
 
 
 def _cosine(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -17,16 +17,7 @@ from typing import Callable
 
 from hal.parallel.config.run import RunConfig
 from hal.parallel.planner.device_profile import model_key
-
-CACHE_ENV = "HAL_CACHE_DIR"  # where hal keeps what it may remake (default: $XDG_CACHE_HOME/hetero-hal)
-
-
-def cache_dir() -> Path:
-    given = os.environ.get(CACHE_ENV)
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hetero-hal"
+from hal.run_dirs import CACHE_ENV, cache_dir  # noqa: F401 - CACHE_ENV is read from here by tests
 
 
 def profile_path(run: RunConfig) -> Path:
