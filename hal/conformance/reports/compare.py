@@ -54,6 +54,7 @@ class Row:
     why: str
     level: str | None = None  # the cross-device level (``levels``): L2 / L1 / L0 / fail; None: not graded
     level_ratios: dict[str, float] | None = None
+    explained: dict[str, Any] | None = None  # below L2: what differs and the likely cause (``levels.explain``)
 
     @property
     def ratio(self) -> float | None:
@@ -66,7 +67,7 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "status_a": self.status_a, "status_b": self.status_b, "metric": self.metric,
                 "a": self.a, "b": self.b, "b_over_a": self.ratio, "verdict": self.verdict, "why": self.why,
-                "level": self.level, "level_ratios": self.level_ratios}
+                "level": self.level, "level_ratios": self.level_ratios, "explained": self.explained}
 
 
 def _common_metric(ca: dict[str, Any], cb: dict[str, Any]) -> tuple[str, float, float] | None:
@@ -90,7 +91,9 @@ def compare_case(ca: dict[str, Any], cb: dict[str, Any], factor: float, floors: 
     if row.status_a in NOT_RUN or row.status_b in NOT_RUN:
         return row
     r = levels.ratios(ca, cb)
-    return replace(row, level=levels.grade(r), level_ratios=r)
+    level = levels.grade(r)
+    explained = levels.explain(ca, cb, r, level) if r is not None and level not in (None, "L2") else None
+    return replace(row, level=level, level_ratios=r, explained=explained)
 
 
 def _verdict(ca: dict[str, Any], cb: dict[str, Any], factor: float, floors: dict[str, float]) -> Row:
@@ -184,7 +187,8 @@ class Comparison:
             "setting_differences": self.setting_differences,
             "counts": {v: sum(r.verdict == v for r in self.rows) for v in ("worse", "ok", "not compared")},
             "cases": [r.to_dict() for r in self.rows], "only_in_a": self.only_a, "only_in_b": self.only_b,
-            "levels": {"bounds": levels.BOUNDS, "floors": levels.FLOORS, "counts": self.level_counts,
+            "levels": {"bounds": levels.BOUNDS, "floors": levels.FLOORS, "dtype_floor_roundings": levels.DTYPE_FLOOR,
+                       "counts": self.level_counts,
                        "matrix": self.levels},
             "reductions": self.reductions,
         })
@@ -241,6 +245,18 @@ def format_text(cmp: Comparison, *, every_case: bool = False, listed: int = 10) 
         out += ["", f"cross-device levels of B against A ({counts}; the worst case per op and dtype; L2: B's mean / max "
                     "relative and RMS error within 2 / 1.2 / 1.2 x A's, L1 5 / 1.5 / 1.5, L0 10 / 2 / 2):",
                 *(f"  {line}" for line in levels.matrix_text(grades))]
+    below = [r for r in cmp.rows if r.explained]
+    if below:
+        out += ["", f"below L2, what differs ({len(below)} case(s); the worst {min(len(below), listed)} by the limiting "
+                    "ratio; compare.json has every one):"]
+        for r in sorted(below, key=lambda r: -(r.explained or {}).get("ratio", 0.0))[:listed]:
+            e = r.explained or {}
+            rounds = e.get("roundings")
+            told = (f"; worst element {rounds['a']:.1f} vs {rounds['b']:.1f} roundings of {e['dtype']}" if rounds else "")
+            floor = f"; A floored at {', '.join(e['a_floor'])}" if e.get("a_floor") else ""
+            out.append(f"  {r.level}  {r.id}: {e['limiting']} {fmt(e['ratio'])} x A's{told}{floor}; tol_ratio A "
+                       f"{fmt(e['tol_ratio']['a'])}, B {fmt(e['tol_ratio']['b'])}")
+            out.append(f"        likely: {e['cause']}")
     if cmp.reductions:
         out += ["", "how the two collective libraries sum (reduction probes; model names: hal conformance docs):",
                 *(f"  {r['case']}: {r['line']}" for r in cmp.reductions)]
