@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-from typing import NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from hal.errors import HalError
 
@@ -76,3 +76,15 @@ def config_path(args: argparse.Namespace) -> str | None:
     if path is None and args.config_required:
         raise HalError("give a config file: the YAML with model:, parallel: and train: sections")
     return path
+
+
+def print_result(summary: str, doc: dict[str, Any], as_json: bool) -> None:
+    """The human summary on stdout, or with ``--json`` the document on stdout and the summary on stderr."""
+    import json
+    import sys
+
+    if as_json:
+        sys.stderr.write(summary)
+        print(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        sys.stdout.write(summary)

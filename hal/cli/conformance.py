@@ -16,7 +16,7 @@ from hal.conformance.suite_names import SUITES
 from hal.errors import HalError
 
 from . import survey
-from .common import add_standin_argument
+from .common import add_standin_argument, print_result
 
 NAME = "conformance"
 
@@ -132,11 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(summary_text(doc))
         raise HalError(f"writing the reports to {directory} failed: {exc.strerror or exc}") from None
     summary = summary_text(doc) + f"reports: {', '.join(str(p) for p in paths)}\n"
-    if args.json:
-        sys.stderr.write(summary)
-        print(json.dumps(doc, indent=2, allow_nan=False))
-    else:
-        sys.stdout.write(summary)
+    print_result(summary, doc, args.json)
     return result.exit_code
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 from hal.errors import ConfigError
 
-from .common import add_standin_argument
+from .common import add_standin_argument, print_result
 
 MIN_REFERENCE_SEEDS = 4
 MIN_CANDIDATE_SEEDS = 2
@@ -115,9 +114,5 @@ def cmd_parity(args: argparse.Namespace) -> int:
                             started=started)
     paths = document.write(doc, directory)
     summary = document.summary_text(doc) + f"reports: {', '.join(str(p) for p in paths)}\n"
-    if args.json:
-        sys.stderr.write(summary)
-        print(json.dumps(doc, indent=2, allow_nan=False))
-    else:
-        sys.stdout.write(summary)
+    print_result(summary, doc, args.json)
     return 0 if doc["verdict"] == "pass" else 1

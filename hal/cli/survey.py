@@ -14,7 +14,7 @@ from typing import Any
 from hal.errors import ConfigError
 
 from . import parity
-from .common import add_standin_argument
+from .common import add_standin_argument, print_result
 
 
 def add_parsers(inner: Any) -> None:
@@ -119,11 +119,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
     doc = document.assemble(backend, cohort, findings, jobs=jobs, wall_s=time.monotonic() - t0, started=started)
     paths = document.write(doc, directory)
     summary = tables.summary_text(doc) + f"reports: {', '.join(str(p) for p in paths)}\n"
-    if args.json:
-        sys.stderr.write(summary)
-        print(json.dumps(doc, indent=2, allow_nan=False))
-    else:
-        sys.stdout.write(summary)
+    print_result(summary, doc, args.json)
     return 1 if any(f["status"] == "failed" for f in findings) else 0
 
 

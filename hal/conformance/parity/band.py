@@ -1,6 +1,6 @@
 """The reference band: K runs of the reference backend, one per seed, summarised per step; cached on disk so one
 band serves every candidate (``HAL_CACHE_DIR``/parity, keyed by the training, the seeds, the reference device, torch
-and hetero-hal's revision)."""
+and the hal code's tree hash)."""
 from __future__ import annotations
 
 import hashlib
@@ -49,21 +49,22 @@ class Band:
                 "curves": [{"seed": c.seed, "losses": c.losses, "grad_norms": c.grad_norms} for c in self.curves]}
 
 
-def _tree() -> dict[str, Any]:
-    """The code a band was trained with: the revision, and a hash of the uncommitted changes where there are some."""
-    rev = revision()
-    if rev.get("dirty"):
-        import subprocess
+def _code() -> dict[str, Any]:
+    """The code a band was trained with: git's hash of the ``hal`` tree at HEAD and of its uncommitted changes (a band
+    survives a commit that touches only docs or tests), else the installed version."""
+    import subprocess
 
-        root = Path(__file__).resolve().parents[3]
-        diff = subprocess.run(["git", "diff", "HEAD", "--no-ext-diff"], cwd=root, capture_output=True, timeout=30).stdout
-        rev["changes"] = hashlib.sha256(diff).hexdigest()[:16]
-    return rev
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return {"hal_version": revision().get("hal_version")}
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, timeout=30).stdout  # noqa: E731
+    return {"hal_tree": git("rev-parse", "HEAD:hal").decode().strip(),
+            "changes": hashlib.sha256(git("diff", "HEAD", "--no-ext-diff", "--", "hal")).hexdigest()[:16]}
 
 
 def _key(config: ParityConfig, seeds: Sequence[int], backend: Any) -> str:
     key = {"config": config.key(), "seeds": list(seeds), "backend": backend.name, "device": backend.device_name(0),
-           "torch": torch.__version__, "code": _tree()}
+           "torch": torch.__version__, "code": _code()}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -74,7 +75,7 @@ def cache_path(config: ParityConfig, seeds: Sequence[int], backend: Any) -> Path
 def reference_band(config: ParityConfig, seeds: Sequence[int], backend: Any, *, use_cache: bool = True,
                    progress: Callable[[str, int, int], None] | None = None) -> Band:
     """The band of ``seeds`` on ``backend`` (device 0): read from the cache where an identical one was made, else
-    trained and cached. The key holds the code's revision and, in a tree with uncommitted changes, a hash of them."""
+    trained and cached. The key holds the ``hal`` code's tree hash and a hash of its uncommitted changes."""
     path = cache_path(config, seeds, backend)
     if use_cache and path.is_file():
         try:

@@ -9,7 +9,6 @@ from typing import Any
 
 from hal.conformance.reports.provenance import provenance, seal
 from hal.conformance.reports.results import dumps, json_safe
-from hal.run_dirs import write_text_atomic
 
 from .band import LOSS_FLOOR, SIGMAS, Band
 from .runs import Curve, ParityConfig
@@ -115,9 +114,6 @@ def render_html(doc: dict[str, Any]) -> str:
 
 
 def write(doc: dict[str, Any], directory: Path) -> list[Path]:
-    texts = {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render_html(doc)}
-    paths = []
-    for name in FILES:
-        write_text_atomic(directory / name, texts[name])
-        paths.append(directory / name)
-    return paths
+    from hal.conformance.reports.report import write_files
+
+    return write_files(directory, {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render_html(doc)})

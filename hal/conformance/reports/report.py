@@ -152,9 +152,14 @@ def write_reports(doc: dict[str, Any], directory: str | os.PathLike[str]) -> lis
     """results.json, summary.md and report.html in ``directory``; everything is rendered before any file is written."""
     directory = check_report_dir(directory)
     doc = doc if "digest" in doc else seal(json_safe(doc))  # bound to its content: ``hal conformance verify``
-    texts = {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render(doc)}
+    return write_files(directory, {"results.json": dumps(doc), "summary.md": markdown(doc), "report.html": render(doc)})
+
+
+def write_files(directory: str | os.PathLike[str], texts: dict[str, str]) -> list[Path]:
+    """Each text whole or not at all (``write_text_atomic``), in the order given; their paths. Every report kind (run,
+    survey, parity) renders all of its texts first, then writes them here."""
     paths = []
-    for name in REPORT_FILES:
-        write_text_atomic(directory / name, texts[name])
-        paths.append(directory / name)
+    for name, text in texts.items():
+        write_text_atomic(Path(directory) / name, text)
+        paths.append(Path(directory) / name)
     return paths

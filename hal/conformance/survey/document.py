@@ -11,7 +11,6 @@ import torch
 from hal.conformance.reports.provenance import provenance, seal
 from hal.conformance.reports.results import dumps, json_safe
 from hal.errors import HalError
-from hal.run_dirs import write_text_atomic
 
 from . import tables
 from .cohort import Cohort
@@ -39,12 +38,9 @@ def assemble(backend: Any, cohort: Cohort, findings: list[dict[str, Any]], *, jo
 
 
 def write(doc: dict[str, Any], directory: Path) -> list[Path]:
-    texts = {"results.json": dumps(doc), "summary.md": tables.markdown(doc), "report.html": tables.render_html(doc)}
-    paths = []
-    for name in FILES:
-        write_text_atomic(directory / name, texts[name])
-        paths.append(directory / name)
-    return paths
+    from hal.conformance.reports.report import write_files
+
+    return write_files(directory, {"results.json": dumps(doc), "summary.md": tables.markdown(doc), "report.html": tables.render_html(doc)})
 
 
 def check(doc: Any, origin: str | os.PathLike[str]) -> dict[str, Any]:
