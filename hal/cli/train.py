@@ -47,11 +47,27 @@ def add_parser(sub: Any) -> None:
                         "(refused when the ranks outnumber the cores); several nodes: torchrun --numa-binding")
     p.add_argument("--print-multinode", type=int, metavar="NODES",
                    help="print the plain torchrun command for each of NODES nodes and start nothing")
+    p.add_argument("--emit", choices=("slurm", "kubernetes", "torchrun", "hostfile"),
+                   help="print the run as the cluster's own job and start nothing: a Slurm heterogeneous job, Kubernetes "
+                   "resources (a JobSet), torchrun lines or a FlagScale-style hostfile; one component per island, c10d "
+                   "rendezvous (docs/clusters.md)")
+    p.add_argument("--devices-per-node", action="append", metavar="BACKEND=N",
+                   help="with --emit: processes a node for a backend's islands (default 8, cpu: the island's ranks)")
+    p.add_argument("--resource", action="append", metavar="BACKEND=NAME",
+                   help="with --emit kubernetes: the device plugin's resource name (e.g. rocm=hygon.com/dcu)")
+    p.add_argument("--gres-name", action="append", metavar="BACKEND=NAME",
+                   help="with --emit slurm: the site's GRES name for a backend (default gpu, npu for ascend, mlu for cambricon)")
     add_standin_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.emit is not None:
+        return _emit(args)
+    if args.devices_per_node or args.resource or args.gres_name:
+        from hal.errors import ConfigError
+
+        raise ConfigError("--devices-per-node, --resource and --gres-name shape what --emit prints; add --emit FORMAT")
     if args.print_multinode is not None:
         from hal.errors import ConfigError
         from hal.parallel.loop.job_runner import prepare
@@ -218,6 +234,25 @@ def _during(buckets: float | None) -> str:
 def _bytes(n: int) -> str:
     """Bytes as MiB, or GiB from 1 GiB on."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _emit(args: argparse.Namespace) -> int:
+    """``--emit FORMAT``: the checked run as the cluster's own job on stdout; nothing written, nothing started."""
+    from hal.errors import ConfigError
+    from hal.parallel.emit import EMITTERS
+    from hal.parallel.emit.components import Layout, parse_pairs
+    from hal.parallel.loop.job_runner import prepare
+
+    if args.print_multinode is not None:
+        raise ConfigError("--emit and --print-multinode both print the run for several nodes; give one")
+    layout = Layout(devices_per_node=parse_pairs(args.devices_per_node, "--devices-per-node", as_int=True),  # type: ignore[arg-type]
+                    resources=parse_pairs(args.resource, "--resource"),  # type: ignore[arg-type]
+                    gres=parse_pairs(args.gres_name, "--gres-name"),  # type: ignore[arg-type]
+                    job_name="hal-" + Path(args.config).stem.replace("_", "-").lower())
+    job = prepare(args.config, steps=args.steps, resume=args.resume, run_dir=args.run_dir, check_backends=False,
+                  init_from=args.init_from, backend=args.backend)
+    sys.stdout.write(EMITTERS[args.emit](job, layout))
+    return 0
 
 
 def multinode_lines(job: Any, nodes: int) -> list[str]:

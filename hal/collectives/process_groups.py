@@ -177,10 +177,12 @@ def init_distributed(
     world_size: int | None = None,
     timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     islands: Sequence[int] | None = None,
+    store: dist.Store | None = None,
 ) -> World:
     """Start torch.distributed for this rank on ``backend`` and record every rank's island.
 
-    Without ``init_method`` the torchrun environment (``env://``) is used. ``islands`` (or the
+    Without ``init_method`` the torchrun environment (``env://``) is used; ``store`` (with ``rank``) joins through that
+    store instead (``roles.take_role``: the world joined again at the plan's ranks). ``islands`` (or the
     ``HAL_ISLANDS`` variable) declares islands explicitly; by default ranks are grouped by the
     backend each one runs.
     """
@@ -201,9 +203,12 @@ def init_distributed(
     _stacks_later()
     # Start on gloo everywhere: every rank can join it, whatever its device. A homogeneous world
     # then uses the device CCL through its own group (below).
-    dist.init_process_group(
-        "gloo", init_method=init_method or "env://", rank=rank, world_size=world_size, timeout=timeout
-    )
+    if store is not None:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    else:
+        dist.init_process_group(
+            "gloo", init_method=init_method or "env://", rank=rank, world_size=world_size, timeout=timeout
+        )
     try:
         channels = str(bridge_channels_from_env())
     except ConfigError as exc:

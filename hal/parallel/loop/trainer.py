@@ -124,15 +124,22 @@ def setup(job: Job) -> RankRun:
     resuming."""
     from hal.backend_registry import get_backend
     from hal.collectives import init_distributed
+    from hal.collectives.roles import ROLES_ENV, take_role
+    from hal.parallel.emit.components import islands
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
     from hal.parallel.replicas.replica_set import ReplicaSet
     from hal.parallel.replicas.shares import rows_per_second
     from hal.parallel.state.checkpoint import load_checkpoint
 
+    store = None
+    if os.environ.get(ROLES_ENV):  # c10d rendezvous: the plan's rank by island, not by join order
+        role, store = take_role(islands(job))
+        os.environ["RANK"] = str(role)
     rank = int(os.environ.get("RANK", "0"))
     replicas = ReplicaSet(job.replicas, rank, _say if rank == job.writer else None)
-    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or replicas.topology.backend_of(rank)))
+    world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or replicas.topology.backend_of(rank)),
+                             rank=rank if store is not None else None, store=store)
     backend = world.backend  # resolved once; everything below is handed this object
     mesh = build_meshes(job.topologies(), world, validate=False,  # the engine's calls are fixed by the plan
                         tied_embeddings=job.model.tie_embeddings)

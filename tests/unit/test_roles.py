@@ -1,0 +1,24 @@
+"""Roles after rendezvous: whatever order torchrun's c10d rendezvous gave, each island's processes take that island's
+plan ranks, ordered by (host, local rank); a world that cannot fill the plan is one line naming the island."""
+from __future__ import annotations
+
+import pytest
+
+from hal.collectives.roles import Joined, assign
+from hal.errors import ConfigError
+
+PLAN = [("cpu", range(0, 1)), ("ascend", range(1, 3)), ("cambricon", range(3, 4))]
+
+
+def test_join_order_does_not_decide_a_role() -> None:
+    # the cambricon node joined first, then ascend's, then cpu's: torchrun ranks 0, 1-2, 3
+    joined = [Joined(0, 2, "n2", 0), Joined(1, 1, "n1", 1), Joined(2, 1, "n1", 0), Joined(3, 0, "n0", 0)]
+    assert assign(joined, PLAN) == {3: 0, 2: 1, 1: 2, 0: 3}
+
+
+def test_a_world_that_cannot_fill_the_plan_names_the_island() -> None:
+    joined = [Joined(0, 2, "n2", 0), Joined(1, 1, "n1", 0), Joined(2, 0, "n0", 0)]
+    with pytest.raises(ConfigError, match=r"island 1 \(ascend, plan ranks 1-2\) needs 2 process\(es\) and 1 joined"):
+        assign(joined, PLAN)
+    with pytest.raises(ConfigError, match="HAL_ISLAND_INDEX=5 names no island"):
+        assign([*[Joined(i, i if i < 2 else 1, "n", i) for i in range(3)], Joined(3, 2, "n", 3), Joined(4, 5, "n", 4)], PLAN)
