@@ -203,6 +203,8 @@ def init_distributed(
     _stacks_later()
     # Start on gloo everywhere: every rank can join it, whatever its device. A homogeneous world
     # then uses the device CCL through its own group (below).
+    if store is None and init_method is None and RESTART_ENV in os.environ:
+        store = incarnation_store(rank, world_size, timeout)
     if store is not None:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
     else:
@@ -223,6 +225,17 @@ def init_distributed(
     keys = tuple(f"island {d}" for d in declared) if declared is not None else tuple(names)
     _WORLD = World(rank, world_size, backend, device, tuple(names), keys, timeout, int(channel_values[0]))
     return _WORLD
+
+
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+def incarnation_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's store (``env://``) under a prefix of this incarnation's own. After torchrun restarts its workers
+    (``--max-restarts``) they meet in the same store, where the failed incarnation's gloo addresses still sit:
+    read back, they were "connection refused" on every rank (seen under c10d rendezvous, torch 2.13)."""
+    found, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    return dist.PrefixStore(f"hal/incarnation-{os.environ.get(RESTART_ENV, '0')}/", found)
 
 
 def _agree_on_channels(values: list[str]) -> None:

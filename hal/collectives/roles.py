@@ -5,8 +5,10 @@ order it joined.
 Each process says its island (``HAL_ISLAND_INDEX``, set per component by ``hal train --emit``), host and local rank
 over a bootstrap gloo group; every process computes the same assignment — island i's processes, ordered by (host,
 local rank), take island i's plan ranks in order — and the world is then joined again at those ranks, through a
-prefix of the same store (the bootstrap's keys cannot collide). A world that cannot fill the plan (an island with too
-few or too many processes, an island the plan does not have) ends with one line naming it, on every rank, at once.
+prefix of the same store (the bootstrap's keys cannot collide), itself under a prefix of this incarnation's own
+(``process_groups.incarnation_store``: a restarted world must not read the failed one's addresses). A world that
+cannot fill the plan (an island with too few or too many processes, an island the plan does not have) ends with one
+line naming it, on every rank, at once.
 """
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
 
 from hal.errors import ConfigError
 
@@ -58,14 +59,16 @@ def take_role(islands: Sequence[tuple[str, range]]) -> tuple[int, Any]:
     if given is None or not given.isdigit():
         raise ConfigError(f"{ROLES_ENV} is set but {ISLAND_ENV} is {given!r}: set it to this component's island index "
                           "(hal train --emit sets both)")
+    from hal.collectives.process_groups import DEFAULT_TIMEOUT, incarnation_store
+
     me = Joined(int(os.environ["RANK"]), int(given), socket.gethostname(), int(os.environ.get("LOCAL_RANK", "0")))
     world = int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method="env://", rank=me.rank, world_size=world)
+    store = incarnation_store(me.rank, world, DEFAULT_TIMEOUT)
+    dist.init_process_group("gloo", store=dist.PrefixStore("bootstrap/", store), rank=me.rank, world_size=world)
     try:
-        store = distributed_c10d._get_default_store()
         said: list[Any] = [None] * world
         dist.all_gather_object(said, me)
         roles = assign(said, islands)
     finally:
         dist.destroy_process_group()
-    return roles[me.rank], dist.PrefixStore("hal-roles/", store)
+    return roles[me.rank], dist.PrefixStore("roles/", store)

@@ -20,8 +20,11 @@ def rank_name(rank: int) -> str:
 
 
 def take_name() -> str | None:
-    """Name this process after ``HAL_PROCESS_NAME`` (Linux; elsewhere nothing); the name taken, or None."""
-    name = os.environ.get(PROCESS_NAME_ENV, "")[:MAX_NAME]
+    """Name this process after ``HAL_PROCESS_NAME``, else after torchrun's ``RANK`` (``hal-rank-N``) (Linux; elsewhere
+    nothing); the name taken, or None."""
+    given = os.environ.get(PROCESS_NAME_ENV) or (rank_name(int(os.environ["RANK"])) if os.environ.get("RANK", "").isdigit()
+                                                  else "")
+    name = given[:MAX_NAME]
     if not name or not sys.platform.startswith("linux"):
         return None
     import ctypes

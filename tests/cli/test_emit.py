@@ -160,3 +160,80 @@ def test_a_world_that_cannot_fill_the_plan_ends_on_every_rank_naming_the_island(
     said = "island 1 (ascend, plan ranks 1-2) needs 2 process(es) and 1 joined"
     for island, proc in done.items():
         assert proc.returncode != 0 and said in proc.stdout, (island, proc.stdout[-2000:])
+
+
+# --- a lost rank under torchrun --max-restarts ------------------------------------------------------------------
+
+RESTART_PLAN = """
+precision: fp32
+model: {vocab_size: 256, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 64, max_seq_len: 32}
+parallel:
+  schedule: 1f1b
+  micro_batches: 4
+  micro_batch_size: 2
+  stages:
+    - {backend: cpu, devices: 1, layers: 2}
+    - {backend: cpu, devices: 1, layers: 2}
+train: {steps: 40, lr: 3.0e-3, seed: 0, weight_decay: 0.0, data: corpus, checkpoint_every: 5}
+"""
+
+
+def _pids_named(name: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == name:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+    """torchrun --max-restarts 1 restarts both ranks after rank 1 is SIGKILLed past step 12; they resume from the
+    latest complete checkpoint by themselves (step 10 or 15), the log and summary record one restart and the steps
+    done again, and every step's loss equals the uninterrupted hal train run's."""
+    import signal
+
+    (tmp_path / "plan.yaml").write_text(RESTART_PLAN)
+    run_dir = tmp_path / "elastic"
+    emitted = run_hal("train", "plan.yaml", "--emit", "torchrun", "--run-dir", str(run_dir), cwd=tmp_path)
+    assert emitted.returncode == 0, emitted.stderr
+    heredoc = re.search(r"^mkdir -p .*?^HAL_JOB_EOF$", emitted.stdout, re.S | re.M)
+    assert heredoc is not None
+    subprocess.run(["bash", "-c", heredoc.group(0)], check=True)
+    (line,) = [ln for ln in emitted.stdout.splitlines() if ln.startswith("HAL_BACKEND=")]
+    line = line.replace("--rdzv-backend=c10d", "--max-restarts=1 --rdzv-backend=c10d")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "HAL_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}", "HAL_JOB_ID": "restart"}
+    proc = subprocess.Popen(["bash", "-c", line], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    log = run_dir / "train.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if log.is_file() and sum('"step"' in ln for ln in log.read_text().splitlines()) >= 12 and _pids_named("hal-rank-1"):
+            break
+        time.sleep(0.05)
+    victims = _pids_named("hal-rank-1")
+    assert victims, "rank 1 never ran"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+    lines = [json.loads(ln) for ln in log.read_text().splitlines()]
+    restarts = [ln for ln in lines if "restart" in ln]
+    assert len(restarts) == 1 and restarts[0]["restart"] == 1 and restarts[0]["resumed_at_step"] % 5 == 0, restarts
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == restarts and "restart 1: resumed at step" in out
+    single = run_hal("train", "plan.yaml", "--run-dir", str(tmp_path / "one"), cwd=tmp_path, timeout=240)
+    assert single.returncode == 0, single.stderr[-2000:]
+    one = {ln["step"]: ln["loss"] for ln in map(json.loads, (tmp_path / "one" / "train.jsonl").read_text().splitlines())}
+    last = {}
+    for ln in lines:
+        if "step" in ln:
+            last[ln["step"]] = ln["loss"]  # a step done again: its later line
+    assert last == one, {s: (last.get(s), one[s]) for s in one if last.get(s) != one[s]}
+    assert summary["final_loss"] == json.loads((tmp_path / "one" / "summary.json").read_text())["final_loss"]

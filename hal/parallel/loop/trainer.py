@@ -47,6 +47,7 @@ from hal.errors import HalError
 from hal.parallel.config.job import Job
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
+from hal.parallel.loop.restarts import Restart, restart_record, restart_records
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.progress import Progress, SlowStepNotice
 from hal.parallel.observe.records import StepNotes, merge_moe_tallies, run_record, run_summary, standin_summary
@@ -76,6 +77,7 @@ class RankRun:
     scaler: PipelineLossScaler | None = None  # when any stage runs fp16
     grad_norm: float | None = None  # the last clipped step's global gradient norm (train.grad_clip)
     clip_skip: frozenset[str] = frozenset()  # parameters another rank counts in the global norm (a tied head copy)
+    restart: Restart | None = None  # started again by the launcher (``restarts``): resumed from the latest checkpoint
 
     @property
     def writer(self) -> int:
@@ -126,16 +128,19 @@ def setup(job: Job) -> RankRun:
     from hal.collectives import init_distributed
     from hal.collectives.roles import ROLES_ENV, take_role
     from hal.parallel.emit.components import islands
+    from hal.parallel.loop.restarts import restarted
     from hal.parallel.pipeline.build import build_engine
     from hal.parallel.pipeline.mesh import build_meshes
     from hal.parallel.replicas.replica_set import ReplicaSet
     from hal.parallel.replicas.shares import rows_per_second
     from hal.parallel.state.checkpoint import load_checkpoint
+    from hal.rank.name import take_name
 
     store = None
     if os.environ.get(ROLES_ENV):  # c10d rendezvous: the plan's rank by island, not by join order
         role, store = take_role(islands(job))
         os.environ["RANK"] = str(role)
+        take_name()  # hal-rank-<plan rank>, not the join order's
     rank = int(os.environ.get("RANK", "0"))
     replicas = ReplicaSet(job.replicas, rank, _say if rank == job.writer else None)
     world = init_distributed(get_backend(os.environ.get("HAL_BACKEND") or replicas.topology.backend_of(rank)),
@@ -162,16 +167,19 @@ def setup(job: Job) -> RankRun:
     trained.dp_grads = replicas.connect(mesh, trained, world)  # who sums the dp gradients: one answer
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
-    if job.resume is not None:
-        meta = load_checkpoint(job.resume, trained, optimizer, replicas.optimizer_source())
+    restart = restarted(job.checkpoint_dir)
+    resume = restart.checkpoint if restart is not None and restart.checkpoint is not None else job.resume
+    if resume is not None:
+        meta = load_checkpoint(resume, trained, optimizer, replicas.optimizer_source())
         start = int(meta["step"])
         if scaler is not None and meta.get("loss_scale"):
             scaler.load_state_dict(meta["loss_scale"])
-        replicas.resume(job.resume, meta)
+        replicas.resume(resume, meta)
     peak = _peak_tflops(backend, world.device, precision.mode)
     # A tied embedding's copy on the last stage equals the first stage's after their sum: counted there.
     skip = frozenset({"embed.weight"}) if trained.module.needs_tied_grad_sync and not trained.first else frozenset()
-    return RankRun(job, trained, optimizer, replicas, world.rank, seq, start, job.steps, peak, scaler, clip_skip=skip)
+    return RankRun(job, trained, optimizer, replicas, world.rank, seq, start, job.steps, peak, scaler, clip_skip=skip,
+                   restart=restart)
 
 
 def _say(text: str) -> None:
@@ -383,7 +391,13 @@ def train(r: RankRun) -> None:
     train, replicas = r.job.train, r.replicas
     checkpoint_dir = r.job.checkpoint_dir
     tokens = replicas.tokens_per_step * r.seq
-    log = _open_log(r.job.log_file, r.start > 0) if is_writer else None
+    restart_line = restart_record(r.restart, r.start, r.job.log_file) if is_writer and r.restart is not None else None
+    log = _open_log(r.job.log_file, r.start > 0 or r.restart is not None) if is_writer else None
+    if log is not None and restart_line is not None:
+        log.write(strict_json.dumps(restart_line) + "\n")
+        log.flush()
+        _say(f"restart {restart_line['restart']}: resumed at step {r.start} from the latest complete checkpoint "
+             f"({restart_line['redone_steps']} step(s) done again)")
     board = _open_board(r) if is_writer else None
     progress = Progress(r.steps) if is_writer else None
     records: list[dict[str, Any]] = []
@@ -444,6 +458,7 @@ def train(r: RankRun) -> None:
     if is_writer:
         summary = run_summary(r.job, replicas.replicas, r.seq, r.steps, r.start, records, time.perf_counter() - began,
                               checkpoint)
+        summary["restarts"] = restart_records(r.job.log_file)
         Path(r.job.run_dir, "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 

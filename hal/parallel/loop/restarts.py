@@ -1,0 +1,73 @@
+"""A run restarted by its launcher (torchrun ``--max-restarts``, a Slurm requeue, a Kubernetes pod restart) picks up
+from the latest complete checkpoint in its run directory by itself, and says so.
+
+torchrun numbers its restarts in ``TORCHELASTIC_RESTART_COUNT``: on a restart every rank resumes from the checkpoint
+``latest`` names (only complete checkpoints are ever named there: ``parallel.state.checkpoint``). The data are a pure
+function of (seed, step), so the steps after it are the same steps again, and the final losses equal an
+uninterrupted run's. The writer appends one line to ``train.jsonl`` — ``{"restart": N, "resumed_at_step": K,
+"redone_steps": R}``, R being the steps logged before the failure that the resumed run does again — and the
+summary lists every such line under ``restarts``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+@dataclass(frozen=True)
+class Restart:
+    count: int
+    checkpoint: Path | None  # where this incarnation resumes (None: no checkpoint was completed: from the start)
+
+
+def restarted(checkpoint_dir: Path | None) -> Restart | None:
+    """This incarnation's restart, or None on a first start."""
+    from hal.parallel.state.checkpoint import latest_written
+
+    count = os.environ.get(RESTART_ENV, "0")
+    if not count.isdigit() or int(count) == 0:
+        return None
+    return Restart(int(count), latest_written(checkpoint_dir) if checkpoint_dir is not None else None)
+
+
+def last_logged_step(log_file: Path) -> int:
+    """The last step line ``train.jsonl`` holds (0 when none): what a failure cut short, for the restart's line."""
+    last = 0
+    try:
+        with open(log_file, encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line the failure cut mid-write
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    last = max(last, record["step"])
+    except OSError:
+        return 0
+    return last
+
+
+def restart_record(restart: Restart, start: int, log_file: Path) -> dict[str, Any]:
+    return {"restart": restart.count, "resumed_at_step": start, "redone_steps": max(0, last_logged_step(log_file) - start)}
+
+
+def restart_records(log_file: Path) -> list[dict[str, Any]]:
+    """Every restart line of ``train.jsonl``, for the summary."""
+    found = []
+    try:
+        with open(log_file, encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "restart" in record:
+                    found.append(record)
+    except OSError:
+        pass
+    return found
