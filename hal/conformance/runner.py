@@ -33,7 +33,6 @@ import torch
 
 from hal.config.limits import SEED, check_local_ranks
 from hal.conformance.cases import FAILING, SELECTED_OPTION, Case, Context, Outcome
-from hal.conformance.reports.provenance import provenance
 from hal.conformance.suite_names import SUITES
 from hal.conformance.verdicts.host_watch import FALLBACK_WARNING
 from hal.conformance.verdicts.profiles import looser_than
@@ -445,8 +444,6 @@ def execute(ctx: Context, the_plan: Plan, *, backend_reason: str = "", progress:
             bar.close()
     meta = _meta(ctx, backend_reason, the_plan, started)
     meta["wall_seconds"] = round(time.perf_counter() - t0, 3)
-    fell_back = sum(1 for r in results if (r.outcome.data or {}).get("host_fallback"))
-    meta["provenance"] = provenance(ctx.backend, fell_back=fell_back)
     return RunResult(meta, results)
 
 

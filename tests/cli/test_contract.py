@@ -27,6 +27,7 @@ CONTRACT_METHODS = {
     "set_rng_state", "autocast", "grad_scaler", "set_reduced_precision_matmul",
     "reduced_precision_matmul_enabled", "set_deterministic", "capabilities", "process_group_backend",
     "register_ops", "pinned", "host_memory_stats", "empty_host_cache", "Graph", "graph", "profiler", "contract",
+    "runtime_versions", "device_uuid", "host_transfer_bytes",
 }
 IDENTITY = ("name", "device_type", "vendor", "ccl", "visible_devices_env", "reduced_precision_matmul_format",
             "hardware_verification", "ccl_reduce_ops", "ccl_gaps")

@@ -178,14 +178,17 @@ train: {steps: 40, lr: 3.0e-3, seed: 0, weight_decay: 0.0, data: corpus, checkpo
 """
 
 
-def _pids_named(name: str) -> list[int]:
+def _pids_named(name: str, session: int) -> list[int]:
+    """This test's processes named ``name``: in ``session`` (the torchrun it started), never another test's ranks."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == name:
+                stat = (entry / "stat").read_text()
+                in_session = int(stat.rsplit(")", 1)[1].split()[3]) == session
+                if in_session and (entry / "comm").read_text().strip() == name:
                     found.append(int(entry.name))
-            except OSError:
+            except (OSError, ValueError, IndexError):
                 continue
     return found
 
@@ -214,10 +217,10 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted
     log = run_dir / "train.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if log.is_file() and sum('"step"' in ln for ln in log.read_text().splitlines()) >= 12 and _pids_named("hal-rank-1"):
+        if log.is_file() and sum('"step"' in ln for ln in log.read_text().splitlines()) >= 12 and _pids_named("hal-rank-1", proc.pid):
             break
         time.sleep(0.05)
-    victims = _pids_named("hal-rank-1")
+    victims = _pids_named("hal-rank-1", proc.pid)
     assert victims, "rank 1 never ran"
     for pid in victims:
         os.kill(pid, signal.SIGKILL)

@@ -85,7 +85,7 @@ def upward_imports(root: Path) -> list[str]:
 ROOMS: dict[str, int] = {
     "schedules": 0, "data": 0, "families": 0,
     "config": 1,
-    "models": 2, "observe": 2,
+    "models": 2, "observe": 2, "emit": 2,
     "state": 3,
     "pipeline": 4,
     "replicas": 5,

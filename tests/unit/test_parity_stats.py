@@ -59,3 +59,10 @@ def test_converging_faster_is_as_suspect_as_slower() -> None:
     check = convergence(band, faster, 100)
     assert not check.passed and "faster" in check.summary
     assert steps_to([5.0] * 20, 1.0) is None
+
+
+def test_the_cli_names_every_planted_fault_as_the_faults_module_does() -> None:
+    from hal.cli.conformance.parity import FAULT_HELP
+    from hal.conformance.parity.faults import FAULTS
+
+    assert FAULT_HELP == {name: what for name, (what, _) in FAULTS.items()}

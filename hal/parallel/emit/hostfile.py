@@ -8,7 +8,8 @@ from .components import Layout, components
 
 
 def emit(job: Job, layout: Layout) -> str:
-    lines = ["# one line a node: HOST slots=PROCESSES type=BACKEND (replace the host names)"]
+    lines = ["# one line a node: HOST slots=PROCESSES type=BACKEND (replace the host names; for hal plan --cluster, replace "
+             "each type with its devices' catalog id, e.g. nvidia-h100-sxm: hal devices lists them)"]
     node = 0
     for c in components(job, layout):
         for _ in range(c.nodes):

@@ -346,10 +346,17 @@ def probe_cluster(cpu_ranks: int | None = None) -> Cluster:
 
 
 def load_cluster(raw_cluster: Any, origin: str, cluster_file: str | None = None) -> Cluster:
-    """``--cluster C`` (a file whose top level is ``cluster:`` or the section itself), else the run config's
-    ``cluster:`` section, else the probed devices."""
+    """``--cluster C`` (a file whose top level is ``cluster:`` or the section itself, or a FlagScale-style hostfile:
+    ``planner.hostfile``), else the run config's ``cluster:`` section, else the probed devices."""
     if cluster_file is not None:
         from hal.config import read_yaml_file
+        from hal.parallel.planner.hostfile import is_hostfile, parse_hostfile
+        from hal.run_dirs import read_limited
+
+        fix = "give a YAML file with a cluster: section, or a hostfile of 'HOST slots=N type=DEVICE' lines"
+        text = read_limited(cluster_file, 4 << 20, f"--cluster {cluster_file}", fix).decode("utf-8", errors="replace")
+        if is_hostfile(text):
+            return resolve(parse_cluster(parse_hostfile(text, cluster_file), cluster_file), cluster_file)
 
         try:  # within the config files' limits: a regular file, its size and its tree bounded before it is built
             data = read_yaml_file(cluster_file)

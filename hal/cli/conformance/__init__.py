@@ -15,8 +15,8 @@ from typing import Any
 from hal.conformance.suite_names import SUITES
 from hal.errors import HalError
 
+from ..common import add_standin_argument, print_result
 from . import survey
-from .common import add_standin_argument, print_result
 
 NAME = "conformance"
 
@@ -104,7 +104,7 @@ def _list(the_plan: Any, as_json: bool) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hal.conformance import runner
-    from hal.conformance.reports.provenance import seal
+    from hal.conformance.reports.provenance import provenance, seal
     from hal.conformance.reports.report import REPORT_FILES, check_report_dir, default_report_dir, summary_text, write_reports
     from hal.conformance.reports.results import json_safe
     from hal.launch import run_function
@@ -125,7 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not existed and not any(directory.iterdir()):
             directory.rmdir()
         raise
-    doc = seal(json_safe(result.to_dict()))  # the digest verify recomputes; the same document on stdout and on disk
+    doc = result.to_dict()
+    fell_back = sum(1 for c in doc["cases"] if (c.get("data") or {}).get("host_fallback"))
+    doc["provenance"] = provenance(ctx.backend, fell_back=fell_back)  # what exactly was qualified (reports.provenance)
+    doc = seal(json_safe(doc))  # the digest verify recomputes; the same document on stdout and on disk
     try:
         paths = write_reports(doc, directory)
     except OSError as exc:  # e.g. the disk filled up during the run: say so after the summary, exit 2

@@ -13,8 +13,8 @@ from typing import Any
 
 from hal.errors import ConfigError
 
+from ..common import add_standin_argument, print_result
 from . import parity
-from .common import add_standin_argument, print_result
 
 
 def add_parsers(inner: Any) -> None:
