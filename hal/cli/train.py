@@ -199,6 +199,11 @@ def _print_summary(summary: dict[str, Any], as_json: bool) -> None:
               f"{'n/a' if share is None else f'{share:.0%}'} of the step, "
               f"{_bytes(int(replica['cross_replica_bytes_per_step']))} sent a step"
               + _during(replica.get("buckets_during_backward_per_step")))
+    for restart in summary.get("restarts") or []:
+        print(f"hal train: restart {restart['restart']}: resumed at step {restart['resumed_at_step']}, "
+              f"{restart['redone_steps']} step(s) done again")
+    if summary.get("checkpoint_cadence"):
+        print(f"hal train: checkpoints: {summary['checkpoint_cadence']['line']}")
     print(f"hal train: log {summary['log_file']}; checkpoint {summary['checkpoint']}")
 
 

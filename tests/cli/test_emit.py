@@ -178,18 +178,32 @@ train: {steps: 40, lr: 3.0e-3, seed: 0, weight_decay: 0.0, data: corpus, checkpo
 """
 
 
-def _pids_named(name: str, session: int) -> list[int]:
-    """This test's processes named ``name``: in ``session`` (the torchrun it started), never another test's ranks."""
+def _parent(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _pids_named(name: str, ancestor: int) -> list[int]:
+    """This test's processes named ``name``: descendants of ``ancestor`` (the torchrun it started; torchrun starts its
+    workers in sessions of their own), never another test's ranks."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                in_session = int(stat.rsplit(")", 1)[1].split()[3]) == session
-                if in_session and (entry / "comm").read_text().strip() == name:
-                    found.append(int(entry.name))
-            except (OSError, ValueError, IndexError):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != name:
                 continue
+        except OSError:
+            continue
+        pid = int(entry.name)
+        for _ in range(8):
+            pid = _parent(pid)
+            if pid in (0, 1) or pid == ancestor:
+                break
+        if pid == ancestor:
+            found.append(int(entry.name))
     return found
 
 
@@ -231,6 +245,8 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted
     assert len(restarts) == 1 and restarts[0]["restart"] == 1 and restarts[0]["resumed_at_step"] % 5 == 0, restarts
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] == restarts and "restart 1: resumed at step" in out
+    advice = summary["checkpoint_cadence"]  # from this run's measured step and checkpoint write times
+    assert advice["every"] == 5 and advice["suggested_every"] >= 1 and advice["write_s"] > 0 and advice["step_s"] > 0
     single = run_hal("train", "plan.yaml", "--run-dir", str(tmp_path / "one"), cwd=tmp_path, timeout=240)
     assert single.returncode == 0, single.stderr[-2000:]
     one = {ln["step"]: ln["loss"] for ln in map(json.loads, (tmp_path / "one" / "train.jsonl").read_text().splitlines())}
@@ -240,3 +256,15 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted
             last[ln["step"]] = ln["loss"]  # a step done again: its later line
     assert last == one, {s: (last.get(s), one[s]) for s in one if last.get(s) != one[s]}
     assert summary["final_loss"] == json.loads((tmp_path / "one" / "summary.json").read_text())["final_loss"]
+
+
+def test_the_example_prints_a_plain_slurm_job_for_one_island(tmp_path: Path) -> None:
+    """examples/hetero_cpu.yaml runs on one island: a plain batch job (no hetjob, no het groups) a Slurm user runs as is."""
+    done = run_hal("train", str(REPO / "examples" / "hetero_cpu.yaml"), "--emit", "slurm", "--run-dir", "/shared/runs/h",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    script = done.stdout
+    assert script.startswith("#!/bin/bash\n") and "#SBATCH --nodes=1" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "hetjob" not in script and "--het-group" not in script and '"$SLURM_JOB_NODELIST"' in script
+    assert "srun --export=ALL,HAL_BACKEND=cpu" in script and "--rdzv-backend=c10d" in script
+    assert "cat > /shared/runs/h/job.json <<'HAL_JOB_EOF'" in script

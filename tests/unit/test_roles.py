@@ -22,3 +22,12 @@ def test_a_world_that_cannot_fill_the_plan_names_the_island() -> None:
         assign(joined, PLAN)
     with pytest.raises(ConfigError, match="HAL_ISLAND_INDEX=5 names no island"):
         assign([*[Joined(i, i if i < 2 else 1, "n", i) for i in range(3)], Joined(3, 2, "n", 3), Joined(4, 5, "n", 4)], PLAN)
+
+
+def test_the_checkpoint_cadence_keeps_writes_under_five_percent() -> None:
+    from hal.parallel.loop.restarts import cadence
+
+    advice = cadence(step_s=0.2, write_s=1.0, every=100)
+    assert advice["suggested_every"] == 100 and advice["redo_at_most_s"] == pytest.approx(19.8)  # 1 s / (5 % × 0.2 s)
+    assert "checkpoint_every 100" in advice["line"] and "this run wrote every 100" in advice["line"]
+    assert cadence(step_s=2.0, write_s=0.01, every=None)["suggested_every"] == 1  # a cheap write: every step

@@ -30,7 +30,8 @@ def emit(job: Job, layout: Layout) -> str:
     out += ["set -euo pipefail",
             "# the job file the ranks read (the run directory must be on a filesystem every node shares)",
             job_file_heredoc(job),
-            'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0" | head -n 1)',
+            # a heterogeneous job names each component's nodes; a job of one component is a plain one
+            f'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST{"_HET_GROUP_0" if len(parts) > 1 else ""}" | head -n 1)',
             f'export HAL_RDZV_ENDPOINT="$head:{RDZV_PORT}"']
     steps = []
     for c in parts:
@@ -38,7 +39,8 @@ def emit(job: Job, layout: Layout) -> str:
         args = torchrun_args(job, parts, c, "@ENDPOINT@", "@JOB_ID@")
         command = shlex.join(args).replace("--rdzv-endpoint=@ENDPOINT@", '--rdzv-endpoint="$HAL_RDZV_ENDPOINT"') \
             .replace("--rdzv-id=@JOB_ID@", '--rdzv-id="$SLURM_JOB_ID"')
-        steps.append(f"--het-group={c.index} --export=ALL,{env} torchrun {command}")
+        group = f"--het-group={c.index} " if len(parts) > 1 else ""
+        steps.append(f"{group}--export=ALL,{env} torchrun {command}")
     out.append("# every island's torchrun at once (one srun, its components joined by ':')")
     out.append("srun " + " \\\n  : ".join(steps))
     return "\n".join(out) + "\n"

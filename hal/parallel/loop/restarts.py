@@ -7,10 +7,14 @@ function of (seed, step), so the steps after it are the same steps again, and th
 uninterrupted run's. The writer appends one line to ``train.jsonl`` — ``{"restart": N, "resumed_at_step": K,
 "redone_steps": R}``, R being the steps logged before the failure that the resumed run does again — and the
 summary lists every such line under ``restarts``.
+
+The checkpoint cadence bounds what a restart redoes, and costs the time its writes take: ``cadence`` suggests one
+from the run's measured step and write times (the summary's ``checkpoint_cadence``, a line of ``hal train``).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,3 +75,17 @@ def restart_records(log_file: Path) -> list[dict[str, Any]]:
     except OSError:
         pass
     return found
+
+
+CHECKPOINT_SHARE = 0.05  # the suggested cadence keeps checkpoint writes under 5 % of the training time
+
+
+def cadence(step_s: float, write_s: float, every: int | None) -> dict[str, Any]:
+    """The checkpoint interval that keeps writes under ``CHECKPOINT_SHARE`` of the time, from a step's and a write's
+    measured seconds, and what a restart then redoes at most; beside the run's own ``checkpoint_every``."""
+    suggested = max(1, math.ceil(write_s / (CHECKPOINT_SHARE * step_s))) if step_s > 0 else 1
+    return {"step_s": step_s, "write_s": write_s, "every": every, "suggested_every": suggested,
+            "redo_at_most_s": (suggested - 1) * step_s,
+            "line": (f"writing a checkpoint took {write_s:.2f} s and a step {step_s:.3f} s: checkpoint_every {suggested} keeps "
+                     f"the writes under {CHECKPOINT_SHARE:.0%} of the time, and a restart then redoes at most {suggested - 1} "
+                     f"step(s) ({(suggested - 1) * step_s:.1f} s)" + (f"; this run wrote every {every}" if every else ""))}

@@ -47,7 +47,7 @@ from hal.errors import HalError
 from hal.parallel.config.job import Job
 from hal.parallel.loop import measured_order
 from hal.parallel.loop.optim_schedule import clip_global_norm, decoupled_adamw, learning_rate, set_learning_rate
-from hal.parallel.loop.restarts import Restart, restart_record, restart_records
+from hal.parallel.loop.restarts import Restart, cadence, restart_record, restart_records
 from hal.parallel.models.layers import expert_shard
 from hal.parallel.observe.progress import Progress, SlowStepNotice
 from hal.parallel.observe.records import StepNotes, merge_moe_tallies, run_record, run_summary, standin_summary
@@ -402,6 +402,7 @@ def train(r: RankRun) -> None:
     progress = Progress(r.steps) if is_writer else None
     records: list[dict[str, Any]] = []
     checkpoint = None
+    write_s: float | None = None  # the last checkpoint's write time (the cadence the summary suggests)
     skipped_before = r.scaler.skipped_steps if r.scaler is not None else 0
     began = time.perf_counter()
     timeline_step = r.steps - 1 if r.job.profile else None
@@ -446,7 +447,9 @@ def train(r: RankRun) -> None:
                     progress.evaluated(step + 1, evaluation)
             done = step + 1
             if checkpoint_dir is not None and (done == r.steps or (train.checkpoint_every and done % train.checkpoint_every == 0)):
+                wrote = time.perf_counter()
                 checkpoint = _save(r, checkpoint_dir, done)
+                write_s = time.perf_counter() - wrote
             replicas.rebalance(done, r.steps, r.engine)  # rows: auto shares from measured times, when due
     finally:
         if progress is not None:
@@ -459,6 +462,9 @@ def train(r: RankRun) -> None:
         summary = run_summary(r.job, replicas.replicas, r.seq, r.steps, r.start, records, time.perf_counter() - began,
                               checkpoint)
         summary["restarts"] = restart_records(r.job.log_file)
+        steps_s = sorted(rec["step_s"] for rec in records if isinstance(rec.get("step_s"), (int, float)))
+        if write_s is not None and steps_s:
+            summary["checkpoint_cadence"] = cadence(steps_s[len(steps_s) // 2], write_s, train.checkpoint_every)
         Path(r.job.run_dir, "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
