@@ -31,3 +31,26 @@ def test_the_checkpoint_cadence_keeps_writes_under_five_percent() -> None:
     assert advice["suggested_every"] == 100 and advice["redo_at_most_s"] == pytest.approx(19.8)  # 1 s / (5 % × 0.2 s)
     assert "checkpoint_every 100" in advice["line"] and "this run wrote every 100" in advice["line"]
     assert cadence(step_s=2.0, write_s=0.01, every=None)["suggested_every"] == 1  # a cheap write: every step
+
+
+def test_a_restart_is_a_launcher_count_or_auto_resume_with_a_checkpoint(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from hal.parallel.loop.restarts import restarted
+
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "step-000010").mkdir(parents=True)
+    (checkpoints / "step-000010" / "meta.json").write_text(json.dumps({"step": 10}))
+    (checkpoints / "latest").write_text("step-000010")
+    log = tmp_path / "train.jsonl"
+    log.write_text(json.dumps({"step": 12, "loss": 1.0}) + "\n" + json.dumps({"restart": 1, "resumed_at_step": 5}) + "\n")
+    for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "HAL_RESUME"):
+        monkeypatch.delenv(name, raising=False)
+    assert restarted(checkpoints, log) is None  # a first start
+    monkeypatch.setenv("HAL_RESUME", "auto")  # a resubmitted job: the second restart this log records
+    found = restarted(checkpoints, log)
+    assert found is not None and found.count == 2 and found.checkpoint == checkpoints / "step-000010"
+    assert restarted(tmp_path / "none", log) is None  # auto, and nothing to resume: a first start
+    monkeypatch.delenv("HAL_RESUME")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")  # Slurm's requeue
+    assert restarted(checkpoints, log).count == 3

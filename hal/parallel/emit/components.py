@@ -92,9 +92,10 @@ def program(job: Job) -> list[str]:
 def rank_env(job: Job, component: Component) -> dict[str, str]:
     """The environment every process of a component gets: its backend, the run's precision and fallback, and the
     role rule (``HAL_ROLES``, ``HAL_ISLAND_INDEX``: ranks take the plan's roles by island after rendezvous, not by join
-    order: ``collectives.roles``)."""
+    order: ``collectives.roles``), and ``HAL_RESUME=auto``: a requeued or recreated job continues from its run
+    directory's latest checkpoint (``loop.restarts``)."""
     return {"HAL_BACKEND": component.backend, "HAL_PRECISION": job.precision, "HAL_FALLBACK": job.fallback,
-            "HAL_ROLES": "by-island", "HAL_ISLAND_INDEX": str(component.index)}
+            "HAL_ROLES": "by-island", "HAL_ISLAND_INDEX": str(component.index), "HAL_RESUME": "auto"}
 
 
 def torchrun_args(job: Job, parts: list[Component], component: Component, endpoint: str, job_id: str) -> list[str]:

@@ -1,8 +1,11 @@
 """A run restarted by its launcher (torchrun ``--max-restarts``, a Slurm requeue, a Kubernetes pod restart) picks up
 from the latest complete checkpoint in its run directory by itself, and says so.
 
-torchrun numbers its restarts in ``TORCHELASTIC_RESTART_COUNT``: on a restart every rank resumes from the checkpoint
-``latest`` names (only complete checkpoints are ever named there: ``parallel.state.checkpoint``). The data are a pure
+torchrun numbers its restarts in ``TORCHELASTIC_RESTART_COUNT`` and Slurm its requeues in ``SLURM_RESTART_COUNT``; a
+job ``hal train --emit`` printed also sets ``HAL_RESUME=auto``, so a resubmitted job or a recreated pod, which
+starts torchrun afresh, continues too. On a restart every rank resumes from the checkpoint ``latest`` names (only
+complete checkpoints are ever named there: ``parallel.state.checkpoint``); with ``auto`` and no checkpoint yet, the
+run starts from step 0 as a first start. The data are a pure
 function of (seed, step), so the steps after it are the same steps again, and the final losses equal an
 uninterrupted run's. The writer appends one line to ``train.jsonl`` — ``{"restart": N, "resumed_at_step": K,
 "redone_steps": R}``, R being the steps logged before the failure that the resumed run does again — and the
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+COUNTERS = (RESTART_ENV, "SLURM_RESTART_COUNT")  # the launchers' own restart numbers
+RESUME_ENV = "HAL_RESUME"  # "auto": resume from the run directory's latest complete checkpoint wherever one exists
 
 
 @dataclass(frozen=True)
@@ -29,14 +34,19 @@ class Restart:
     checkpoint: Path | None  # where this incarnation resumes (None: no checkpoint was completed: from the start)
 
 
-def restarted(checkpoint_dir: Path | None) -> Restart | None:
-    """This incarnation's restart, or None on a first start."""
+def restarted(checkpoint_dir: Path | None, log_file: Path | None = None) -> Restart | None:
+    """This incarnation's restart, or None on a first start: a launcher's restart count above 0, or ``HAL_RESUME=auto``
+    with a complete checkpoint in the run directory (its count then one more than the restarts ``log_file`` holds)."""
     from hal.parallel.state.checkpoint import latest_written
 
-    count = os.environ.get(RESTART_ENV, "0")
-    if not count.isdigit() or int(count) == 0:
-        return None
-    return Restart(int(count), latest_written(checkpoint_dir) if checkpoint_dir is not None else None)
+    counts = [int(v) for name in COUNTERS if (v := os.environ.get(name, "0")).isdigit()]
+    count = max(counts, default=0)
+    latest = latest_written(checkpoint_dir) if checkpoint_dir is not None else None
+    if count == 0:
+        if os.environ.get(RESUME_ENV) != "auto" or latest is None:
+            return None
+        count = len(restart_records(log_file)) + 1 if log_file is not None else 1
+    return Restart(count, latest)
 
 
 def last_logged_step(log_file: Path) -> int:

@@ -167,7 +167,7 @@ def setup(job: Job) -> RankRun:
     trained.dp_grads = replicas.connect(mesh, trained, world)  # who sums the dp gradients: one answer
     scaler = _loss_scaler(precision.loss_scaling)
     start = 0
-    restart = restarted(job.checkpoint_dir)
+    restart = restarted(job.checkpoint_dir, job.log_file)
     resume = restart.checkpoint if restart is not None and restart.checkpoint is not None else job.resume
     if resume is not None:
         meta = load_checkpoint(resume, trained, optimizer, replicas.optimizer_source())
