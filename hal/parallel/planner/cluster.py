@@ -353,10 +353,11 @@ def load_cluster(raw_cluster: Any, origin: str, cluster_file: str | None = None)
         from hal.parallel.planner.hostfile import is_hostfile, parse_hostfile
         from hal.run_dirs import read_limited
 
-        fix = "give a YAML file with a cluster: section, or a hostfile of 'HOST slots=N type=DEVICE' lines"
-        text = read_limited(cluster_file, 4 << 20, f"--cluster {cluster_file}", fix).decode("utf-8", errors="replace")
-        if is_hostfile(text):
-            return resolve(parse_cluster(parse_hostfile(text, cluster_file), cluster_file), cluster_file)
+        if os.path.isfile(cluster_file):  # a missing or odd path gets the config files' own words below
+            fix = "give a YAML file with a cluster: section, or a hostfile of 'HOST slots=N type=DEVICE' lines"
+            text = read_limited(cluster_file, 4 << 20, f"--cluster {cluster_file}", fix).decode("utf-8", errors="replace")
+            if is_hostfile(text):
+                return resolve(parse_cluster(parse_hostfile(text, cluster_file), cluster_file), cluster_file)
 
         try:  # within the config files' limits: a regular file, its size and its tree bounded before it is built
             data = read_yaml_file(cluster_file)
