@@ -113,6 +113,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _node_env(job_id: str) -> dict[str, str]:
+    """A "node"'s shell: this interpreter's torchrun first on PATH, this checkout importable, one rendezvous endpoint."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "HAL_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}", "HAL_JOB_ID": job_id}
+
+
 def _start_islands(tmp_path: Path, run_dir: Path, order: list[int], nproc: dict[int, int] | None = None) -> dict[int, subprocess.CompletedProcess]:
     """Emit the torchrun lines, write the job file, start each island's line as a "node" (its own torchrun) in
     ``order``, and wait for all."""
@@ -124,10 +132,7 @@ def _start_islands(tmp_path: Path, run_dir: Path, order: list[int], nproc: dict[
     assert heredoc is not None
     subprocess.run(["bash", "-c", heredoc.group(0)], check=True)
     lines = {i: line for i, line in enumerate(ln for ln in text.splitlines() if ln.startswith("HAL_BACKEND="))}
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HAL_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}", "HAL_JOB_ID": "reverse"}
+    env = _node_env("reverse")
     standin = {0: "ascend,cambricon", 1: "ascend", 2: "cambricon"}
     procs = {}
     for island in order:
@@ -222,10 +227,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_an_uninterrupted
     subprocess.run(["bash", "-c", heredoc.group(0)], check=True)
     (line,) = [ln for ln in emitted.stdout.splitlines() if ln.startswith("HAL_BACKEND=")]
     line = line.replace("--rdzv-backend=c10d", "--max-restarts=1 --rdzv-backend=c10d")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("HAL_")}, "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "HAL_RDZV_ENDPOINT": f"127.0.0.1:{_free_port()}", "HAL_JOB_ID": "restart"}
+    env = _node_env("restart")
     proc = subprocess.Popen(["bash", "-c", line], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     log = run_dir / "train.jsonl"

@@ -21,7 +21,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 COUNTERS = (RESTART_ENV, "SLURM_RESTART_COUNT")  # the launchers' own restart numbers
@@ -45,34 +45,14 @@ def restarted(checkpoint_dir: Path | None, log_file: Path | None = None) -> Rest
     if count == 0:
         if os.environ.get(RESUME_ENV) != "auto" or latest is None:
             return None
-        count = len(restart_records(log_file)) + 1 if log_file is not None else 1
+        count = len(restart_records(log_file)) + 1
     return Restart(count, latest)
 
 
-def last_logged_step(log_file: Path) -> int:
-    """The last step line ``train.jsonl`` holds (0 when none): what a failure cut short, for the restart's line."""
-    last = 0
-    try:
-        with open(log_file, encoding="utf-8") as lines:
-            for line in lines:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line the failure cut mid-write
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    last = max(last, record["step"])
-    except OSError:
-        return 0
-    return last
-
-
-def restart_record(restart: Restart, start: int, log_file: Path) -> dict[str, Any]:
-    return {"restart": restart.count, "resumed_at_step": start, "redone_steps": max(0, last_logged_step(log_file) - start)}
-
-
-def restart_records(log_file: Path) -> list[dict[str, Any]]:
-    """Every restart line of ``train.jsonl``, for the summary."""
-    found = []
+def _records(log_file: Path | None) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``train.jsonl`` (none where it cannot be read; a line a failure cut mid-write skipped)."""
+    if log_file is None:
+        return
     try:
         with open(log_file, encoding="utf-8") as lines:
             for line in lines:
@@ -80,11 +60,24 @@ def restart_records(log_file: Path) -> list[dict[str, Any]]:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and "restart" in record:
-                    found.append(record)
+                if isinstance(record, dict):
+                    yield record
     except OSError:
-        pass
-    return found
+        return
+
+
+def last_logged_step(log_file: Path) -> int:
+    """The last step line ``train.jsonl`` holds (0 when none): what a failure cut short, for the restart's line."""
+    return max((r["step"] for r in _records(log_file) if isinstance(r.get("step"), int)), default=0)
+
+
+def restart_record(restart: Restart, start: int, log_file: Path) -> dict[str, Any]:
+    return {"restart": restart.count, "resumed_at_step": start, "redone_steps": max(0, last_logged_step(log_file) - start)}
+
+
+def restart_records(log_file: Path | None) -> list[dict[str, Any]]:
+    """Every restart line of ``train.jsonl``, for the summary."""
+    return [r for r in _records(log_file) if "restart" in r]
 
 
 CHECKPOINT_SHARE = 0.05  # the suggested cadence keeps checkpoint writes under 5 % of the training time
