@@ -331,11 +331,10 @@ def run_case(ctx: Context, case: Case) -> CaseResult:
     tb: str | None = None
     start = time.perf_counter()
     try:
-        with warnings.catch_warnings(record=True) as heard:
-            warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True) as heard:  # under the caller's filters: what they would show
             outcome = case.run(ctx)
             ctx.backend.synchronize()
-        for w in heard:  # replayed as they would have been shown; the runtime's host fallback also noted on the case
+        for w in heard:  # shown as they would have been; the runtime's host fallback also noted on the case
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         fell_back = sorted({m.group(1) for w in heard if (m := FALLBACK_WARNING.search(str(w.message)))})
         if fell_back and isinstance(outcome, Outcome):
