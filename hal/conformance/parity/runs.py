@@ -59,7 +59,6 @@ def from_file(path: str, steps: int | None = None) -> ParityConfig:
     """A ParityConfig from a hal config file (its model, train and parallel sections); ConfigError in one line."""
     from hal.config import load_config
     from hal.parallel.data.batches import is_token_file
-    from hal.precision import MODES
 
     config = load_config(path)
     try:
@@ -67,7 +66,7 @@ def from_file(path: str, steps: int | None = None) -> ParityConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: its model section does not make a model ({exc})") from None
     train = dict(config.train or {})
-    parallel = dict(config.parallel or {}) if hasattr(config, "parallel") else {}
+    parallel = dict(config.parallel or {})
     data = str(train.get("data") or "corpus")
     if data not in ("corpus", "synthetic") and not is_token_file(data):
         raise ConfigError(f"{path}: train.data {data!r} is not a token file (.bin with its .idx.json); run "
@@ -75,7 +74,7 @@ def from_file(path: str, steps: int | None = None) -> ParityConfig:
     if data == "corpus" and model.vocab_size < 256:
         raise ConfigError(f"{path}: model.vocab_size {model.vocab_size} is below the corpus's 256 byte ids; give 256 or more")
     precision = str(config.precision or "fp32")
-    if precision not in T.PRECISIONS or precision not in MODES:
+    if precision not in T.PRECISIONS:
         raise ConfigError(f"{path}: precision {precision!r}: parity trains in {', '.join(T.PRECISIONS)}")
     rows = int(parallel.get("micro_batches", 1)) * int(parallel.get("micro_batch_size", 16))
     return ParityConfig(model=model, steps=int(steps or train.get("steps", 300)), lr=float(train.get("lr", 3e-3)),

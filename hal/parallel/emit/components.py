@@ -14,6 +14,7 @@ Ascend and Cambricon sites usually declare — ``--gres-name BACKEND=NAME`` sets
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -103,6 +104,14 @@ def torchrun_args(job: Job, parts: list[Component], component: Component, endpoi
     nodes = sum(c.nodes for c in parts)
     return [f"--nnodes={nodes}", f"--nproc-per-node={component.per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", *program(job)]
+
+
+def torchrun_words(job: Job, parts: list[Component], component: Component, endpoint: str, job_id: str) -> str:
+    """``torchrun ARGS`` as one shell line: every argument quoted but the endpoint and the job id, which go in as given
+    (a shell expansion such as ``"$HAL_RDZV_ENDPOINT"``)."""
+    args = torchrun_args(job, parts, component, endpoint, job_id)
+    raw = (f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}")
+    return "torchrun " + " ".join(a if a in raw else shlex.quote(a) for a in args)
 
 
 def parse_pairs(values: list[str] | None, flag: str, as_int: bool = False) -> dict[str, object]:

@@ -5,11 +5,9 @@ component 0 (Slurm's heterogeneous job support: https://slurm.schedmd.com/hetero
 travels inside the script: it is written to the run directory, which must be on a filesystem the nodes share."""
 from __future__ import annotations
 
-import shlex
-
 from hal.parallel.config.job import Job
 
-from .components import RDZV_PORT, Layout, components, rank_env, torchrun_args
+from .components import RDZV_PORT, Layout, components, rank_env, torchrun_words
 from .torchrun_lines import job_file_heredoc
 
 
@@ -36,11 +34,9 @@ def emit(job: Job, layout: Layout) -> str:
     steps = []
     for c in parts:
         env = ",".join(f"{k}={v}" for k, v in rank_env(job, c).items())
-        args = torchrun_args(job, parts, c, "@ENDPOINT@", "@JOB_ID@")
-        command = shlex.join(args).replace("--rdzv-endpoint=@ENDPOINT@", '--rdzv-endpoint="$HAL_RDZV_ENDPOINT"') \
-            .replace("--rdzv-id=@JOB_ID@", '--rdzv-id="$SLURM_JOB_ID"')
+        command = torchrun_words(job, parts, c, '"$HAL_RDZV_ENDPOINT"', '"$SLURM_JOB_ID"')
         group = f"--het-group={c.index} " if len(parts) > 1 else ""
-        steps.append(f"{group}--export=ALL,{env} torchrun {command}")
+        steps.append(f"{group}--export=ALL,{env} {command}")
     out.append("# every island's torchrun at once (one srun, its components joined by ':')")
     out.append("srun " + " \\\n  : ".join(steps))
     return "\n".join(out) + "\n"

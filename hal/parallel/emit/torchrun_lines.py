@@ -8,7 +8,7 @@ import shlex
 
 from hal.parallel.config.job import Job, job_text
 
-from .components import RDZV_PORT, Layout, components, rank_env, torchrun_args
+from .components import RDZV_PORT, Component, Layout, components, rank_env, torchrun_words
 
 ENDPOINT = '"${HAL_RDZV_ENDPOINT:?set HAL_RDZV_ENDPOINT=host:port of one node}"'
 JOB_ID = '"${HAL_JOB_ID:?set HAL_JOB_ID to one name for the whole job}"'
@@ -21,13 +21,10 @@ def job_file_heredoc(job: Job) -> str:
             f"{job_text(job)}{MARKER}")
 
 
-def line(job: Job, parts: list, component: object, endpoint: str, job_id: str) -> str:
+def line(job: Job, parts: list[Component], component: Component, endpoint: str, job_id: str) -> str:
     """``K=V ... torchrun ARGS`` with the endpoint and job id as given (shell words, unquoted)."""
-    args = torchrun_args(job, parts, component, "@ENDPOINT@", "@JOB_ID@")  # type: ignore[arg-type]
-    env = "".join(f"{k}={shlex.quote(v)} " for k, v in rank_env(job, component).items())  # type: ignore[arg-type]
-    text = f"{env}torchrun {shlex.join(args)}"
-    return text.replace("--rdzv-endpoint=@ENDPOINT@", f"--rdzv-endpoint={endpoint}").replace("--rdzv-id=@JOB_ID@",
-                                                                                               f"--rdzv-id={job_id}")
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in rank_env(job, component).items())
+    return env + torchrun_words(job, parts, component, endpoint, job_id)
 
 
 def emit(job: Job, layout: Layout) -> str:
